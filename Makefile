@@ -1,0 +1,57 @@
+# hoss: `make demo` runs the demo on a real local control plane; `make test` runs every check and test.
+# Needs: Python >= 3.11, the Go toolchain (first build of the control-plane binaries) and apt (redis-server).
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.stamp-install
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+PYTEST_ARGS ?=
+
+.PHONY: test demo deps venv binaries lint unit integration e2e down clean
+
+test: deps binaries lint
+	$(BIN)/pytest -p no:cacheprovider tests/unit tests/integration tests/e2e $(PYTEST_ARGS)
+
+demo: deps binaries
+	$(BIN)/hoss demo
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check --upgrade pip
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]'
+	touch $@
+
+# System packages the project needs; installed only when missing.
+deps: venv
+	@command -v redis-server >/dev/null || { \
+	  echo "installing redis-server (Debian package)"; \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
+	@command -v redis-server >/dev/null || { echo "redis-server is still missing"; exit 1; }
+
+# Builds kube-apiserver, kube-scheduler, kubectl, etcd and kwok once into the cache (see README); reuses them after.
+binaries: venv
+	$(BIN)/hoss local build
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+unit: venv
+	$(BIN)/pytest -p no:cacheprovider tests/unit $(PYTEST_ARGS)
+
+integration: deps venv
+	$(BIN)/pytest -p no:cacheprovider tests/integration $(PYTEST_ARGS)
+
+e2e: deps binaries
+	$(BIN)/pytest -p no:cacheprovider tests/e2e $(PYTEST_ARGS)
+
+down: venv
+	$(BIN)/hoss local down
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

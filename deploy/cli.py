@@ -1,0 +1,117 @@
+"""``hoss``: the operator's command line (local control plane, demo)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from deploy.demo import run_demo
+from deploy.local import binaries
+from deploy.local.plane import LocalPlane, PlaneError
+
+
+def _say(message: str) -> None:
+    print(f"[hoss] {message}", file=sys.stderr, flush=True)
+
+
+def _plane(args: argparse.Namespace) -> LocalPlane:
+    return LocalPlane(Path(args.dir) if args.dir else None)
+
+
+def _local_up(args: argparse.Namespace) -> int:
+    binaries.build_missing()
+    plane = _plane(args)
+    plane.up(
+        apiserver_port=args.apiserver_port,
+        redis_port=args.redis_port,
+        scheduler=not args.no_scheduler,
+        progress=_say,
+    )
+    print("# paste into your shell to use the local plane:")
+    print(plane.exports())
+    return 0
+
+
+def _local_down(args: argparse.Namespace) -> int:
+    stopped = _plane(args).down()
+    _say(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
+    return 0
+
+
+def _local_status(args: argparse.Namespace) -> int:
+    plane = _plane(args)
+    status = plane.status()
+    if not status:
+        print(f"no local plane in {plane.directory}")
+        return 1
+    state = plane.state()
+    print(f"local plane in {plane.directory}")
+    print(f"  apiserver  {state.apiserver_url}")
+    print(f"  redis      {state.redis_url}")
+    for process in state.processes:
+        health = "healthy" if status.get(process.name) else "NOT RUNNING"
+        print(f"  {process.name:<28} pid {process.pid:<8} {health:<12} log {process.log}")
+    return 0 if all(status.values()) else 1
+
+
+def _local_build(args: argparse.Namespace) -> int:
+    paths = binaries.build_missing(force=args.force)
+    for name, path in paths.items():
+        print(f"{name:<16} {path}")
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    binaries.build_missing()
+    return asyncio.run(run_demo(plane=_plane(args), nodes=args.nodes, pods=args.pods, progress=_say))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hoss", description="hoss: concurrent Kubernetes scheduling")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    def with_dir(sub: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        sub.add_argument("--dir", help="state directory of the local plane (default $HOSS_LOCAL_DIR or "
+                         "~/.local/state/hoss/local)")
+        return sub
+
+    local = commands.add_parser("local", help="a real local control plane (etcd, kube-apiserver, kwok, redis)")
+    local_commands = local.add_subparsers(dest="local_command", required=True)
+    up = with_dir(local_commands.add_parser("up", help="start the plane (idempotent) and print shell exports"))
+    up.add_argument("--apiserver-port", type=int, help="fixed kube-apiserver port (default: a free one)")
+    up.add_argument("--redis-port", type=int, help="fixed redis-server port (default: a free one)")
+    up.add_argument("--no-scheduler", action="store_true", help="do not start the default kube-scheduler")
+    up.set_defaults(run=_local_up)
+    with_dir(local_commands.add_parser("down", help="stop everything the plane started")).set_defaults(
+        run=_local_down
+    )
+    with_dir(local_commands.add_parser("status", help="show the plane's processes and health")).set_defaults(
+        run=_local_status
+    )
+    build = local_commands.add_parser("build", help="build (or find) the control-plane binaries")
+    build.add_argument("--force", action="store_true", help="rebuild even when binaries are present")
+    build.set_defaults(run=_local_build)
+
+    demo = with_dir(commands.add_parser("demo", help="bring up the local plane and schedule pods on fake nodes"))
+    demo.add_argument("--nodes", type=int, default=20, help="fake nodes to create (default 20)")
+    demo.add_argument("--pods", type=int, default=10, help="pods to schedule (default 10)")
+    demo.set_defaults(run=_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.run(args))
+    except (PlaneError, binaries.BinaryError) as error:
+        _say(f"error: {error}")
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

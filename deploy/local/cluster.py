@@ -1,0 +1,200 @@
+"""Drive a running plane from tests, benchmarks and the demo: fake nodes, pods from a template, waiting.
+
+Nodes are created through the API with the capacity a scenario needs; kwok turns them Ready. Pods are created
+from a plain dict template (a Pod manifest) with names numbered from a prefix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
+
+T = TypeVar("T")
+A = TypeVar("A")
+Json = dict[str, Any]
+
+_CONCURRENCY = 32
+
+
+class WaitTimeout(TimeoutError):
+    """A condition did not hold in time; the message says what was awaited and what was last seen."""
+
+
+def node_manifest(
+    name: str,
+    *,
+    capacity: Mapping[str, str],
+    labels: Mapping[str, str] | None = None,
+    taints: Sequence[Mapping[str, str]] = (),
+) -> Json:
+    """A fake Node (kwok manages every node of the local plane) with ``capacity`` as capacity and allocatable."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {"kubernetes.io/hostname": name, "type": "kwok", **(labels or {})},
+            "annotations": {"kwok.x-k8s.io/node": "fake"},
+        },
+        "spec": {"taints": [dict(t) for t in taints]} if taints else {},
+        "status": {"capacity": dict(capacity), "allocatable": dict(capacity)},
+    }
+
+
+def pod_manifest(
+    name: str,
+    *,
+    requests: Mapping[str, str] | None = None,
+    scheduler_name: str = "default-scheduler",
+    labels: Mapping[str, str] | None = None,
+    template: Json | None = None,
+) -> Json:
+    """A Pod from ``template`` (or a one-container pause pod) with name, scheduler and requests set."""
+    pod: Json = copy.deepcopy(template) if template is not None else {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {},
+        "spec": {"containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}]},
+    }
+    pod.setdefault("metadata", {})["name"] = name
+    if labels:
+        pod["metadata"].setdefault("labels", {}).update(labels)
+    pod["spec"]["schedulerName"] = scheduler_name
+    pod["spec"].setdefault("terminationGracePeriodSeconds", 0)
+    if requests is not None:
+        for container in pod["spec"]["containers"]:
+            container.setdefault("resources", {})["requests"] = dict(requests)
+    return pod
+
+
+async def for_each(
+    items: Iterable[A], call: Callable[[A], Awaitable[T]], *, limit: int = _CONCURRENCY
+) -> list[T]:
+    """``call`` on every item, at most ``limit`` at once; results in the order of ``items``."""
+    semaphore = asyncio.Semaphore(limit)
+
+    async def run(item: A) -> T:
+        async with semaphore:
+            return await call(item)
+
+    return list(await asyncio.gather(*(run(item) for item in items)))
+
+
+class Cluster:
+    """A thin async client over one kubeconfig identity of the plane."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.api = api
+        # The generated client takes plain dict bodies, which its annotations do not admit.
+        self.core: Any = client.CoreV1Api(api)
+
+    @classmethod
+    async def connect(cls, kubeconfig: Path) -> Cluster:
+        api = await config.new_client_from_config(config_file=str(kubeconfig))
+        return cls(api)
+
+    async def close(self) -> None:
+        await self.api.close()
+
+    async def __aenter__(self) -> Cluster:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
+
+    # --- nodes -------------------------------------------------------------------------------------------
+
+    async def create_nodes(
+        self,
+        count: int,
+        *,
+        prefix: str,
+        capacity: Mapping[str, str],
+        labels: Mapping[str, str] | None = None,
+        taints: Sequence[Mapping[str, str]] = (),
+    ) -> list[str]:
+        names = [f"{prefix}-{i:04d}" for i in range(count)]
+        manifests = [node_manifest(n, capacity=capacity, labels=labels, taints=taints) for n in names]
+        await for_each(manifests, self.core.create_node)
+        return names
+
+    async def delete_nodes(self, names: Iterable[str]) -> None:
+        await for_each(names, lambda n: self._ignore_missing(self.core.delete_node(n)))
+
+    async def ready_nodes(self, names: Iterable[str]) -> set[str]:
+        wanted = set(names)
+        nodes = await self.core.list_node()
+        return {
+            node.metadata.name
+            for node in nodes.items
+            if node.metadata.name in wanted
+            and any(c.type == "Ready" and c.status == "True" for c in (node.status.conditions or []))
+        }
+
+    async def wait_nodes_ready(self, names: Sequence[str], *, timeout: float = 60.0) -> None:
+        async def ready() -> tuple[bool, str]:
+            done = await self.ready_nodes(names)
+            return len(done) == len(names), f"{len(done)}/{len(names)} nodes Ready"
+
+        await wait_until(ready, timeout=timeout, what=f"{len(names)} nodes to become Ready")
+
+    # --- namespaces and pods -----------------------------------------------------------------------------
+
+    async def ensure_namespace(self, name: str) -> None:
+        try:
+            await self.core.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+        except ApiException as error:
+            if error.status != 409:
+                raise
+
+    async def create_pods(self, manifests: Iterable[Json], *, namespace: str) -> list[str]:
+        items = list(manifests)
+        await for_each(items, lambda m: self.core.create_namespaced_pod(namespace, m))
+        return [m["metadata"]["name"] for m in items]
+
+    async def pods(self, namespace: str, *, label_selector: str = "") -> list[Any]:
+        result = await self.core.list_namespaced_pod(namespace, label_selector=label_selector)
+        return list(result.items)
+
+    async def delete_pods(self, namespace: str) -> None:
+        await self.core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+
+    async def events_for(self, namespace: str, pod: str) -> list[Any]:
+        events = await self.core.list_namespaced_event(
+            namespace, field_selector=f"involvedObject.name={pod},involvedObject.kind=Pod"
+        )
+        return list(events.items)
+
+    @staticmethod
+    async def _ignore_missing(call: Awaitable[Any]) -> None:
+        try:
+            await call
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
+
+async def wait_until(
+    check: Callable[[], Awaitable[tuple[bool, str]]],
+    *,
+    timeout: float,
+    what: str,
+    interval: float = 0.5,
+) -> str:
+    """Poll ``check`` (returning done and a description of what it saw) until done or ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    seen = "nothing yet"
+    while True:
+        done, seen = await check()
+        if done:
+            return seen
+        if time.monotonic() >= deadline:
+            raise WaitTimeout(f"timed out after {timeout:.0f}s waiting for {what}; last seen: {seen}")
+        await asyncio.sleep(interval)

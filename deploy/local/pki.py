@@ -1,0 +1,136 @@
+"""A small certificate authority for the local control plane and for webhook serving certificates.
+
+One CA signs the apiserver's serving certificate, one client certificate per identity (so the apiserver, and the
+resolver webhook, see who made each request) and the resolver's serving certificate. Keys are ECDSA P-256.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+_VALIDITY = datetime.timedelta(days=365)
+
+
+@dataclass(frozen=True)
+class KeyPair:
+    cert: Path
+    key: Path
+
+
+def _write_key(key: ec.EllipticCurvePrivateKey, path: Path) -> None:
+    path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    path.chmod(0o600)
+
+
+def _load(pair: KeyPair) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    cert = x509.load_pem_x509_certificate(pair.cert.read_bytes())
+    key = serialization.load_pem_private_key(pair.key.read_bytes(), password=None)
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise TypeError(f"{pair.key} is not an EC private key")
+    return cert, key
+
+
+def ensure_ca(directory: Path, *, common_name: str = "hoss-local-ca") -> KeyPair:
+    """Create a self-signed CA in ``directory`` unless one is already there."""
+    pair = KeyPair(directory / "ca.crt", directory / "ca.key")
+    if pair.cert.exists() and pair.key.exists():
+        return pair
+    directory.mkdir(parents=True, exist_ok=True)
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + _VALIDITY * 10)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .sign(key, hashes.SHA256())
+    )
+    _write_key(key, pair.key)
+    pair.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return pair
+
+
+def issue(
+    ca: KeyPair,
+    *,
+    directory: Path,
+    name: str,
+    common_name: str,
+    organizations: tuple[str, ...] = (),
+    dns_names: tuple[str, ...] = (),
+    ip_addresses: tuple[str, ...] = (),
+    server: bool = False,
+) -> KeyPair:
+    """Issue a certificate signed by ``ca``: a client certificate, or a serving one when ``server``.
+
+    Reuses an existing ``<name>.crt``/``<name>.key`` in ``directory``.
+    """
+    pair = KeyPair(directory / f"{name}.crt", directory / f"{name}.key")
+    if pair.cert.exists() and pair.key.exists():
+        return pair
+    ca_cert, ca_key = _load(ca)
+    key = ec.generate_private_key(ec.SECP256R1())
+    attributes = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, org) for org in organizations]
+    attributes.append(x509.NameAttribute(NameOID.COMMON_NAME, common_name))
+    now = datetime.datetime.now(datetime.UTC)
+    usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name(attributes))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + _VALIDITY)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+    )
+    alt_names: list[x509.GeneralName] = [x509.DNSName(d) for d in dns_names]
+    alt_names += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ip_addresses]
+    if alt_names:
+        builder = builder.add_extension(x509.SubjectAlternativeName(alt_names), critical=False)
+    cert = builder.sign(ca_key, hashes.SHA256())
+    directory.mkdir(parents=True, exist_ok=True)
+    _write_key(key, pair.key)
+    pair.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return pair
+
+
+def ensure_signing_key(path: Path) -> Path:
+    """An EC key for signing service-account tokens (the apiserver requires one)."""
+    if not path.exists():
+        _write_key(ec.generate_private_key(ec.SECP256R1()), path)
+    return path

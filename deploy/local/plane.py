@@ -1,0 +1,541 @@
+"""The local control plane: real etcd, kube-apiserver, kube-scheduler, kwok and redis-server on loopback.
+
+Everything a plane needs lives in one state directory: certificates, one kubeconfig per identity, logs, pid
+records and ``state.json`` (ports and processes). etcd keeps its data on tmpfs (/dev/shm) when there is one.
+Processes run in their own sessions, so a plane outlives the ``hoss local up`` that started it; ``down`` stops
+every process it recorded and removes the etcd data.
+
+Identities: ``admin`` (system:masters), ``kube-scheduler`` (system:kube-scheduler), ``kwok`` (plays the kubelets),
+and one per hoss component whose user name is its ServiceAccount's (``system:serviceaccount:hoss-system:<name>``),
+so the RBAC in deploy/rbac.yaml, the same file a real cluster gets, is what the local plane enforces.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from deploy.local import binaries, pki
+
+DEPLOY_DIR = Path(__file__).resolve().parent.parent
+RBAC_MANIFEST = DEPLOY_DIR / "rbac.yaml"
+KWOK_STAGES = Path(__file__).resolve().parent / "kwok" / "stages.yaml"
+HOSS_NAMESPACE = "hoss-system"
+HOSS_COMPONENTS = ("hoss-dispatcher", "hoss-worker", "hoss-resolver")
+IDENTITIES = ("admin", "kube-scheduler", "kwok", *HOSS_COMPONENTS)
+HEALTH_TIMEOUT_SECONDS = 90.0
+
+# Children started by this Python process, kept so that they are reaped when stopped (and so that a Popen
+# object is never collected while its process runs, which Python reports as a ResourceWarning).
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+
+
+class PlaneError(RuntimeError):
+    """The local plane cannot start or is not in the state asked for; the message names the part and its log."""
+
+
+def default_directory() -> Path:
+    explicit = os.environ.get("HOSS_LOCAL_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
+    base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+    return base / "hoss" / "local"
+
+
+@dataclass
+class Process:
+    name: str
+    pid: int
+    binary: str
+    log: str
+    port: int = 0
+
+
+@dataclass
+class PlaneState:
+    directory: str
+    apiserver_port: int = 0
+    etcd_port: int = 0
+    etcd_peer_port: int = 0
+    redis_port: int = 0
+    etcd_data: str = ""
+    processes: list[Process] = field(default_factory=list)
+
+    @property
+    def apiserver_url(self) -> str:
+        return f"https://127.0.0.1:{self.apiserver_port}"
+
+    @property
+    def redis_url(self) -> str:
+        return f"redis://127.0.0.1:{self.redis_port}/0"
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _check_port_free(port: int, owner: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as error:
+            raise PlaneError(f"port {port} asked for {owner} is in use on 127.0.0.1: {error.strerror}") from error
+    return port
+
+
+def _pid_alive(pid: int, binary: str) -> bool:
+    """True when ``pid`` runs and is still the program we started (pids get reused)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    # A zombie (state Z) has exited and only waits for its parent to reap it.
+    state = stat.rsplit(")", 1)[-1].split()[0]
+    return state != "Z" and binary.encode() in cmdline.split(b"\0", 1)[0]
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        content = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    return "\n".join(content[-lines:])
+
+
+class LocalPlane:
+    """Start, inspect and stop one local control plane whose state lives in ``directory``."""
+
+    def __init__(self, directory: Path | None = None) -> None:
+        self.directory = (directory or default_directory()).resolve()
+        self.pki_dir = self.directory / "pki"
+        self.kubeconfig_dir = self.directory / "kubeconfig"
+        self.log_dir = self.directory / "logs"
+        self.state_file = self.directory / "state.json"
+
+    # --- state -------------------------------------------------------------------------------------------
+
+    def load_state(self) -> PlaneState | None:
+        if not self.state_file.exists():
+            return None
+        raw = json.loads(self.state_file.read_text())
+        processes = [Process(**p) for p in raw.pop("processes", [])]
+        return PlaneState(**raw, processes=processes)
+
+    def _save(self, state: PlaneState) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(state), indent=2))
+        tmp.replace(self.state_file)
+
+    def kubeconfig(self, identity: str = "admin") -> Path:
+        if identity not in IDENTITIES:
+            raise PlaneError(f"unknown identity {identity!r}; known: {', '.join(IDENTITIES)}")
+        return self.kubeconfig_dir / f"{identity}.yaml"
+
+    def state(self) -> PlaneState:
+        """The recorded state of a running plane; raise when the plane is not up."""
+        state = self.load_state()
+        if state is None:
+            raise PlaneError(f"no local plane in {self.directory}; start one with `hoss local up`")
+        return state
+
+    # --- status ------------------------------------------------------------------------------------------
+
+    def status(self) -> dict[str, bool]:
+        """Each recorded process and whether it is alive and healthy."""
+        state = self.load_state()
+        if state is None:
+            return {}
+        result: dict[str, bool] = {}
+        for process in state.processes:
+            alive = _pid_alive(process.pid, process.binary)
+            result[process.name] = alive and self._healthy(process.name, state, process)
+        return result
+
+    def is_up(self) -> bool:
+        status = self.status()
+        return bool(status) and all(status.values())
+
+    # --- up ----------------------------------------------------------------------------------------------
+
+    def up(
+        self,
+        *,
+        apiserver_port: int | None = None,
+        redis_port: int | None = None,
+        scheduler: bool = True,
+        progress: Callable[[str], None] = lambda _message: None,
+    ) -> PlaneState:
+        """Start every component not yet running; a plane that is already up is left as it is."""
+        existing = self.load_state()
+        if existing is not None and self.is_up():
+            progress(f"local plane already up in {self.directory}")
+            return existing
+        if existing is not None:
+            progress("a previous plane is partly running; stopping what is left before starting afresh")
+            self.down()
+        state = PlaneState(directory=str(self.directory))
+        state.apiserver_port = (
+            _check_port_free(apiserver_port, "kube-apiserver") if apiserver_port else _free_port()
+        )
+        state.redis_port = _check_port_free(redis_port, "redis-server") if redis_port else _free_port()
+        paths = {b.name: binaries.require(b.name) for b in binaries.BINARIES}
+        redis_server = shutil.which("redis-server")
+        if redis_server is None:
+            raise PlaneError("redis-server not found on PATH; install Debian's redis-server (`make deps` does)")
+        for directory in (self.pki_dir, self.kubeconfig_dir, self.log_dir):
+            directory.mkdir(parents=True, exist_ok=True)
+        state.etcd_port = _free_port()
+        state.etcd_peer_port = _free_port()
+        shm = Path("/dev/shm")
+        data_root = shm if shm.is_dir() and os.access(shm, os.W_OK) else self.directory
+        state.etcd_data = str(data_root / f"hoss-etcd-{abs(hash(str(self.directory))) % 10**8}")
+        shutil.rmtree(state.etcd_data, ignore_errors=True)
+        self._save(state)
+
+        progress("writing certificates and kubeconfigs")
+        self._write_credentials(state)
+        try:
+            progress(f"starting etcd on 127.0.0.1:{state.etcd_port}")
+            self._start_etcd(state, paths["etcd"])
+            progress(f"starting kube-apiserver on {state.apiserver_url}")
+            self._start_apiserver(state, paths["kube-apiserver"])
+            progress("applying RBAC for the hoss components (deploy/rbac.yaml)")
+            self.kubectl("apply", "-f", str(RBAC_MANIFEST))
+            progress("starting kwok (fake kubelets)")
+            self._start_kwok(state, paths["kwok"])
+            if scheduler:
+                progress("starting kube-scheduler (default-scheduler)")
+                self.start_scheduler(state, scheduler_name="default-scheduler")
+            progress(f"starting redis-server on 127.0.0.1:{state.redis_port}")
+            self._start_redis(state, redis_server)
+        except BaseException:
+            self.down()
+            raise
+        progress("local plane is up")
+        return state
+
+    def _write_credentials(self, state: PlaneState) -> None:
+        ca = pki.ensure_ca(self.pki_dir)
+        pki.issue(
+            ca,
+            directory=self.pki_dir,
+            name="apiserver",
+            common_name="kube-apiserver",
+            dns_names=("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"),
+            ip_addresses=("127.0.0.1", "10.96.0.1"),
+            server=True,
+        )
+        pki.ensure_signing_key(self.pki_dir / "service-account.key")
+        subjects: dict[str, tuple[str, tuple[str, ...]]] = {
+            "admin": ("hoss-admin", ("system:masters",)),
+            "kube-scheduler": ("system:kube-scheduler", ()),
+            "kwok": ("kwok", ("system:masters",)),
+        }
+        for component in HOSS_COMPONENTS:
+            subjects[component] = (
+                f"system:serviceaccount:{HOSS_NAMESPACE}:{component}",
+                ("system:serviceaccounts", f"system:serviceaccounts:{HOSS_NAMESPACE}"),
+            )
+        for identity, (common_name, groups) in subjects.items():
+            pair = pki.issue(
+                ca, directory=self.pki_dir, name=f"client-{identity}", common_name=common_name, organizations=groups
+            )
+            self._write_kubeconfig(identity, state, ca.cert, pair)
+
+    def _write_kubeconfig(self, identity: str, state: PlaneState, ca: Path, pair: pki.KeyPair) -> None:
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {"name": "hoss-local", "cluster": {"server": state.apiserver_url, "certificate-authority": str(ca)}}
+            ],
+            "users": [
+                {"name": identity, "user": {"client-certificate": str(pair.cert), "client-key": str(pair.key)}}
+            ],
+            "contexts": [{"name": identity, "context": {"cluster": "hoss-local", "user": identity}}],
+            "current-context": identity,
+        }
+        # JSON is valid YAML; kubectl and every client read it.
+        self.kubeconfig(identity).write_text(json.dumps(config, indent=2))
+
+    def _spawn(self, state: PlaneState, name: str, argv: Sequence[str], *, port: int = 0) -> Process:
+        log = self.log_dir / f"{name}.log"
+        with log.open("ab") as out:
+            child = subprocess.Popen(
+                list(argv),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=self.directory,
+                start_new_session=True,
+            )
+        _CHILDREN[child.pid] = child
+        process = Process(name=name, pid=child.pid, binary=Path(argv[0]).name, log=str(log), port=port)
+        state.processes = [p for p in state.processes if p.name != name] + [process]
+        self._save(state)
+        self._wait_healthy(state, process, child)
+        return process
+
+    def _wait_healthy(self, state: PlaneState, process: Process, child: subprocess.Popen[bytes]) -> None:
+        deadline = time.monotonic() + HEALTH_TIMEOUT_SECONDS
+        while time.monotonic() < deadline:
+            code = child.poll()
+            if code is not None:
+                raise PlaneError(
+                    f"{process.name} exited with code {code} while starting; read {process.log}:\n"
+                    f"{_tail(Path(process.log))}"
+                )
+            if self._healthy(process.name, state, process):
+                return
+            time.sleep(0.25)
+        raise PlaneError(
+            f"{process.name} did not become healthy within {HEALTH_TIMEOUT_SECONDS:.0f}s; read {process.log}:\n"
+            f"{_tail(Path(process.log))}"
+        )
+
+    def _healthy(self, name: str, state: PlaneState, process: Process) -> bool:
+        if name == "etcd":
+            return self._http_ok(f"http://127.0.0.1:{state.etcd_port}/health")
+        if name == "kube-apiserver":
+            return self._http_ok(f"{state.apiserver_url}/readyz", client="admin")
+        if name == "redis-server":
+            return _redis_ping(state.redis_port)
+        if process.port:
+            return self._http_ok(f"https://127.0.0.1:{process.port}/healthz", verify=False)
+        return _pid_alive(process.pid, process.binary)
+
+    def _http_ok(self, url: str, *, client: str | None = None, verify: bool = True) -> bool:
+        context: ssl.SSLContext | None = None
+        if url.startswith("https"):
+            context = ssl.create_default_context(cafile=str(self.pki_dir / "ca.crt"))
+            if not verify:
+                context.check_hostname = False
+                context.verify_mode = ssl.CERT_NONE
+            if client is not None:
+                context.load_cert_chain(self.pki_dir / f"client-{client}.crt", self.pki_dir / f"client-{client}.key")
+        try:
+            with urllib.request.urlopen(url, timeout=2, context=context) as response:
+                return int(response.status) == 200
+        except (urllib.error.URLError, OSError, ssl.SSLError):
+            return False
+
+    def _start_etcd(self, state: PlaneState, etcd: Path) -> None:
+        client = f"http://127.0.0.1:{state.etcd_port}"
+        peer = f"http://127.0.0.1:{state.etcd_peer_port}"
+        self._spawn(
+            state,
+            "etcd",
+            [
+                str(etcd),
+                "--name=hoss-local",
+                f"--data-dir={state.etcd_data}",
+                f"--listen-client-urls={client}",
+                f"--advertise-client-urls={client}",
+                f"--listen-peer-urls={peer}",
+                f"--initial-advertise-peer-urls={peer}",
+                f"--initial-cluster=hoss-local={peer}",
+                "--unsafe-no-fsync=true",
+                "--quota-backend-bytes=4294967296",
+                "--log-level=warn",
+            ],
+            port=state.etcd_port,
+        )
+
+    def _start_apiserver(self, state: PlaneState, apiserver: Path) -> None:
+        sa_key = self.pki_dir / "service-account.key"
+        self._spawn(
+            state,
+            "kube-apiserver",
+            [
+                str(apiserver),
+                f"--etcd-servers=http://127.0.0.1:{state.etcd_port}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={state.apiserver_port}",
+                f"--tls-cert-file={self.pki_dir / 'apiserver.crt'}",
+                f"--tls-private-key-file={self.pki_dir / 'apiserver.key'}",
+                f"--client-ca-file={self.pki_dir / 'ca.crt'}",
+                "--authorization-mode=RBAC",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={sa_key}",
+                f"--service-account-signing-key-file={sa_key}",
+                "--service-cluster-ip-range=10.96.0.0/16",
+                "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+                "--endpoint-reconciler-type=none",
+                "--max-requests-inflight=1000",
+                "--max-mutating-requests-inflight=500",
+                "--allow-privileged=true",
+                "--v=1",
+            ],
+            port=state.apiserver_port,
+        )
+
+    def _start_kwok(self, state: PlaneState, kwok: Path) -> None:
+        port = _free_port()
+        self._spawn(
+            state,
+            "kwok",
+            [
+                str(kwok),
+                f"--kubeconfig={self.kubeconfig('kwok')}",
+                "--manage-all-nodes=true",
+                f"--config={KWOK_STAGES}",
+                f"--server-address=127.0.0.1:{port}",
+                "--node-lease-duration-seconds=0",
+            ],
+        )
+
+    def start_scheduler(
+        self, state: PlaneState | None = None, *, scheduler_name: str, qps: int = 5000
+    ) -> Process:
+        """Start a real kube-scheduler serving ``scheduler_name`` (several may run under different names)."""
+        state = state or self.state()
+        config = self.directory / f"kube-scheduler-{scheduler_name}.yaml"
+        config.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "kubescheduler.config.k8s.io/v1",
+                    "kind": "KubeSchedulerConfiguration",
+                    "clientConnection": {
+                        "kubeconfig": str(self.kubeconfig("kube-scheduler")),
+                        "qps": qps,
+                        "burst": qps * 2,
+                    },
+                    "leaderElection": {"leaderElect": False},
+                    "profiles": [{"schedulerName": scheduler_name}],
+                },
+                indent=2,
+            )
+        )
+        port = _free_port()
+        name = "kube-scheduler" if scheduler_name == "default-scheduler" else f"kube-scheduler-{scheduler_name}"
+        return self._spawn(
+            state,
+            name,
+            [
+                str(binaries.require("kube-scheduler")),
+                f"--config={config}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={port}",
+                f"--authentication-kubeconfig={self.kubeconfig('kube-scheduler')}",
+                f"--authorization-kubeconfig={self.kubeconfig('kube-scheduler')}",
+                "--v=1",
+            ],
+            port=port,
+        )
+
+    def stop_process(self, name: str) -> None:
+        """Stop one recorded process (e.g. an extra kube-scheduler) and forget it."""
+        state = self.state()
+        for process in [p for p in state.processes if p.name == name]:
+            _terminate(process)
+        state.processes = [p for p in state.processes if p.name != name]
+        self._save(state)
+
+    def _start_redis(self, state: PlaneState, redis_server: str) -> None:
+        self._spawn(
+            state,
+            "redis-server",
+            [
+                redis_server,
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                str(state.redis_port),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.directory),
+                "--protected-mode",
+                "yes",
+            ],
+            port=state.redis_port,
+        )
+
+    # --- down --------------------------------------------------------------------------------------------
+
+    def down(self) -> list[str]:
+        """Stop every recorded process, newest first; remove etcd's data. Returns the names stopped."""
+        state = self.load_state()
+        if state is None:
+            return []
+        stopped = []
+        for process in reversed(state.processes):
+            if _terminate(process):
+                stopped.append(process.name)
+        if state.etcd_data:
+            shutil.rmtree(state.etcd_data, ignore_errors=True)
+        self.state_file.unlink(missing_ok=True)
+        return stopped
+
+    # --- helpers for users of a running plane ------------------------------------------------------------
+
+    def kubectl(self, *args: str, identity: str = "admin", check: bool = True) -> str:
+        result = subprocess.run(
+            [str(binaries.require("kubectl")), f"--kubeconfig={self.kubeconfig(identity)}", *args],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if check and result.returncode != 0:
+            raise PlaneError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
+        return result.stdout
+
+    def exports(self) -> str:
+        state = self.state()
+        return "\n".join(
+            [
+                f"export KUBECONFIG={self.kubeconfig('admin')}",
+                f"export HOSS_LOCAL_DIR={self.directory}",
+                f"export HOSS_REDIS_URL={state.redis_url}",
+                f"export PATH={binaries.cache_dir()}:$PATH",
+            ]
+        )
+
+
+def _redis_ping(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1) as conn:
+            conn.sendall(b"PING\r\n")
+            return conn.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+def _terminate(process: Process, *, grace_seconds: float = 10.0) -> bool:
+    """Stop ``process`` (its whole session) if it is still ours; True when something was stopped."""
+    child = _CHILDREN.pop(process.pid, None)
+    if not _pid_alive(process.pid, process.binary):
+        if child is not None:
+            child.wait()
+        return False
+    for sig, wait in ((signal.SIGTERM, grace_seconds), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return True
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if child is not None and child.poll() is not None:
+                return True
+            if not _pid_alive(process.pid, process.binary):
+                return True
+            time.sleep(0.1)
+    raise PlaneError(f"{process.name} (pid {process.pid}) did not stop after SIGKILL")

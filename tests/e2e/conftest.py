@@ -1,0 +1,39 @@
+"""Fixtures for end-to-end tests: one real local plane per test session, a client and a fresh namespace per test."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from deploy.local.cluster import Cluster
+from deploy.local.plane import LocalPlane
+
+_namespaces = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalPlane]:
+    """A real etcd + kube-apiserver + kube-scheduler + kwok + redis-server, started once for the session."""
+    local = LocalPlane(tmp_path_factory.mktemp("plane"))
+    try:
+        local.up()
+        yield local
+    finally:
+        local.down()
+
+
+@pytest.fixture
+async def cluster(plane: LocalPlane) -> AsyncIterator[Cluster]:
+    async with await Cluster.connect(plane.kubeconfig("admin")) as connected:
+        yield connected
+
+
+@pytest.fixture
+async def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> AsyncIterator[str]:
+    """A namespace of the test's own; its pods are deleted afterwards (there is no namespace controller)."""
+    name = f"t{next(_namespaces)}-{request.node.name[:40].lower().replace('_', '-')}".rstrip("-")
+    await cluster.ensure_namespace(name)
+    yield name
+    await cluster.delete_pods(name)

@@ -1,0 +1,85 @@
+"""The local control plane is real: kwok nodes turn Ready, kube-scheduler binds, kwok runs the pods."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from deploy.local.cluster import Cluster, pod_manifest, wait_until
+from deploy.local.plane import LocalPlane
+
+CAPACITY = {"cpu": "4", "memory": "8Gi", "pods": "110"}
+
+
+async def test_kube_scheduler_binds_a_pod_that_then_runs_while_a_pod_for_a_missing_scheduler_stays_pending(
+    cluster: Cluster, namespace: str
+) -> None:
+    nodes = await cluster.create_nodes(10, prefix="smoke", capacity=CAPACITY)
+    try:
+        await cluster.wait_nodes_ready(nodes)
+        await cluster.create_pods(
+            [
+                pod_manifest("placed", requests={"cpu": "1", "memory": "1Gi"}),
+                pod_manifest("orphan", requests={"cpu": "1"}, scheduler_name="no-such-scheduler"),
+            ],
+            namespace=namespace,
+        )
+
+        async def placed_runs() -> tuple[bool, str]:
+            pod = await cluster.core.read_namespaced_pod("placed", namespace)
+            return pod.status.phase == "Running", f"phase={pod.status.phase} node={pod.spec.node_name}"
+
+        await wait_until(placed_runs, timeout=60, what="the default-scheduler pod to run")
+        placed = await cluster.core.read_namespaced_pod("placed", namespace)
+        assert placed.spec.node_name in nodes
+
+        # The scheduler had every chance to act on both pods; give it a little more before judging the orphan.
+        await asyncio.sleep(3)
+        orphan = await cluster.core.read_namespaced_pod("orphan", namespace)
+        assert orphan.status.phase == "Pending"
+        assert orphan.spec.node_name is None
+    finally:
+        await cluster.delete_nodes(nodes)
+
+
+@pytest.mark.parametrize(
+    ("identity", "verb", "resource", "allowed"),
+    [
+        ("hoss-worker", "create", "pods/binding", True),
+        ("hoss-worker", "patch", "pods/status", True),
+        ("hoss-worker", "delete", "pods", False),
+        ("hoss-worker", "update", "nodes", False),
+        ("hoss-dispatcher", "watch", "pods", True),
+        ("hoss-dispatcher", "create", "pods/binding", False),
+        ("hoss-resolver", "list", "nodes", True),
+        ("hoss-resolver", "create", "pods/binding", False),
+        ("hoss-resolver", "create", "pods", False),
+    ],
+)
+def test_each_component_identity_has_only_the_rights_it_needs(
+    plane: LocalPlane, identity: str, verb: str, resource: str, allowed: bool
+) -> None:
+    answer = plane.kubectl("auth", "can-i", verb, resource, "--all-namespaces", identity=identity, check=False)
+    assert answer.strip() == ("yes" if allowed else "no")
+
+
+def test_up_twice_keeps_the_same_processes_and_down_leaves_nothing_running(tmp_path: Path) -> None:
+    second = LocalPlane(tmp_path / "second")
+    try:
+        first_state = second.up(scheduler=False)
+        assert second.is_up()
+        again = second.up(scheduler=False)
+        assert [p.pid for p in again.processes] == [p.pid for p in first_state.processes]
+    finally:
+        stopped = second.down()
+    assert set(stopped) == {"etcd", "kube-apiserver", "kwok", "redis-server"}
+    for process in first_state.processes:
+        assert not Path(f"/proc/{process.pid}").exists() or b"Z" in _state_of(process.pid)
+    assert second.status() == {}
+    assert not Path(first_state.etcd_data).exists()
+
+
+def _state_of(pid: int) -> bytes:
+    return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[-1].split()[0]
