@@ -28,6 +28,7 @@ def _local_up(args: argparse.Namespace) -> int:
         apiserver_port=args.apiserver_port,
         redis_port=args.redis_port,
         scheduler=not args.no_scheduler,
+        webhook=not args.no_webhook,
         progress=_say,
     )
     print("# paste into your shell to use the local plane:")
@@ -84,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--apiserver-port", type=int, help="fixed kube-apiserver port (default: a free one)")
     up.add_argument("--redis-port", type=int, help="fixed redis-server port (default: a free one)")
     up.add_argument("--no-scheduler", action="store_true", help="do not start the default kube-scheduler")
+    up.add_argument("--no-webhook", action="store_true", help="do not start hoss-resolver nor register its webhook")
     up.set_defaults(run=_local_up)
     with_dir(local_commands.add_parser("down", help="stop everything the plane started")).set_defaults(
         run=_local_down

@@ -129,8 +129,15 @@ def issue(
     return pair
 
 
-def ensure_signing_key(path: Path) -> Path:
-    """An EC key for signing service-account tokens (the apiserver requires one)."""
-    if not path.exists():
-        _write_key(ec.generate_private_key(ec.SECP256R1()), path)
-    return path
+def ensure_signing_key(path: Path) -> tuple[Path, Path]:
+    """An EC key pair for signing service-account tokens (the apiserver requires one): (private, public)."""
+    public = path.with_suffix(".pub")
+    if not path.exists() or not public.exists():
+        key = ec.generate_private_key(ec.SECP256R1())
+        _write_key(key, path)
+        public.write_bytes(
+            key.public_key().public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+            )
+        )
+    return path, public

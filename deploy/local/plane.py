@@ -12,6 +12,7 @@ so the RBAC in deploy/rbac.yaml, the same file a real cluster gets, is what the 
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -19,17 +20,22 @@ import signal
 import socket
 import ssl
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from deploy.local import binaries, pki
 
 DEPLOY_DIR = Path(__file__).resolve().parent.parent
 RBAC_MANIFEST = DEPLOY_DIR / "rbac.yaml"
+WEBHOOK_MANIFEST = DEPLOY_DIR / "webhook.yaml"
 KWOK_STAGES = Path(__file__).resolve().parent / "kwok" / "stages.yaml"
 HOSS_NAMESPACE = "hoss-system"
 HOSS_COMPONENTS = ("hoss-dispatcher", "hoss-worker", "hoss-resolver")
@@ -105,7 +111,7 @@ def _pid_alive(pid: int, binary: str) -> bool:
         return False
     # A zombie (state Z) has exited and only waits for its parent to reap it.
     state = stat.rsplit(")", 1)[-1].split()[0]
-    return state != "Z" and binary.encode() in cmdline.split(b"\0", 1)[0]
+    return state != "Z" and binary.encode() in cmdline
 
 
 def _tail(path: Path, lines: int = 15) -> str:
@@ -178,6 +184,7 @@ class LocalPlane:
         apiserver_port: int | None = None,
         redis_port: int | None = None,
         scheduler: bool = True,
+        webhook: bool = True,
         progress: Callable[[str], None] = lambda _message: None,
     ) -> PlaneState:
         """Start every component not yet running; a plane that is already up is left as it is."""
@@ -223,6 +230,10 @@ class LocalPlane:
                 self.start_scheduler(state, scheduler_name="default-scheduler")
             progress(f"starting redis-server on 127.0.0.1:{state.redis_port}")
             self._start_redis(state, redis_server)
+            if webhook:
+                progress("starting hoss-resolver and registering its webhook on bindings")
+                self.start_resolver(state)
+                self.register_webhook()
         except BaseException:
             self.down()
             raise
@@ -273,7 +284,9 @@ class LocalPlane:
         # JSON is valid YAML; kubectl and every client read it.
         self.kubeconfig(identity).write_text(json.dumps(config, indent=2))
 
-    def _spawn(self, state: PlaneState, name: str, argv: Sequence[str], *, port: int = 0) -> Process:
+    def _spawn(
+        self, state: PlaneState, name: str, argv: Sequence[str], *, port: int = 0, binary: str | None = None
+    ) -> Process:
         log = self.log_dir / f"{name}.log"
         with log.open("ab") as out:
             child = subprocess.Popen(
@@ -285,7 +298,7 @@ class LocalPlane:
                 start_new_session=True,
             )
         _CHILDREN[child.pid] = child
-        process = Process(name=name, pid=child.pid, binary=Path(argv[0]).name, log=str(log), port=port)
+        process = Process(name=name, pid=child.pid, binary=binary or Path(argv[0]).name, log=str(log), port=port)
         state.processes = [p for p in state.processes if p.name != name] + [process]
         self._save(state)
         self._wait_healthy(state, process, child)
@@ -315,6 +328,8 @@ class LocalPlane:
             return self._http_ok(f"{state.apiserver_url}/readyz", client="admin")
         if name == "redis-server":
             return _redis_ping(state.redis_port)
+        if name == "hoss-resolver":
+            return self._http_ok(f"https://127.0.0.1:{process.port}/readyz")
         if process.port:
             return self._http_ok(f"https://127.0.0.1:{process.port}/healthz", verify=False)
         return _pid_alive(process.pid, process.binary)
@@ -357,7 +372,7 @@ class LocalPlane:
         )
 
     def _start_apiserver(self, state: PlaneState, apiserver: Path) -> None:
-        sa_key = self.pki_dir / "service-account.key"
+        sa_key, sa_public = self.pki_dir / "service-account.key", self.pki_dir / "service-account.pub"
         self._spawn(
             state,
             "kube-apiserver",
@@ -372,7 +387,7 @@ class LocalPlane:
                 f"--client-ca-file={self.pki_dir / 'ca.crt'}",
                 "--authorization-mode=RBAC",
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-                f"--service-account-key-file={sa_key}",
+                f"--service-account-key-file={sa_public}",
                 f"--service-account-signing-key-file={sa_key}",
                 "--service-cluster-ip-range=10.96.0.0/16",
                 "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
@@ -438,6 +453,62 @@ class LocalPlane:
             ],
             port=port,
         )
+
+    def start_resolver(self, state: PlaneState | None = None, *, enforce: str = "all") -> Process:
+        """Start hoss-resolver (the admission webhook) on a free port with a serving cert from the plane's CA."""
+        state = state or self.state()
+        ca = pki.ensure_ca(self.pki_dir)
+        serving = pki.issue(
+            ca,
+            directory=self.pki_dir,
+            name="resolver-serving",
+            common_name="hoss-resolver",
+            dns_names=("localhost",),
+            ip_addresses=("127.0.0.1",),
+            server=True,
+        )
+        port = _free_port()
+        return self._spawn(
+            state,
+            "hoss-resolver",
+            [
+                sys.executable,
+                "-m",
+                "resolver.webhook",
+                f"--kubeconfig={self.kubeconfig('hoss-resolver')}",
+                f"--redis-url={state.redis_url}",
+                "--host=127.0.0.1",
+                f"--port={port}",
+                f"--tls-cert-file={serving.cert}",
+                f"--tls-key-file={serving.key}",
+                f"--enforce={enforce}",
+            ],
+            port=port,
+            binary="resolver.webhook",
+        )
+
+    def webhook_configuration(self) -> dict[str, object]:
+        """deploy/webhook.yaml, pointed at the local resolver by URL with the plane's CA as caBundle."""
+        state = self.state()
+        resolver = next((p for p in state.processes if p.name == "hoss-resolver"), None)
+        if resolver is None:
+            raise PlaneError("hoss-resolver is not running in this plane; start it before registering the webhook")
+        config: dict[str, Any] = yaml.safe_load(WEBHOOK_MANIFEST.read_text())
+        ca_bundle = base64.b64encode((self.pki_dir / "ca.crt").read_bytes()).decode()
+        for hook in config["webhooks"]:
+            hook["clientConfig"] = {
+                "url": f"https://127.0.0.1:{resolver.port}/validate-binding",
+                "caBundle": ca_bundle,
+            }
+        return config
+
+    def register_webhook(self) -> None:
+        manifest = self.directory / "webhook.json"
+        manifest.write_text(json.dumps(self.webhook_configuration(), indent=2))
+        self.kubectl("apply", "-f", str(manifest))
+
+    def unregister_webhook(self) -> None:
+        self.kubectl("delete", "validatingwebhookconfiguration", "hoss-resolver", "--ignore-not-found")
 
     def stop_process(self, name: str) -> None:
         """Stop one recorded process (e.g. an extra kube-scheduler) and forget it."""
