@@ -593,20 +593,21 @@ def _redis_ping(port: int) -> bool:
 def _terminate(process: Process, *, grace_seconds: float = 10.0) -> bool:
     """Stop ``process`` (its whole session) if it is still ours; True when something was stopped."""
     child = _CHILDREN.pop(process.pid, None)
-    if not _pid_alive(process.pid, process.binary):
-        if child is not None:
-            child.wait()
-        return False
-    for sig, wait in ((signal.SIGTERM, grace_seconds), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            return True
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            if child is not None and child.poll() is not None:
+    try:
+        if not _pid_alive(process.pid, process.binary):
+            return False
+        for sig, wait in ((signal.SIGTERM, grace_seconds), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(process.pid, sig)
+            except ProcessLookupError:
                 return True
-            if not _pid_alive(process.pid, process.binary):
-                return True
-            time.sleep(0.1)
-    raise PlaneError(f"{process.name} (pid {process.pid}) did not stop after SIGKILL")
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline:
+                if (child is not None and child.poll() is not None) or not _pid_alive(process.pid, process.binary):
+                    return True
+                time.sleep(0.1)
+        raise PlaneError(f"{process.name} (pid {process.pid}) did not stop after SIGKILL")
+    finally:
+        if child is not None and child.poll() is None:
+            # Reap it: the process is gone or going (SIGKILL was the last word).
+            child.wait(timeout=10)

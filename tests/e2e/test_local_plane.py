@@ -61,16 +61,18 @@ async def test_kube_scheduler_binds_a_pod_that_then_runs_while_a_pod_for_a_missi
 def test_each_component_identity_has_only_the_rights_it_needs(
     plane: LocalPlane, identity: str, verb: str, resource: str, allowed: bool
 ) -> None:
-    answer = plane.kubectl("auth", "can-i", verb, resource, "--all-namespaces", identity=identity, check=False)
+    kind, _, subresource = resource.partition("/")
+    extra = [f"--subresource={subresource}"] if subresource else []
+    answer = plane.kubectl("auth", "can-i", verb, kind, *extra, "--all-namespaces", identity=identity, check=False)
     assert answer.strip() == ("yes" if allowed else "no")
 
 
 def test_up_twice_keeps_the_same_processes_and_down_leaves_nothing_running(tmp_path: Path) -> None:
     second = LocalPlane(tmp_path / "second")
     try:
-        first_state = second.up(scheduler=False)
+        first_state = second.up(scheduler=False, webhook=False)
         assert second.is_up()
-        again = second.up(scheduler=False)
+        again = second.up(scheduler=False, webhook=False)
         assert [p.pid for p in again.processes] == [p.pid for p in first_state.processes]
     finally:
         stopped = second.down()
