@@ -67,7 +67,23 @@ def _local_build(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     binaries.build_missing()
-    return asyncio.run(run_demo(plane=_plane(args), nodes=args.nodes, pods=args.pods, progress=_say))
+    return asyncio.run(
+        run_demo(
+            plane=_plane(args),
+            nodes=args.nodes,
+            pods=args.pods,
+            workers=args.workers,
+            as_json=args.json,
+            progress=_say,
+        )
+    )
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -97,9 +113,11 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--force", action="store_true", help="rebuild even when binaries are present")
     build.set_defaults(run=_local_build)
 
-    demo = with_dir(commands.add_parser("demo", help="bring up the local plane and schedule pods on fake nodes"))
-    demo.add_argument("--nodes", type=int, default=20, help="fake nodes to create (default 20)")
-    demo.add_argument("--pods", type=int, default=10, help="pods to schedule (default 10)")
+    demo = with_dir(commands.add_parser("demo", help="the whole system on the local plane, with a report"))
+    demo.add_argument("--nodes", type=_positive, default=100, help="fake nodes to create (default 100)")
+    demo.add_argument("--pods", type=_positive, default=1000, help="pods to schedule (default 1000)")
+    demo.add_argument("--workers", type=_positive, default=3, help="hoss workers to run (default 3)")
+    demo.add_argument("--json", action="store_true", help="print the final report as one JSON object")
     demo.set_defaults(run=_demo)
     return parser
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -15,6 +16,8 @@ from typing import Any, TypeVar
 
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
+
+from resolver.resources import node_allocatable, pod_requests
 
 T = TypeVar("T")
 A = TypeVar("A")
@@ -159,6 +162,11 @@ class Cluster:
         await for_each(items, lambda m: self.core.create_namespaced_pod(namespace, m))
         return [m["metadata"]["name"] for m in items]
 
+    async def raw_list(self, call: str, *args: str, **kwargs: Any) -> list[Json]:
+        """A list call's items as raw JSON (the shape resolver.resources parses), e.g. ``raw_list("list_node")``."""
+        response = await getattr(self.core, call)(*args, _preload_content=False, **kwargs)
+        return list(json.loads(await response.read())["items"])
+
     async def pods(self, namespace: str, *, label_selector: str = "") -> list[Any]:
         result = await self.core.list_namespaced_pod(namespace, label_selector=label_selector)
         return list(result.items)
@@ -179,6 +187,29 @@ class Cluster:
         except ApiException as error:
             if error.status != 404:
                 raise
+
+
+def oversold_nodes(nodes: Iterable[Json], pods: Iterable[Json]) -> dict[str, str]:
+    """Nodes where the bound, unfinished pods' requests exceed allocatable, with the first resource that does.
+
+    Computed from apiserver objects alone (raw JSON), the way a user would check a scheduler's work.
+    """
+    used: dict[str, dict[str, int]] = {}
+    for pod in pods:
+        node = (pod.get("spec") or {}).get("nodeName")
+        if node and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+            per_node = used.setdefault(node, {})
+            for resource, amount in pod_requests(pod).items():
+                per_node[resource] = per_node.get(resource, 0) + amount
+    result = {}
+    for node in nodes:
+        name = node["metadata"]["name"]
+        alloc = node_allocatable(node)
+        for resource, amount in sorted(used.get(name, {}).items()):
+            if amount > alloc.get(resource, 0):
+                result[name] = f"{resource}: {amount} requested > {alloc.get(resource, 0)} allocatable"
+                break
+    return result
 
 
 async def wait_until(

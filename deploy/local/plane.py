@@ -36,6 +36,7 @@ from deploy.local import binaries, pki
 DEPLOY_DIR = Path(__file__).resolve().parent.parent
 RBAC_MANIFEST = DEPLOY_DIR / "rbac.yaml"
 WEBHOOK_MANIFEST = DEPLOY_DIR / "webhook.yaml"
+POLICIES_FILE = DEPLOY_DIR.parent / "configs" / "policies.yaml"
 KWOK_STAGES = Path(__file__).resolve().parent / "kwok" / "stages.yaml"
 HOSS_NAMESPACE = "hoss-system"
 HOSS_COMPONENTS = ("hoss-dispatcher", "hoss-worker", "hoss-resolver")
@@ -330,6 +331,8 @@ class LocalPlane:
             return _redis_ping(state.redis_port)
         if name == "hoss-resolver":
             return self._http_ok(f"https://127.0.0.1:{process.port}/readyz")
+        if name.startswith(("hoss-dispatcher", "hoss-worker")):
+            return self._http_ok(f"http://127.0.0.1:{process.port}/healthz")
         if process.port:
             return self._http_ok(f"https://127.0.0.1:{process.port}/healthz", verify=False)
         return _pid_alive(process.pid, process.binary)
@@ -485,6 +488,48 @@ class LocalPlane:
             ],
             port=port,
             binary="resolver.webhook",
+        )
+
+    def start_dispatcher(self, state: PlaneState | None = None, *, name: str = "hoss-dispatcher") -> Process:
+        """Start hoss-dispatcher with its own identity; its HTTP port (status, dashboard) is in the Process."""
+        state = state or self.state()
+        port = _free_port()
+        return self._spawn(
+            state,
+            name,
+            [
+                sys.executable, "-m", "dispatcher.service",
+                f"--kubeconfig={self.kubeconfig('hoss-dispatcher')}",
+                f"--redis-url={state.redis_url}",
+                "--host=127.0.0.1",
+                f"--port={port}",
+                f"--identity={name}",
+            ],
+            port=port,
+            binary="dispatcher.service",
+        )
+
+    def start_worker(
+        self, worker_id: str, *, policies: Sequence[str] = ("default",), state: PlaneState | None = None
+    ) -> Process:
+        """Start one hoss-worker serving ``policies`` with the hoss-worker identity."""
+        state = state or self.state()
+        port = _free_port()
+        return self._spawn(
+            state,
+            f"hoss-worker-{worker_id}",
+            [
+                sys.executable, "-m", "workers.service",
+                f"--id={worker_id}",
+                f"--policies={','.join(policies)}",
+                f"--policies-file={POLICIES_FILE}",
+                f"--kubeconfig={self.kubeconfig('hoss-worker')}",
+                f"--redis-url={state.redis_url}",
+                "--host=127.0.0.1",
+                f"--port={port}",
+            ],
+            port=port,
+            binary="workers.service",
         )
 
     def webhook_configuration(self) -> dict[str, object]:

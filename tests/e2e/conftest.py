@@ -18,7 +18,7 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalPlane]:
     """A real etcd + kube-apiserver + kube-scheduler + kwok + redis-server, started once for the session."""
     local = LocalPlane(tmp_path_factory.mktemp("plane"))
     try:
-        local.up(webhook=False)
+        local.up()
         yield local
     finally:
         local.down()

@@ -1,0 +1,828 @@
+"""hoss-dispatcher: pending-pod intake, routing to workers, reclaim of dead workers' work, and the /status server.
+
+A watch on unbound pods (field selector ``spec.nodeName=``) keeps `Dispatcher.pending`. The leader sends every
+pending pod that is not in the dispatched map to the least-loaded live worker serving its policy (one
+transaction writes the stream entry and the map), and every reclaim interval it takes the work of dead workers
+back and sends it again. A pod whose policy no live worker serves waits, is retried every round, and gets a
+``NoWorkerForPolicy`` event. Followers keep their watch and their view of Redis warm and take over on election.
+
+Invariants:
+- Only the leader writes the work queues and the dispatched map (workers acknowledge their own items).
+- A pod is in at most one worker's stream at a time: it is sent again only after it left the dispatched map,
+  because its worker died and was reclaimed, because the map named a worker that no longer exists, or because
+  its worker acknowledged it and the pod still looks pending ``informer_lag_seconds`` later (the watch may lag
+  the binding; a worker hands back only what it cannot parse, so repeats back off exponentially).
+- A dispatched uid leaves the map when its pod leaves the pending set (bound or deleted), or after
+  ``informer_lag_seconds`` of not being pending at all (e.g. deleted while no leader watched).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import logging
+import random
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from aiohttp import web
+from kubernetes_asyncio import client
+from prometheus_client import generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from dispatcher.leader import KubeLeaseAPI, LeaderElector
+from dispatcher.queue import WorkerInfo, WorkItem, WorkQueue
+from dispatcher.routing import choose_worker, policy_of
+from dispatcher.settings import DispatcherSettings
+from dispatcher.status import (
+    RESOLVER_STATS_MATCH,
+    BoundRate,
+    DispatcherMetrics,
+    QueueStatus,
+    SystemStatus,
+    ThroughputStatus,
+    WaitingPod,
+    build_status,
+    resolver_instance,
+)
+from resolver.errors import LedgerUnavailable, PodSpecError
+from resolver.events import pod_event, post_event, set_unschedulable
+from resolver.kube import InformerHandlers, Json, api_client, run_informer
+from resolver.ledger import Ledger, LedgerSnapshot
+from resolver.settings import SettingsError, load_settings
+
+log = logging.getLogger(__name__)
+
+COMPONENT = "hoss-dispatcher"
+NO_WORKER_REASON = "NoWorkerForPolicy"
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+HANDBACK_BACKOFF_MAX_SECONDS = 300.0
+STATUS_TIMEOUT_SECONDS = 5.0
+
+
+# --- pure core ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PendingPod:
+    """An unbound pod the dispatcher must place."""
+
+    uid: str
+    namespace: str
+    name: str
+    policy: str
+    seen_at: float
+    """Monotonic time the dispatcher first saw the pod pending."""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def _required_text(value: object, *, field: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise PodSpecError(field=field, reason=f"expected a non-empty string, got {value!r}")
+    return value
+
+
+def _string_map(value: object, *, field: str) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise PodSpecError(field=field, reason="expected a map of strings")
+    return dict(value)
+
+
+def pod_uid(raw: Json) -> str:
+    """The uid of a raw pod; raises `PodSpecError` when it has none."""
+    metadata = raw.get("metadata")
+    if not isinstance(metadata, dict):
+        raise PodSpecError(field="metadata", reason="missing")
+    return _required_text(metadata.get("uid"), field="metadata.uid")
+
+
+def parse_pending_pod(
+    raw: Json, *, scheduler_names: Collection[str], default_policy: str, seen_at: float
+) -> PendingPod | None:
+    """The pod when the dispatcher should place it (one of our scheduler names, unbound, not being deleted, not
+    finished), else None. Raises `PodSpecError` naming the field of a malformed pod."""
+    uid = pod_uid(raw)
+    metadata: Json = raw["metadata"]
+    spec = raw.get("spec") or {}
+    status = raw.get("status") or {}
+    if not isinstance(spec, dict):
+        raise PodSpecError(field="spec", reason="expected an object")
+    if not isinstance(status, dict):
+        raise PodSpecError(field="status", reason="expected an object")
+    if spec.get("schedulerName", "default-scheduler") not in scheduler_names:
+        return None
+    if spec.get("nodeName") or metadata.get("deletionTimestamp") or status.get("phase") in TERMINAL_PHASES:
+        return None
+    return PendingPod(
+        uid=uid,
+        namespace=_required_text(metadata.get("namespace"), field="metadata.namespace"),
+        name=_required_text(metadata.get("name"), field="metadata.name"),
+        policy=policy_of(raw, default=default_policy),
+        seen_at=seen_at,
+        labels=_string_map(metadata.get("labels"), field="metadata.labels"),
+        annotations=_string_map(metadata.get("annotations"), field="metadata.annotations"),
+    )
+
+
+def left_by_deletion(raw: Json) -> bool:
+    """True when a pod that left the pending set was deleted or finished rather than bound.
+
+    A watch with a field selector reports a pod that stopped matching as DELETED with its *previous* content,
+    so a bound pod and an unscheduled pod deleted at once look alike there; both count as gone-after-dispatch.
+    """
+    metadata = raw.get("metadata") or {}
+    status = raw.get("status") or {}
+    return bool(metadata.get("deletionTimestamp")) or status.get("phase") in TERMINAL_PHASES
+
+
+def item_uids(item: WorkItem) -> list[str]:
+    """The pod uids an item carries (every gang member, or the one pod), as the queue records them."""
+    return [member.uid for member in item.members] or [item.uid]
+
+
+def plan_work_items(pods: Sequence[PendingPod], *, attempts: Mapping[str, int]) -> list[WorkItem]:
+    """The work items for a batch of pods that need a worker, in the order given.
+
+    This is the seam for gangs: members of one pod group will become one item here (``gang``, ``members``,
+    ``min_available``). Until then every pod is its own item.
+    """
+    return [
+        WorkItem(
+            uid=pod.uid, namespace=pod.namespace, name=pod.name, policy=pod.policy, attempt=attempts.get(pod.uid, 0)
+        )
+        for pod in pods
+    ]
+
+
+def worker_loads(workers: Sequence[WorkerInfo], dispatched: Mapping[str, str]) -> dict[str, int]:
+    """Outstanding uids per live worker as the dispatched map counts them (0 for a worker with none)."""
+    counts = collections.Counter(dispatched.values())
+    return {worker.id: counts[worker.id] for worker in workers}
+
+
+def no_worker_message(policy: str) -> str:
+    return f"no live hoss worker serves policy {policy!r}; the pod waits until one does"
+
+
+def handback_delay(handbacks: int, *, lag_seconds: float) -> float:
+    """How long a pod its worker acknowledged while it still looks pending waits before it is sent again."""
+    if handbacks <= 0:
+        return 0.0
+    return float(min(lag_seconds * 2 ** (handbacks - 1), HANDBACK_BACKOFF_MAX_SECONDS))
+
+
+def pending_pods_selector(scheduler_names: Sequence[str]) -> str:
+    """Unbound pods; with one scheduler name the apiserver filters on it too (a field selector has no 'in')."""
+    if len(scheduler_names) == 1:
+        return f"spec.nodeName=,spec.schedulerName={scheduler_names[0]}"
+    return "spec.nodeName="
+
+
+# --- the dispatcher ----------------------------------------------------------------------------------------
+
+
+class Notifier(Protocol):
+    """Tells a pod's owner why it waits."""
+
+    async def no_worker(self, pod: PendingPod, *, message: str) -> None: ...
+
+
+class KubeNotifier:
+    """A Warning event and PodScheduled=False, as ``kubectl describe pod`` shows them. Best effort."""
+
+    def __init__(self, core: Any) -> None:
+        self.core = core
+
+    async def no_worker(self, pod: PendingPod, *, message: str) -> None:
+        event = pod_event(
+            namespace=pod.namespace, name=pod.name, uid=pod.uid, reason=NO_WORKER_REASON, message=message,
+            component=COMPONENT,
+        )
+        await post_event(self.core, event)
+        await set_unschedulable(
+            self.core, namespace=pod.namespace, name=pod.name, message=message, reason=NO_WORKER_REASON
+        )
+
+
+@dataclass
+class Waiting:
+    """A pending pod that no live worker serves."""
+
+    pod: str
+    policy: str
+    since_unix: float
+    notified_at: float | None = None
+    """Monotonic time of the last NoWorkerForPolicy notice."""
+
+
+@dataclass
+class TickReport:
+    """What one leader round did."""
+
+    dead_workers: list[str] = field(default_factory=list)
+    reclaimed: int = 0
+    """Pod uids taken back from dead workers."""
+    dispatched: int = 0
+    """Pod uids sent to workers."""
+    waiting: int = 0
+    """Pods waiting for a worker after the round."""
+
+
+def _always_leader() -> bool:
+    return True
+
+
+class Dispatcher:
+    """The intake (informer handlers), the leader's rounds and the follower's read-only refresh.
+
+    One task runs `lead` or `follow` at a time; the informer's handlers run in another task and only touch the
+    in-memory views, so no lock is needed (every method here runs between awaits of the one event loop).
+    """
+
+    def __init__(
+        self,
+        *,
+        queue: WorkQueue,
+        settings: DispatcherSettings,
+        notifier: Notifier | None = None,
+        metrics: DispatcherMetrics | None = None,
+        rng: random.Random | None = None,
+        is_leader: Callable[[], bool] = _always_leader,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.queue = queue
+        self.settings = settings
+        self.notifier = notifier
+        self.metrics = metrics if metrics is not None else DispatcherMetrics()
+        self.rate = BoundRate()
+        self.synced = asyncio.Event()
+        """Set once the pending-pod watch has listed."""
+        self.pending: dict[str, PendingPod] = {}
+        self.dispatched: dict[str, str] = {}
+        """pod uid -> worker id, this replica's copy of the Redis map."""
+        self.waiting: dict[str, Waiting] = {}
+        self.workers: list[WorkerInfo] = []
+        """Live workers as of the last round."""
+        self.redis_error: str | None = None
+        self._rng = rng if rng is not None else random.Random()
+        self._is_leader = is_leader
+        self._clock = clock
+        self._wall = wall
+        self._fresh: dict[str, None] = {}  # uids that became pending since the last dispatch, in arrival order
+        self._wakeup = asyncio.Event()
+        self._gone: set[str] = set()  # dispatched uids whose pods left the pending set, to forget in Redis
+        self._absent_since: dict[str, float] = {}  # map uids never seen pending, since when
+        self._handed_back: dict[str, tuple[float, int]] = {}  # uid -> (when, how many times) acknowledged early
+        self._attempts: dict[str, int] = {}
+        self._notices: asyncio.Task[None] | None = None
+        m = self.metrics
+        m.pending.set_function(lambda: len(self.pending))
+        m.undispatched.set_function(self.undispatched_count)
+        m.waiting.set_function(lambda: len(self.waiting))
+        m.live_workers.set_function(lambda: len(self.workers))
+
+    # -- intake (informer handlers) -------------------------------------------------------------------------
+
+    def handlers(self) -> InformerHandlers:
+        return InformerHandlers(on_list=self.on_list, on_event=self.on_event)
+
+    async def on_list(self, items: list[Json]) -> None:
+        listed: set[str] = set()
+        for raw in items:
+            uid = self._observe(raw)
+            if uid is not None:
+                listed.add(uid)
+        for uid in [uid for uid in self.pending if uid not in listed]:
+            self._drop(uid, deleted=False)
+        log.info("pending-pod watch listed %d pods (%d to place)", len(items), len(self.pending))
+
+    async def on_event(self, kind: str, raw: Json) -> None:
+        if kind == "DELETED":
+            try:
+                uid = pod_uid(raw)
+            except PodSpecError as error:
+                log.warning("ignoring malformed pod in a DELETED event: %s", error)
+                return
+            self._drop(uid, deleted=left_by_deletion(raw))
+        else:
+            self._observe(raw)
+
+    def _observe(self, raw: Json) -> str | None:
+        """Apply one pod's current state; the uid when it is (still) pending and ours."""
+        try:
+            uid = pod_uid(raw)
+            pod = parse_pending_pod(
+                raw, scheduler_names=self.settings.scheduler_names, default_policy=self.settings.default_policy,
+                seen_at=self._clock(),
+            )
+        except PodSpecError as error:
+            name = (raw.get("metadata") or {}).get("name", "?")
+            log.warning("ignoring malformed pod %s: %s", name, error)
+            return None
+        if pod is None:
+            self._drop(uid, deleted=left_by_deletion(raw))
+            return None
+        known = self.pending.get(uid)
+        if known is None:
+            self.pending[uid] = pod
+            self._absent_since.pop(uid, None)
+            if uid not in self.dispatched:
+                self._fresh[uid] = None
+                self._wakeup.set()
+        elif known.policy != pod.policy or known.labels != pod.labels or known.annotations != pod.annotations:
+            self.pending[uid] = dataclasses.replace(pod, seen_at=known.seen_at)
+        return uid
+
+    def _drop(self, uid: str, *, deleted: bool) -> None:
+        """The pod left the pending set: bound, deleted or finished."""
+        self.pending.pop(uid, None)
+        self._fresh.pop(uid, None)
+        self.waiting.pop(uid, None)
+        self._attempts.pop(uid, None)
+        handed_back = self._handed_back.pop(uid, None)
+        was_dispatched = self.dispatched.pop(uid, None) is not None
+        if was_dispatched:
+            self._gone.add(uid)
+        if (was_dispatched or handed_back is not None) and not deleted:
+            self.rate.bound(self._clock())
+            self.metrics.bound.inc()
+
+    # -- views ----------------------------------------------------------------------------------------------
+
+    def undispatched_count(self, dispatched: Mapping[str, str] | None = None) -> int:
+        assigned = self.dispatched if dispatched is None else dispatched
+        return sum(1 for uid in self.pending if uid not in assigned)
+
+    def throughput(self) -> ThroughputStatus:
+        return self.rate.view(self._clock())
+
+    def queue_status(self, dispatched: Mapping[str, str] | None = None) -> QueueStatus:
+        rows = sorted(
+            (WaitingPod(pod=w.pod, policy=w.policy, since=round(w.since_unix, 3)) for w in self.waiting.values()),
+            key=lambda row: (row.since, row.pod),
+        )
+        return QueueStatus(
+            pending_total=len(self.pending),
+            undispatched=self.undispatched_count(dispatched),
+            waiting_for_worker=rows,
+        )
+
+    # -- leader -------------------------------------------------------------------------------------------
+
+    async def lead(self) -> None:
+        """Dispatch and reclaim until cancelled: a full round every reclaim interval, new pods as they come."""
+        await self.synced.wait()
+        log.info("leading: %d pending pods to look at", len(self.pending))
+        try:
+            await self._lead_rounds()
+        finally:
+            if self._notices is not None:
+                self._notices.cancel()
+
+    async def _lead_rounds(self) -> None:
+        interval = self.settings.reclaim_interval_seconds
+        while True:
+            await self._guarded(self.tick())
+            deadline = self._clock() + interval
+            while (remaining := deadline - self._clock()) > 0:
+                try:
+                    async with asyncio.timeout(remaining):
+                        await self._wakeup.wait()
+                except TimeoutError:
+                    break
+                self._wakeup.clear()
+                # While Redis is down, new pods wait for the next full round, which also notices the recovery.
+                if self.redis_error is None:
+                    await self._guarded(self.dispatch_pending(fresh_only=True))
+
+    async def tick(self) -> TickReport:
+        """One leader round: reclaim dead workers' work, resync the dispatched map, send every pod that needs a
+        worker, and tell pods that wait why."""
+        report = await self.reclaim_step()
+        await self._flush_gone()
+        await self._sync_dispatched(leader=True)
+        report.dispatched += await self.dispatch_pending()
+        report.waiting = len(self.waiting)
+        self._notify_waiting()
+        return report
+
+    async def reclaim_step(self) -> TickReport:
+        """Refresh the live workers; take every unfinished item of each dead worker back and send its pods to
+        live workers serving their policy (those no live worker serves wait)."""
+        live, dead = await self.queue.workers()
+        self.workers = live
+        report = TickReport(dead_workers=sorted(dead))
+        reclaimed: dict[str, None] = {}
+        for worker_id in report.dead_workers:
+            if not self._is_leader():
+                break
+            items = await self.queue.reclaim(worker_id)
+            uids = list(dict.fromkeys(
+                [uid for item in items for uid in item_uids(item)]
+                + [uid for uid, owner in self.dispatched.items() if owner == worker_id]
+            ))
+            # Until they are sent again these pods belong to nobody: a leader that dies right here leaves them
+            # undispatched in Redis (its successor sends them), never assigned to a worker that is gone.
+            await self.queue.forget(uids)
+            for uid in uids:
+                self.dispatched.pop(uid, None)
+                self._attempts[uid] = self._attempts.get(uid, 0) + 1
+                reclaimed[uid] = None
+            still_pending = sum(1 for uid in uids if uid in self.pending)
+            log.warning(
+                "worker %s stopped heartbeating: took back %d items (%d pods still pending)",
+                worker_id, len(items), still_pending,
+            )
+            self.metrics.dead_workers.inc()
+            self.metrics.reclaimed_pods.inc(len(uids))
+        report.reclaimed = len(reclaimed)
+        pods = [self.pending[uid] for uid in reclaimed if uid in self.pending]
+        report.dispatched = await self._send(sorted(pods, key=lambda pod: pod.seen_at))
+        return report
+
+    async def dispatch_pending(self, *, fresh_only: bool = False) -> int:
+        """Send the pending pods that need a worker (only those new since the last call, with ``fresh_only``)."""
+        candidates = list(self._fresh) if fresh_only else list(self.pending)
+        self._fresh.clear()
+        now = self._clock()
+        pods = [self.pending[uid] for uid in candidates if self._needs_worker(uid, now)]
+        return await self._send(sorted(pods, key=lambda pod: pod.seen_at))
+
+    def _needs_worker(self, uid: str, now: float) -> bool:
+        if uid not in self.pending or uid in self.dispatched:
+            return False
+        handed_back = self._handed_back.get(uid)
+        if handed_back is None:
+            return True
+        when, count = handed_back
+        return now - when >= handback_delay(count, lag_seconds=self.settings.informer_lag_seconds)
+
+    async def _send(self, pods: Sequence[PendingPod]) -> int:
+        if not pods:
+            return 0
+        by_uid = {pod.uid: pod for pod in pods}
+        loads = worker_loads(self.workers, self.dispatched)
+        sent = 0
+        for item in plan_work_items(pods, attempts=self._attempts):
+            if not self._is_leader():
+                log.info("no longer leader: stopped dispatching")
+                break
+            uids = item_uids(item)
+            worker = choose_worker(self.workers, item.policy, loads=loads, rng=self._rng)
+            if worker is None:
+                for uid in uids:
+                    self._wait(by_uid[uid])
+                continue
+            await self.queue.enqueue(worker.id, item)
+            now = self._clock()
+            for uid in uids:
+                self.dispatched[uid] = worker.id
+                self.waiting.pop(uid, None)
+                self.metrics.dispatch_latency.observe(max(now - by_uid[uid].seen_at, 0.0))
+            loads[worker.id] = loads.get(worker.id, 0) + len(uids)
+            self.rate.dispatched(len(uids))
+            self.metrics.dispatched.labels(item.policy).inc(len(uids))
+            log.debug("dispatched %s (policy %s, attempt %d) to worker %s", item.key, item.policy, item.attempt,
+                      worker.id)
+            sent += len(uids)
+        return sent
+
+    def _wait(self, pod: PendingPod) -> None:
+        waiting = self.waiting.get(pod.uid)
+        if waiting is None:
+            self.waiting[pod.uid] = Waiting(pod=pod.key, policy=pod.policy, since_unix=self._wall())
+            log.info("pod %s waits: no live worker serves policy %r", pod.key, pod.policy)
+        else:
+            waiting.policy = pod.policy
+
+    async def drain_notices(self) -> None:
+        """Wait for the NoWorkerForPolicy notices started by the last round."""
+        if self._notices is not None:
+            await asyncio.gather(self._notices, return_exceptions=True)
+
+    def _notify_waiting(self) -> None:
+        """Start the notices that are due, in the background: a slow apiserver must not hold up dispatching."""
+        if self.notifier is None or (self._notices is not None and not self._notices.done()):
+            return
+        now = self._clock()
+        interval = self.settings.no_worker_event_interval_seconds
+        due = [
+            (self.pending[uid], waiting)
+            for uid, waiting in self.waiting.items()
+            if uid in self.pending and (waiting.notified_at is None or now - waiting.notified_at >= interval)
+        ]
+        if not due:
+            return
+        pods = []
+        for pod, waiting in due:
+            waiting.notified_at = now
+            pods.append(pod)
+        self._notices = asyncio.create_task(self._send_notices(self.notifier, pods), name="no-worker-notices")
+
+    async def _send_notices(self, notifier: Notifier, pods: Sequence[PendingPod]) -> None:
+        for pod in pods:
+            log.info("pod %s: %s", pod.key, no_worker_message(pod.policy))
+        await asyncio.gather(*(notifier.no_worker(pod, message=no_worker_message(pod.policy)) for pod in pods))
+        self.metrics.no_worker_events.inc(len(pods))
+
+    async def _flush_gone(self) -> None:
+        if not self._gone:
+            return
+        uids = sorted(self._gone)
+        await self.queue.forget(uids)
+        self._gone.difference_update(uids)
+        for uid in uids:
+            self.dispatched.pop(uid, None)
+
+    async def _sync_dispatched(self, *, leader: bool) -> None:
+        """Replace the in-memory map with Redis's; as leader, also forget entries that name no live worker and
+        entries whose pod has not been pending for ``informer_lag_seconds``."""
+        current = await self.queue.dispatched()
+        now = self._clock()
+        for uid in self.dispatched:
+            if uid not in current and uid in self.pending:
+                # Acknowledged by its worker while still pending: bound just now (our watch lags) or handed back.
+                _when, count = self._handed_back.get(uid, (now, 0))
+                self._handed_back[uid] = (now, count + 1)
+                self._attempts[uid] = self._attempts.get(uid, 0) + 1
+        if leader:
+            live = {worker.id for worker in self.workers}
+            forget = [uid for uid, owner in current.items() if owner not in live]
+            absent = [uid for uid in current if uid not in self.pending and current[uid] in live]
+            lag = self.settings.informer_lag_seconds
+            self._absent_since = {uid: self._absent_since.get(uid, now) for uid in absent}
+            stale = [uid for uid, since in self._absent_since.items() if now - since >= lag]
+            forget += stale
+            if forget:
+                await self.queue.forget(forget)
+                log.info("forgot %d dispatched entries (%d naming no live worker, %d not pending for %.0fs)",
+                         len(forget), len(forget) - len(stale), len(stale), lag)
+                for uid in forget:
+                    current.pop(uid, None)
+                    self._absent_since.pop(uid, None)
+        self.dispatched = current
+
+    # -- follower -----------------------------------------------------------------------------------------
+
+    async def follow(self) -> None:
+        """Keep the view of workers and the dispatched map current without writing anything, until cancelled."""
+        while True:
+            await self._guarded(self.observe())
+            await asyncio.sleep(self.settings.reclaim_interval_seconds)
+
+    async def observe(self) -> None:
+        live, _dead = await self.queue.workers()
+        self.workers = live
+        await self._sync_dispatched(leader=False)
+        # The leader does these from its own watch; a replica that takes over starts with a full round.
+        self._fresh.clear()
+        self._gone.clear()
+        self.waiting.clear()
+
+    async def _guarded(self, step: Awaitable[object]) -> bool:
+        """Run one step; a Redis failure pauses (logged once per outage) instead of stopping the dispatcher."""
+        try:
+            await step
+        except (LedgerUnavailable, RedisError) as error:
+            if self.redis_error is None:
+                log.warning("Redis unreachable; dispatching paused until it answers: %s", error)
+            self.redis_error = str(error) or type(error).__name__
+            self.metrics.redis_errors.inc()
+            return False
+        if self.redis_error is not None:
+            log.info("Redis answers again; dispatching resumed")
+            self.redis_error = None
+        return True
+
+
+async def run_roles(dispatcher: Dispatcher, elector: LeaderElector) -> None:
+    """Run `Dispatcher.lead` while this replica leads and `Dispatcher.follow` otherwise, switching at once."""
+    while True:
+        leading = elector.is_leader
+        role = asyncio.create_task(dispatcher.lead() if leading else dispatcher.follow(),
+                                   name="lead" if leading else "follow")
+        change = asyncio.create_task((elector.following if leading else elector.leading).wait())
+        try:
+            done, _pending = await asyncio.wait({role, change}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            role.cancel()
+            change.cancel()
+            await asyncio.gather(role, change, return_exceptions=True)
+        if role in done:
+            role.result()  # a role only ends by crashing: let the service see it
+
+
+# --- HTTP: /status, /metrics, /healthz ---------------------------------------------------------------------
+
+
+@dataclass
+class ServiceState:
+    settings: DispatcherSettings
+    dispatcher: Dispatcher
+    elector: LeaderElector
+    redis: Redis
+    ledger: Ledger
+
+
+STATE_KEY = web.AppKey("state", ServiceState)
+
+
+async def read_resolver_stats(redis: Redis) -> dict[str, dict[str, str]]:
+    """Every resolver instance's stats hash, by instance name."""
+    keys = sorted([str(key) async for key in redis.scan_iter(match=RESOLVER_STATS_MATCH, count=100)])
+    if not keys:
+        return {}
+    pipe = redis.pipeline(transaction=False)
+    for key in keys:
+        pipe.hgetall(key)
+    replies = await pipe.execute()
+    return {resolver_instance(key): dict(reply) for key, reply in zip(keys, replies, strict=True) if reply}
+
+
+async def gather_status(state: ServiceState) -> SystemStatus:
+    """The inputs of /status from Redis and memory; an unreachable Redis empties its sections, never fails."""
+    dispatcher = state.dispatcher
+    now = time.time()
+    live: list[WorkerInfo] = []
+    dead: set[str] = set()
+    dispatched: dict[str, str] | None = None
+    snapshot: LedgerSnapshot | None = None
+    stats: dict[str, dict[str, str]] | None = None
+    redis_error: str | None = None
+    try:
+        async with asyncio.timeout(STATUS_TIMEOUT_SECONDS):
+            read_live, read_dead = await dispatcher.queue.workers()
+            read_dispatched = await dispatcher.queue.dispatched()
+            read_snapshot = await state.ledger.snapshot()
+            read_stats = await read_resolver_stats(state.redis)
+    except TimeoutError:
+        redis_error = f"no answer within {STATUS_TIMEOUT_SECONDS:.0f}s"
+    except (LedgerUnavailable, RedisError) as error:
+        redis_error = str(error) or type(error).__name__
+    else:
+        live, dead, dispatched, snapshot, stats = read_live, read_dead, read_dispatched, read_snapshot, read_stats
+    return build_status(
+        identity=state.settings.identity,
+        leader=state.elector.is_leader,
+        leader_identity=state.elector.holder,
+        redis_error=redis_error,
+        queues=dispatcher.queue_status(dispatched),
+        throughput=dispatcher.throughput(),
+        live=live,
+        dead=dead,
+        dispatched=dispatched,
+        snapshot=snapshot,
+        resolver_stats=stats,
+        now_unix=now,
+    )
+
+
+async def status(request: web.Request) -> web.Response:
+    document = await gather_status(request.app[STATE_KEY])
+    return web.Response(text=document.model_dump_json(), content_type="application/json")
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[STATE_KEY].dispatcher.metrics.registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def healthz(_request: web.Request) -> web.Response:
+    return web.Response(text="ok")
+
+
+def build_app(state: ServiceState) -> web.Application:
+    app = web.Application()
+    app[STATE_KEY] = state
+    app.router.add_get("/status", status)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    return app
+
+
+# --- the service -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RunningDispatcher:
+    state: ServiceState
+    runner: web.AppRunner
+    tasks: list[asyncio.Task[None]]
+
+
+async def _stop(*tasks: asyncio.Task[None]) -> None:
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+@contextlib.asynccontextmanager
+async def running_dispatcher(settings: DispatcherSettings) -> AsyncIterator[RunningDispatcher]:
+    """Start the watch, the election, the dispatcher's role and the HTTP server; stop them in reverse on exit.
+
+    On exit the dispatcher stops sending first, then the Lease is released (empty holder), so a standby replica
+    takes over at its next check instead of after the lease duration.
+    """
+    async with contextlib.AsyncExitStack() as stack:
+        redis = Redis.from_url(
+            settings.redis_url, decode_responses=True, socket_connect_timeout=2.0, socket_timeout=5.0,
+            health_check_interval=30,
+        )
+        stack.push_async_callback(redis.aclose)
+        api = await api_client(settings.kubeconfig)
+        stack.push_async_callback(api.close)
+        core = client.CoreV1Api(api)
+        elector = LeaderElector(
+            KubeLeaseAPI(
+                api, name=settings.lease_name, namespace=settings.lease_namespace,
+                request_timeout=settings.renew_deadline_seconds,
+            ),
+            identity=settings.identity,
+            lease_duration_seconds=settings.lease_duration_seconds,
+            renew_deadline_seconds=settings.renew_deadline_seconds,
+            renew_interval_seconds=settings.renew_interval_seconds,
+        )
+        queue = WorkQueue(redis)
+        dispatcher = Dispatcher(
+            queue=queue, settings=settings, notifier=KubeNotifier(core), is_leader=lambda: elector.is_leader
+        )
+        dispatcher.metrics.leader.set_function(lambda: float(elector.is_leader))
+        state = ServiceState(
+            settings=settings, dispatcher=dispatcher, elector=elector, redis=redis, ledger=Ledger(redis)
+        )
+        runner = web.AppRunner(build_app(state), access_log=None)
+        await runner.setup()
+        stack.push_async_callback(runner.cleanup)
+        await web.TCPSite(runner, settings.host, settings.port).start()
+        informer = asyncio.create_task(
+            run_informer(
+                "pending-pods", core.list_pod_for_all_namespaces, dispatcher.handlers(), synced=dispatcher.synced,
+                field_selector=pending_pods_selector(settings.scheduler_names),
+            ),
+            name="pending-pod-watch",
+        )
+        stack.push_async_callback(_stop, informer)
+        stack.push_async_callback(elector.release)
+        election = asyncio.create_task(elector.run(), name="leader-election")
+        stack.push_async_callback(_stop, election)
+        roles = asyncio.create_task(run_roles(dispatcher, elector), name="dispatch")
+        stack.push_async_callback(_stop, roles)
+        log.info(
+            "hoss-dispatcher %s serving http on %s; schedulers %s; Lease %s/%s",
+            settings.identity, ", ".join(f"{host}:{port}" for host, port, *_ in runner.addresses),
+            ",".join(settings.scheduler_names), settings.lease_namespace, settings.lease_name,
+        )
+        yield RunningDispatcher(state=state, runner=runner, tasks=[informer, election, roles])
+
+
+async def serve(settings: DispatcherSettings) -> int:
+    """Run until SIGTERM or SIGINT (exit 0) or until a part of the service fails (exit 1)."""
+    loop = asyncio.get_running_loop()
+    stopping = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stopping.set)
+    async with running_dispatcher(settings) as service:
+        stop = asyncio.create_task(stopping.wait())
+        done, _ = await asyncio.wait([stop, *service.tasks], return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        failed = [task for task in service.tasks if task in done]
+        for task in failed:
+            error = None if task.cancelled() else task.exception()
+            log.error("%s stopped unexpectedly; shutting down", task.get_name(), exc_info=error)
+        if not failed:
+            log.info("stopping (signal)")
+    return 1 if failed else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        settings = load_settings(
+            DispatcherSettings, argv, prog="hoss-dispatcher",
+            description="hoss dispatcher: sends pending pods to scheduler workers by policy and load, reclaims the "
+            "work of dead workers, serves /status and /metrics; leader-elected on a Lease",
+        )
+    except SettingsError as error:
+        print(error, file=sys.stderr)
+        return 2
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return asyncio.run(serve(settings))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""Settings of ``hoss-dispatcher`` (flags, env ``HOSS_*``, YAML; see resolver.settings for precedence)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+def _default_identity() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class DispatcherSettings(BaseModel):
+    """Settings of the dispatcher: pending-pod intake, routing to workers, reclaim, leader election, /status."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    kubeconfig: str | None = None
+    """Kubeconfig to reach the apiserver; unset means the in-cluster service account."""
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    """Redis holding the ledger, the worker registry and the work queues."""
+    scheduler_names: list[str] = Field(default_factory=lambda: ["hoss"], min_length=1)
+    """Pods whose spec.schedulerName is one of these are dispatched (comma-separated in env and flags)."""
+    default_policy: str = Field(default="default", min_length=1)
+    """Policy of a pod without the hoss.io/policy label."""
+    host: str = "0.0.0.0"
+    """Address the HTTP server (/status, /metrics, /healthz) listens on."""
+    port: int = Field(default=8080, ge=0, le=65535)
+    """Port the HTTP server listens on (0: any free port)."""
+    lease_name: str = Field(default="hoss-dispatcher", min_length=1)
+    """Name of the coordination.k8s.io/v1 Lease that elects the active dispatcher."""
+    lease_namespace: str = Field(default="hoss-system", min_length=1)
+    """Namespace of the Lease."""
+    lease_duration_seconds: int = Field(default=15, ge=2)
+    """How long a Lease holds without renewal before another replica may take it over."""
+    renew_deadline_seconds: float = Field(default=10.0, gt=0)
+    """A leader that could not renew for this long stops dispatching (must be below lease_duration_seconds)."""
+    renew_interval_seconds: float = Field(default=2.0, gt=0)
+    """How often the leader renews the Lease and a follower checks whether it may take it over."""
+    identity: str = Field(default_factory=_default_identity, min_length=1, max_length=253)
+    """This replica's name in the Lease's holderIdentity (default hostname-pid)."""
+    reclaim_interval_seconds: float = Field(default=1.0, gt=0)
+    """How often the leader looks for dead workers, moves their work and retries pods waiting for a worker."""
+    no_worker_event_interval_seconds: float = Field(default=30.0, gt=0)
+    """Least time between two NoWorkerForPolicy events about the same pod."""
+    informer_lag_seconds: float = Field(default=5.0, ge=0)
+    """How far the pending-pod watch may lag the workers: a pod a worker acknowledged but still seen pending is
+    dispatched again, and a dispatched uid never seen pending is forgotten, only after this long."""
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    """Logging level."""
+
+    @model_validator(mode="after")
+    def _lease_timing_is_ordered(self) -> Self:
+        # The leader must stop before another replica may take over, and must try to renew before it stops.
+        if not self.renew_interval_seconds < self.renew_deadline_seconds < self.lease_duration_seconds:
+            raise ValueError(
+                "lease timing must satisfy renew_interval_seconds < renew_deadline_seconds < lease_duration_seconds"
+                f" (got {self.renew_interval_seconds} < {self.renew_deadline_seconds}"
+                f" < {self.lease_duration_seconds})"
+            )
+        return self

@@ -1,0 +1,154 @@
+"""Kubernetes API access shared by every hoss component: clients, raw list+watch, and an informer loop.
+
+Objects stay raw JSON dicts (what the apiserver sends); each consumer parses them through one typed function
+(e.g. ``resolver.resources.pod_requests``). The informer lists, watches from the listed resourceVersion, follows
+bookmarks, re-lists on 410 Gone, and abandons a stream that has been silent for longer than its inactivity
+timeout, so a half-dead connection never freezes a component.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from resolver.errors import ResolverError
+
+log = logging.getLogger(__name__)
+
+Json = dict[str, Any]
+ListCall = Callable[..., Awaitable[Any]]
+
+
+class KubeError(ResolverError):
+    """The apiserver refused or failed a request; ``status`` is the HTTP status when there was one."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class WatchGone(KubeError):
+    """The watch's resourceVersion is too old (HTTP 410): the caller must list again."""
+
+
+async def api_client(kubeconfig: str | None) -> client.ApiClient:
+    """A client from ``kubeconfig``, or from the pod's service account when None."""
+    if kubeconfig:
+        return await config.new_client_from_config(config_file=kubeconfig)
+    config.load_incluster_config()  # type: ignore[no-untyped-call]
+    return client.ApiClient()
+
+
+async def list_objects(call: ListCall, **kwargs: Any) -> tuple[list[Json], str]:
+    """The items of a list call as raw dicts, and the list's resourceVersion."""
+    try:
+        response = await call(_preload_content=False, **kwargs)
+        body = json.loads(await response.read())
+    except ApiException as error:
+        raise KubeError(f"list failed: {error.status} {error.reason}", status=error.status) from error
+    return list(body.get("items") or []), str(body["metadata"]["resourceVersion"])
+
+
+async def watch_objects(
+    call: ListCall,
+    *,
+    resource_version: str,
+    timeout_seconds: int = 300,
+    inactivity_seconds: float = 60.0,
+    **kwargs: Any,
+) -> AsyncIterator[tuple[str, Json]]:
+    """Yield (event type, object) from a watch; BOOKMARK events are yielded too (they carry resourceVersion)."""
+    try:
+        response = await call(
+            watch=True,
+            resource_version=resource_version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=timeout_seconds,
+            _preload_content=False,
+            _request_timeout=timeout_seconds + inactivity_seconds,
+            **kwargs,
+        )
+    except ApiException as error:
+        if error.status == 410:
+            raise WatchGone("resourceVersion too old", status=410) from error
+        raise KubeError(f"watch failed: {error.status} {error.reason}", status=error.status) from error
+    try:
+        while True:
+            try:
+                line = await asyncio.wait_for(response.content.readline(), inactivity_seconds)
+            except TimeoutError:
+                log.warning("watch silent for %.0fs; reconnecting", inactivity_seconds)
+                return
+            if not line:
+                return
+            event = json.loads(line)
+            kind, obj = str(event.get("type")), event.get("object") or {}
+            if kind == "ERROR":
+                code = obj.get("code")
+                if code == 410:
+                    raise WatchGone(str(obj.get("message", "resourceVersion too old")), status=410)
+                raise KubeError(f"watch error: {obj.get('message', obj)}", status=code)
+            yield kind, obj
+    finally:
+        response.release()
+
+
+@dataclass
+class InformerHandlers:
+    """What an informer calls: the full list after every (re-)list, then each change."""
+
+    on_list: Callable[[list[Json]], Awaitable[None]]
+    on_event: Callable[[str, Json], Awaitable[None]]
+
+
+async def run_informer(
+    name: str,
+    call: ListCall,
+    handlers: InformerHandlers,
+    *,
+    synced: asyncio.Event | None = None,
+    relist: asyncio.Event | None = None,
+    watch_timeout_seconds: int = 300,
+    inactivity_seconds: float = 60.0,
+    max_backoff_seconds: float = 30.0,
+    **kwargs: Any,
+) -> None:
+    """List and watch forever. ``synced`` is set after the first successful list; setting ``relist`` forces a
+    fresh list (e.g. when the ledger lost its data)."""
+    backoff = 0.5
+    while True:
+        try:
+            items, version = await list_objects(call, **kwargs)
+            await handlers.on_list(items)
+            if synced is not None:
+                synced.set()
+            if relist is not None:
+                relist.clear()
+            backoff = 0.5
+            while relist is None or not relist.is_set():
+                async for kind, obj in watch_objects(
+                    call,
+                    resource_version=version,
+                    timeout_seconds=watch_timeout_seconds,
+                    inactivity_seconds=inactivity_seconds,
+                    **kwargs,
+                ):
+                    version = str(obj.get("metadata", {}).get("resourceVersion") or version)
+                    if kind != "BOOKMARK":
+                        await handlers.on_event(kind, obj)
+                    if relist is not None and relist.is_set():
+                        break
+        except WatchGone:
+            log.info("%s: watch expired (410 Gone); listing again", name)
+        except (ResolverError, aiohttp.ClientError, OSError, TimeoutError, json.JSONDecodeError) as error:
+            log.warning("%s: list/watch failed (%s); retrying in %.1fs", name, error, backoff)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, max_backoff_seconds)

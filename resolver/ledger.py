@@ -1,0 +1,526 @@
+"""The ledger: which pod holds which resources on which node, shared by every worker and the webhook, in Redis.
+
+Every operation is one Lua script (``resolver/lua/<operation>.lua``, with ``common.lua`` prepended), so it is
+atomic; each is idempotent by pod uid. This module encodes arguments, runs the script and decodes its flat reply
+into typed results; the decoding functions are pure.
+
+Invariants, kept by the scripts alone (clients never write these keys):
+
+- A pod uid holds resources on at most one node: its single entry ``{hoss}:pod:<uid>``.
+- ``used`` of a node is the per-resource sum of the requests of its entries, assumed and bound.
+- After any reserve, reserve_gang or confirm, ``used[r] <= alloc[r]`` for every resource the call added to; a
+  resource a node does not list has 0 allocatable. Only ``bind`` (the apiserver's truth) and a shrinking
+  ``sync_node`` can leave a node overcommitted, and then nothing is admitted that grows the excess.
+- Assumed entries carry a deadline on the Redis server's clock and are dropped by ``expire`` once it passed;
+  bound entries never expire.
+- Every write except ``rebuild`` refuses to run while ``{hoss}:ready`` is missing (Redis restarted empty or was
+  flushed): the ledger fails closed until it is rebuilt from the apiserver.
+
+Key layout (one hash tag, so every script's keys are in one slot and it runs on Redis Cluster too)::
+
+    {hoss}:ready                   "1" once rebuilt; missing means not ready
+    {hoss}:epoch                   random id of the last rebuild
+    {hoss}:nodes                   set of node names
+    {hoss}:node:<name>:alloc       hash resource -> allocatable (base units)
+    {hoss}:node:<name>:used        hash resource -> sum of the requests of its entries (zero fields removed)
+    {hoss}:node:<name>:labels      hash label -> value
+    {hoss}:node:<name>:assumed     set of uids with an assumed entry on the node
+    {hoss}:node:<name>:bound       set of uids with a bound entry on the node
+    {hoss}:pod:<uid>               hash node, pod, state (assumed|bound), owner, deadline (ms, assumed only),
+                                   r:<resource> -> request (base units)
+    {hoss}:assumed                 zset uid by deadline (ms)
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import logging
+import secrets
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Final, Literal, Self
+
+from redis.asyncio import Redis
+from redis.commands.core import AsyncScript
+from redis.exceptions import RedisError
+
+from resolver.errors import LedgerNotReadyError, LedgerUnavailable
+from resolver.resources import MAX_UNITS, ResourceVector
+
+logger = logging.getLogger(__name__)
+
+KEY_PREFIX: Final = "{hoss}"
+READY_KEY: Final = f"{KEY_PREFIX}:ready"
+EPOCH_KEY: Final = f"{KEY_PREFIX}:epoch"
+
+EntryState = Literal["assumed", "bound"]
+
+
+@dataclass(frozen=True)
+class Reserved:
+    """The pod holds an assumed entry on `node` (new, refreshed or moved there), or is already bound there."""
+
+    node: str
+
+
+@dataclass(frozen=True)
+class GangReserved:
+    """Every member of the gang holds an entry on its node."""
+
+    uids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Confirmed:
+    """The binding may go ahead. `foreign`: there was no reservation, so the call fit-checked and added one."""
+
+    node: str
+    foreign: bool
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """`resource` does not fit on `node`: the pod (or gang members on that node) want `wanted`, `free` is left.
+
+    ``free`` is allocatable minus used, counting what the pods' own current reservations give back; it is
+    negative when the node is overcommitted.
+    """
+
+    node: str
+    resource: str
+    wanted: int
+    free: int
+
+    def __str__(self) -> str:
+        return f"{self.resource} does not fit on node {self.node}: wanted {self.wanted}, free {self.free}"
+
+
+@dataclass(frozen=True)
+class UnknownNode:
+    """The ledger has no node of that name (not synced yet, or deleted)."""
+
+    node: str
+
+
+@dataclass(frozen=True)
+class LedgerNotReady:
+    """The ledger has not been rebuilt since Redis started or lost its data; nothing may be admitted."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class HeldElsewhere:
+    """The pod already holds resources on another node, in `state`."""
+
+    node: str
+    state: EntryState
+
+
+ReserveResult = Reserved | Conflict | UnknownNode | LedgerNotReady | HeldElsewhere
+GangResult = GangReserved | Conflict | UnknownNode | LedgerNotReady | HeldElsewhere
+ConfirmResult = Confirmed | Conflict | UnknownNode | LedgerNotReady | HeldElsewhere
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A pod with its request on a node."""
+
+    uid: str
+    pod: str
+    """namespace/name, for messages and logs"""
+    node: str
+    request: Mapping[str, int]
+
+
+GangMember = Placement
+BoundPod = Placement
+
+
+@dataclass(frozen=True)
+class NodeSnapshot:
+    """One node as the ledger sees it: allocatable, used (bound + assumed), entry counts and labels."""
+
+    alloc: ResourceVector
+    used: ResourceVector
+    assumed: int
+    """number of assumed entries on the node"""
+    bound: int
+    """number of bound entries on the node"""
+    labels: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def free(self) -> ResourceVector:
+        """alloc - used for every resource either side names; negative when overcommitted."""
+        return {r: self.alloc.get(r, 0) - self.used.get(r, 0) for r in {*self.alloc, *self.used}}
+
+
+@dataclass(frozen=True)
+class LedgerSnapshot:
+    """The ready flag, the epoch of the last rebuild and every node, read at one instant."""
+
+    ready: bool
+    epoch: str | None
+    nodes: dict[str, NodeSnapshot]
+
+
+@dataclass(frozen=True)
+class PodEntry:
+    """One pod's hold on a node, as stored."""
+
+    uid: str
+    pod: str
+    node: str
+    state: EntryState
+    owner: str
+    deadline_ms: int | None
+    """Redis server time in milliseconds after which an assumed entry expires; None for bound entries"""
+    request: ResourceVector
+
+
+class Ledger:
+    """The Redis ledger. Every method is one atomic script call; Redis errors raise `LedgerUnavailable`."""
+
+    def __init__(self, client: Redis, *, owns_client: bool = False) -> None:
+        self._redis = client
+        self._owns_client = owns_client
+        self._scripts: dict[str, AsyncScript] = {}
+
+    @classmethod
+    def from_url(cls, url: str) -> Ledger:
+        """A ledger on its own connection pool to `url` (``redis://host:port/db``), closed by `close`."""
+        return cls(Redis.from_url(url, decode_responses=True), owns_client=True)
+
+    async def close(self) -> None:
+        """Close the connection pool if `from_url` made it; a client passed in stays its owner's to close."""
+        if self._owns_client:
+            await self._redis.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    # -- admission -------------------------------------------------------------------------------------------
+
+    async def reserve(
+        self, *, uid: str, pod: str, node: str, request: Mapping[str, int], owner: str, ttl_seconds: float
+    ) -> ReserveResult:
+        """Hold `request` on `node` for `uid` as an assumed entry until the deadline.
+
+        Already assumed on `node`: the deadline (and request, owner) are refreshed. Assumed on another node: it
+        moves here if it fits, else the old reservation stays. Bound: Reserved if bound here, else HeldElsewhere.
+        """
+        placement = Placement(uid=uid, pod=pod, node=node, request=request)
+        reply = await self._run("reserve", [owner, _ttl_ms(ttl_seconds), 1, *_placement_args(placement)])
+        result = decode_reserve_reply(reply)
+        if isinstance(result, GangReserved):
+            logger.debug("reserved %s on %s for %s", pod, node, owner)
+            return Reserved(node)
+        return result
+
+    async def reserve_gang(self, *, members: Sequence[GangMember], owner: str, ttl_seconds: float) -> GangResult:
+        """Reserve every member on its node, or nothing; members sharing a node must fit together."""
+        uids = [member.uid for member in members]
+        if len(set(uids)) != len(uids):
+            raise ValueError(f"gang members must have distinct uids, got {uids}")
+        args: list[str | int] = [owner, _ttl_ms(ttl_seconds), len(members)]
+        for member in members:
+            args.extend(_placement_args(member))
+        result = decode_reserve_reply(await self._run("reserve", args))
+        if isinstance(result, GangReserved):
+            logger.info("reserved gang of %d pods for %s", len(members), owner)
+            return GangReserved(tuple(uids))
+        return result
+
+    async def confirm(
+        self, *, uid: str, pod: str, node: str, request: Mapping[str, int], owner: str, ttl_seconds: float
+    ) -> ConfirmResult:
+        """Allow a binding of `uid` to `node`: its own reservation, or a foreign one that fits (held for `owner`)."""
+        placement = Placement(uid=uid, pod=pod, node=node, request=request)
+        result = decode_confirm_reply(
+            await self._run("confirm", [owner, _ttl_ms(ttl_seconds), *_placement_args(placement)])
+        )
+        if isinstance(result, Confirmed) and result.foreign:
+            logger.info("confirmed foreign binding of %s to %s for %s", pod, node, owner)
+        return result
+
+    # -- the apiserver's truth -------------------------------------------------------------------------------
+
+    async def bind(self, *, uid: str, pod: str, node: str, request: Mapping[str, int]) -> None:
+        """Record that `uid` runs on `node` (spec.nodeName is set): its entry becomes bound there, unchecked."""
+        placement = Placement(uid=uid, pod=pod, node=node, request=request)
+        reply = _ready_or_raise(await self._run("bind", _placement_args(placement)))
+        previous_node, previous_state = _text(reply[1]), _text(reply[2])
+        if not previous_node:
+            logger.info("bound %s to %s without a reservation", pod, node)
+        elif previous_node != node:
+            logger.warning("bound %s to %s, moved from its %s entry on %s", pod, node, previous_state, previous_node)
+
+    async def release(self, uid: str) -> bool:
+        """Drop the entry of `uid` wherever it is (pod deleted or finished); False when there was none."""
+        reply = _ready_or_raise(await self._run("release", [uid, "", ""]))
+        return int(reply[1]) == 1
+
+    async def release_assumed(self, *, uid: str, node: str) -> bool:
+        """Drop the reservation of `uid` on `node` (its binding failed); a bound entry or one elsewhere stays.
+
+        A binding that timed out may still have succeeded, and the sync may have bound the entry meanwhile:
+        dropping that would let the node be oversold. False when nothing was dropped.
+        """
+        reply = _ready_or_raise(await self._run("release", [uid, node, "assumed"]))
+        return int(reply[1]) == 1
+
+    async def release_owner(self, owner: str) -> int:
+        """Drop every assumed entry held by `owner` (a worker shutting down); returns how many."""
+        uids = _texts(_ready_or_raise(await self._run("release_owner", [owner]))[1:])
+        if uids:
+            logger.info("released %d reservations of %s", len(uids), owner)
+        return len(uids)
+
+    async def expire(self) -> list[str]:
+        """Drop assumed entries whose deadline passed on the Redis clock; returns their uids."""
+        uids = _texts(_ready_or_raise(await self._run("expire", []))[1:])
+        if uids:
+            logger.warning("expired %d reservations: %s", len(uids), ", ".join(uids))
+        return uids
+
+    async def sync_node(
+        self, *, node: str, allocatable: Mapping[str, int], labels: Mapping[str, str] | None = None
+    ) -> None:
+        """Register `node` or replace its allocatable and labels; its entries stay."""
+        label_args: list[str | int] = [len(labels or {})]
+        for name, value in (labels or {}).items():
+            label_args.extend([name, value])
+        reply = _ready_or_raise(await self._run("sync_node", [node, *_vector_args(allocatable), *label_args]))
+        if int(reply[1]):
+            logger.info("node %s joined the ledger", node)
+
+    async def remove_node(self, node: str) -> list[str]:
+        """Forget `node` and drop every entry on it; returns the dropped uids."""
+        uids = _texts(_ready_or_raise(await self._run("remove_node", [node]))[1:])
+        logger.info("node %s left the ledger, dropping %d entries", node, len(uids))
+        return uids
+
+    async def rebuild(
+        self, *, nodes: Iterable[tuple[str, Mapping[str, int], Mapping[str, str]]], bound: Iterable[BoundPod]
+    ) -> str:
+        """Replace nodes and bound entries with the apiserver's truth in one step and mark the ledger ready.
+
+        Assumed entries survive when their node is still listed and their uid is not in `bound`; every used total
+        is recomputed. Returns the new epoch.
+        """
+        epoch = secrets.token_hex(8)
+        args: list[str | int] = [epoch]
+        node_list = list(nodes)
+        args.append(len(node_list))
+        for name, allocatable, labels in node_list:
+            args.extend([name, *_vector_args(allocatable), len(labels)])
+            for label, value in labels.items():
+                args.extend([label, value])
+        bound_list = list(bound)
+        args.append(len(bound_list))
+        for placement in bound_list:
+            args.extend(_placement_args(placement))
+        await self._run("rebuild", args)
+        logger.info("rebuilt the ledger: %d nodes, %d bound pods, epoch %s", len(node_list), len(bound_list), epoch)
+        return epoch
+
+    async def mark_not_ready(self) -> None:
+        """Make every write but rebuild refuse until the next rebuild (e.g. while the sync re-lists)."""
+        await self._call(self._redis.delete(READY_KEY))
+
+    async def is_ready(self) -> bool:
+        return int(await self._call(self._redis.exists(READY_KEY))) == 1
+
+    async def epoch(self) -> str | None:
+        value = await self._call(self._redis.get(EPOCH_KEY))
+        return None if value is None else _text(value)
+
+    # -- reading ---------------------------------------------------------------------------------------------
+
+    async def snapshot(self) -> LedgerSnapshot:
+        """One consistent view of every node's allocatable, used totals, entry counts and labels."""
+        return decode_snapshot_reply(await self._run("snapshot", [0]))
+
+    async def node_usage(self, nodes: Sequence[str]) -> dict[str, tuple[ResourceVector, ResourceVector]]:
+        """(alloc, used) of each named node the ledger knows, read at one instant; unknown names are left out."""
+        if not nodes:
+            return {}
+        snapshot = decode_snapshot_reply(await self._run("snapshot", [len(nodes), *nodes]))
+        return {name: (node.alloc, node.used) for name, node in snapshot.nodes.items()}
+
+    async def entries(self) -> list[PodEntry]:
+        """Every pod entry, read at one instant, ordered by node and uid (for audits, status pages and tests)."""
+        return decode_entries_reply(await self._run("entries", []))
+
+    # -- plumbing --------------------------------------------------------------------------------------------
+
+    async def _run(self, name: str, args: Sequence[str | int]) -> list[Any]:
+        script = self._scripts.get(name)
+        if script is None:
+            script = self._scripts[name] = self._redis.register_script(_script_source(name))
+        reply = await self._call(script(keys=[READY_KEY], args=[KEY_PREFIX, *args]))
+        if not isinstance(reply, list):
+            raise LedgerUnavailable(f"ledger script {name} replied {reply!r}, expected a list")
+        return reply
+
+    @staticmethod
+    async def _call(awaitable: Any) -> Any:
+        try:
+            return await awaitable
+        except RedisError as exc:
+            raise LedgerUnavailable(f"ledger Redis failed: {exc}") from exc
+
+
+# -- encoding (pure) -----------------------------------------------------------------------------------------
+
+
+def _ttl_ms(ttl_seconds: float) -> int:
+    if not ttl_seconds > 0:
+        raise ValueError(f"ttl_seconds must be positive, got {ttl_seconds}")
+    return max(1, round(ttl_seconds * 1000))
+
+
+def _vector_args(vector: Mapping[str, int]) -> list[str | int]:
+    """count, then resource/amount pairs in the vector's order (the order conflicts are looked for in)."""
+    args: list[str | int] = [len(vector)]
+    for resource, amount in vector.items():
+        if not resource:
+            raise ValueError("resource names must not be empty")
+        if isinstance(amount, bool) or not isinstance(amount, int) or not 0 <= amount <= MAX_UNITS:
+            raise ValueError(f"{resource}: amount must be an integer in [0, {MAX_UNITS}], got {amount!r}")
+        args.extend([resource, str(amount)])
+    return args
+
+
+def _placement_args(placement: Placement) -> list[str | int]:
+    return [placement.uid, placement.pod, placement.node, *_vector_args(placement.request)]
+
+
+@functools.cache
+def _script_source(name: str) -> str:
+    scripts = importlib.resources.files("resolver") / "lua"
+    return (scripts / "common.lua").read_text() + "\n" + (scripts / f"{name}.lua").read_text()
+
+
+# -- decoding (pure) -----------------------------------------------------------------------------------------
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _texts(values: Iterable[object]) -> list[str]:
+    return [_text(value) for value in values]
+
+
+class _Cursor:
+    """Reads a script's flat reply front to back."""
+
+    def __init__(self, reply: Sequence[object]) -> None:
+        self._items: Iterator[object] = iter(reply)
+
+    def text(self) -> str:
+        return _text(next(self._items))
+
+    def number(self) -> int:
+        return int(self.text())
+
+    def pairs(self) -> dict[str, str]:
+        return {self.text(): self.text() for _ in range(self.number())}
+
+    def vector(self) -> ResourceVector:
+        return {resource: int(amount) for resource, amount in self.pairs().items()}
+
+
+def _refusal(reply: Sequence[object]) -> Conflict | UnknownNode | LedgerNotReady | HeldElsewhere | None:
+    """The typed result of a refusing reply, None for any other reply."""
+    cursor = _Cursor(reply)
+    kind = cursor.text()
+    if kind == "conflict":
+        return Conflict(node=cursor.text(), resource=cursor.text(), wanted=cursor.number(), free=cursor.number())
+    if kind == "unknown_node":
+        return UnknownNode(cursor.text())
+    if kind == "not_ready":
+        return LedgerNotReady(cursor.text())
+    if kind == "held_elsewhere":
+        return HeldElsewhere(node=cursor.text(), state=_state(cursor.text()))
+    return None
+
+
+def _state(value: str) -> EntryState:
+    if value == "assumed":
+        return "assumed"
+    if value == "bound":
+        return "bound"
+    raise LedgerUnavailable(f"ledger entry has unknown state {value!r}")
+
+
+def decode_reserve_reply(reply: Sequence[object]) -> GangResult:
+    """The result of reserve.lua; a success is GangReserved with no uids (the caller knows them)."""
+    refusal = _refusal(reply)
+    if refusal is not None:
+        return refusal
+    if _text(reply[0]) != "reserved":
+        raise LedgerUnavailable(f"unexpected reserve reply {reply!r}")
+    return GangReserved(())
+
+
+def decode_confirm_reply(reply: Sequence[object]) -> ConfirmResult:
+    refusal = _refusal(reply)
+    if refusal is not None:
+        return refusal
+    cursor = _Cursor(reply)
+    if cursor.text() != "confirmed":
+        raise LedgerUnavailable(f"unexpected confirm reply {reply!r}")
+    return Confirmed(node=cursor.text(), foreign=cursor.number() == 1)
+
+
+def _ready_or_raise(reply: list[Any]) -> list[Any]:
+    """The reply of a write that returns a plain value; not ready raises (there is no result to carry it)."""
+    refusal = _refusal(reply)
+    if isinstance(refusal, LedgerNotReady):
+        raise LedgerNotReadyError(refusal.reason)
+    return reply
+
+
+def decode_snapshot_reply(reply: Sequence[object]) -> LedgerSnapshot:
+    cursor = _Cursor(reply)
+    ready = cursor.number() == 1
+    epoch = cursor.text() or None
+    nodes: dict[str, NodeSnapshot] = {}
+    for _ in range(cursor.number()):
+        name = cursor.text()
+        nodes[name] = NodeSnapshot(
+            alloc=cursor.vector(),
+            used=cursor.vector(),
+            assumed=cursor.number(),
+            bound=cursor.number(),
+            labels=cursor.pairs(),
+        )
+    return LedgerSnapshot(ready=ready, epoch=epoch, nodes=nodes)
+
+
+def decode_entries_reply(reply: Sequence[object]) -> list[PodEntry]:
+    cursor = _Cursor(reply)
+    entries = []
+    for _ in range(cursor.number()):
+        uid, node, pod, state, owner, deadline = (cursor.text() for _ in range(6))
+        entries.append(
+            PodEntry(
+                uid=uid,
+                pod=pod,
+                node=node,
+                state=_state(state),
+                owner=owner,
+                deadline_ms=int(deadline) if deadline else None,
+                request=cursor.vector(),
+            )
+        )
+    return entries

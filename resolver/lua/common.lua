@@ -1,0 +1,201 @@
+-- Shared helpers; ledger.py prepends this file to every ledger script, so each script stays one atomic call.
+--
+-- Calling convention: KEYS[1] is the ready flag '<prefix>:ready' (declared so a cluster client routes the call
+-- to the slot of the hash tag); ARGV[1] is the key prefix with its hash tag, e.g. '{hoss}'. Every other key is
+-- derived from the prefix below, so all keys of a script share one slot.
+--
+-- Numbers: Lua numbers are doubles, exact up to 2^53. Amounts arrive as decimal strings; totals change only
+-- through HINCRBY (64-bit integers in Redis) and every computed number written to Redis goes through int_str,
+-- because Lua would otherwise print large numbers as '1e+15'.
+local PREFIX = ARGV[1]
+local READY = KEYS[1]
+local NODES = PREFIX .. ':nodes'
+local ASSUMED = PREFIX .. ':assumed'
+local EPOCH = PREFIX .. ':epoch'
+local NOT_READY = {'not_ready', 'the ledger has not been rebuilt since Redis started or lost its data'}
+
+-- part is one of: alloc, used, labels (hashes); assumed, bound (sets of pod uids held on the node)
+local function node_key(node, part)
+  return PREFIX .. ':node:' .. node .. ':' .. part
+end
+
+local function pod_key(uid)
+  return PREFIX .. ':pod:' .. uid
+end
+
+local function int_str(n)
+  return string.format('%d', n)
+end
+
+local function is_ready()
+  return redis.call('EXISTS', READY) == 1
+end
+
+-- Milliseconds from the Redis server's clock: every deadline is on one clock, whichever client set it.
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- A cursor over ARGV, after the prefix.
+local arg_index = 1
+local function next_arg()
+  arg_index = arg_index + 1
+  return ARGV[arg_index]
+end
+
+local function next_number()
+  return tonumber(next_arg())
+end
+
+-- A count, then that many name/value pairs; returns an ordered list of {name, value} (values stay strings).
+local function next_pairs()
+  local list = {}
+  for i = 1, next_number() do
+    local name = next_arg()
+    list[i] = {name, next_arg()}
+  end
+  return list
+end
+
+-- uid, pod (namespace/name), node, request pairs
+local function next_placement()
+  return {uid = next_arg(), pod = next_arg(), node = next_arg(), request = next_pairs()}
+end
+
+local function flat_append(reply, flat)
+  table.insert(reply, #flat / 2)
+  for _, item in ipairs(flat) do
+    table.insert(reply, item)
+  end
+end
+
+local function set_hash(key, list)
+  redis.call('DEL', key)
+  local flat = {}
+  for _, item in ipairs(list) do
+    table.insert(flat, item[1])
+    table.insert(flat, item[2])
+  end
+  if #flat > 0 then
+    redis.call('HSET', key, unpack(flat))
+  end
+end
+
+-- The pod entry of uid: {uid, node, pod, state, owner, deadline, request = list of {resource, amount}}, or nil.
+local function read_entry(uid)
+  local flat = redis.call('HGETALL', pod_key(uid))
+  if #flat == 0 then
+    return nil
+  end
+  local entry = {uid = uid, request = {}}
+  for i = 1, #flat, 2 do
+    local field, value = flat[i], flat[i + 1]
+    if string.sub(field, 1, 2) == 'r:' then
+      table.insert(entry.request, {string.sub(field, 3), value})
+    else
+      entry[field] = value
+    end
+  end
+  return entry
+end
+
+-- sign is '' to add the request to the node's used totals, '-' to take it off.
+local function change_used(node, request, sign)
+  local used = node_key(node, 'used')
+  for _, item in ipairs(request) do
+    if tonumber(item[2]) ~= 0 then
+      if redis.call('HINCRBY', used, item[1], sign .. item[2]) == 0 then
+        redis.call('HDEL', used, item[1])
+      end
+    end
+  end
+end
+
+-- Writes the entry of uid (which must not exist) and adds its request to the node's used totals.
+-- deadline (ms) only for state 'assumed'; bound entries never expire.
+local function hold(uid, pod, node, request, state, owner, deadline)
+  local fields = {'node', node, 'pod', pod, 'state', state, 'owner', owner}
+  for _, item in ipairs(request) do
+    table.insert(fields, 'r:' .. item[1])
+    table.insert(fields, item[2])
+  end
+  if state == 'assumed' then
+    table.insert(fields, 'deadline')
+    table.insert(fields, int_str(deadline))
+    redis.call('ZADD', ASSUMED, int_str(deadline), uid)
+  end
+  redis.call('HSET', pod_key(uid), unpack(fields))
+  redis.call('SADD', node_key(node, state), uid)
+  change_used(node, request, '')
+end
+
+-- Removes an entry read by read_entry and gives its request back to its node.
+local function drop(entry)
+  change_used(entry.node, entry.request, '-')
+  redis.call('SREM', node_key(entry.node, entry.state), entry.uid)
+  redis.call('ZREM', ASSUMED, entry.uid)
+  redis.call('DEL', pod_key(entry.uid))
+end
+
+local function drop_uid(uid)
+  local entry = read_entry(uid)
+  if entry then
+    drop(entry)
+  end
+  return entry
+end
+
+-- Drops every entry on node and the node itself; returns the dropped uids.
+local function remove_node(node)
+  local dropped = {}
+  for _, state in ipairs({'assumed', 'bound'}) do
+    for _, uid in ipairs(redis.call('SMEMBERS', node_key(node, state))) do
+      drop_uid(uid)
+      table.insert(dropped, uid)
+    end
+  end
+  for _, part in ipairs({'alloc', 'used', 'labels', 'assumed', 'bound'}) do
+    redis.call('DEL', node_key(node, part))
+  end
+  redis.call('SREM', NODES, node)
+  return dropped
+end
+
+-- The fit check. Each placement {uid, node, request, current} adds its request to its node and gives back the
+-- request of its current entry (current: an assumed entry it replaces, on any node). Per node and resource, only
+-- a growing total is checked, against alloc - used + given back (a resource missing from alloc has 0), so
+-- refreshing a reservation never fails on a node that is overcommitted for other reasons.
+-- Returns nil when everything fits, else {'conflict', node, resource, wanted, free} for the first misfit in
+-- placement and request order (wanted: all the placements want of it on that node).
+local function check_fit(placements)
+  local added, given_back = {}, {}
+  local function count(totals, node, request)
+    totals[node] = totals[node] or {}
+    for _, item in ipairs(request) do
+      totals[node][item[1]] = (totals[node][item[1]] or 0) + tonumber(item[2])
+    end
+  end
+  for _, p in ipairs(placements) do
+    count(added, p.node, p.request)
+    if p.current then
+      count(given_back, p.current.node, p.current.request)
+    end
+  end
+  for _, p in ipairs(placements) do
+    for _, item in ipairs(p.request) do
+      local resource = item[1]
+      local wanted = added[p.node][resource]
+      local back = (given_back[p.node] or {})[resource] or 0
+      if wanted > back then
+        local alloc = tonumber(redis.call('HGET', node_key(p.node, 'alloc'), resource)) or 0
+        local used = tonumber(redis.call('HGET', node_key(p.node, 'used'), resource)) or 0
+        local free = alloc - used + back
+        if wanted > free then
+          return {'conflict', p.node, resource, wanted, free}
+        end
+      end
+    end
+  end
+  return nil
+end

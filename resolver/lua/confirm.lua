@@ -1,0 +1,33 @@
+-- confirm: the admission webhook allows a binding of uid to node.
+-- ARGV: prefix, owner, ttl_ms, then one placement (uid, pod, node, n, n resource/amount pairs).
+-- An entry on this node (assumed or bound) confirms it, refreshing an assumed entry's deadline; no entry (a
+-- foreign scheduler's binding) is fit-checked and held as assumed for owner; an entry elsewhere is refused.
+-- Reply: {'confirmed', node, foreign (0|1)} | {'conflict', ...} | {'unknown_node', node}
+--        | {'held_elsewhere', node, state} | NOT_READY
+if not is_ready() then
+  return NOT_READY
+end
+local owner = next_arg()
+local ttl_ms = next_number()
+local p = next_placement()
+if redis.call('SISMEMBER', NODES, p.node) == 0 then
+  return {'unknown_node', p.node}
+end
+local entry = read_entry(p.uid)
+if entry then
+  if entry.node ~= p.node then
+    return {'held_elsewhere', entry.node, entry.state}
+  end
+  if entry.state == 'assumed' then
+    local deadline = int_str(now_ms() + ttl_ms)
+    redis.call('HSET', pod_key(p.uid), 'deadline', deadline)
+    redis.call('ZADD', ASSUMED, deadline, p.uid)
+  end
+  return {'confirmed', p.node, 0}
+end
+local conflict = check_fit({p})
+if conflict then
+  return conflict
+end
+hold(p.uid, p.pod, p.node, p.request, 'assumed', owner, now_ms() + ttl_ms)
+return {'confirmed', p.node, 1}

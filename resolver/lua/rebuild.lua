@@ -1,0 +1,51 @@
+-- rebuild: replace nodes and bound entries with the apiserver's truth, keep assumed entries whose node is still
+-- listed and whose uid is not bound, recompute every used total, then set a fresh epoch and the ready flag.
+-- Runs whether or not the ledger is ready (it is how the ledger becomes ready).
+-- ARGV: prefix, epoch, n, n nodes (name, a, a alloc pairs, l, l label pairs), b, b bound placements.
+-- A bound pod on a node that is not listed registers that node without allocatable, as bind does.
+-- Reply: {'rebuilt', epoch}
+local epoch = next_arg()
+local nodes = {}
+local listed = {}
+for i = 1, next_number() do
+  local name = next_arg()
+  nodes[i] = {name = name, alloc = next_pairs(), labels = next_pairs()}
+  listed[name] = true
+end
+local bound = {}
+local bound_uids = {}
+for i = 1, next_number() do
+  bound[i] = next_placement()
+  bound_uids[bound[i].uid] = true
+end
+
+local kept = {}
+for _, node in ipairs(redis.call('SMEMBERS', NODES)) do
+  if listed[node] then
+    for _, uid in ipairs(redis.call('SMEMBERS', node_key(node, 'assumed'))) do
+      local entry = read_entry(uid)
+      if entry and not bound_uids[uid] then
+        table.insert(kept, entry)
+      end
+    end
+  end
+  remove_node(node)
+end
+
+for _, node in ipairs(nodes) do
+  redis.call('SADD', NODES, node.name)
+  set_hash(node_key(node.name, 'alloc'), node.alloc)
+  set_hash(node_key(node.name, 'labels'), node.labels)
+end
+for _, p in ipairs(bound) do
+  -- a uid listed twice: the last placement wins, as in bind
+  drop_uid(p.uid)
+  redis.call('SADD', NODES, p.node)
+  hold(p.uid, p.pod, p.node, p.request, 'bound', '', nil)
+end
+for _, entry in ipairs(kept) do
+  hold(entry.uid, entry.pod, entry.node, entry.request, 'assumed', entry.owner, tonumber(entry.deadline))
+end
+redis.call('SET', EPOCH, epoch)
+redis.call('SET', READY, '1')
+return {'rebuilt', epoch}

@@ -1,0 +1,39 @@
+-- reserve / reserve_gang: all placements become assumed entries of one owner, or nothing changes.
+-- ARGV: prefix, owner, ttl_ms, count, then count placements (uid, pod, node, n, n resource/amount pairs).
+-- Per placement: assumed on the same node -> refreshed (request and owner replaced); assumed on another node ->
+-- moved; bound on the same node -> left as is; bound elsewhere -> refused.
+-- Reply: {'reserved'} | {'conflict', node, resource, wanted, free} | {'unknown_node', node}
+--        | {'held_elsewhere', node, 'bound'} | NOT_READY
+if not is_ready() then
+  return NOT_READY
+end
+local owner = next_arg()
+local ttl_ms = next_number()
+local placements = {}
+for _ = 1, next_number() do
+  local p = next_placement()
+  if redis.call('SISMEMBER', NODES, p.node) == 0 then
+    return {'unknown_node', p.node}
+  end
+  local entry = read_entry(p.uid)
+  if entry and entry.state == 'bound' then
+    if entry.node ~= p.node then
+      return {'held_elsewhere', entry.node, 'bound'}
+    end
+  else
+    p.current = entry
+    table.insert(placements, p)
+  end
+end
+local conflict = check_fit(placements)
+if conflict then
+  return conflict
+end
+local deadline = now_ms() + ttl_ms
+for _, p in ipairs(placements) do
+  if p.current then
+    drop(p.current)
+  end
+  hold(p.uid, p.pod, p.node, p.request, 'assumed', owner, deadline)
+end
+return {'reserved'}

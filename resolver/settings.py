@@ -1,0 +1,113 @@
+"""Settings for the hoss services: one pydantic model per service, filled from a YAML file, env and flags.
+
+Precedence, lowest to highest: field defaults, the YAML file (``--config`` or ``$HOSS_CONFIG``), environment
+variables ``HOSS_<FIELD>``, command-line flags ``--<field-name>``. Every field's docstring (its ``description``)
+is the flag's help. A bad value stops start-up with a message naming the field, the value and the source.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import typing
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from resolver.errors import ResolverError
+
+S = TypeVar("S", bound=BaseModel)
+
+
+class SettingsError(ResolverError):
+    """A setting is missing or invalid; the message names the field, the value and where it came from."""
+
+
+def _is_list(annotation: Any) -> bool:
+    return typing.get_origin(annotation) is list
+
+
+def load_settings(model: type[S], argv: Sequence[str] | None, *, prog: str, description: str) -> S:
+    """Parse flags, env and YAML into ``model``; raise SettingsError with a readable message on bad input."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--config", help="YAML file with settings (env HOSS_CONFIG)")
+    for name, field in model.model_fields.items():
+        default = "required" if field.is_required() else f"default {field.default!r}"
+        parser.add_argument(
+            f"--{name.replace('_', '-')}",
+            dest=name,
+            default=None,
+            metavar="VALUE",
+            help=f"{field.description or ''} (env HOSS_{name.upper()}; {default})",
+        )
+    args = parser.parse_args(argv)
+
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    config_path = args.config or os.environ.get("HOSS_CONFIG")
+    if config_path:
+        try:
+            loaded = yaml.safe_load(Path(config_path).read_text()) or {}
+        except (OSError, yaml.YAMLError) as error:
+            raise SettingsError(f"cannot read settings file {config_path}: {error}") from error
+        if not isinstance(loaded, dict):
+            raise SettingsError(f"settings file {config_path} must hold a mapping, not {type(loaded).__name__}")
+        for key, value in loaded.items():
+            values[str(key).replace("-", "_")] = value
+            sources[str(key).replace("-", "_")] = f"file {config_path}"
+    for name, field in model.model_fields.items():
+        raw: str | None = os.environ.get(f"HOSS_{name.upper()}")
+        source = f"env HOSS_{name.upper()}"
+        if getattr(args, name) is not None:
+            raw, source = getattr(args, name), f"flag --{name.replace('_', '-')}"
+        if raw is None:
+            continue
+        values[name] = [part.strip() for part in raw.split(",") if part.strip()] if _is_list(field.annotation) else raw
+        sources[name] = source
+    try:
+        return model.model_validate(values)
+    except ValidationError as error:
+        problems = []
+        for item in error.errors():
+            field_name = ".".join(str(part) for part in item["loc"]) or "settings"
+            top = str(item["loc"][0]) if item["loc"] else ""
+            given = f" {item['input']!r}" if "input" in item and top in values else ""
+            origin = f" (from {sources[top]})" if top in sources else ""
+            problems.append(f"{field_name}{given}{origin}: {item['msg']}")
+        raise SettingsError(f"{prog}: invalid settings: " + "; ".join(problems)) from error
+
+
+class ResolverSettings(BaseModel):
+    """Settings of ``hoss-resolver``, the admission webhook that guards every binding."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    kubeconfig: str | None = None
+    """Kubeconfig to reach the apiserver; unset means the in-cluster service account."""
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    """Redis holding the ledger."""
+    host: str = "0.0.0.0"
+    """Address the HTTPS server listens on."""
+    port: int = Field(default=8443, ge=1, le=65535)
+    """Port the HTTPS server listens on."""
+    tls_cert_file: str
+    """Serving certificate (PEM); reloaded when the file changes."""
+    tls_key_file: str
+    """Serving key (PEM); reloaded when the file changes."""
+    enforce: Literal["all", "hoss-only"] = "all"
+    """'all' judges every binding in the cluster; 'hoss-only' lets bindings by other users through unchecked."""
+    hoss_usernames: list[str] = Field(
+        default_factory=lambda: ["system:serviceaccount:hoss-system:hoss-worker"]
+    )
+    """User names whose bindings are hoss's own (comma-separated in env and flags)."""
+    foreign_ttl_seconds: float = Field(default=60.0, gt=0)
+    """How long an allowed foreign binding holds its resources before the sync must have seen it bound."""
+    max_body_bytes: int = Field(default=1 << 20, ge=1024)
+    """Largest AdmissionReview accepted; larger bodies get HTTP 400."""
+    expire_interval_seconds: float = Field(default=1.0, gt=0)
+    """How often reservations past their deadline are released."""
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    """Logging level."""

@@ -1,0 +1,147 @@
+"""The conflict resolver on the real plane: racing schedulers oversell nodes without it, and never with it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import redis.asyncio as aioredis
+
+from deploy.local.cluster import Cluster, oversold_nodes, pod_manifest, wait_until
+from deploy.local.plane import LocalPlane
+from resolver.ledger import Ledger
+
+NODES = 4
+NODE_CAPACITY = {"cpu": "4", "memory": "16Gi", "pods": "110"}
+PODS_PER_SCHEDULER = 12  # 2 x 12 one-cpu pods against 4 x 4 cpu: demand 24, room 16
+SCHEDULERS = ("race-a", "race-b")
+
+
+@asynccontextmanager
+async def racing_schedulers(plane: LocalPlane) -> AsyncIterator[list[int]]:
+    """Two real kube-schedulers under different names; yields their pids."""
+    processes = [plane.start_scheduler(scheduler_name=name) for name in SCHEDULERS]
+    try:
+        yield [p.pid for p in processes]
+    finally:
+        for process in processes:
+            plane.stop_process(process.name)
+
+
+async def race(plane: LocalPlane, cluster: Cluster, namespace: str, prefix: str) -> list[str]:
+    """Both schedulers get their pods at the same instant and place them from the same view of the cluster.
+
+    The schedulers are paused (SIGSTOP) while the pods are created, then resumed together: each sees the nodes
+    empty and places all of its pods, which is exactly the case where independent schedulers oversell.
+    """
+    nodes = await cluster.create_nodes(NODES, prefix=prefix, capacity=NODE_CAPACITY)
+    await cluster.wait_nodes_ready(nodes)
+    async with racing_schedulers(plane) as pids:
+        await asyncio.sleep(1)  # let both finish their initial list and open their watches
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            await cluster.create_pods(
+                (
+                    pod_manifest(f"{scheduler}-{i:02d}", requests={"cpu": "1", "memory": "1Gi"},
+                                 scheduler_name=scheduler)
+                    for i in range(PODS_PER_SCHEDULER)
+                    for scheduler in SCHEDULERS
+                ),
+                namespace=namespace,
+            )
+        finally:
+            for pid in pids:
+                os.kill(pid, signal.SIGCONT)
+
+        async def settled() -> tuple[bool, str]:
+            pods = await cluster.raw_list("list_namespaced_pod", namespace)
+            bound = sum(1 for p in pods if p["spec"].get("nodeName"))
+            return bound >= 16, f"{bound} bound"
+
+        await wait_until(settled, timeout=60, what="the schedulers to fill the nodes")
+        await asyncio.sleep(3)  # give a losing scheduler time to retry: nothing more may fit
+    return nodes
+
+
+async def test_racing_kube_schedulers_oversell_nodes_without_the_resolver(
+    plane: LocalPlane, cluster: Cluster, namespace: str
+) -> None:
+    plane.unregister_webhook()
+    try:
+        nodes = await race(plane, cluster, namespace, "nores")
+        pods = await cluster.raw_list("list_namespaced_pod", namespace)
+        oversold = oversold_nodes(await cluster.raw_list("list_node"), pods)
+        print(f"without the resolver, oversold nodes: {oversold}")
+        assert oversold, "two independent schedulers racing for the same room should oversell a node"
+    finally:
+        plane.register_webhook()
+        await cluster.delete_pods(namespace)
+        await cluster.delete_nodes(nodes)
+
+
+async def test_with_the_resolver_no_node_is_oversold_and_losers_are_told_why(
+    plane: LocalPlane, cluster: Cluster, namespace: str
+) -> None:
+    nodes = await race(plane, cluster, namespace, "withres")
+    try:
+        pods = await cluster.raw_list("list_namespaced_pod", namespace)
+        assert oversold_nodes(await cluster.raw_list("list_node"), pods) == {}
+        bound = [p for p in pods if p["spec"].get("nodeName")]
+        assert len(bound) == 16, "the nodes are exactly full: every cpu is used, none twice"
+        losers = [p["metadata"]["name"] for p in pods if not p["spec"].get("nodeName")]
+        assert len(losers) == 2 * PODS_PER_SCHEDULER - 16
+        denied_messages = []
+        for name in losers:
+            for event in await cluster.events_for(namespace, name):
+                if "hoss: node" in (event.message or ""):
+                    denied_messages.append(event.message)
+        assert denied_messages, "some losing pod must carry the resolver's denial in its events"
+        assert any("cpu requested 1, free 0" in m for m in denied_messages), denied_messages[:3]
+    finally:
+        await cluster.delete_pods(namespace)
+        await cluster.delete_nodes(nodes)
+
+
+async def test_resolver_rebuilds_the_ledger_from_the_apiserver_after_redis_loses_its_data(
+    plane: LocalPlane, cluster: Cluster, namespace: str
+) -> None:
+    nodes = await cluster.create_nodes(2, prefix="rebuild", capacity=NODE_CAPACITY)
+    try:
+        await cluster.wait_nodes_ready(nodes)
+        await cluster.create_pods(
+            [pod_manifest(f"keep-{i}", requests={"cpu": "1500m", "memory": "1Gi"}) for i in range(3)],
+            namespace=namespace,
+        )
+
+        async def all_bound() -> tuple[bool, str]:
+            pods = await cluster.raw_list("list_namespaced_pod", namespace)
+            bound = sum(1 for p in pods if p["spec"].get("nodeName"))
+            return bound == 3, f"{bound}/3 bound"
+
+        await wait_until(all_bound, timeout=60, what="3 pods to be bound")
+        redis = aioredis.Redis.from_url(plane.state().redis_url, decode_responses=True)
+        ledger = Ledger(redis)
+        try:
+            epoch_before = await ledger.epoch()
+            await redis.flushall()
+            assert not await ledger.is_ready()
+
+            async def rebuilt() -> tuple[bool, str]:
+                return await ledger.is_ready(), f"epoch {await ledger.epoch()}"
+
+            await wait_until(rebuilt, timeout=30, what="the resolver to rebuild the ledger")
+            assert await ledger.epoch() != epoch_before
+            expected: dict[str, int] = {}
+            for pod in await cluster.raw_list("list_namespaced_pod", namespace):
+                expected[pod["spec"]["nodeName"]] = expected.get(pod["spec"]["nodeName"], 0) + 1500
+            usage = await ledger.node_usage(nodes)
+            assert {n: usage[n][1].get("cpu", 0) for n in nodes if usage[n][1].get("cpu", 0)} == expected
+        finally:
+            await redis.aclose()
+    finally:
+        await cluster.delete_pods(namespace)
+        await cluster.delete_nodes(nodes)

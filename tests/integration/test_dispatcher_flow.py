@@ -1,0 +1,446 @@
+"""The dispatcher's rounds against a real redis-server: dispatch, reclaim from dead workers, waiting, /status.
+
+Workers are simulated with the protocol's own calls (heartbeat, read, ack); the pending-pod watch is simulated
+by calling the dispatcher's informer handlers with raw pods; no apiserver is needed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import random
+import socket
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import aiohttp
+import pytest
+import redis.asyncio
+from aiohttp import web
+
+from dispatcher.leader import LeaderElector
+from dispatcher.queue import WorkerInfo, WorkQueue, queue_key
+from dispatcher.service import Dispatcher, PendingPod, ServiceState, build_app, no_worker_message, run_roles
+from dispatcher.settings import DispatcherSettings
+from dispatcher.status import SystemStatus
+from resolver.ledger import Ledger
+
+pytestmark = pytest.mark.integration
+
+Json = dict[str, Any]
+ALIVE_SECONDS = 60.0
+DYING_SECONDS = 0.4
+
+
+@pytest.fixture
+async def client(redis_url: str) -> AsyncIterator[redis.asyncio.Redis]:
+    connection = redis.asyncio.Redis.from_url(redis_url, decode_responses=True)
+    await connection.flushdb()
+    yield connection
+    await connection.aclose()
+
+
+@pytest.fixture
+def queue(client: redis.asyncio.Redis) -> WorkQueue:
+    return WorkQueue(client)
+
+
+def pending_pod(n: int, *, policy: str | None = None) -> Json:
+    labels = {"hoss.io/policy": policy} if policy else {}
+    return {
+        "metadata": {"name": f"pod-{n}", "namespace": "team", "uid": f"uid-{n}", "labels": labels},
+        "spec": {"schedulerName": "hoss", "containers": [{"name": "c"}]},
+        "status": {"phase": "Pending"},
+    }
+
+
+def settings(**overrides: Any) -> DispatcherSettings:
+    return DispatcherSettings(identity="test-dispatcher", **overrides)
+
+
+class RecordingNotifier:
+    def __init__(self) -> None:
+        self.notices: list[tuple[str, str]] = []
+
+    async def no_worker(self, pod: PendingPod, *, message: str) -> None:
+        self.notices.append((pod.key, message))
+
+
+async def make_dispatcher(
+    queue: WorkQueue, pods: list[Json], *, notifier: RecordingNotifier | None = None,
+    is_leader: Callable[[], bool] = lambda: True, **overrides: Any,
+) -> Dispatcher:
+    dispatcher = Dispatcher(
+        queue=queue, settings=settings(**overrides), notifier=notifier, rng=random.Random(11), is_leader=is_leader
+    )
+    await dispatcher.on_list(copy.deepcopy(pods))
+    dispatcher.synced.set()
+    return dispatcher
+
+
+async def beat(queue: WorkQueue, worker_id: str, *, policies: tuple[str, ...] = ("default",),
+               ttl: float = ALIVE_SECONDS, **fields: Any) -> None:
+    await queue.heartbeat(WorkerInfo(id=worker_id, policies=list(policies), **fields), ttl_seconds=ttl)
+
+
+async def stream_uids(queue: WorkQueue, worker_id: str) -> list[str]:
+    """The pods in a worker's stream, delivered or not, in order."""
+    entries: Any = await queue.redis.xrange(queue_key(worker_id))
+    return [str(fields["uid"]) for _id, fields in entries]
+
+
+async def test_dead_workers_items_go_to_a_live_worker_none_lost_none_twice(queue: WorkQueue) -> None:
+    pods = [pending_pod(n) for n in range(12)]
+    by_uid = {pod["metadata"]["uid"]: pod for pod in pods}
+    dispatcher = await make_dispatcher(queue, pods)
+    await beat(queue, "a", ttl=DYING_SECONDS)
+    await beat(queue, "b")
+
+    first = await dispatcher.tick()
+
+    on_a, on_b = await stream_uids(queue, "a"), await stream_uids(queue, "b")
+    assert first.dispatched == 12
+    assert on_a and on_b, "both workers get a share"
+    assert sorted(on_a + on_b) == sorted(by_uid)
+    # Worker a takes three items, binds one of them (acknowledged; the watch sees the pod leave), then dies
+    # holding two delivered-but-unacknowledged items and the rest undelivered.
+    await queue.ensure_group("a")
+    delivered = await queue.read("a", count=3, block_ms=50)
+    done_id, done = delivered[0]
+    await queue.ack("a", done_id, [done.uid])
+    await dispatcher.on_event("DELETED", by_uid[done.uid])
+    await asyncio.sleep(DYING_SECONDS + 0.3)
+    await beat(queue, "b")
+
+    report = await dispatcher.reclaim_step()
+
+    assert report.dead_workers == ["a"]
+    assert report.reclaimed == len(on_a) - 1
+    assert not await queue.redis.exists(queue_key("a"))
+    on_b_now = await stream_uids(queue, "b")
+    assert len(on_b_now) == len(set(on_b_now)), "no pod twice on one worker"
+    assert set(on_b_now) == set(by_uid) - {done.uid}, "every unfinished pod is on the live worker"
+    assert await queue.dispatched() == dict.fromkeys(set(by_uid) - {done.uid}, "b")
+    assert dispatcher.throughput().bound_total == 1
+
+
+async def test_live_worker_consuming_while_another_dies_sees_every_pod_exactly_once(queue: WorkQueue) -> None:
+    pods = [pending_pod(n) for n in range(40)]
+    by_uid = {pod["metadata"]["uid"]: pod for pod in pods}
+    dispatcher = await make_dispatcher(queue, pods)
+    await beat(queue, "doomed", ttl=DYING_SECONDS)
+    await beat(queue, "steady")
+    await queue.ensure_group("steady")
+    bound: list[str] = []
+    stop = asyncio.Event()
+
+    async def steady_worker() -> None:
+        while not stop.is_set():
+            await beat(queue, "steady")
+            for message_id, item in await queue.read("steady", count=4, block_ms=20):
+                bound.append(item.uid)
+                await queue.ack("steady", message_id, [item.uid])
+                await dispatcher.on_event("DELETED", by_uid[item.uid])
+
+    consumer = asyncio.create_task(steady_worker())
+    try:
+        await dispatcher.tick()
+        assert await stream_uids(queue, "doomed"), "the doomed worker got a share before it died"
+        for _ in range(40):
+            await asyncio.sleep(0.05)
+            await dispatcher.tick()
+            if len(bound) == len(pods):
+                break
+    finally:
+        stop.set()
+        await consumer
+
+    assert sorted(bound) == sorted(by_uid), "every pod bound exactly once"
+    assert await queue.dispatched() == {}
+    assert dispatcher.pending == {}
+
+
+async def test_pod_waits_for_a_worker_serving_its_policy_and_is_told_once_per_interval(queue: WorkQueue) -> None:
+    notifier = RecordingNotifier()
+    dispatcher = await make_dispatcher(queue, [pending_pod(1, policy="gpu"), pending_pod(2)], notifier=notifier)
+    await beat(queue, "cpu")
+
+    first = await dispatcher.tick()
+    await dispatcher.drain_notices()
+    await dispatcher.tick()
+    await dispatcher.drain_notices()
+
+    assert first.dispatched == 1 and first.waiting == 1
+    assert await stream_uids(queue, "cpu") == ["uid-2"]
+    assert notifier.notices == [("team/pod-1", "no live hoss worker serves policy 'gpu'; the pod waits until one does")]
+    assert no_worker_message("gpu") == notifier.notices[0][1]
+    [row] = dispatcher.queue_status().waiting_for_worker
+    assert (row.pod, row.policy) == ("team/pod-1", "gpu")
+
+    await beat(queue, "gpu-worker", policies=("gpu",))
+    await dispatcher.tick()
+
+    assert await stream_uids(queue, "gpu-worker") == ["uid-1"]
+    assert dispatcher.queue_status().waiting_for_worker == []
+    assert dispatcher.queue_status().undispatched == 0
+
+
+async def test_reclaimed_pods_whose_policy_nobody_serves_wait_and_are_not_lost(queue: WorkQueue) -> None:
+    notifier = RecordingNotifier()
+    dispatcher = await make_dispatcher(queue, [pending_pod(n, policy="gpu") for n in range(3)], notifier=notifier)
+    await beat(queue, "gpu-1", policies=("gpu",), ttl=DYING_SECONDS)
+    await dispatcher.tick()
+    await asyncio.sleep(DYING_SECONDS + 0.3)
+
+    report = await dispatcher.tick()
+    await dispatcher.drain_notices()
+
+    assert report.reclaimed == 3 and report.waiting == 3
+    assert await queue.dispatched() == {}, "pods in nobody's stream are not marked dispatched"
+    assert len(notifier.notices) == 3
+    await beat(queue, "gpu-2", policies=("gpu",))
+    await dispatcher.tick()
+    assert sorted(await stream_uids(queue, "gpu-2")) == ["uid-0", "uid-1", "uid-2"]
+
+
+async def test_new_leader_does_not_resend_what_the_old_one_dispatched(queue: WorkQueue) -> None:
+    pods = [pending_pod(n) for n in range(6)]
+    await beat(queue, "a")
+    await beat(queue, "b")
+    old = await make_dispatcher(queue, pods)
+    await old.tick()
+    before = {w: await stream_uids(queue, w) for w in ("a", "b")}
+
+    new = await make_dispatcher(queue, pods)
+    report = await new.tick()
+
+    assert report.dispatched == 0
+    assert {w: await stream_uids(queue, w) for w in ("a", "b")} == before
+
+
+async def test_leader_that_died_between_reclaim_and_resend_loses_nothing(queue: WorkQueue) -> None:
+    pods = [pending_pod(n) for n in range(8)]
+    await beat(queue, "a", ttl=DYING_SECONDS)
+    await beat(queue, "b")
+    old = await make_dispatcher(queue, pods)
+    await old.tick()
+    on_a = await stream_uids(queue, "a")
+    await asyncio.sleep(DYING_SECONDS + 0.3)
+    await beat(queue, "b")
+    # The old leader took a's stream and died before forgetting or re-sending anything.
+    assert len(await queue.reclaim("a")) == len(on_a)
+
+    successor = await make_dispatcher(queue, pods)
+    await successor.tick()
+
+    assert sorted(await stream_uids(queue, "b")) == sorted(p["metadata"]["uid"] for p in pods)
+    assert await queue.dispatched() == {p["metadata"]["uid"]: "b" for p in pods}
+
+
+async def test_pod_bound_elsewhere_is_forgotten_and_counted(queue: WorkQueue) -> None:
+    pods = [pending_pod(1), pending_pod(2)]
+    await beat(queue, "a")
+    dispatcher = await make_dispatcher(queue, pods)
+    await dispatcher.tick()
+
+    await dispatcher.on_event("DELETED", pods[0])
+    await dispatcher.tick()
+
+    assert await queue.dispatched() == {"uid-2": "a"}
+    assert dispatcher.throughput().bound_total == 1
+    assert dispatcher.throughput().dispatched_total == 2
+    assert dispatcher.throughput().bound_per_second_1m == pytest.approx(1 / 60, abs=1e-3)
+
+
+async def test_foreign_finished_and_deleting_pods_are_not_dispatched(queue: WorkQueue) -> None:
+    foreign = pending_pod(1) | {"spec": {"schedulerName": "default-scheduler"}}
+    finished = pending_pod(2) | {"status": {"phase": "Succeeded"}}
+    deleting = pending_pod(3)
+    deleting["metadata"]["deletionTimestamp"] = "2026-11-22T08:00:00Z"
+    malformed: Json = {"metadata": {"name": "no-uid"}, "spec": {"schedulerName": "hoss"}}
+    await beat(queue, "a")
+    dispatcher = await make_dispatcher(queue, [foreign, finished, deleting, malformed, pending_pod(4)])
+
+    await dispatcher.tick()
+
+    assert await stream_uids(queue, "a") == ["uid-4"]
+
+
+# --- leadership ----------------------------------------------------------------------------------------------
+
+
+class MemoryLease:
+    """A Lease nobody else contends for."""
+
+    name = "hoss-dispatcher"
+    namespace = "hoss-system"
+
+    def __init__(self) -> None:
+        self.lease: Json | None = None
+        self.version = 0
+
+    async def read(self) -> Json | None:
+        return copy.deepcopy(self.lease)
+
+    async def create(self, body: Json) -> Json:
+        return self._store(body)
+
+    async def replace(self, body: Json) -> Json:
+        return self._store(body)
+
+    def _store(self, body: Json) -> Json:
+        self.version += 1
+        self.lease = copy.deepcopy(body)
+        self.lease["metadata"]["resourceVersion"] = str(self.version)
+        return copy.deepcopy(self.lease)
+
+
+def memory_elector(identity: str = "test-dispatcher") -> LeaderElector:
+    return LeaderElector(MemoryLease(), identity=identity, lease_duration_seconds=15, renew_deadline_seconds=10,
+                         renew_interval_seconds=2)
+
+
+async def test_only_the_leader_dispatches_and_losing_the_lease_stops_it(queue: WorkQueue) -> None:
+    elector = memory_elector()
+    dispatcher = await make_dispatcher(queue, [pending_pod(1)], is_leader=lambda: elector.is_leader,
+                                       reclaim_interval_seconds=0.05)
+    await beat(queue, "a")
+    roles = asyncio.create_task(run_roles(dispatcher, elector))
+    try:
+        await asyncio.sleep(0.2)
+        assert await stream_uids(queue, "a") == [], "a follower sends nothing"
+
+        await elector.try_once()
+        for _ in range(40):
+            if await stream_uids(queue, "a"):
+                break
+            await asyncio.sleep(0.05)
+        assert await stream_uids(queue, "a") == ["uid-1"]
+
+        await elector.release()
+        await dispatcher.on_event("ADDED", pending_pod(2))
+        await asyncio.sleep(0.3)
+        assert await stream_uids(queue, "a") == ["uid-1"], "after losing the Lease nothing more is sent"
+    finally:
+        roles.cancel()
+        await asyncio.gather(roles, return_exceptions=True)
+
+
+# --- /status --------------------------------------------------------------------------------------------------
+
+
+async def serve_status(state: ServiceState) -> tuple[web.AppRunner, str]:
+    runner = web.AppRunner(build_app(state), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    host, port, *_ = runner.addresses[0]
+    return runner, f"http://{host}:{port}"
+
+
+async def test_status_reports_workers_queues_ledger_and_summed_resolver_verdicts(
+    queue: WorkQueue, client: redis.asyncio.Redis
+) -> None:
+    await beat(queue, "a", queue_depth=2, in_flight=1, counters={"bound": 5, "conflicts": 2})
+    await beat(queue, "b", counters={"conflicts": 3})
+    await beat(queue, "gone", ttl=DYING_SECONDS)
+    ledger = Ledger(client)
+    await ledger.rebuild(nodes=[("n1", {"cpu": 4000, "memory": 8 << 30}, {}), ("n2", {"cpu": 2000}, {})], bound=[])
+    for instance, verdicts, denials in [
+        ("r1", {"reserved": 10, "conflict": 1}, [{"at": 100.0, "pod": "team/x", "node": "n1", "username": "u",
+                                                   "reason": "conflict", "message": "no room"}]),
+        ("r2", {"reserved": 5, "fits": 2}, [{"at": 200.0, "pod": "team/y", "node": "n2", "username": "u",
+                                              "reason": "conflict", "message": "no room either"}]),
+    ]:
+        await client.hset(f"{{hoss}}:resolver:{instance}", mapping={
+            "verdicts": json.dumps(verdicts), "recent_denials": json.dumps(denials), "updated_unix": "123.5"})
+    notifier = RecordingNotifier()
+    elector = memory_elector()
+    await elector.try_once()
+    dispatcher = await make_dispatcher(queue, [pending_pod(1), pending_pod(2, policy="gpu")], notifier=notifier)
+    await dispatcher.tick()
+    await asyncio.sleep(DYING_SECONDS + 0.2)
+    runner, url = await serve_status(ServiceState(
+        settings=dispatcher.settings, dispatcher=dispatcher, elector=elector, redis=client, ledger=ledger))
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{url}/status") as response:
+                assert response.status == 200
+                status = SystemStatus.model_validate(await response.json())
+            async with http.get(f"{url}/metrics") as response:
+                metrics = await response.text()
+            async with http.get(f"{url}/healthz") as response:
+                assert await response.text() == "ok"
+    finally:
+        await runner.cleanup()
+
+    assert status.version == 1 and status.leader and status.identity == "test-dispatcher"
+    assert status.redis == "ok"
+    workers = {w.id: w for w in status.workers}
+    assert set(workers) == {"a", "b", "gone"}
+    assert not workers["gone"].alive and workers["gone"].heartbeat_age_seconds is None
+    assert (workers["a"].queue_depth, workers["a"].in_flight) == (2, 1)
+    assert sum(w.outstanding for w in status.workers) == 1
+    assert status.conflicts == 5
+    assert status.queues.pending_total == 2 and status.queues.undispatched == 1
+    assert [w.pod for w in status.queues.waiting_for_worker] == ["team/pod-2"]
+    assert status.throughput.dispatched_total == 1
+    assert status.ledger is not None and status.ledger.ready and status.ledger.nodes == 2
+    assert status.ledger.resources["cpu"].alloc == 6000
+    assert status.resolver is not None
+    assert status.resolver.verdicts == {"conflict": 1, "fits": 2, "reserved": 15}
+    assert [d.pod for d in status.resolver.recent_denials] == ["team/y", "team/x"]
+    assert 'hoss_dispatcher_pods_dispatched_total{policy="default"} 1.0' in metrics
+    assert "hoss_dispatcher_pending_pods 2.0" in metrics
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+async def test_status_answers_when_redis_is_unreachable(queue: WorkQueue) -> None:
+    unreachable = redis.asyncio.Redis.from_url(
+        f"redis://127.0.0.1:{closed_port()}/0", decode_responses=True, socket_connect_timeout=0.5, retry=None
+    )
+    dispatcher = await make_dispatcher(WorkQueue(unreachable), [pending_pod(1)])
+    elector = memory_elector()
+    runner, url = await serve_status(ServiceState(
+        settings=dispatcher.settings, dispatcher=dispatcher, elector=elector, redis=unreachable,
+        ledger=Ledger(unreachable)))
+    try:
+        async with aiohttp.ClientSession() as http, http.get(f"{url}/status") as response:
+            assert response.status == 200
+            status = SystemStatus.model_validate(await response.json())
+    finally:
+        await runner.cleanup()
+        await unreachable.aclose()
+
+    assert status.redis.startswith("unreachable: ")
+    assert not status.leader
+    assert status.workers == [] and status.ledger is None and status.resolver is None
+    assert status.queues.pending_total == 1
+
+
+async def test_dispatch_round_against_unreachable_redis_pauses_instead_of_failing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    unreachable = redis.asyncio.Redis.from_url(
+        f"redis://127.0.0.1:{closed_port()}/0", decode_responses=True, socket_connect_timeout=0.5, retry=None
+    )
+    dispatcher = await make_dispatcher(WorkQueue(unreachable), [pending_pod(1)], reclaim_interval_seconds=0.05)
+    lead = asyncio.create_task(dispatcher.lead())
+    try:
+        await asyncio.sleep(0.3)
+        assert not lead.done()
+        assert dispatcher.redis_error is not None
+        failed_rounds = dispatcher.metrics.registry.get_sample_value("hoss_dispatcher_redis_errors_total")
+        assert failed_rounds is not None and failed_rounds >= 2
+    finally:
+        lead.cancel()
+        await asyncio.gather(lead, return_exceptions=True)
+        await unreachable.aclose()
+    assert list(dispatcher.pending) == ["uid-1"], "the pod is still there to be sent when Redis is back"
+    assert len([r for r in caplog.records if "Redis unreachable" in r.getMessage()]) == 1, "logged once per outage"

@@ -1,0 +1,77 @@
+"""Raw nodes and pods shaped as the apiserver returns them, for the worker framework's unit tests."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from workers.nodes import NodeTable
+from workers.pod import PodView, parse_pod
+
+Json = dict[str, Any]
+
+CPU_NODE = {"cpu": "32", "memory": "128Gi", "pods": "110"}
+GPU_NODE = {"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": "8"}
+
+
+def raw_node(
+    name: str,
+    allocatable: Mapping[str, str] = CPU_NODE,
+    *,
+    labels: Mapping[str, str] | None = None,
+    taints: Sequence[Mapping[str, str]] = (),
+    unschedulable: bool = False,
+    ready: bool = True,
+) -> Json:
+    node: Json = {
+        "metadata": {"name": name, "labels": dict(labels or {})},
+        "spec": {},
+        "status": {
+            "allocatable": dict(allocatable),
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        },
+    }
+    if taints:
+        node["spec"]["taints"] = [dict(taint) for taint in taints]
+    if unschedulable:
+        node["spec"]["unschedulable"] = True
+    return node
+
+
+def raw_pod(
+    name: str = "web-0",
+    requests: Mapping[str, str] | None = None,
+    *,
+    labels: Mapping[str, str] | None = None,
+    node_selector: Mapping[str, str] | None = None,
+    terms: Sequence[Json] | None = None,
+    tolerations: Sequence[Mapping[str, str]] = (),
+) -> Json:
+    spec: Json = {
+        "schedulerName": "hoss",
+        "containers": [{"name": "app", "resources": {"requests": dict(requests or {"cpu": "1", "memory": "1Gi"})}}],
+    }
+    if node_selector is not None:
+        spec["nodeSelector"] = dict(node_selector)
+    if terms is not None:
+        spec["affinity"] = {
+            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": list(terms)}}
+        }
+    if tolerations:
+        spec["tolerations"] = [dict(toleration) for toleration in tolerations]
+    return {
+        "metadata": {"name": name, "namespace": "team", "uid": f"uid-{name}", "labels": dict(labels or {})},
+        "spec": spec,
+        "status": {"phase": "Pending"},
+    }
+
+
+def pod_view(name: str = "web-0", requests: Mapping[str, str] | None = None, **fields: Any) -> PodView:
+    return parse_pod(raw_pod(name, requests, **fields))
+
+
+def table(*nodes: Json) -> NodeTable:
+    result = NodeTable()
+    for node in nodes:
+        result.upsert_node(node)
+    return result

@@ -1,0 +1,73 @@
+"""Routing: which policy a pod asks for, and which live worker gets it."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from dispatcher.queue import WorkerInfo
+from dispatcher.routing import POLICY_LABEL, choose_worker, policy_of
+
+
+def pod(labels: dict[str, str] | None = None) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": "p", "namespace": "team", "uid": "u1"}
+    if labels is not None:
+        metadata["labels"] = labels
+    return {"metadata": metadata, "spec": {"schedulerName": "hoss"}}
+
+
+def test_policy_label_selects_the_profile() -> None:
+    assert policy_of(pod({POLICY_LABEL: "gpu"}), default="default") == "gpu"
+
+
+def test_pod_without_policy_label_gets_the_default() -> None:
+    assert policy_of(pod(), default="default") == "default"
+    assert policy_of(pod({"app": "web"}), default="binpack") == "binpack"
+    assert policy_of({"metadata": {"labels": None}}, default="default") == "default"
+
+
+def test_empty_policy_label_counts_as_absent() -> None:
+    assert policy_of(pod({POLICY_LABEL: ""}), default="default") == "default"
+
+
+def test_only_workers_serving_the_policy_are_chosen() -> None:
+    cpu = WorkerInfo(id="cpu", policies=["default"])
+    gpu = WorkerInfo(id="gpu", policies=["gpu", "gang"])
+    rng = random.Random(1)
+    for _ in range(50):
+        chosen = choose_worker([cpu, gpu], "gpu", loads={"cpu": 0, "gpu": 1000}, rng=rng)
+        assert chosen is gpu
+
+
+def test_less_loaded_of_two_workers_wins() -> None:
+    busy = WorkerInfo(id="busy", policies=["default"])
+    idle = WorkerInfo(id="idle", policies=["default"])
+    rng = random.Random(2)
+    for _ in range(50):
+        assert choose_worker([busy, idle], "default", loads={"busy": 7, "idle": 2}, rng=rng) is idle
+        assert choose_worker([idle, busy], "default", loads={"busy": 7, "idle": 2}, rng=rng) is idle
+
+
+def test_heartbeat_load_counts_for_a_worker_the_dispatcher_has_no_count_for() -> None:
+    busy = WorkerInfo(id="busy", policies=["default"], queue_depth=40, in_flight=8)
+    idle = WorkerInfo(id="idle", policies=["default"], queue_depth=1)
+    rng = random.Random(3)
+    for _ in range(50):
+        assert choose_worker([busy, idle], "default", loads={}, rng=rng) is idle
+
+
+def test_no_worker_when_none_serves_the_policy() -> None:
+    workers = [WorkerInfo(id="a", policies=["default"]), WorkerInfo(id="b", policies=["binpack"])]
+    assert choose_worker(workers, "gpu", loads={}, rng=random.Random(4)) is None
+    assert choose_worker([], "default", loads={}, rng=random.Random(4)) is None
+
+
+def test_power_of_two_choices_spreads_a_burst_over_all_workers() -> None:
+    workers = [WorkerInfo(id=f"w{i}", policies=["default"]) for i in range(4)]
+    loads = {w.id: 0 for w in workers}
+    rng = random.Random(5)
+    for _ in range(400):
+        chosen = choose_worker(workers, "default", loads=loads, rng=rng)
+        assert chosen is not None
+        loads[chosen.id] += 1
+    assert max(loads.values()) - min(loads.values()) <= 10

@@ -1,0 +1,197 @@
+"""The webhook over real HTTPS, in process, with the ledger on fakeredis."""
+
+from __future__ import annotations
+
+import io
+import json
+import ssl
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import fakeredis
+import pytest
+from aiohttp import web
+
+from deploy.local import pki
+from resolver.ledger import Ledger, Reserved
+from resolver.settings import ResolverSettings
+from resolver.sync import PodIndex, parse_pod
+from resolver.webhook import WebhookState, build_app, tls_context
+
+WORKER = "system:serviceaccount:hoss-system:hoss-worker"
+NODE_ROOM = {"cpu": 2000, "memory": 8 << 30, "pods": 110}
+
+
+def pod(name: str, uid: str, cpu: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": "team", "uid": uid},
+        "spec": {"schedulerName": "hoss", "containers": [{"name": "c", "resources": {"requests": {"cpu": cpu}}}]},
+        "status": {"phase": "Pending"},
+    }
+
+
+def review(*, pod_name: str, uid: str | None, node: str, user: str = "system:kube-scheduler") -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": pod_name, "namespace": "team"}
+    if uid:
+        metadata["uid"] = uid
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "review-1",
+            "kind": {"group": "", "version": "v1", "kind": "Binding"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "subResource": "binding",
+            "name": pod_name,
+            "namespace": "team",
+            "operation": "CREATE",
+            "userInfo": {"username": user},
+            "object": {"apiVersion": "v1", "kind": "Binding", "metadata": metadata,
+                       "target": {"apiVersion": "v1", "kind": "Node", "name": node}},
+        },
+    }
+
+
+@dataclass
+class Webhook:
+    url: str
+    session: aiohttp.ClientSession
+    ledger: Ledger
+    redis: Any
+    state: WebhookState
+
+    async def post(self, body: bytes | dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        data = io.BytesIO(body if isinstance(body, bytes) else json.dumps(body).encode())
+        async with self.session.post(f"{self.url}/validate-binding", data=data) as response:
+            return response.status, await response.json()
+
+
+async def start(tmp_path: Path, **settings: Any) -> AsyncIterator[Webhook]:
+    ca = pki.ensure_ca(tmp_path)
+    serving = pki.issue(ca, directory=tmp_path, name="serving", common_name="hoss-resolver",
+                        ip_addresses=("127.0.0.1",), server=True)
+    config = ResolverSettings(tls_cert_file=str(serving.cert), tls_key_file=str(serving.key), **settings)
+    redis = fakeredis.FakeAsyncRedis(decode_responses=True)
+    ledger = Ledger(redis)
+    await ledger.rebuild(nodes=[("n1", NODE_ROOM, {})], bound=[])
+    pods = PodIndex()
+    for spec in (pod("small", "u-small", "500m"), pod("big", "u-big", "3"), pod("mine", "u-mine", "1")):
+        pods.put(parse_pod(spec))
+    state = WebhookState(settings=config, ledger=ledger, pods=pods)
+    runner = web.AppRunner(build_app(state))
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=tls_context(config.tls_cert_file, config.tls_key_file))
+    await site.start()
+    port = runner.addresses[0][1]
+    client_tls = ssl.create_default_context(cafile=str(ca.cert))
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=client_tls)) as session:
+        yield Webhook(f"https://127.0.0.1:{port}", session, ledger, redis, state)
+    await runner.cleanup()
+    await redis.aclose()
+
+
+@pytest.fixture
+async def webhook(tmp_path: Path) -> AsyncIterator[Webhook]:
+    async for hook in start(tmp_path):
+        yield hook
+
+
+async def test_foreign_binding_that_fits_is_allowed_and_recorded_in_the_ledger(webhook: Webhook) -> None:
+    status, body = await webhook.post(review(pod_name="small", uid="u-small", node="n1"))
+    assert status == 200
+    assert body["response"] == {"uid": "review-1", "allowed": True}
+    usage = await webhook.ledger.node_usage(["n1"])
+    assert usage["n1"][1]["cpu"] == 500
+
+
+async def test_binding_that_does_not_fit_is_denied_with_409_naming_node_resource_requested_and_free(
+    webhook: Webhook,
+) -> None:
+    status, body = await webhook.post(review(pod_name="big", uid="u-big", node="n1"))
+    assert status == 200
+    response = body["response"]
+    assert response["allowed"] is False
+    assert response["status"]["code"] == 409
+    assert response["status"]["message"] == "hoss: node n1 has no room for team/big: cpu requested 3, free 2"
+    assert webhook.state.denials[-1].pod == "team/big"
+
+
+async def test_binding_to_the_reserved_node_is_allowed_even_when_the_node_is_now_full(webhook: Webhook) -> None:
+    reserved = await webhook.ledger.reserve(
+        uid="u-mine", pod="team/mine", node="n1", request={"cpu": 1000, "pods": 1}, owner=WORKER, ttl_seconds=30
+    )
+    assert reserved == Reserved(node="n1")
+    await webhook.ledger.reserve(
+        uid="u-other", pod="team/other", node="n1", request={"cpu": 1000, "pods": 1}, owner=WORKER, ttl_seconds=30
+    )
+    status, body = await webhook.post(review(pod_name="mine", uid="u-mine", node="n1", user=WORKER))
+    assert (status, body["response"]["allowed"]) == (200, True)
+
+
+async def test_binding_without_uid_is_matched_by_namespace_and_name(webhook: Webhook) -> None:
+    _, body = await webhook.post(review(pod_name="big", uid=None, node="n1"))
+    assert body["response"]["status"]["code"] == 409
+
+
+async def test_unknown_node_and_unknown_pod_are_denied_with_the_reason(webhook: Webhook) -> None:
+    _, body = await webhook.post(review(pod_name="small", uid="u-small", node="ghost"))
+    assert "node ghost is not in the ledger" in body["response"]["status"]["message"]
+    _, body = await webhook.post(review(pod_name="nobody", uid="u-nobody", node="n1"))
+    assert "pod team/nobody is not known" in body["response"]["status"]["message"]
+
+
+async def test_ledger_that_lost_its_data_fails_closed(webhook: Webhook) -> None:
+    await webhook.redis.flushall()
+    _, body = await webhook.post(review(pod_name="small", uid="u-small", node="n1"))
+    assert body["response"]["allowed"] is False
+    assert body["response"]["status"]["code"] == 503
+    assert "ledger is not ready" in body["response"]["status"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (b"{not json", "body is not JSON"),
+        (b"[]", "must be a JSON object"),
+        (json.dumps({"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview"}).encode(), "apiVersion"),
+        (json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": "x"}})
+         .encode(), "request.resource"),
+    ],
+)
+async def test_malformed_review_gets_http_400_with_the_reason(webhook: Webhook, body: bytes, reason: str) -> None:
+    status, answer = await webhook.post(body)
+    assert status == 400
+    assert reason in answer["error"]
+
+
+async def test_oversized_review_gets_http_400(webhook: Webhook) -> None:
+    huge = json.dumps(review(pod_name="small", uid="u-small", node="n1") | {"padding": "x" * (2 << 20)}).encode()
+    status, answer = await webhook.post(huge)
+    assert status == 400
+    assert "larger than" in answer["error"]
+
+
+async def test_hoss_only_mode_lets_foreign_bindings_through_unchecked(tmp_path: Path) -> None:
+    async for hook in start(tmp_path, enforce="hoss-only"):
+        _, body = await hook.post(review(pod_name="big", uid="u-big", node="n1"))
+        assert body["response"]["allowed"] is True
+        _, body = await hook.post(review(pod_name="big", uid="u-big", node="n1", user=WORKER))
+        assert body["response"]["allowed"] is False
+
+
+async def test_metrics_and_status_count_the_verdicts(webhook: Webhook) -> None:
+    await webhook.post(review(pod_name="small", uid="u-small", node="n1"))
+    await webhook.post(review(pod_name="big", uid="u-big", node="n1"))
+    async with webhook.session.get(f"{webhook.url}/metrics") as response:
+        text = await response.text()
+    assert 'hoss_resolver_verdicts_total{allowed="false",reason="conflict"} 1.0' in text
+    assert "hoss_resolver_review_duration_seconds_bucket" in text
+    async with webhook.session.get(f"{webhook.url}/status") as response:
+        status = await response.json()
+    assert status["verdicts"] == {"fits": 1, "conflict": 1}
+    assert status["recent_denials"][0]["node"] == "n1"
+    async with webhook.session.get(f"{webhook.url}/readyz") as response:
+        assert response.status == 200

@@ -1,0 +1,387 @@
+"""The worker's node table: every node as rows of numpy arrays, so plugins filter and score all nodes at once.
+
+One row per node. Row order is arbitrary and changes when a node is removed (the last row moves into the hole),
+so a row number is only meaningful until the next mutation; plugins get the table, compute over whole columns,
+and hand back arrays indexed by row.
+
+Columns:
+- resources: `alloc` and `used` are int64 matrices (rows x `resources`), base units as in
+  `resolver.resources` (milli-CPU, bytes, counts). The resource axis only grows; a resource a node does not
+  report is 0 there, so a GPU pod never fits a CPU node. `used` is what the ledger holds on the node (bound +
+  assumed), fed by the worker; it is kept across node updates and reset when a node is removed.
+- labels: per label key an int32 code per row (-1 = label absent) and the key's value list, so a selector is a
+  table lookup over codes instead of a Python loop over nodes.
+- taints: each distinct taint (key, value, effect) is a column of `taint_positions`; a cell holds the taint's
+  position in the node's own ``spec.taints`` (-1 = absent), so "the first untolerated taint" is an argmin.
+- `unschedulable` (spec.unschedulable) and `ready` (the Ready condition) as bool arrays.
+
+Invariants: `names[i]` and `index` are inverse; storage rows at and beyond `len(table)` are blank (zero usage,
+no labels, no taints), so appending a row needs no clearing. Arrays handed out are read-only views; the table
+changes only through its methods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from resolver.errors import NodeSpecError
+from resolver.resources import ResourceVector, node_allocatable
+from workers import payload
+from workers.errors import UnknownNodeError
+
+TAINT_EFFECTS = frozenset({"NoSchedule", "PreferNoSchedule", "NoExecute"})
+
+_MIN_CAPACITY = 64
+_ABSENT = -1
+
+
+@dataclass(frozen=True)
+class Taint:
+    """A node taint; its identity is (key, value, effect), as kube-scheduler compares them."""
+
+    key: str
+    value: str
+    effect: str
+
+    def __str__(self) -> str:
+        # kube-scheduler's spelling in "node(s) had untolerated taint {key: value}".
+        return f"{{{self.key}: {self.value}}}"
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """What the scheduler needs of one node, parsed once from the raw node."""
+
+    name: str
+    allocatable: ResourceVector
+    labels: dict[str, str]
+    taints: tuple[Taint, ...]
+    unschedulable: bool
+    ready: bool
+
+
+def parse_node(node: Mapping[str, Any]) -> NodeView:
+    """The typed view of a raw node; raises `NodeSpecError` naming the bad field."""
+    error = NodeSpecError
+    metadata = payload.mapping(node.get("metadata"), field="metadata", error=error, required=True)
+    spec = payload.mapping(node.get("spec"), field="spec", error=error)
+    status = payload.mapping(node.get("status"), field="status", error=error)
+    taints = []
+    for position, raw in enumerate(payload.items(spec.get("taints"), field="spec.taints", error=error)):
+        field = f"spec.taints[{position}]"
+        taint = payload.mapping(raw, field=field, error=error, required=True)
+        effect = payload.string(taint.get("effect"), field=f"{field}.effect", error=error, required=True)
+        if effect not in TAINT_EFFECTS:
+            raise NodeSpecError(field=f"{field}.effect", reason=f"unknown effect {effect!r}")
+        taints.append(
+            Taint(
+                key=payload.string(taint.get("key"), field=f"{field}.key", error=error, required=True),
+                value=payload.string(taint.get("value"), field=f"{field}.value", error=error),
+                effect=effect,
+            )
+        )
+    ready = False
+    for position, raw in enumerate(payload.items(status.get("conditions"), field="status.conditions", error=error)):
+        condition = payload.mapping(raw, field=f"status.conditions[{position}]", error=error, required=True)
+        if condition.get("type") == "Ready":
+            ready = condition.get("status") == "True"
+    return NodeView(
+        name=payload.string(metadata.get("name"), field="metadata.name", error=error, required=True),
+        allocatable=node_allocatable(node),
+        labels=payload.string_map(metadata.get("labels"), field="metadata.labels", error=error),
+        taints=tuple(taints),
+        unschedulable=payload.boolean(spec.get("unschedulable"), field="spec.unschedulable", error=error),
+        ready=ready,
+    )
+
+
+class NodeTable:
+    """All nodes as numpy rows; see the module docstring for the columns and invariants."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        """Node name per row."""
+        self.index: dict[str, int] = {}
+        """Node name -> row."""
+        self.resources: list[str] = []
+        """Resource name per column of `alloc` and `used`; only grows."""
+        self.labels: list[dict[str, str]] = []
+        """Labels per row."""
+        self.taints: list[tuple[Taint, ...]] = []
+        """Taints per row, in the node's order."""
+        self.taint_kinds: list[Taint] = []
+        """Taint per column of `taint_positions`; only grows."""
+        self._resource_index: dict[str, int] = {}
+        self._taint_index: dict[Taint, int] = {}
+        self._capacity = _MIN_CAPACITY
+        self._alloc = np.zeros((self._capacity, 0), dtype=np.int64)
+        self._used = np.zeros((self._capacity, 0), dtype=np.int64)
+        self._unschedulable = np.zeros(self._capacity, dtype=np.bool_)
+        self._ready = np.zeros(self._capacity, dtype=np.bool_)
+        self._taint_positions = np.full((self._capacity, 0), _ABSENT, dtype=np.int32)
+        self._label_codes: dict[str, NDArray[np.int32]] = {}
+        self._label_values: dict[str, list[str]] = {}
+        self._label_value_codes: dict[str, dict[str, int]] = {}
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.index
+
+    # Read-only views over the live rows.
+
+    @property
+    def alloc(self) -> NDArray[np.int64]:
+        """Allocatable per row and resource column."""
+        return self._live(self._alloc)
+
+    @property
+    def used(self) -> NDArray[np.int64]:
+        """Ledger usage (bound + assumed) per row and resource column."""
+        return self._live(self._used)
+
+    @property
+    def unschedulable(self) -> NDArray[np.bool_]:
+        """spec.unschedulable per row (cordoned nodes)."""
+        return self._live(self._unschedulable)
+
+    @property
+    def ready(self) -> NDArray[np.bool_]:
+        """The Ready condition per row (informational: kube-scheduler filters not-ready nodes by their taint)."""
+        return self._live(self._ready)
+
+    @property
+    def taint_positions(self) -> NDArray[np.int32]:
+        """Per row and `taint_kinds` column: the taint's position in the node's taint list, -1 when absent."""
+        return self._live(self._taint_positions)
+
+    def free(self) -> NDArray[np.int64]:
+        """alloc - used per row and resource column; negative where a node is overcommitted."""
+        return self.alloc - self.used
+
+    def column_of(self, resource: str) -> int | None:
+        """The resource's column, or None when no node reports or uses it."""
+        return self._resource_index.get(resource)
+
+    def alloc_column(self, resource: str) -> NDArray[np.int64]:
+        """Allocatable of one resource per row (0 where the node does not report it)."""
+        column = self._resource_index.get(resource)
+        return np.zeros(len(self), dtype=np.int64) if column is None else self.alloc[:, column]
+
+    def used_column(self, resource: str) -> NDArray[np.int64]:
+        """Usage of one resource per row."""
+        column = self._resource_index.get(resource)
+        return np.zeros(len(self), dtype=np.int64) if column is None else self.used[:, column]
+
+    def free_column(self, resource: str) -> NDArray[np.int64]:
+        """Free amount of one resource per row; negative where the node is overcommitted."""
+        return self.alloc_column(resource) - self.used_column(resource)
+
+    def used_of(self, name: str) -> ResourceVector:
+        """One node's usage as a resource vector (resources at 0 left out); raises `UnknownNodeError`."""
+        row = self._used[self.row(name)]
+        return {resource: int(row[column]) for resource, column in self._resource_index.items() if row[column]}
+
+    def label_codes(self, key: str) -> NDArray[np.int32]:
+        """Per row the code of the node's value for label `key` (an index into `label_values(key)`), -1 if absent."""
+        codes = self._label_codes.get(key)
+        return np.full(len(self), _ABSENT, dtype=np.int32) if codes is None else self._live(codes)
+
+    def label_code(self, key: str, value: str) -> int | None:
+        """The code of `value` for label `key`, or None when no node has had that value."""
+        return self._label_value_codes.get(key, {}).get(value)
+
+    def label_values(self, key: str) -> Sequence[str]:
+        """The values label `key` has or had on some node, indexed by code; may hold values no node has now."""
+        return self._label_values.get(key, [])
+
+    def row(self, name: str) -> int:
+        """The node's current row; raises `UnknownNodeError`."""
+        try:
+            return self.index[name]
+        except KeyError:
+            raise UnknownNodeError(name) from None
+
+    # Mutations.
+
+    def upsert_node(self, node: Mapping[str, Any]) -> NodeView:
+        """Add or replace a node from its raw JSON (usage is kept on replace); raises `NodeSpecError`."""
+        view = parse_node(node)
+        self.upsert(view)
+        return view
+
+    def upsert(self, node: NodeView) -> None:
+        """Add or replace a parsed node; its usage is kept on replace and starts at 0 for a new node."""
+        row = self.index.get(node.name)
+        if row is None:
+            row = len(self.names)
+            self._reserve_rows(row + 1)
+            self.names.append(node.name)
+            self.labels.append({})
+            self.taints.append(())
+            self.index[node.name] = row
+        else:
+            self._clear_labels(row)
+            self._taint_positions[row] = _ABSENT
+        self._alloc[row] = 0
+        for resource, amount in node.allocatable.items():
+            column = self._resource_column(resource)  # may replace the arrays: look it up before indexing them
+            self._alloc[row, column] = amount
+        self.labels[row] = dict(node.labels)
+        for key, value in node.labels.items():
+            codes = self._label_column(key)
+            codes[row] = self._label_code(key, value)
+        self.taints[row] = node.taints
+        for position, taint in reversed(list(enumerate(node.taints))):
+            # Reversed, so a taint listed twice keeps its first position.
+            column = self._taint_column(taint)
+            self._taint_positions[row, column] = position
+        self._unschedulable[row] = node.unschedulable
+        self._ready[row] = node.ready
+
+    def remove_node(self, name: str) -> bool:
+        """Drop a node; the last row moves into its place. False when the node was not in the table."""
+        row = self.index.pop(name, None)
+        if row is None:
+            return False
+        last = len(self.names) - 1
+        self._clear_labels(row)
+        if row != last:
+            moved = self.names[last]
+            self.names[row] = moved
+            self.index[moved] = row
+            self.labels[row] = self.labels[last]
+            self.taints[row] = self.taints[last]
+            for key in self.labels[last]:
+                codes = self._label_codes[key]
+                codes[row] = codes[last]
+                codes[last] = _ABSENT
+            for array in (self._alloc, self._used, self._unschedulable, self._ready, self._taint_positions):
+                array[row] = array[last]
+        self._alloc[last] = 0
+        self._used[last] = 0
+        self._unschedulable[last] = False
+        self._ready[last] = False
+        self._taint_positions[last] = _ABSENT
+        self.names.pop()
+        self.labels.pop()
+        self.taints.pop()
+        return True
+
+    def set_used(self, name: str, used: Mapping[str, int]) -> None:
+        """Replace the node's usage (the ledger's bound + assumed totals); resources not named are 0."""
+        row = self.row(name)
+        self._used[row] = 0
+        for resource, amount in used.items():
+            column = self._resource_column(resource)
+            self._used[row, column] = amount
+
+    def add_used(self, name: str, amount: Mapping[str, int]) -> None:
+        """Add a pod's request to the node's usage (the worker reserved it)."""
+        row = self.row(name)
+        for resource, units in amount.items():
+            column = self._resource_column(resource)
+            self._used[row, column] += units
+
+    def sub_used(self, name: str, amount: Mapping[str, int]) -> None:
+        """Take a pod's request off the node's usage (the reservation was released)."""
+        self.add_used(name, {resource: -units for resource, units in amount.items()})
+
+    # Storage.
+
+    def _live(self, array: NDArray[Any]) -> NDArray[Any]:
+        view = array[: len(self.names)]
+        view.flags.writeable = False
+        return view
+
+    def _reserve_rows(self, rows: int) -> None:
+        if rows <= self._capacity:
+            return
+        capacity = max(rows, 2 * self._capacity)
+        self._alloc = _grown_rows(self._alloc, capacity, 0)
+        self._used = _grown_rows(self._used, capacity, 0)
+        self._unschedulable = _grown_rows(self._unschedulable, capacity, False)
+        self._ready = _grown_rows(self._ready, capacity, False)
+        self._taint_positions = _grown_rows(self._taint_positions, capacity, _ABSENT)
+        for key, codes in self._label_codes.items():
+            self._label_codes[key] = _grown_rows(codes, capacity, _ABSENT)
+        self._capacity = capacity
+
+    def _resource_column(self, resource: str) -> int:
+        column = self._resource_index.get(resource)
+        if column is None:
+            column = len(self.resources)
+            self.resources.append(resource)
+            self._resource_index[resource] = column
+            self._alloc = _with_column(self._alloc, 0)
+            self._used = _with_column(self._used, 0)
+        return column
+
+    def _taint_column(self, taint: Taint) -> int:
+        column = self._taint_index.get(taint)
+        if column is None:
+            column = len(self.taint_kinds)
+            self.taint_kinds.append(taint)
+            self._taint_index[taint] = column
+            self._taint_positions = _with_column(self._taint_positions, _ABSENT)
+        return column
+
+    def _label_column(self, key: str) -> NDArray[np.int32]:
+        codes = self._label_codes.get(key)
+        if codes is None:
+            codes = np.full(self._capacity, _ABSENT, dtype=np.int32)
+            self._label_codes[key] = codes
+            self._label_values[key] = []
+            self._label_value_codes[key] = {}
+        return codes
+
+    def _label_code(self, key: str, value: str) -> int:
+        value_codes = self._label_value_codes[key]
+        code = value_codes.get(value)
+        if code is None:
+            values = self._label_values[key]
+            if len(values) > 2 * len(self.names) + _MIN_CAPACITY:
+                # Values of deleted nodes (e.g. unique hostnames) would pile up; recoding is O(rows), and it
+                # happens only after as many new values, so it is O(1) per value over time.
+                self._recode_label(key)
+                values = self._label_values[key]
+            code = len(values)
+            values.append(value)
+            value_codes[value] = code
+        return code
+
+    def _recode_label(self, key: str) -> None:
+        codes = self._label_codes[key]
+        values: list[str] = []
+        value_codes: dict[str, int] = {}
+        for row, labels in enumerate(self.labels):
+            value = labels.get(key)
+            if value is None or codes[row] == _ABSENT:
+                # The row being upserted has its new labels set but not yet coded: leave it to the caller.
+                continue
+            code = value_codes.setdefault(value, len(values))
+            if code == len(values):
+                values.append(value)
+            codes[row] = code
+        self._label_values[key] = values
+        self._label_value_codes[key] = value_codes
+
+    def _clear_labels(self, row: int) -> None:
+        for key in self.labels[row]:
+            self._label_codes[key][row] = _ABSENT
+
+
+def _grown_rows(array: NDArray[Any], rows: int, fill: object) -> NDArray[Any]:
+    grown = np.full((rows, *array.shape[1:]), fill, dtype=array.dtype)
+    grown[: array.shape[0]] = array
+    return grown
+
+
+def _with_column(array: NDArray[Any], fill: object) -> NDArray[Any]:
+    return np.concatenate([array, np.full((array.shape[0], 1), fill, dtype=array.dtype)], axis=1)

@@ -1,0 +1,67 @@
+"""Resource-allocation scoring shared by LeastAllocated (spread) and MostAllocated (bin-pack). Pure, vectorised.
+
+Both follow kube-scheduler's resource allocation scorer: per configured resource a 0..100 score from the node's
+allocatable and its usage after placing the pod (ledger usage + the pod's request), then the weighted average over
+the resources that count on that node. A resource counts where the node reports it (allocatable > 0); an extended
+resource (GPUs, hugepages, ...) that the pod does not request does not count, so a CPU pod is not ranked by GPU
+usage. A node where no resource counts scores 0. Scores are already on the 0..100 scale, so the plugins normalise
+by clipping instead of min-max (which would exaggerate small differences).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Annotated
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
+
+from workers.framework import MAX_NODE_SCORE, BoolArray, FloatArray
+from workers.nodes import NodeTable
+from workers.pod import PodView
+
+MAX_RESOURCE_WEIGHT = 100
+
+# Resources kube-scheduler scores even when the pod does not request them; all others are "scalar" resources.
+_ALWAYS_SCORED = frozenset({"cpu", "memory", "ephemeral-storage", "pods"})
+
+ResourceWeight = Annotated[StrictInt, Field(ge=1, le=MAX_RESOURCE_WEIGHT)]
+
+ResourceScore = Callable[[FloatArray, FloatArray], FloatArray]
+"""(requested after placement, allocatable > 0) -> 0..100 per node."""
+
+
+class ResourceWeights(BaseModel):
+    """Args of an allocation scorer: the resources it looks at and how much each counts."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    resources: dict[str, ResourceWeight] = Field(default_factory=lambda: {"cpu": 1, "memory": 1}, min_length=1)
+    """Resource name -> weight (1..100), e.g. ``{cpu: 1, memory: 1, nvidia.com/gpu: 3}``."""
+
+
+def allocation_score(
+    pod: PodView, nodes: NodeTable, *, weights: Mapping[str, int], resource_score: ResourceScore
+) -> FloatArray:
+    """The weighted average of `resource_score` over the resources that count on each node."""
+    rows = len(nodes)
+    total = np.zeros(rows, dtype=np.float64)
+    weight_sum = np.zeros(rows, dtype=np.float64)
+    for resource, weight in weights.items():
+        requested = pod.request.get(resource, 0)
+        if requested == 0 and resource not in _ALWAYS_SCORED:
+            continue
+        allocatable = nodes.alloc_column(resource).astype(np.float64)
+        counted = allocatable > 0
+        after = nodes.used_column(resource).astype(np.float64) + requested
+        score = resource_score(after, np.where(counted, allocatable, 1.0))
+        total += np.where(counted, score * weight, 0.0)
+        weight_sum += np.where(counted, float(weight), 0.0)
+    result = np.zeros(rows, dtype=np.float64)
+    np.divide(total, weight_sum, out=result, where=weight_sum > 0)
+    return result
+
+
+def clip_normalize(scores: FloatArray, feasible: BoolArray) -> FloatArray:
+    """Scores that already are 0..100, kept as they are on feasible nodes; others become 0."""
+    return np.where(feasible, np.clip(scores, 0.0, MAX_NODE_SCORE), 0.0)

@@ -1,0 +1,209 @@
+"""The scheduler's view of a pending pod, parsed once from the raw pod. Pure, no I/O.
+
+`parse_pod` is the one entry for raw pods: it checks every field the plugins read and raises `PodSpecError` naming
+the field by its JSON path, so a plugin never meets a malformed pod. Selector and toleration rules are checked the
+way the apiserver validates them (e.g. ``Gt`` takes exactly one integer, ``Exists`` takes no values), because a
+pod that slipped past validation must not be placed by a guess.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from resolver.errors import PodSpecError, QuantityError
+from resolver.resources import ResourceVector, pod_requests
+from workers import payload
+from workers.nodes import TAINT_EFFECTS, Taint
+
+POLICY_LABEL = "hoss.io/policy"
+POOL_LABEL = "hoss.io/pool"
+DEFAULT_SCHEDULER = "default-scheduler"
+
+LABEL_OPERATORS = frozenset({"In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"})
+FIELD_OPERATORS = frozenset({"In", "NotIn"})
+NODE_NAME_FIELD = "metadata.name"
+TOLERATION_OPERATORS = frozenset({"Equal", "Exists"})
+
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+_AFFINITY_FIELD = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+
+
+def parse_integer(text: str) -> int | None:
+    """`text` as a base-10 integer the way Kubernetes' ``Gt``/``Lt`` read it, or None when it is not one."""
+    return int(text) if _INTEGER.fullmatch(text) else None
+
+
+@dataclass(frozen=True)
+class SelectorRequirement:
+    """One ``matchExpressions`` / ``matchFields`` entry: `key` `operator` `values`."""
+
+    key: str
+    operator: str
+    values: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class SelectorTerm:
+    """One ``nodeSelectorTerms`` entry: all its requirements must hold; a term with none matches no node."""
+
+    match_expressions: tuple[SelectorRequirement, ...]
+    match_fields: tuple[SelectorRequirement, ...]
+
+
+@dataclass(frozen=True)
+class Toleration:
+    """A pod toleration; an empty `key` (with ``Exists``) matches every key, an empty `effect` every effect."""
+
+    key: str
+    operator: str
+    value: str
+    effect: str
+
+    def tolerates(self, taint: Taint) -> bool:
+        """Kubernetes' ``Toleration.ToleratesTaint``."""
+        if self.effect and self.effect != taint.effect:
+            return False
+        if self.key and self.key != taint.key:
+            return False
+        return self.operator == "Exists" or self.value == taint.value
+
+
+@dataclass(frozen=True)
+class PodView:
+    """What the scheduler needs of one pod."""
+
+    uid: str
+    namespace: str
+    name: str
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    scheduler_name: str
+    request: ResourceVector
+    """Effective request in base units, always with ``pods: 1`` (see `resolver.resources.pod_requests`)."""
+    node_selector: dict[str, str]
+    required_affinity: tuple[SelectorTerm, ...] | None
+    """Required node affinity terms (ORed); None when the pod has none."""
+    tolerations: tuple[Toleration, ...]
+    policy: str | None
+    """The ``hoss.io/policy`` label: the profile that schedules the pod; None (absent or empty) means the default."""
+    pool: str | None
+    """The ``hoss.io/pool`` label: the node pool the pod must run in; None (absent or empty) means any."""
+    priority: int
+
+    @property
+    def key(self) -> str:
+        """``namespace/name``, as events and logs name a pod."""
+        return f"{self.namespace}/{self.name}"
+
+    def tolerates(self, taint: Taint) -> bool:
+        """Whether any of the pod's tolerations tolerates `taint`."""
+        return any(toleration.tolerates(taint) for toleration in self.tolerations)
+
+
+def parse_pod(pod: Mapping[str, Any]) -> PodView:
+    """The typed view of a raw pod; raises `PodSpecError` naming the bad field."""
+    error = PodSpecError
+    metadata = payload.mapping(pod.get("metadata"), field="metadata", error=error, required=True)
+    spec = payload.mapping(pod.get("spec"), field="spec", error=error, required=True)
+    labels = payload.string_map(metadata.get("labels"), field="metadata.labels", error=error)
+    affinity = payload.mapping(spec.get("affinity"), field="spec.affinity", error=error)
+    node_affinity = payload.mapping(affinity.get("nodeAffinity"), field="spec.affinity.nodeAffinity", error=error)
+    tolerations = payload.items(spec.get("tolerations"), field="spec.tolerations", error=error)
+    return PodView(
+        uid=payload.string(metadata.get("uid"), field="metadata.uid", error=error, required=True),
+        namespace=payload.string(metadata.get("namespace"), field="metadata.namespace", error=error) or "default",
+        name=payload.string(metadata.get("name"), field="metadata.name", error=error, required=True),
+        labels=labels,
+        annotations=payload.string_map(metadata.get("annotations"), field="metadata.annotations", error=error),
+        scheduler_name=payload.string(spec.get("schedulerName"), field="spec.schedulerName", error=error)
+        or DEFAULT_SCHEDULER,
+        request=_requests(pod),
+        node_selector=payload.string_map(spec.get("nodeSelector"), field="spec.nodeSelector", error=error),
+        required_affinity=_required_affinity(node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")),
+        tolerations=tuple(
+            _toleration(raw, field=f"spec.tolerations[{position}]") for position, raw in enumerate(tolerations)
+        ),
+        policy=labels.get(POLICY_LABEL) or None,
+        pool=labels.get(POOL_LABEL) or None,
+        priority=payload.integer(spec.get("priority"), field="spec.priority", error=error),
+    )
+
+
+def _requests(pod: Mapping[str, Any]) -> ResourceVector:
+    try:
+        return pod_requests(pod)
+    except QuantityError as error:
+        # One error type for a malformed pod, whatever part of it is wrong.
+        raise PodSpecError(field=error.field, reason=f"invalid quantity {error.value!r}: {error.reason}") from error
+
+
+def _required_affinity(raw: object) -> tuple[SelectorTerm, ...] | None:
+    if raw is None:
+        return None
+    selector = payload.mapping(raw, field=_AFFINITY_FIELD, error=PodSpecError)
+    field = f"{_AFFINITY_FIELD}.nodeSelectorTerms"
+    terms = payload.items(selector.get("nodeSelectorTerms"), field=field, error=PodSpecError)
+    if not terms:
+        raise PodSpecError(field=field, reason="must have at least one node selector term")
+    return tuple(_term(term, field=f"{field}[{position}]") for position, term in enumerate(terms))
+
+
+def _term(raw: object, *, field: str) -> SelectorTerm:
+    term = payload.mapping(raw, field=field, error=PodSpecError, required=True)
+    expressions = payload.items(term.get("matchExpressions"), field=f"{field}.matchExpressions", error=PodSpecError)
+    fields = payload.items(term.get("matchFields"), field=f"{field}.matchFields", error=PodSpecError)
+    return SelectorTerm(
+        match_expressions=tuple(
+            _requirement(item, field=f"{field}.matchExpressions[{position}]", operators=LABEL_OPERATORS)
+            for position, item in enumerate(expressions)
+        ),
+        match_fields=tuple(
+            _requirement(item, field=f"{field}.matchFields[{position}]", operators=FIELD_OPERATORS)
+            for position, item in enumerate(fields)
+        ),
+    )
+
+
+def _requirement(raw: object, *, field: str, operators: frozenset[str]) -> SelectorRequirement:
+    requirement = payload.mapping(raw, field=field, error=PodSpecError, required=True)
+    key = payload.string(requirement.get("key"), field=f"{field}.key", error=PodSpecError, required=True)
+    operator = payload.string(requirement.get("operator"), field=f"{field}.operator", error=PodSpecError, required=True)
+    if operator not in operators:
+        raise PodSpecError(
+            field=f"{field}.operator", reason=f"unknown operator {operator!r}, expected one of {sorted(operators)}"
+        )
+    values_field = f"{field}.values"
+    raw_values = payload.items(requirement.get("values"), field=values_field, error=PodSpecError)
+    values = tuple(
+        payload.string(value, field=f"{values_field}[{position}]", error=PodSpecError)
+        for position, value in enumerate(raw_values)
+    )
+    if operator in ("In", "NotIn") and not values:
+        raise PodSpecError(field=values_field, reason=f"must be non-empty for operator {operator}")
+    if operator in ("Exists", "DoesNotExist") and values:
+        raise PodSpecError(field=values_field, reason=f"must be empty for operator {operator}")
+    if operator in ("Gt", "Lt") and (len(values) != 1 or parse_integer(values[0]) is None):
+        raise PodSpecError(field=values_field, reason=f"must be a single integer for operator {operator}")
+    if operators is FIELD_OPERATORS and key != NODE_NAME_FIELD:
+        raise PodSpecError(field=f"{field}.key", reason=f"unsupported field {key!r}, only {NODE_NAME_FIELD}")
+    return SelectorRequirement(key=key, operator=operator, values=values)
+
+
+def _toleration(raw: object, *, field: str) -> Toleration:
+    toleration = payload.mapping(raw, field=field, error=PodSpecError, required=True)
+    key = payload.string(toleration.get("key"), field=f"{field}.key", error=PodSpecError)
+    operator = payload.string(toleration.get("operator"), field=f"{field}.operator", error=PodSpecError) or "Equal"
+    value = payload.string(toleration.get("value"), field=f"{field}.value", error=PodSpecError)
+    effect = payload.string(toleration.get("effect"), field=f"{field}.effect", error=PodSpecError)
+    if operator not in TOLERATION_OPERATORS:
+        raise PodSpecError(field=f"{field}.operator", reason=f"unknown operator {operator!r}, expected Equal or Exists")
+    if operator == "Exists" and value:
+        raise PodSpecError(field=f"{field}.value", reason="must be empty when operator is Exists")
+    if not key and operator != "Exists":
+        raise PodSpecError(field=f"{field}.operator", reason="must be Exists when key is empty")
+    if effect and effect not in TAINT_EFFECTS:
+        raise PodSpecError(field=f"{field}.effect", reason=f"unknown effect {effect!r}")
+    return Toleration(key=key, operator=operator, value=value, effect=effect)

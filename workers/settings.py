@@ -1,0 +1,56 @@
+"""Settings of ``hoss-worker`` (flags, env ``HOSS_*``, YAML; see resolver.settings for precedence)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+def _default_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class WorkerSettings(BaseModel):
+    """Settings of one scheduler worker."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    id: str = Field(default_factory=_default_id, pattern=r"^[A-Za-z0-9._-]{1,63}$")
+    """Worker id, unique among live workers (default hostname-pid)."""
+    policies: list[str] = Field(default_factory=lambda: ["default"], min_length=1)
+    """Policy profiles this worker serves (comma-separated in env and flags)."""
+    policies_file: str = "configs/policies.yaml"
+    """YAML file with the policy profiles."""
+    kubeconfig: str | None = None
+    """Kubeconfig to reach the apiserver; unset means the in-cluster service account."""
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    """Redis holding the ledger and the work queues."""
+    host: str = "0.0.0.0"
+    """Address of the /healthz and /metrics server."""
+    port: int = Field(default=8090, ge=0, le=65535)
+    """Port of the /healthz and /metrics server (0: any free port)."""
+    reservation_ttl_seconds: float = Field(default=30.0, gt=0)
+    """How long a reservation holds if the worker never binds (the worker died)."""
+    heartbeat_interval_seconds: float = Field(default=1.0, gt=0)
+    """How often the worker reports itself to the dispatcher."""
+    heartbeat_ttl_seconds: float = Field(default=5.0, gt=0)
+    """After this long without a heartbeat the dispatcher treats the worker as dead and moves its work."""
+    max_binds_in_flight: int = Field(default=64, ge=1)
+    """Bindings posted concurrently."""
+    read_batch: int = Field(default=128, ge=1)
+    """Work items read from the queue at once."""
+    candidates: int = Field(default=8, ge=1)
+    """Best nodes kept per decision; on a ledger conflict the next one is tried."""
+    backoff_initial_seconds: float = Field(default=1.0, gt=0)
+    """First retry delay of an unschedulable pod."""
+    backoff_max_seconds: float = Field(default=60.0, gt=0)
+    """Longest retry delay of an unschedulable pod."""
+    usage_refresh_seconds: float = Field(default=1.0, gt=0)
+    """How often node totals are read back from the ledger."""
+    seed: int | None = None
+    """Seed of the tie-breaking randomness (default: random per worker)."""
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    """Logging level."""
