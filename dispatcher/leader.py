@@ -355,7 +355,7 @@ class LeaderElector:
     async def release(self) -> None:
         """Stop leading and hand the Lease back (empty holder), so another replica need not wait for expiry."""
         record, was_leading = self._record, self.is_leader
-        self._follow(None, why="shutting down")
+        self._follow(None, why="shutting down", expected=True)
         if not was_leading or record is None or record.holder != self.identity:
             return
         try:
@@ -395,10 +395,10 @@ class LeaderElector:
         self.following.clear()
         self.leading.set()
 
-    def _follow(self, holder: str | None, *, why: str) -> None:
+    def _follow(self, holder: str | None, *, why: str, expected: bool = False) -> None:
         self.holder = holder
         if self.is_leader:
-            log.warning("lost leadership: %s", why)
+            log.log(logging.INFO if expected else logging.WARNING, "stopped leading: %s", why)
             self._renewed_at = None
         self.leading.clear()
         self.following.set()

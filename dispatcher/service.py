@@ -536,8 +536,6 @@ class Dispatcher:
         self._notices = asyncio.create_task(self._send_notices(self.notifier, pods), name="no-worker-notices")
 
     async def _send_notices(self, notifier: Notifier, pods: Sequence[PendingPod]) -> None:
-        for pod in pods:
-            log.info("pod %s: %s", pod.key, no_worker_message(pod.policy))
         await asyncio.gather(*(notifier.no_worker(pod, message=no_worker_message(pod.policy)) for pod in pods))
         self.metrics.no_worker_events.inc(len(pods))
 
@@ -611,6 +609,20 @@ class Dispatcher:
         return True
 
 
+async def cancel_and_wait(*tasks: asyncio.Task[Any], retry_seconds: float = 0.1) -> None:
+    """Cancel `tasks` and wait until each has ended, cancelling again while one runs on.
+
+    Cancelling once is not enough: redis-py's asyncio client can swallow a cancellation that arrives while it
+    sets up a connection, and the task then carries on (e.g. a deposed leader's round).
+    """
+    running = {task for task in tasks if not task.done()}
+    while running:
+        for task in running:
+            task.cancel()
+        _ended, running = await asyncio.wait(running, timeout=retry_seconds)
+    await asyncio.gather(*tasks, return_exceptions=True)  # collect outcomes so none is reported as never retrieved
+
+
 async def run_roles(dispatcher: Dispatcher, elector: LeaderElector) -> None:
     """Run `Dispatcher.lead` while this replica leads and `Dispatcher.follow` otherwise, switching at once."""
     while True:
@@ -621,9 +633,7 @@ async def run_roles(dispatcher: Dispatcher, elector: LeaderElector) -> None:
         try:
             done, _pending = await asyncio.wait({role, change}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            role.cancel()
-            change.cancel()
-            await asyncio.gather(role, change, return_exceptions=True)
+            await cancel_and_wait(role, change)
         if role in done:
             role.result()  # a role only ends by crashing: let the service see it
 
@@ -726,12 +736,6 @@ class RunningDispatcher:
     tasks: list[asyncio.Task[None]]
 
 
-async def _stop(*tasks: asyncio.Task[None]) -> None:
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-
-
 @contextlib.asynccontextmanager
 async def running_dispatcher(settings: DispatcherSettings) -> AsyncIterator[RunningDispatcher]:
     """Start the watch, the election, the dispatcher's role and the HTTP server; stop them in reverse on exit.
@@ -777,12 +781,12 @@ async def running_dispatcher(settings: DispatcherSettings) -> AsyncIterator[Runn
             ),
             name="pending-pod-watch",
         )
-        stack.push_async_callback(_stop, informer)
+        stack.push_async_callback(cancel_and_wait, informer)
         stack.push_async_callback(elector.release)
         election = asyncio.create_task(elector.run(), name="leader-election")
-        stack.push_async_callback(_stop, election)
+        stack.push_async_callback(cancel_and_wait, election)
         roles = asyncio.create_task(run_roles(dispatcher, elector), name="dispatch")
-        stack.push_async_callback(_stop, roles)
+        stack.push_async_callback(cancel_and_wait, roles)
         log.info(
             "hoss-dispatcher %s serving http on %s; schedulers %s; Lease %s/%s",
             settings.identity, ", ".join(f"{host}:{port}" for host, port, *_ in runner.addresses),

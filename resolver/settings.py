@@ -35,7 +35,12 @@ def load_settings(model: type[S], argv: Sequence[str] | None, *, prog: str, desc
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--config", help="YAML file with settings (env HOSS_CONFIG)")
     for name, field in model.model_fields.items():
-        default = "required" if field.is_required() else f"default {field.default!r}"
+        if field.is_required():
+            default = "required"
+        elif field.default_factory is not None:
+            default = f"default {field.default_factory()!r}"  # type: ignore[call-arg]
+        else:
+            default = f"default {field.default!r}"
         parser.add_argument(
             f"--{name.replace('_', '-')}",
             dest=name,

@@ -402,6 +402,7 @@ class Worker:
             self._retry_later(message_id, item)
             return
         self.count("bound")
+        self.counters[f"bound:{item.policy}"] = self.counters.get(f"bound:{item.policy}", 0) + 1
         self.backoff.pop(item.uid, None)
         self.last_message.pop(item.uid, None)
         log.debug("bound %s to %s", item.key, node)

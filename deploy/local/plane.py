@@ -510,7 +510,12 @@ class LocalPlane:
         )
 
     def start_worker(
-        self, worker_id: str, *, policies: Sequence[str] = ("default",), state: PlaneState | None = None
+        self,
+        worker_id: str,
+        *,
+        policies: Sequence[str] = ("default",),
+        extra_args: Sequence[str] = (),
+        state: PlaneState | None = None,
     ) -> Process:
         """Start one hoss-worker serving ``policies`` with the hoss-worker identity."""
         state = state or self.state()
@@ -527,6 +532,7 @@ class LocalPlane:
                 f"--redis-url={state.redis_url}",
                 "--host=127.0.0.1",
                 f"--port={port}",
+                *extra_args,
             ],
             port=port,
             binary="workers.service",

@@ -7,6 +7,7 @@ by calling the dispatcher's informer handlers with raw pods; no apiserver is nee
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import json
 import random
@@ -21,7 +22,15 @@ from aiohttp import web
 
 from dispatcher.leader import LeaderElector
 from dispatcher.queue import WorkerInfo, WorkQueue, queue_key
-from dispatcher.service import Dispatcher, PendingPod, ServiceState, build_app, no_worker_message, run_roles
+from dispatcher.service import (
+    Dispatcher,
+    PendingPod,
+    ServiceState,
+    build_app,
+    cancel_and_wait,
+    no_worker_message,
+    run_roles,
+)
 from dispatcher.settings import DispatcherSettings
 from dispatcher.status import SystemStatus
 from resolver.ledger import Ledger
@@ -325,6 +334,25 @@ async def test_only_the_leader_dispatches_and_losing_the_lease_stops_it(queue: W
     finally:
         roles.cancel()
         await asyncio.gather(roles, return_exceptions=True)
+
+
+async def test_stopping_a_role_that_swallows_a_cancellation_still_ends_it() -> None:
+    """redis-py can swallow a cancellation while it opens a connection; the role must end all the same."""
+    rounds = 0
+
+    async def stubborn_role() -> None:
+        nonlocal rounds
+        while True:
+            rounds += 1
+            with contextlib.suppress(asyncio.CancelledError):  # the swallowing, as redis-py does it
+                await asyncio.sleep(10)
+
+    role = asyncio.create_task(stubborn_role())
+    await asyncio.sleep(0.01)
+
+    await asyncio.wait_for(cancel_and_wait(role, retry_seconds=0.01), timeout=5)
+
+    assert role.done() and rounds >= 2
 
 
 # --- /status --------------------------------------------------------------------------------------------------

@@ -183,23 +183,28 @@ async def test_first_replica_creates_the_lease_and_leads_the_second_follows() ->
     assert not b.is_leader and b.following.is_set() and b.holder == "a"
 
 
+class StaleReader(FakeLeaseAPI):
+    """Answers reads with a Lease read earlier, as a replica does whose read raced another's write."""
+
+    def __init__(self, server: FakeLeaseServer, seen: Json | None) -> None:
+        super().__init__(server)
+        self.seen = seen
+
+    async def read(self) -> Json | None:
+        return copy.deepcopy(self.seen)
+
+
 async def test_two_replicas_that_both_read_an_expired_lease_cannot_both_win() -> None:
     server, clocks = FakeLeaseServer(), Clocks()
-    old = elector(server, "old", clocks)
-    await old.try_once()
+    await elector(server, "old", clocks).try_once()
     clocks.elapsed = 30.0
+    expired = await server.client().read()
     a, b = elector(server, "a", clocks), elector(server, "b", clocks)
-    # Both read the same expired Lease before either writes: the second write carries a stale resourceVersion.
-    raw = await server.client().read()
-    stale = server.client()
+    b.api = StaleReader(server, expired)
 
-    async def read_stale() -> Json | None:
-        return copy.deepcopy(raw)
-
-    stale.read = read_stale  # type: ignore[method-assign]
-    b.api = stale
     assert await a.try_once()
     assert not await b.try_once()
+
     assert (a.is_leader, b.is_leader) == (True, False)
     assert server.lease is not None and server.lease["spec"]["holderIdentity"] == "a"
 
@@ -242,7 +247,7 @@ async def test_released_lease_lets_the_standby_take_over_without_waiting() -> No
     assert server.writes == ["a", "", "b"]
 
 
-async def test_release_after_losing_the_lease_writes_nothing() -> None:
+async def test_release_after_losing_the_lease_leaves_the_new_holder_alone() -> None:
     server, clocks = FakeLeaseServer(), Clocks()
     a, b = elector(server, "a", clocks), elector(server, "b", clocks)
     await a.try_once()

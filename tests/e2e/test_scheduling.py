@@ -1,0 +1,164 @@
+"""hoss end to end: dispatcher and parallel workers place pods on the real plane, guarded by the resolver."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import signal
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager
+
+import pytest
+from redis.asyncio import Redis
+
+from deploy.local.cluster import Cluster, Json, oversold_nodes, pod_manifest, wait_until
+from deploy.local.plane import LocalPlane, Process
+from dispatcher.queue import WorkQueue
+from resolver.ledger import Ledger
+
+_node_sets = itertools.count()
+NODE_CAPACITY = {"cpu": "8", "memory": "32Gi", "pods": "110"}
+
+
+@pytest.fixture(scope="module")
+def dispatcher(plane: LocalPlane) -> Iterator[Process]:
+    process = plane.start_dispatcher()
+    yield process
+    plane.stop_process(process.name)
+
+
+@asynccontextmanager
+async def workers(
+    plane: LocalPlane, layout: Sequence[tuple[str, Sequence[str]]], *, extra_args: Sequence[str] = ()
+) -> AsyncIterator[list[Process]]:
+    started = [plane.start_worker(wid, policies=policies, extra_args=extra_args) for wid, policies in layout]
+    try:
+        yield started
+    finally:
+        for process in started:
+            plane.stop_process(process.name)
+
+
+def hoss_pods(prefix: str, count: int, *, policy: str | None = None, cpu: str = "500m") -> list[Json]:
+    labels = {"hoss.io/policy": policy} if policy else None
+    return [
+        pod_manifest(f"{prefix}-{i:04d}", requests={"cpu": cpu, "memory": "512Mi"}, scheduler_name="hoss",
+                     labels=labels)
+        for i in range(count)
+    ]
+
+
+async def wait_all_bound(cluster: Cluster, namespace: str, count: int, *, timeout: float = 120) -> list[Json]:
+    async def bound() -> tuple[bool, str]:
+        pods = await cluster.raw_list("list_namespaced_pod", namespace)
+        done = sum(1 for p in pods if p["spec"].get("nodeName"))
+        return done == count, f"{done}/{count} bound"
+
+    await wait_until(bound, timeout=timeout, what=f"{count} pods to be bound by hoss")
+    return await cluster.raw_list("list_namespaced_pod", namespace)
+
+
+async def worker_counters(plane: LocalPlane) -> dict[str, dict[str, int]]:
+    redis = Redis.from_url(plane.state().redis_url, decode_responses=True)
+    try:
+        live, _dead = await WorkQueue(redis).workers()
+    finally:
+        await redis.aclose()
+    return {w.id: w.counters for w in live}
+
+
+@pytest.fixture
+async def nodes(cluster: Cluster, request: pytest.FixtureRequest) -> AsyncIterator[list[str]]:
+    count = getattr(request, "param", 30)
+    names = await cluster.create_nodes(count, prefix=f"sched-{next(_node_sets)}", capacity=NODE_CAPACITY)
+    await cluster.wait_nodes_ready(names)
+    yield names
+    await cluster.delete_nodes(names)
+
+
+async def test_three_workers_bind_300_pods_on_30_nodes_without_overselling_and_all_take_part(
+    plane: LocalPlane, dispatcher: Process, cluster: Cluster, namespace: str, nodes: list[str]
+) -> None:
+    layout = [("share-1", ["default"]), ("share-2", ["default"]), ("share-3", ["default"])]
+    async with workers(plane, layout):
+        await cluster.create_pods(hoss_pods("share", 300), namespace=namespace)
+        pods = await wait_all_bound(cluster, namespace, 300)
+        assert {p["spec"]["nodeName"] for p in pods} <= set(nodes)
+        assert oversold_nodes(await cluster.raw_list("list_node"), pods) == {}
+        counters = await worker_counters(plane)
+    bound_by = {wid: counters[wid].get("bound", 0) for wid, _ in layout}
+    assert sum(bound_by.values()) >= 300
+    assert all(n > 0 for n in bound_by.values()), bound_by
+
+
+async def test_a_worker_killed_mid_run_loses_no_pod_and_its_reservations_are_released(
+    plane: LocalPlane, dispatcher: Process, cluster: Cluster, namespace: str, nodes: list[str]
+) -> None:
+    layout = [("kill-1", ["default"]), ("kill-2", ["default"]), ("kill-3", ["default"])]
+    async with workers(plane, layout, extra_args=["--reservation-ttl-seconds=5"]) as started:
+        victim = started[0]
+        await cluster.create_pods(hoss_pods("kill", 300), namespace=namespace)
+
+        async def some_bound() -> tuple[bool, str]:
+            pods = await cluster.raw_list("list_namespaced_pod", namespace)
+            done = sum(1 for p in pods if p["spec"].get("nodeName"))
+            return done >= 30, f"{done} bound"
+
+        await wait_until(some_bound, timeout=60, what="the run to be under way")
+        os.kill(victim.pid, signal.SIGKILL)
+        pods = await wait_all_bound(cluster, namespace, 300, timeout=180)
+        assert oversold_nodes(await cluster.raw_list("list_node"), pods) == {}
+
+        ledger = Ledger.from_url(plane.state().redis_url)
+        try:
+            async def released() -> tuple[bool, str]:
+                held = [e for e in await ledger.entries() if e.owner == "kill-1" and e.state == "assumed"]
+                return not held, f"{len(held)} reservations of the dead worker left"
+
+            await wait_until(released, timeout=30, what="the dead worker's reservations to expire")
+        finally:
+            await ledger.close()
+
+
+async def test_pods_of_each_policy_reach_only_workers_serving_it(
+    plane: LocalPlane, dispatcher: Process, cluster: Cluster, namespace: str, nodes: list[str]
+) -> None:
+    layout = [("spread-only", ["default"]), ("pack-only", ["binpack"])]
+    async with workers(plane, layout):
+        await cluster.create_pods(hoss_pods("spread", 40) + hoss_pods("pack", 40, policy="binpack"),
+                                  namespace=namespace)
+        await wait_all_bound(cluster, namespace, 80)
+        await asyncio.sleep(1.5)  # one more heartbeat carries the final counters
+        counters = await worker_counters(plane)
+    assert counters["spread-only"].get("bound:default") == 40
+    assert "bound:binpack" not in counters["spread-only"]
+    assert counters["pack-only"].get("bound:binpack") == 40
+    assert "bound:default" not in counters["pack-only"]
+
+
+@pytest.mark.parametrize("nodes", [3], indirect=True)
+async def test_pod_that_fits_nowhere_says_why_like_kube_scheduler_and_binds_when_room_appears(
+    plane: LocalPlane, dispatcher: Process, cluster: Cluster, namespace: str, nodes: list[str]
+) -> None:
+    async with workers(plane, [("why-1", ["default"])]):
+        await cluster.create_pods(hoss_pods("huge", 1, cpu="12"), namespace=namespace)
+
+        async def explained() -> tuple[bool, str]:
+            pod = await cluster.core.read_namespaced_pod("huge-0000", namespace)
+            condition = next((c for c in pod.status.conditions or [] if c.type == "PodScheduled"), None)
+            message = condition.message if condition else ""
+            return bool(condition and condition.status == "False" and message), str(message)
+
+        message = await wait_until(explained, timeout=60, what="PodScheduled=False on the pod that cannot fit")
+        assert message == "0/3 nodes are available: 3 Insufficient cpu."
+        events = await cluster.events_for(namespace, "huge-0000")
+        assert any(e.reason == "FailedScheduling" and e.message == message for e in events)
+
+        big = await cluster.create_nodes(1, prefix="roomy", capacity={"cpu": "16", "memory": "64Gi", "pods": "110"})
+        try:
+            pods = await wait_all_bound(cluster, namespace, 1, timeout=90)
+            assert pods[0]["spec"]["nodeName"] == big[0]
+        finally:
+            await cluster.delete_pods(namespace)
+            await cluster.delete_nodes(big)
