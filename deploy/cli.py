@@ -8,9 +8,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from bench.run import run_bench
 from deploy.demo import run_demo
 from deploy.local import binaries
-from deploy.local.plane import LocalPlane, PlaneError
+from deploy.local.plane import LocalPlane, PlaneError, default_directory
 
 
 def _say(message: str) -> None:
@@ -79,6 +80,19 @@ def _demo(args: argparse.Namespace) -> int:
     )
 
 
+def _bench(args: argparse.Namespace) -> int:
+    binaries.build_missing()
+    # A plane of its own, so that a running demo's workers do not take the benchmark's pods.
+    plane = LocalPlane(Path(args.dir) if args.dir else default_directory().parent / "bench")
+    try:
+        asyncio.run(run_bench(plane=plane, quick=args.quick, json_path=Path(args.json),
+                              chart_path=Path(args.chart)))
+    finally:
+        if not args.keep:
+            plane.down()
+    return 0
+
+
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -119,6 +133,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--workers", type=_positive, default=3, help="hoss workers to run (default 3)")
     demo.add_argument("--json", action="store_true", help="print the final report as one JSON object")
     demo.set_defaults(run=_demo)
+
+    bench = with_dir(commands.add_parser("bench", help="benchmark hoss against kube-scheduler on the local plane"))
+    bench.add_argument("--quick", action="store_true", help="a small version of every scenario (a few minutes)")
+    bench.add_argument("--json", default="bench/results/latest.json", help="where to write the figures (JSON)")
+    bench.add_argument("--chart", default="bench/results/latest.png", help="where to write the chart (PNG)")
+    bench.add_argument("--keep", action="store_true", help="leave the benchmark's plane running afterwards")
+    bench.set_defaults(run=_bench)
     return parser
 
 

@@ -14,6 +14,12 @@ Decision rules, as kube-scheduler's framework applies them:
   reorders nodes whose scores differ by more than `tie_break`.
 - The result lists the best `top` feasible nodes, best first, so the worker can fall back to the next one when
   the ledger reports a conflict without deciding again.
+
+Deciding is two steps, so that other deciders can work between them: `evaluate` (filters, then scores: the
+feasible mask, the rejection reasons and the total score per node) and `choose` (jitter, then the best `top`).
+`decide` is their composition. HTTP extenders (`workers.extender`) narrow the feasible mask and add their
+priorities between the two; gangs (`workers.gang`) restrict the mask to a leaf switch and choose one node per
+member.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 from numpy.typing import NDArray
-from pydantic import BaseModel, ConfigDict
+from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
 
 from workers.errors import PluginError
 from workers.nodes import NodeTable
@@ -82,13 +88,61 @@ class NoArgs(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+MAX_EXTENDER_PRIORITY = 10
+"""kube-scheduler's extender priorities run 0..10; they are scaled to the plugins' 0..100."""
+
+
+class ExtenderConfig(BaseModel):
+    """One HTTP scheduler extender of a profile, in kube-scheduler's ``extenders`` spelling.
+
+    Plain configuration, no I/O: `workers.extender` does the calls. Binding, preemption, TLS and managed resources
+    are not supported; naming them in the policy file is an error rather than a silently ignored key.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    url_prefix: AnyHttpUrl = Field(alias="urlPrefix")
+    """Base URL of the extender; a verb is appended as ``<urlPrefix>/<verb>``."""
+    filter_verb: str = Field(default="", alias="filterVerb")
+    """Verb of the filter call; empty: the extender does not filter."""
+    prioritize_verb: str = Field(default="", alias="prioritizeVerb")
+    """Verb of the prioritize call; empty: the extender does not score."""
+    weight: StrictInt = Field(default=1, ge=1, le=100)
+    """Multiplies the extender's 0..10 priority (scaled to 0..100) in the node's total."""
+    node_cache_capable: StrictBool = Field(default=False, alias="nodeCacheCapable")
+    """True: the extender keeps its own node cache and gets node names; false: it gets a minimal node list."""
+    ignorable: StrictBool = False
+    """True: a failing or slow extender is skipped (and logged); false: its failure makes the pod unschedulable."""
+    timeout_seconds: float = Field(default=30.0, gt=0, le=300, alias="timeoutSeconds")
+    """Deadline of one call; kube-scheduler's default httpTimeout is 30s."""
+
+    @model_validator(mode="after")
+    def _has_a_verb(self) -> ExtenderConfig:
+        if not self.filter_verb and not self.prioritize_verb:
+            raise ValueError("an extender needs a filterVerb or a prioritizeVerb")
+        return self
+
+    @property
+    def name(self) -> str:
+        """How messages and logs name the extender: its URL prefix."""
+        return str(self.url_prefix).rstrip("/")
+
+    def url(self, verb: str) -> str:
+        """The URL of one call, as kube-scheduler builds it."""
+        return f"{self.name}/{verb}"
+
+
 @dataclass(frozen=True)
 class Profile:
-    """A named scheduling policy: filters in order, and score plugins with their integer weights."""
+    """A named scheduling policy: filters in order, score plugins with their integer weights, and extenders."""
 
     name: str
     filters: Sequence[FilterPlugin]
     scores: Sequence[tuple[ScorePlugin, int]]
+    extenders: Sequence[ExtenderConfig] = ()
+    """HTTP extenders consulted after the in-process plugins (see `workers.extender`), in order."""
+    topology_key: str | None = None
+    """The node label that names a node's leaf switch, for gangs; None: gangs ignore the network topology."""
 
 
 @dataclass(frozen=True)
@@ -112,6 +166,72 @@ class Unschedulable:
 Decision = Placement | Unschedulable
 
 
+@dataclass(frozen=True)
+class Evaluation:
+    """The first step of a decision: which nodes can run the pod, why the others cannot, and how each ranks."""
+
+    rows: int
+    """How many nodes were evaluated (the ``N`` of ``0/N nodes are available``)."""
+    feasible: BoolArray
+    """Nodes that passed every filter."""
+    reasons: dict[str, int]
+    """Per rejection reason, how many nodes it rejected (each node counted under one reason)."""
+    scores: FloatArray
+    """The weighted sum of the normalised scores per node; meaningful only on feasible nodes (0 elsewhere)."""
+
+    def restricted(self, allowed: BoolArray, reasons: Mapping[str, int] | None = None) -> Evaluation:
+        """The same evaluation with only the `allowed` feasible nodes left, and `reasons` added for the others."""
+        merged = dict(self.reasons)
+        for reason, count in (reasons or {}).items():
+            _count(merged, reason, count)
+        return Evaluation(rows=self.rows, feasible=self.feasible & allowed, reasons=merged, scores=self.scores)
+
+    def unschedulable(self) -> Unschedulable:
+        """The verdict when no node is feasible, in kube-scheduler's words."""
+        if self.rows == 0:
+            return Unschedulable(message=NO_NODES_MESSAGE, reasons={})
+        return Unschedulable(message=unschedulable_message(self.rows, self.reasons), reasons=dict(self.reasons))
+
+
+def evaluate(profile: Profile, pod: PodView, nodes: NodeTable) -> Evaluation:
+    """Run the profile's filters, then (when any node is feasible) its scores over the feasible nodes."""
+    rows = len(nodes)
+    if rows == 0:
+        empty = np.zeros(0, dtype=np.bool_)
+        return Evaluation(rows=0, feasible=empty, reasons={}, scores=np.zeros(0, dtype=np.float64))
+    feasible, reasons = run_filters(profile.filters, pod, nodes)
+    total = np.zeros(rows, dtype=np.float64)
+    if feasible.any():
+        # Scoring a pod that fits nowhere would be wasted work.
+        for plugin, weight in profile.scores:
+            total += weight * _normalized_score(plugin, pod, nodes, feasible)
+    return Evaluation(rows=rows, feasible=feasible, reasons=reasons, scores=total)
+
+
+def choose(
+    evaluation: Evaluation,
+    nodes: NodeTable,
+    *,
+    rng: np.random.Generator,
+    tie_break: float = 1e-6,
+    top: int = 8,
+) -> Decision:
+    """The best `top` feasible nodes after the tie-breaking jitter, or why no node is feasible."""
+    if top < 1:
+        raise ValueError(f"top must be at least 1, got {top}")
+    if not evaluation.feasible.any():
+        return evaluation.unschedulable()
+    total = evaluation.scores + rng.random(evaluation.rows) * tie_break
+    feasible_rows = np.flatnonzero(evaluation.feasible)
+    best = _best(total[feasible_rows], top)
+    chosen = feasible_rows[best]
+    return Placement(
+        candidates=[nodes.names[row] for row in chosen],
+        scores=[float(score) for score in total[chosen]],
+        feasible=len(feasible_rows),
+    )
+
+
 def decide(
     profile: Profile,
     pod: PodView,
@@ -124,32 +244,7 @@ def decide(
     """Filter and score every node for `pod` under `profile`; see the module docstring for the rules."""
     if top < 1:
         raise ValueError(f"top must be at least 1, got {top}")
-    rows = len(nodes)
-    if rows == 0:
-        return Unschedulable(message=NO_NODES_MESSAGE, reasons={})
-    feasible, reasons = run_filters(profile.filters, pod, nodes)
-    if not feasible.any():
-        return Unschedulable(message=unschedulable_message(rows, reasons), reasons=reasons)
-
-    total = np.zeros(rows, dtype=np.float64)
-    for plugin, weight in profile.scores:
-        raw = np.asarray(plugin.score(pod, nodes, feasible), dtype=np.float64)
-        _check_shape(plugin.name, raw, rows=rows)
-        if isinstance(plugin, NormalizingScorePlugin):
-            normalized = np.asarray(plugin.normalize(raw, feasible), dtype=np.float64)
-        else:
-            normalized = min_max_normalize(raw, feasible)
-        total += weight * normalized
-    total += rng.random(rows) * tie_break
-
-    feasible_rows = np.flatnonzero(feasible)
-    best = _best(total[feasible_rows], top)
-    chosen = feasible_rows[best]
-    return Placement(
-        candidates=[nodes.names[row] for row in chosen],
-        scores=[float(score) for score in total[chosen]],
-        feasible=len(feasible_rows),
-    )
+    return choose(evaluate(profile, pod, nodes), nodes, rng=rng, tie_break=tie_break, top=top)
 
 
 def run_filters(filters: Sequence[FilterPlugin], pod: PodView, nodes: NodeTable) -> tuple[BoolArray, dict[str, int]]:
@@ -191,6 +286,17 @@ def min_max_normalize(scores: FloatArray, feasible: BoolArray) -> FloatArray:
     else:
         normalized[feasible] = MAX_NODE_SCORE
     return normalized
+
+
+def _normalized_score(plugin: ScorePlugin, pod: PodView, nodes: NodeTable, feasible: BoolArray) -> FloatArray:
+    rows = len(nodes)
+    raw = np.asarray(plugin.score(pod, nodes, feasible), dtype=np.float64)
+    _check_shape(plugin.name, raw, rows=rows)
+    if isinstance(plugin, NormalizingScorePlugin):
+        normalized = np.asarray(plugin.normalize(raw, feasible), dtype=np.float64)
+        _check_shape(plugin.name, normalized, rows=rows)
+        return normalized
+    return min_max_normalize(raw, feasible)
 
 
 def _best(scores: FloatArray, top: int) -> NDArray[np.intp]:

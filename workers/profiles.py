@@ -13,9 +13,27 @@ The file (schema `PoliciesFile`)::
             weight: 1                # 1..100, multiplies the plugin's 0..100 score
             args: {resources: {cpu: 1, memory: 1}}
 
+More keys:
+
+    namespacePools: {team-a: pool-a}  # top level: tenant namespace -> node pool (default of every NodePool filter)
+    profiles:
+      - name: gang-topology
+        topologyKey: topology.hoss.io/leaf   # node label naming the leaf switch; gangs pack onto few leaves
+        extenders:                   # kube-scheduler HTTP extenders, consulted after the plugins
+          - urlPrefix: http://extender.example:8888/scheduler
+            filterVerb: filter       # optional; POST <urlPrefix>/filter
+            prioritizeVerb: prioritize
+            weight: 2                # multiplies the extender's 0..10 priority, scaled to 0..100
+            nodeCacheCapable: false  # false: send a minimal node list; true: node names only
+            ignorable: true          # true: skip the extender when it fails; false: the pod is unschedulable
+            timeoutSeconds: 5
+
+Plugins come from `workers.plugins.load_registry`: the built-ins and the ``hoss.plugins`` entry points.
+
 Every mistake -- YAML syntax, an unknown key, an unknown plugin, a plugin listed twice, a bad weight or plugin
-arg, a default that names no profile -- raises `ProfileError` naming the profile, plugin and field, so a worker
-refuses to start on a policy file it would misread. `profile_for` picks a pod's profile by its policy label.
+arg, a bad extender, a default that names no profile, tenants mapped to pools while a profile has no NodePool
+filter to confine them -- raises `ProfileError` naming the profile, plugin and field, so a worker refuses to
+start on a policy file it would misread. `profile_for` picks a pod's profile by its policy label.
 """
 
 from __future__ import annotations
@@ -29,8 +47,9 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 from pydantic_core import ErrorDetails
 
 from workers.errors import ProfileError
-from workers.framework import FilterPlugin, Profile, ScorePlugin
-from workers.plugins import FILTERS, SCORES
+from workers.framework import ExtenderConfig, FilterPlugin, Profile, ScorePlugin
+from workers.plugins import Registry, load_registry
+from workers.plugins.pools import NAMESPACE_POOLS_ARG, NodePool
 from workers.pod import POLICY_LABEL, PodView
 
 MAX_SCORE_WEIGHT = 100
@@ -67,6 +86,10 @@ class ProfileEntry(BaseModel):
     """Filter plugins, in the order they run."""
     scores: list[ScoreEntry] = Field(default_factory=list)
     """Score plugins and their weights."""
+    extenders: list[ExtenderConfig] = Field(default_factory=list)
+    """HTTP scheduler extenders (kube-scheduler's protocol), consulted in order after the plugins."""
+    topology_key: str | None = Field(default=None, alias="topologyKey", min_length=1)
+    """The node label that names a node's leaf switch; gangs under this profile pack onto the fewest leaves."""
 
 
 class PoliciesFile(BaseModel):
@@ -77,6 +100,8 @@ class PoliciesFile(BaseModel):
     default_profile: str = Field(alias="defaultProfile", min_length=1)
     """The profile for pods without a ``hoss.io/policy`` label."""
     profiles: list[ProfileEntry] = Field(min_length=1)
+    namespace_pools: dict[str, str] = Field(default_factory=dict, alias="namespacePools")
+    """Tenant namespace -> the node pool its pods are confined to; the default of every NodePool filter."""
 
 
 def load_profiles(path: str | Path) -> tuple[dict[str, Profile], str]:
@@ -99,24 +124,53 @@ def parse_profiles(data: object, *, source: str = "policies.yaml") -> tuple[dict
         config = PoliciesFile.model_validate(data)
     except ValidationError as error:
         raise _schema_error(error, data, source=source) from error
+    registry = load_registry(source=source)
     profiles: dict[str, Profile] = {}
     for position, entry in enumerate(config.profiles):
         if entry.name in profiles:
             raise ProfileError(
                 profile=entry.name, field=f"profiles[{position}].name", reason="duplicate profile name", source=source
             )
+        if config.namespace_pools and not any(plugin.name == NodePool.name for plugin in entry.filters):
+            # Without the filter, this profile would be a way out of the tenant's pool.
+            raise ProfileError(
+                profile=entry.name,
+                field="filters",
+                reason=f"namespacePools confines tenants to pools, so every profile needs the {NodePool.name} filter",
+                source=source,
+            )
+        filters = [
+            plugin.model_copy(update={"args": {NAMESPACE_POOLS_ARG: config.namespace_pools, **plugin.args}})
+            if plugin.name == NodePool.name
+            else plugin
+            for plugin in entry.filters
+        ]
         profiles[entry.name] = Profile(
             name=entry.name,
             filters=_plugins(
-                profile=entry.name, kind="filters", entries=entry.filters, registry=FILTERS, source=source
+                profile=entry.name,
+                kind="filters",
+                entries=filters,
+                factories=registry.filters,
+                registry=registry,
+                source=source,
             ),
             scores=list(
                 zip(
-                    _plugins(profile=entry.name, kind="scores", entries=entry.scores, registry=SCORES, source=source),
+                    _plugins(
+                        profile=entry.name,
+                        kind="scores",
+                        entries=entry.scores,
+                        factories=registry.scores,
+                        registry=registry,
+                        source=source,
+                    ),
                     (score.weight for score in entry.scores),
                     strict=True,
                 )
             ),
+            extenders=tuple(entry.extenders),
+            topology_key=entry.topology_key,
         )
     if config.default_profile not in profiles:
         raise ProfileError(
@@ -147,21 +201,22 @@ def _plugins(
     profile: str,
     kind: str,
     entries: Sequence[PluginEntry],
-    registry: Mapping[str, Callable[[Mapping[str, Any]], _Plugin]],
+    factories: Mapping[str, Callable[[Mapping[str, Any]], _Plugin]],
+    registry: Registry,
     source: str,
 ) -> list[_Plugin]:
     plugins: list[_Plugin] = []
     seen: set[str] = set()
     for position, entry in enumerate(entries):
         field = f"{kind}[{position}]"
-        factory = registry.get(entry.name)
+        factory = factories.get(entry.name)
         if factory is None:
             kind_name, other_kind = ("filter", "score") if kind == "filters" else ("score", "filter")
-            other = SCORES if kind == "filters" else FILTERS
+            other = registry.scores if kind == "filters" else registry.filters
             hint = (
                 f"it is a {other_kind} plugin, list it under {other_kind}s"
                 if entry.name in other
-                else f"known {kind_name} plugins: {', '.join(sorted(registry))}"
+                else f"known {kind_name} plugins: {', '.join(sorted(factories))}"
             )
             raise ProfileError(
                 profile=profile, plugin=entry.name, field=f"{field}.name", reason=f"unknown; {hint}", source=source
@@ -184,6 +239,15 @@ def _plugins(
                 plugin=entry.name,
                 field=_dotted([f"{field}.args", *detail["loc"]]),
                 reason=_reason(detail),
+                source=source,
+            ) from error
+        except (ValueError, TypeError) as error:
+            # Entry-point plugins may validate their args without pydantic.
+            raise ProfileError(
+                profile=profile,
+                plugin=entry.name,
+                field=f"{field}.args",
+                reason=f"{error} ({registry.origins.get(entry.name, 'unknown origin')})",
                 source=source,
             ) from error
     return plugins

@@ -1,0 +1,132 @@
+"""Measuring a scheduler from the outside: a pod watcher that timestamps creation and binding, and a loader.
+
+Every timestamp is taken by the benchmark process when the apiserver's watch delivers the event, on one
+monotonic clock, so the figures do not depend on the apiserver's one-second timestamp resolution.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from deploy.local.cluster import Cluster, Json, for_each
+from resolver.kube import WatchGone, list_objects, watch_objects
+
+
+@dataclass
+class Timeline:
+    """When each pod of a run was seen created and seen bound."""
+
+    created: dict[str, float] = field(default_factory=dict)
+    bound: dict[str, float] = field(default_factory=dict)
+    started: float = 0.0
+
+    def throughput(self, expected: int) -> float:
+        """Pods bound per second, from the first creation to the last binding."""
+        if not self.bound:
+            return 0.0
+        span = max(self.bound.values()) - self.started
+        return len(self.bound) / span if span > 0 else 0.0
+
+    def latencies_ms(self) -> list[float]:
+        return [(self.bound[p] - self.created[p]) * 1000 for p in self.bound if p in self.created]
+
+    def percentiles(self) -> dict[str, float]:
+        values = self.latencies_ms()
+        if not values:
+            return {"p50_ms": 0.0, "p90_ms": 0.0, "p99_ms": 0.0}
+        p50, p90, p99 = np.percentile(values, [50, 90, 99])
+        return {"p50_ms": round(float(p50), 1), "p90_ms": round(float(p90), 1), "p99_ms": round(float(p99), 1)}
+
+
+class PodWatcher:
+    """Watches one namespace and fills a Timeline; ``bound_count`` rises as pods get a node."""
+
+    def __init__(self, cluster: Cluster, namespace: str) -> None:
+        self.cluster = cluster
+        self.namespace = namespace
+        self.timeline = Timeline()
+        self.changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def bound_count(self) -> int:
+        return len(self.timeline.bound)
+
+    def _see(self, pod: Json, now: float) -> None:
+        name = str(pod["metadata"]["name"])
+        self.timeline.created.setdefault(name, now)
+        if (pod.get("spec") or {}).get("nodeName") and name not in self.timeline.bound:
+            self.timeline.bound[name] = now
+            self.changed.set()
+
+    async def _run(self, version: str) -> None:
+        call = self.cluster.core.list_namespaced_pod
+        while True:
+            try:
+                async for _kind, pod in watch_objects(call, resource_version=version, namespace=self.namespace,
+                                                      timeout_seconds=600, inactivity_seconds=600):
+                    version = str(pod.get("metadata", {}).get("resourceVersion") or version)
+                    if pod.get("kind") == "Pod":
+                        self._see(pod, time.monotonic())
+            except WatchGone:
+                items, version = await list_objects(call, namespace=self.namespace)
+                for pod in items:
+                    self._see(pod, time.monotonic())
+
+    async def start(self) -> None:
+        _items, version = await list_objects(self.cluster.core.list_namespaced_pod, namespace=self.namespace)
+        self._task = asyncio.create_task(self._run(version))
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def wait_bound(self, count: int, *, timeout: float, quiet_seconds: float = 15.0) -> None:
+        """Until ``count`` pods are bound, or nothing was bound for ``quiet_seconds``, or ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while self.bound_count < count and time.monotonic() < deadline:
+            self.changed.clear()
+            try:
+                await asyncio.wait_for(self.changed.wait(), quiet_seconds)
+            except TimeoutError:
+                return
+
+
+async def create_pods(cluster: Cluster, manifests: Iterable[Json], *, namespace: str, concurrency: int = 64) -> None:
+    await for_each(list(manifests), lambda m: cluster.core.create_namespaced_pod(namespace, m, _preload_content=False),
+                   limit=concurrency)
+
+
+async def post_bindings(
+    cluster: Cluster, pods: list[Json], nodes: list[str], *, namespace: str, concurrency: int = 64
+) -> int:
+    """Bind pods round-robin to ``nodes`` as fast as the apiserver takes them; returns how many were refused."""
+    refused = 0
+
+    async def bind(item: tuple[int, Json]) -> None:
+        nonlocal refused
+        index, pod = item
+        body: dict[str, Any] = {
+            "apiVersion": "v1", "kind": "Binding",
+            "metadata": {"name": pod["metadata"]["name"], "namespace": namespace, "uid": pod["metadata"]["uid"]},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": nodes[index % len(nodes)]},
+        }
+        try:
+            response = await cluster.core.create_namespaced_pod_binding(
+                pod["metadata"]["name"], namespace, body, _preload_content=False)
+            response.release()
+        except ApiException:
+            refused += 1
+
+    await for_each(list(enumerate(pods)), bind, limit=concurrency)
+    return refused
