@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bench.run import run_bench
+from deploy import certs
+from deploy import status as status_view
 from deploy.demo import run_demo
 from deploy.local import binaries
 from deploy.local.plane import LocalPlane, PlaneError, default_directory
@@ -80,6 +82,12 @@ def _demo(args: argparse.Namespace) -> int:
     )
 
 
+def _status(args: argparse.Namespace) -> int:
+    url = args.url or status_view.dispatcher_url(_plane(args))
+    print(status_view.render(status_view.fetch(url), url=url))
+    return 0
+
+
 def _bench(args: argparse.Namespace) -> int:
     binaries.build_missing()
     # A plane of its own, so that a running demo's workers do not take the benchmark's pods.
@@ -90,6 +98,23 @@ def _bench(args: argparse.Namespace) -> int:
     finally:
         if not args.keep:
             plane.down()
+    return 0
+
+
+def _certs(args: argparse.Namespace) -> int:
+    lines = certs.run(
+        output=Path(args.output) if args.output else None,
+        kubeconfig=args.kubeconfig,
+        context=args.context,
+        service=args.service,
+        namespace=args.namespace,
+        cluster_domain=args.cluster_domain,
+        extra_names=args.san,
+        secret=args.secret,
+        webhook=args.webhook,
+    )
+    for line in lines:
+        print(line)
     return 0
 
 
@@ -134,12 +159,38 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--json", action="store_true", help="print the final report as one JSON object")
     demo.set_defaults(run=_demo)
 
+    status = with_dir(commands.add_parser("status", help="the dispatcher's /status as a table"))
+    status.add_argument("--url", help="a dispatcher's /status URL (default: the local plane's dispatcher)")
+    status.set_defaults(run=_status)
+
     bench = with_dir(commands.add_parser("bench", help="benchmark hoss against kube-scheduler on the local plane"))
     bench.add_argument("--quick", action="store_true", help="a small version of every scenario (a few minutes)")
     bench.add_argument("--json", default="bench/results/latest.json", help="where to write the figures (JSON)")
     bench.add_argument("--chart", default="bench/results/latest.png", help="where to write the chart (PNG)")
     bench.add_argument("--keep", action="store_true", help="leave the benchmark's plane running afterwards")
     bench.set_defaults(run=_bench)
+
+    tls = commands.add_parser(
+        "certs",
+        help="serving certificate of the resolver webhook: install it (Secret + caBundle) or write it to files",
+    )
+    tls.add_argument("--kubeconfig", help="kubeconfig to install with (default $KUBECONFIG, else ~/.kube/config)")
+    tls.add_argument("--context", help="kubeconfig context (default: the current one)")
+    tls.add_argument("--output", metavar="DIR", help="only write ca.crt, ca.key, tls.crt, tls.key and secret.yaml "
+                     "to DIR (reusing a CA already there); nothing is sent to a cluster")
+    tls.add_argument("--namespace", default=certs.DEFAULT_NAMESPACE, help="namespace of the resolver's Service and "
+                     f"Secret (default {certs.DEFAULT_NAMESPACE})")
+    tls.add_argument("--service", default=certs.DEFAULT_SERVICE,
+                     help=f"the resolver's Service (default {certs.DEFAULT_SERVICE})")
+    tls.add_argument("--secret", default=certs.DEFAULT_SECRET,
+                     help=f"TLS Secret the resolver mounts (default {certs.DEFAULT_SECRET})")
+    tls.add_argument("--webhook", default=certs.DEFAULT_WEBHOOK, help="ValidatingWebhookConfiguration whose "
+                     f"caBundle to set (default {certs.DEFAULT_WEBHOOK})")
+    tls.add_argument("--cluster-domain", default=certs.DEFAULT_CLUSTER_DOMAIN,
+                     help=f"cluster DNS domain (default {certs.DEFAULT_CLUSTER_DOMAIN})")
+    tls.add_argument("--san", action="append", default=[], metavar="NAME",
+                     help="one more DNS name or IP address for the certificate (repeatable)")
+    tls.set_defaults(run=_certs)
     return parser
 
 
@@ -147,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.run(args))
-    except (PlaneError, binaries.BinaryError) as error:
+    except (PlaneError, binaries.BinaryError, certs.CertsError) as error:
         _say(f"error: {error}")
         return 2
     except KeyboardInterrupt:

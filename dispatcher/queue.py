@@ -181,10 +181,18 @@ class WorkQueue:
 
     async def ack(self, worker_id: str, message_id: str, uids: Sequence[str]) -> None:
         """The worker is done with this item: drop it from the stream and from the dispatched map."""
+        await self.ack_many(worker_id, [(message_id, uids)])
+
+    async def ack_many(self, worker_id: str, done: Sequence[tuple[str, Sequence[str]]]) -> None:
+        """Acknowledge several items in one round trip."""
+        if not done:
+            return
+        message_ids = [message_id for message_id, _uids in done]
+        uids = [uid for _message_id, item_uids in done for uid in item_uids]
         async with self._guard():
             pipe = self.redis.pipeline(transaction=True)
-            pipe.xack(queue_key(worker_id), GROUP, message_id)
-            pipe.xdel(queue_key(worker_id), message_id)
+            pipe.xack(queue_key(worker_id), GROUP, *message_ids)
+            pipe.xdel(queue_key(worker_id), *message_ids)
             if uids:
                 pipe.hdel(DISPATCHED, *uids)
             await pipe.execute()

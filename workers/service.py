@@ -105,6 +105,8 @@ class Worker:
         self._nodes_synced = asyncio.Event()
         self._pods_synced = asyncio.Event()
         self._bind_tasks: set[asyncio.Task[None]] = set()
+        self._acks: list[tuple[str, list[str]]] = []
+        self._ack_ready = asyncio.Event()
 
     # --- bookkeeping -------------------------------------------------------------------------------------
 
@@ -259,8 +261,13 @@ class Worker:
 
     async def _pod_for(self, item: WorkItem) -> Json | None:
         pod = self.pending.get(item.uid)
-        if pod is not None:
-            return pod
+        # The dispatcher may have seen the pod a moment before this worker's own watch did: wait a little
+        # for the watch before paying for a GET.
+        for _ in range(10):
+            if pod is not None:
+                return pod
+            await asyncio.sleep(0.01)
+            pod = self.pending.get(item.uid)
         try:
             response = await self.core.read_namespaced_pod(item.name, item.namespace, _preload_content=False)
             fetched: Json = json.loads(await response.read())
@@ -409,7 +416,25 @@ class Worker:
         await self._done(message_id, item)
 
     async def _done(self, message_id: str, item: WorkItem) -> None:
-        await self.queue.ack(self.settings.id, message_id, [m.uid for m in item.members] or [item.uid])
+        """Acknowledge soon: acknowledgements are sent in batches by ``_ack_loop``."""
+        self._acks.append((message_id, [m.uid for m in item.members] or [item.uid]))
+        self._ack_ready.set()
+
+    async def _flush_acks(self) -> None:
+        done, self._acks = self._acks, []
+        try:
+            await self.queue.ack_many(self.settings.id, done)
+        except LedgerUnavailable as error:
+            log.warning("cannot acknowledge %d items (they stay queued and are retried): %s", len(done), error)
+            self._acks[:0] = done
+
+    async def _ack_loop(self) -> None:
+        while not self.stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._ack_ready.wait(), 0.5)
+            self._ack_ready.clear()
+            await asyncio.sleep(0.01)  # gather the acknowledgements of a burst into one round trip
+            await self._flush_acks()
 
     # --- lifecycle ---------------------------------------------------------------------------------------
 
@@ -445,12 +470,14 @@ class Worker:
             asyncio.create_task(self._retry_loop()),
             asyncio.create_task(self._usage_loop()),
             asyncio.create_task(self._schedule_loop()),
+            asyncio.create_task(self._ack_loop()),
         ]
         await self.stopping.wait()
         log.info("worker %s stopping: %d bindings in flight", self.settings.id, len(self._bind_tasks))
         await asyncio.gather(*loops[1:], return_exceptions=True)
         if self._bind_tasks:
             await asyncio.wait(self._bind_tasks, timeout=10)
+        await self._flush_acks()
         released = await self.ledger.release_owner(self.settings.id)
         await self.queue.deregister(self.settings.id)
         await asyncio.gather(loops[0], return_exceptions=True)

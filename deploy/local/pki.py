@@ -93,13 +93,15 @@ def issue(
     dns_names: tuple[str, ...] = (),
     ip_addresses: tuple[str, ...] = (),
     server: bool = False,
+    reuse: bool = True,
 ) -> KeyPair:
     """Issue a certificate signed by ``ca``: a client certificate, or a serving one when ``server``.
 
-    Reuses an existing ``<name>.crt``/``<name>.key`` in ``directory``.
+    Reuses an existing ``<name>.crt``/``<name>.key`` in ``directory`` unless ``reuse`` is false, in which case a new
+    key and certificate replace them (e.g. when the names asked for have changed).
     """
     pair = KeyPair(directory / f"{name}.crt", directory / f"{name}.key")
-    if pair.cert.exists() and pair.key.exists():
+    if reuse and pair.cert.exists() and pair.key.exists():
         return pair
     ca_cert, ca_key = _load(ca)
     key = ec.generate_private_key(ec.SECP256R1())

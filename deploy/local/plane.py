@@ -329,8 +329,9 @@ class LocalPlane:
             return self._http_ok(f"{state.apiserver_url}/readyz", client="admin")
         if name == "redis-server":
             return _redis_ping(state.redis_port)
-        if name == "hoss-resolver":
-            return self._http_ok(f"https://127.0.0.1:{process.port}/readyz")
+        if name.startswith("hoss-resolver"):
+            # Only the plane's own resolver serves a certificate from the plane's CA; another may bring its own.
+            return self._http_ok(f"https://127.0.0.1:{process.port}/readyz", verify=name == "hoss-resolver")
         if name.startswith(("hoss-dispatcher", "hoss-worker")):
             return self._http_ok(f"http://127.0.0.1:{process.port}/healthz")
         if process.port:
@@ -457,23 +458,35 @@ class LocalPlane:
             port=port,
         )
 
-    def start_resolver(self, state: PlaneState | None = None, *, enforce: str = "all") -> Process:
-        """Start hoss-resolver (the admission webhook) on a free port with a serving cert from the plane's CA."""
+    def start_resolver(
+        self,
+        state: PlaneState | None = None,
+        *,
+        enforce: str = "all",
+        name: str = "hoss-resolver",
+        serving: pki.KeyPair | None = None,
+    ) -> Process:
+        """Start hoss-resolver (the admission webhook) on a free port.
+
+        Its serving certificate is ``serving`` when given (e.g. from ``hoss certs``), else one from the plane's CA.
+        Another ``name`` runs a second resolver beside the plane's own (which the plane's webhook calls).
+        """
         state = state or self.state()
-        ca = pki.ensure_ca(self.pki_dir)
-        serving = pki.issue(
-            ca,
-            directory=self.pki_dir,
-            name="resolver-serving",
-            common_name="hoss-resolver",
-            dns_names=("localhost",),
-            ip_addresses=("127.0.0.1",),
-            server=True,
-        )
+        if serving is None:
+            ca = pki.ensure_ca(self.pki_dir)
+            serving = pki.issue(
+                ca,
+                directory=self.pki_dir,
+                name="resolver-serving",
+                common_name="hoss-resolver",
+                dns_names=("localhost",),
+                ip_addresses=("127.0.0.1",),
+                server=True,
+            )
         port = _free_port()
         return self._spawn(
             state,
-            "hoss-resolver",
+            name,
             [
                 sys.executable,
                 "-m",

@@ -46,6 +46,8 @@ def raw_pod(
     node_selector: Mapping[str, str] | None = None,
     terms: Sequence[Json] | None = None,
     tolerations: Sequence[Mapping[str, str]] = (),
+    namespace: str = "team",
+    annotations: Mapping[str, str] | None = None,
 ) -> Json:
     spec: Json = {
         "schedulerName": "hoss",
@@ -60,7 +62,13 @@ def raw_pod(
     if tolerations:
         spec["tolerations"] = [dict(toleration) for toleration in tolerations]
     return {
-        "metadata": {"name": name, "namespace": "team", "uid": f"uid-{name}", "labels": dict(labels or {})},
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": f"uid-{name}",
+            "labels": dict(labels or {}),
+            "annotations": dict(annotations or {}),
+        },
         "spec": spec,
         "status": {"phase": "Pending"},
     }

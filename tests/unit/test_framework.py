@@ -25,7 +25,9 @@ from workers.framework import (
     Placement,
     Profile,
     Unschedulable,
+    choose,
     decide,
+    evaluate,
     min_max_normalize,
 )
 from workers.nodes import NodeTable, Taint, parse_node
@@ -206,6 +208,66 @@ def test_min_max_normalize_gives_100_when_all_feasible_scores_are_equal() -> Non
     feasible = np.array([True, True, False])
 
     assert min_max_normalize(scores, feasible).tolist() == [100.0, 100.0, 0.0]
+
+
+# --- Evaluate and choose ---------------------------------------------------------------------------------------
+
+
+def test_decide_is_evaluate_then_choose() -> None:
+    nodes = loaded_nodes()
+    pod = pod_view(requests={"cpu": "1", "memory": "4Gi"})
+
+    evaluation = evaluate(BINPACK, pod, nodes)
+
+    assert evaluation.feasible.tolist() == [True, True, True, True, False]
+    assert evaluation.reasons == {"Insufficient cpu": 1, "Insufficient memory": 1}
+    assert choose(evaluation, nodes, rng=rng(3), top=2) == decide(BINPACK, pod, nodes, rng=rng(3), top=2)
+
+
+def test_restricted_evaluation_chooses_among_the_allowed_and_reports_the_others() -> None:
+    nodes = loaded_nodes()
+    evaluation = evaluate(BINPACK, pod_view(requests={"cpu": "1", "memory": "4Gi"}), nodes)
+    allowed = np.array([True, True, False, False, False])
+
+    decision = placed(choose(evaluation.restricted(allowed), nodes, rng=rng()))
+    none = np.zeros(5, dtype=np.bool_)
+    nothing = refused(choose(evaluation.restricted(none, {"node(s) were busy": 4}), nodes, rng=rng()))
+
+    assert decision.candidates == ["b", "a"]
+    assert nothing.message == (
+        "0/5 nodes are available: 1 Insufficient cpu, 1 Insufficient memory, 4 node(s) were busy."
+    )
+
+
+def test_infeasible_pod_is_not_scored() -> None:
+    class _Exploding:
+        name = "Exploding"
+
+        def score(self, pod: PodView, nodes: NodeTable, feasible: BoolArray) -> FloatArray:
+            raise AssertionError("scored a pod that fits nowhere")
+
+    profile = Profile(name="p", filters=FILTERS, scores=[(_Exploding(), 1)])
+
+    evaluation = evaluate(profile, pod_view(requests={"cpu": "64"}), loaded_nodes())
+
+    assert not evaluation.feasible.any()
+
+
+class _ShortNormalize:
+    name = "ShortNormalize"
+
+    def score(self, pod: PodView, nodes: NodeTable, feasible: BoolArray) -> FloatArray:
+        return np.zeros(len(nodes))
+
+    def normalize(self, scores: FloatArray, feasible: BoolArray) -> FloatArray:
+        return scores[:1]
+
+
+def test_normalize_returning_the_wrong_shape_is_an_error() -> None:
+    profile = Profile(name="broken", filters=FILTERS, scores=[(_ShortNormalize(), 1)])
+
+    with pytest.raises(PluginError, match="ShortNormalize"):
+        decide(profile, pod_view(), loaded_nodes(), rng=rng())
 
 
 # --- Tie-breaking ----------------------------------------------------------------------------------------------

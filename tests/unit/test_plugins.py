@@ -10,6 +10,7 @@ import pytest
 from tests.unit.kube_objects import CPU_NODE, GPU_NODE, Json, pod_view, raw_node, table
 from workers.framework import FilterResult
 from workers.nodes import NodeTable
+from workers.plugins import FILTERS, SCORES, load_registry
 from workers.plugins.affinity import NodeAffinity
 from workers.plugins.binpack import MostAllocated
 from workers.plugins.fit import NodeResourcesFit
@@ -333,3 +334,15 @@ def test_overfull_node_scores_the_extremes() -> None:
 
     assert scored(LeastAllocated.from_args({}), {"cpu": "1", "memory": "1Gi"}, nodes) == {"over": 0.0}
     assert scored(MostAllocated.from_args({}), {"cpu": "1", "memory": "1Gi"}, nodes) == {"over": 100.0}
+
+
+# --- Registry ---------------------------------------------------------------------------------------------------
+
+
+def test_every_built_in_plugin_is_registered_under_its_kind() -> None:
+    registry = load_registry()
+
+    assert sorted(FILTERS) == ["NodeAffinity", "NodePool", "NodeResourcesFit", "NodeUnschedulable", "TaintToleration"]
+    assert sorted(SCORES) == ["CpuOffGpuNodes", "GpuPacking", "LeastAllocated", "MostAllocated"]
+    assert all(build({}).name == name for name, build in registry.filters.items())
+    assert all(build({}).name == name for name, build in registry.scores.items())

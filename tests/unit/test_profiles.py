@@ -16,16 +16,23 @@ from workers.plugins.spread import LeastAllocated
 from workers.profiles import load_profiles, parse_profiles, profile_for
 
 POLICIES = Path(__file__).resolve().parents[2] / "configs" / "policies.yaml"
-FILTERS = ["NodeUnschedulable", "TaintToleration", "NodeAffinity", "NodeResourcesFit"]
+FILTERS = ["NodeUnschedulable", "TaintToleration", "NodeAffinity", "NodePool", "NodeResourcesFit"]
 
 
-def test_shipped_policies_load_with_default_and_binpack_profiles() -> None:
+def test_shipped_policies_load_with_their_four_profiles() -> None:
     profiles, default = load_profiles(POLICIES)
 
     assert default == "default"
-    assert sorted(profiles) == ["binpack", "default"]
+    assert sorted(profiles) == ["binpack", "default", "gang-topology", "gpu"]
     for profile in profiles.values():
         assert [plugin.name for plugin in profile.filters] == FILTERS
+        assert profile.extenders == ()
+    assert profiles["gang-topology"].topology_key == "topology.hoss.io/leaf"
+    assert {name for name, profile in profiles.items() if profile.topology_key is None} == {
+        "default",
+        "binpack",
+        "gpu",
+    }
     [(spread, spread_weight)] = profiles["default"].scores
     [(binpack, binpack_weight)] = profiles["binpack"].scores
     assert isinstance(spread, LeastAllocated)
@@ -33,6 +40,15 @@ def test_shipped_policies_load_with_default_and_binpack_profiles() -> None:
     assert isinstance(binpack, MostAllocated)
     assert binpack.weights == {"cpu": 1, "memory": 1, "nvidia.com/gpu": 1}
     assert spread_weight == binpack_weight == 1
+
+
+def test_shipped_gpu_profile_keeps_cpu_pods_off_gpu_nodes_whatever_the_other_scores_say() -> None:
+    profiles, _ = load_profiles(POLICIES)
+    scores = {plugin.name: weight for plugin, weight in profiles["gpu"].scores}
+
+    assert set(scores) == {"GpuPacking", "MostAllocated", "CpuOffGpuNodes"}
+    # A GPU node's 0 from CpuOffGpuNodes must outweigh a full 100 from every other score plugin.
+    assert scores["CpuOffGpuNodes"] > sum(weight for name, weight in scores.items() if name != "CpuOffGpuNodes")
 
 
 def test_shipped_profiles_spread_and_pack_as_named() -> None:
@@ -198,3 +214,42 @@ def test_profile_without_scores_is_allowed() -> None:
     profiles, _ = parse_profiles(data)
 
     assert profiles["fit"].scores == []
+
+
+EXTENDER = {"urlPrefix": "http://extender.example:8888/scheduler", "filterVerb": "filter"}
+
+
+def test_profile_extenders_and_topology_key_are_loaded() -> None:
+    extender = {**EXTENDER, "prioritizeVerb": "prioritize", "weight": 3, "ignorable": True, "timeoutSeconds": 2}
+
+    profiles, _ = parse_profiles(policies(extenders=[extender], topologyKey="rack"))
+
+    [config] = profiles["batch"].extenders
+    assert config.url("filter") == "http://extender.example:8888/scheduler/filter"
+    assert (config.weight, config.ignorable, config.timeout_seconds, config.node_cache_capable) == (3, True, 2.0, False)
+    assert profiles["batch"].topology_key == "rack"
+
+
+@pytest.mark.parametrize(
+    ("extender", "field", "reason"),
+    [
+        ({"urlPrefix": "http://x:1/s"}, "extenders[0]", "needs a filterVerb or a prioritizeVerb"),
+        ({**EXTENDER, "urlPrefix": "extender:8888"}, "extenders[0].urlPrefix", "URL"),
+        ({**EXTENDER, "weight": 0}, "extenders[0].weight", "greater than or equal to 1"),
+        ({**EXTENDER, "timeoutSeconds": 0}, "extenders[0].timeoutSeconds", "greater than 0"),
+        ({**EXTENDER, "bindVerb": "bind"}, "extenders[0].bindVerb", "Extra inputs are not permitted"),
+    ],
+)
+def test_bad_extender_names_the_field(extender: dict[str, Any], field: str, reason: str) -> None:
+    with pytest.raises(ProfileError) as caught:
+        parse_profiles(policies(extenders=[extender]))
+
+    assert (caught.value.profile, caught.value.field) == ("batch", field)
+    assert reason in caught.value.reason
+
+
+def test_bad_namespace_pools_name_the_field() -> None:
+    with pytest.raises(ProfileError) as caught:
+        parse_profiles({**policies(), "namespacePools": {"team-a": ["pool-a"]}})
+
+    assert caught.value.field == "namespacePools.team-a"

@@ -1,0 +1,67 @@
+"""``hoss status``: the dispatcher's /status as a readable table."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+
+from deploy.local.plane import LocalPlane, PlaneError
+from dispatcher.status import SystemStatus
+from resolver.resources import format_quantity
+
+
+def dispatcher_url(plane: LocalPlane) -> str:
+    """The /status URL of the dispatcher running in a local plane."""
+    state = plane.state()
+    for process in state.processes:
+        if process.name.startswith("hoss-dispatcher"):
+            return f"http://127.0.0.1:{process.port}/status"
+    raise PlaneError(f"no hoss-dispatcher runs in the plane in {plane.directory}; start one with `hoss demo`")
+
+
+def fetch(url: str) -> SystemStatus:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return SystemStatus.model_validate(json.loads(response.read()))
+    except (urllib.error.URLError, OSError) as error:
+        raise PlaneError(f"cannot read {url}: {error}") from error
+
+
+def render(status: SystemStatus, *, url: str) -> str:
+    lines = [f"hoss status from {url}"]
+    role = "leader" if status.leader else f"follower (leader: {status.leader_identity or 'none'})"
+    lines.append(f"  dispatcher {status.identity}: {role}; redis {status.redis}")
+    t = status.throughput
+    lines.append(f"  throughput: {t.bound_per_second_1m:.1f} pods/s over the last minute; "
+                 f"{t.dispatched_total} dispatched, {t.bound_total} bound; ledger conflicts {status.conflicts}")
+    q = status.queues
+    lines.append(f"  pending pods: {q.pending_total} ({q.undispatched} not yet sent to a worker)")
+    for waiting in q.waiting_for_worker[:10]:
+        age = time.time() - waiting.since
+        lines.append(f"    {waiting.pod} waits {age:.0f}s: no live worker serves policy {waiting.policy!r}")
+    lines.append("")
+    lines.append(f"  {'worker':<22}{'alive':<7}{'policies':<24}{'queue':>7}{'in flight':>11}{'bound':>8}"
+                 f"{'conflicts':>11}{'heartbeat':>11}")
+    for w in status.workers:
+        beat = f"{w.heartbeat_age_seconds:.1f}s" if w.heartbeat_age_seconds is not None else "-"
+        lines.append(f"  {w.id:<22}{'yes' if w.alive else 'NO':<7}{','.join(w.policies):<24}{w.queue_depth:>7}"
+                     f"{w.in_flight:>11}{w.counters.get('bound', 0):>8}{w.counters.get('conflicts', 0):>11}{beat:>11}")
+    if status.ledger is not None:
+        ledger = status.ledger
+        lines.append("")
+        lines.append(f"  ledger: {'ready' if ledger.ready else 'NOT READY'}, {ledger.nodes} nodes, "
+                     f"{ledger.bound} bound and {ledger.assumed} assumed entries")
+        for resource, total in sorted(ledger.resources.items()):
+            share = 100 * total.used / total.alloc if total.alloc else 0.0
+            used, alloc = format_quantity(resource, total.used), format_quantity(resource, total.alloc)
+            lines.append(f"    {resource:<20} {used:>12} / {alloc:<12} ({share:.0f}% used)")
+    if status.resolver is not None:
+        resolver = status.resolver
+        verdicts = ", ".join(f"{reason} {count}" for reason, count in sorted(resolver.verdicts.items())) or "none"
+        lines.append("")
+        lines.append(f"  resolver ({len(resolver.instances)} instance(s)) verdicts: {verdicts}")
+        for denial in resolver.recent_denials[:5]:
+            lines.append(f"    denied {denial.pod} -> {denial.node}: {denial.message}")
+    return "\n".join(lines)

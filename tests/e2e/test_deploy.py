@@ -1,0 +1,484 @@
+"""Deploying hoss to a cluster: the kustomize base and `hoss certs`, checked against the real local plane.
+
+The base is rendered with the plane's kubectl and judged by its apiserver (server-side dry run). `hoss certs` is run
+as the operator runs it; its certificate serves a second resolver that a webhook configuration of the test's own
+calls over TLS, so a binding in the test's namespace really goes through that certificate and caBundle. The
+plane's own `hoss-resolver` registration is left alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import re
+import ssl
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+import pytest
+import yaml
+from cryptography import x509
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from deploy import certs
+from deploy.local import pki
+from deploy.local.cluster import Cluster, pod_manifest, wait_until
+from deploy.local.plane import DEPLOY_DIR, HOSS_NAMESPACE, POLICIES_FILE, WEBHOOK_MANIFEST, LocalPlane, Process
+from workers.profiles import load_profiles
+
+Json = dict[str, Any]
+
+OVERLAY_DIR = DEPLOY_DIR / "overlays" / "cert-manager"
+IMAGE = "ghcr.io/hoss-sched/hoss:0.1.0"
+NODE_CAPACITY = {"cpu": "2", "memory": "4Gi", "pods": "10"}
+NOBODY = "hoss-e2e-nobody"  # a scheduler name no scheduler serves: the tests bind by hand
+
+
+# --- rendering --------------------------------------------------------------------------------------------------
+
+
+def render(plane: LocalPlane, directory: Path) -> list[Json]:
+    return [doc for doc in yaml.safe_load_all(plane.kubectl("kustomize", str(directory))) if doc]
+
+
+def named(objects: list[Json], kind: str) -> dict[str, Json]:
+    return {o["metadata"]["name"]: o for o in objects if o["kind"] == kind}
+
+
+def config_map(objects: list[Json], prefix: str) -> Json:
+    """The generated ConfigMap whose name is ``prefix`` plus kustomize's content-hash suffix."""
+    found = [o for name, o in named(objects, "ConfigMap").items() if re.fullmatch(rf"{prefix}-[a-z0-9]{{10}}", name)]
+    assert len(found) == 1, f"one generated ConfigMap {prefix}-<hash>, got {[o['metadata']['name'] for o in found]}"
+    return found[0]
+
+
+def env_of(container: Json) -> dict[str, Json]:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+def flags(container: Json) -> dict[str, str]:
+    return dict(arg.removeprefix("--").split("=", 1) for arg in container["args"][1:])
+
+
+@pytest.fixture(scope="module")
+def base(plane: LocalPlane) -> list[Json]:
+    return render(plane, DEPLOY_DIR)
+
+
+def test_webhook_of_the_base_fails_closed_on_bindings_and_calls_the_resolver_service(base: list[Json]) -> None:
+    (hook,) = named(base, "ValidatingWebhookConfiguration")["hoss-resolver"]["webhooks"]
+    assert hook["failurePolicy"] == "Fail"
+    assert hook["sideEffects"] == "None"
+    (rule,) = hook["rules"]
+    assert rule["operations"] == ["CREATE"]
+    assert set(rule["resources"]) == {"pods/binding", "bindings"}
+    assert hook["clientConfig"] == {
+        "service": {"name": "hoss-resolver", "namespace": HOSS_NAMESPACE, "path": "/validate-binding", "port": 443}
+    }
+    # The resolver's own pods, Redis and CoreDNS must be bindable while no resolver answers.
+    (excluded,) = hook["namespaceSelector"]["matchExpressions"]
+    assert excluded["key"] == "kubernetes.io/metadata.name"
+    assert excluded["operator"] == "NotIn"
+    assert set(excluded["values"]) == {HOSS_NAMESPACE, "kube-system"}
+
+    service = named(base, "Service")["hoss-resolver"]
+    (port,) = service["spec"]["ports"]
+    resolver = named(base, "Deployment")["hoss-resolver"]["spec"]["template"]
+    (container,) = resolver["spec"]["containers"]
+    assert port["port"] == 443
+    assert {p["name"]: p["containerPort"] for p in container["ports"]}[port["targetPort"]] == 8443
+    assert service["spec"]["selector"].items() <= resolver["metadata"]["labels"].items()
+
+
+def test_every_workload_of_the_base_is_probed_bounded_and_locked_down(base: list[Json]) -> None:
+    workloads = {**named(base, "Deployment"), **named(base, "StatefulSet")}
+    assert set(workloads) == {"hoss-resolver", "hoss-dispatcher", "hoss-worker-default", "hoss-worker-gpu",
+                              "hoss-redis"}
+    for name, workload in workloads.items():
+        pod = workload["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True, name
+        for container in pod["containers"]:
+            where = f"{name}/{container['name']}"
+            for kind in ("requests", "limits"):
+                assert set(container["resources"][kind]) >= {"cpu", "memory"}, f"{where} {kind}"
+            security = container["securityContext"]
+            assert security["runAsNonRoot"] is True, where
+            assert security["readOnlyRootFilesystem"] is True, where
+            assert security["allowPrivilegeEscalation"] is False, where
+            assert security["capabilities"]["drop"] == ["ALL"], where
+            assert "readinessProbe" in container, where
+            assert "livenessProbe" in container, where
+            if name != "hoss-redis":
+                assert container["image"] == IMAGE, where
+
+
+def test_components_run_as_their_service_accounts_with_their_replicas_and_probes(base: list[Json]) -> None:
+    deployments = named(base, "Deployment")
+    bound_accounts = {s["name"] for b in named(base, "ClusterRoleBinding").values() for s in b["subjects"]}
+    expected = {
+        "hoss-resolver": ("hoss-resolver", 2),
+        "hoss-dispatcher": ("hoss-dispatcher", 2),
+        "hoss-worker-default": ("hoss-worker", 3),
+        "hoss-worker-gpu": ("hoss-worker", 2),
+    }
+    for name, (account, replicas) in expected.items():
+        spec = deployments[name]["spec"]
+        assert spec["template"]["spec"]["serviceAccountName"] == account, name
+        assert account in bound_accounts, f"{account} must be bound by rbac.yaml"
+        assert spec["replicas"] == replicas, name
+
+    (resolver,) = deployments["hoss-resolver"]["spec"]["template"]["spec"]["containers"]
+    assert resolver["args"][0] == "hoss-resolver"
+    for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
+        assert resolver[probe]["httpGet"]["scheme"] == "HTTPS"
+        assert resolver[probe]["httpGet"]["path"] == path
+    tls_mount = flags(resolver)["tls-cert-file"].rsplit("/", 1)[0]
+    (mount,) = [m for m in resolver["volumeMounts"] if m["mountPath"] == tls_mount]
+    volumes = {v["name"]: v for v in deployments["hoss-resolver"]["spec"]["template"]["spec"]["volumes"]}
+    assert volumes[mount["name"]]["secret"]["secretName"] == certs.DEFAULT_SECRET
+
+    budget = named(base, "PodDisruptionBudget")["hoss-resolver"]["spec"]
+    assert budget["minAvailable"] == 1
+    assert budget["selector"]["matchLabels"].items() <= (
+        deployments["hoss-resolver"]["spec"]["template"]["metadata"]["labels"].items()
+    )
+
+    (dispatcher,) = deployments["hoss-dispatcher"]["spec"]["template"]["spec"]["containers"]
+    (port,) = named(base, "Service")["hoss-dispatcher"]["spec"]["ports"]
+    assert port["port"] == 80
+    assert {p["name"]: p["containerPort"] for p in dispatcher["ports"]}[port["targetPort"]] == 8080
+    assert flags(dispatcher)["port"] == "8080"
+    assert dispatcher["readinessProbe"]["httpGet"]["path"] == "/healthz"
+
+
+def test_workers_serve_their_policy_groups_from_the_profiles_config_map(base: list[Json], tmp_path: Path) -> None:
+    policies = config_map(base, "hoss-policies")
+    assert policies["data"]["policies.yaml"] == POLICIES_FILE.read_text(), "the ConfigMap is configs/policies.yaml"
+    served = tmp_path / "policies.yaml"
+    served.write_text(policies["data"]["policies.yaml"])
+    profiles, _default = load_profiles(str(served))
+
+    deployments = named(base, "Deployment")
+    groups = {"hoss-worker-default": ["default", "binpack"], "hoss-worker-gpu": ["gpu", "gang-topology"]}
+    for name, group in groups.items():
+        pod = deployments[name]["spec"]["template"]["spec"]
+        (worker,) = pod["containers"]
+        assert worker["args"][0] == "hoss-worker"
+        assert flags(worker)["policies"].split(",") == group
+        assert set(group) <= set(profiles), f"{name} serves profiles that configs/policies.yaml must define"
+        assert env_of(worker)["HOSS_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+        policies_dir = flags(worker)["policies-file"].rsplit("/", 1)[0]
+        (mount,) = [m for m in worker["volumeMounts"] if m["mountPath"] == policies_dir]
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert volumes[mount["name"]]["configMap"]["name"] == policies["metadata"]["name"]
+
+
+def test_every_service_reads_the_shared_settings_and_finds_redis(base: list[Json]) -> None:
+    settings = config_map(base, "hoss-config")
+    redis_url = urlsplit(settings["data"]["HOSS_REDIS_URL"])
+    redis_service = named(base, "Service")["hoss-redis"]
+    assert redis_url.hostname == f"{redis_service['metadata']['name']}.{redis_service['metadata']['namespace']}.svc"
+    assert redis_url.port == redis_service["spec"]["ports"][0]["port"] == 6379
+    assert named(base, "StatefulSet")["hoss-redis"]["spec"]["serviceName"] == "hoss-redis"
+    for name, deployment in named(base, "Deployment").items():
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        assert {"configMapRef": {"name": settings["metadata"]["name"]}} in container["envFrom"], name
+
+
+def test_apiserver_accepts_every_object_of_the_base(plane: LocalPlane, base: list[Json]) -> None:
+    # Client-side apply computes its patch against the plane's own hoss-resolver registration (URL, not Service);
+    # a dry run changes nothing.
+    output = plane.kubectl("apply", "--dry-run=server", "-k", str(DEPLOY_DIR))
+    accepted = set(re.findall(r"^(\S+) \S+ \(server dry run\)$", output, flags=re.MULTILINE))
+    for obj in base:
+        group = obj["apiVersion"].split("/")[0] if "/" in obj["apiVersion"] else ""
+        resource = f"{obj['kind'].lower()}.{group}" if group else obj["kind"].lower()
+        assert f"{resource}/{obj['metadata']['name']}" in accepted, f"{resource}/{obj['metadata']['name']}\n{output}"
+
+
+def test_cert_manager_component_issues_the_resolver_secret_and_injects_its_ca(
+    plane: LocalPlane, tmp_path: Path
+) -> None:
+    # A kustomization of the operator's own, outside deploy/, enables the component on top of the base.
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
+        "resources": [os.path.relpath(DEPLOY_DIR, tmp_path)],
+        "components": [os.path.relpath(OVERLAY_DIR, tmp_path)],
+    }))
+    objects = render(plane, tmp_path)
+
+    certificates = named(objects, "Certificate")
+    issuers = named(objects, "Issuer")
+    serving = certificates["hoss-resolver"]["spec"]
+    assert serving["secretName"] == certs.DEFAULT_SECRET
+    assert tuple(serving["dnsNames"]) == certs.serving_names().dns_names, "the names `hoss certs` puts in"
+    assert "server auth" in serving["usages"]
+    ca_secret = issuers[serving["issuerRef"]["name"]]["spec"]["ca"]["secretName"]
+    (ca_certificate,) = [c["spec"] for c in certificates.values() if c["spec"]["secretName"] == ca_secret]
+    assert ca_certificate["isCA"] is True
+    assert issuers[ca_certificate["issuerRef"]["name"]]["spec"] == {"selfSigned": {}}
+
+    webhook = named(objects, "ValidatingWebhookConfiguration")["hoss-resolver"]
+    annotation = webhook["metadata"]["annotations"]["cert-manager.io/inject-ca-from"]
+    assert annotation == f"{HOSS_NAMESPACE}/hoss-resolver"
+    assert certificates["hoss-resolver"]["metadata"]["namespace"] == HOSS_NAMESPACE
+    assert set(named(objects, "Deployment")) == set(named(render(plane, DEPLOY_DIR), "Deployment"))
+
+
+# --- `hoss certs` against the apiserver ---------------------------------------------------------------------------
+
+
+async def hoss(*args: str) -> str:
+    """Run the `hoss` CLI as the operator does; its stdout, or a failure that shows its stderr."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "deploy.cli", *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await process.communicate()
+    assert process.returncode == 0, f"hoss {' '.join(args)} exited {process.returncode}: {err.decode()}"
+    return out.decode()
+
+
+@dataclass
+class Resolver:
+    """A second hoss-resolver on the plane's Redis, serving the certificate files in ``tls``."""
+
+    process: Process
+    tls: pki.KeyPair
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.process.port}/validate-binding"
+
+    async def verdicts(self) -> dict[str, float]:
+        """Binding verdicts this resolver gave, by allowed true/false (from its Prometheus /metrics)."""
+        async with aiohttp.ClientSession() as session, session.get(
+            f"https://127.0.0.1:{self.process.port}/metrics", ssl=False
+        ) as response:
+            text = await response.text()
+        counts = {"true": 0.0, "false": 0.0}
+        for allowed, value in re.findall(r'^hoss_resolver_verdicts_total\{allowed="(\w+)",[^}]*\} (\S+)$', text,
+                                         flags=re.MULTILINE):
+            counts[allowed] += float(value)
+        return counts
+
+    async def served_certificate(self) -> x509.Certificate:
+        pem = await asyncio.to_thread(ssl.get_server_certificate, ("127.0.0.1", self.process.port))
+        return x509.load_pem_x509_certificate(pem.encode())
+
+
+@pytest.fixture
+async def resolver(plane: LocalPlane, tmp_path: Path) -> AsyncIterator[Resolver]:
+    """A resolver started with the files that `hoss certs --output` wrote (names: the Service's and 127.0.0.1)."""
+    directory = tmp_path / "certs"
+    await hoss("certs", "--output", str(directory), "--san", "127.0.0.1")
+    name = f"hoss-resolver-e2e-{uuid.uuid4().hex[:6]}"
+    pair = pki.KeyPair(cert=directory / "tls.crt", key=directory / "tls.key")
+    process = await asyncio.to_thread(plane.start_resolver, name=name, serving=pair)
+    try:
+        yield Resolver(process=process, tls=pair)
+    finally:
+        await asyncio.to_thread(plane.stop_process, name)
+
+
+@pytest.fixture
+def webhook_name() -> str:
+    return f"hoss-e2e-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+async def registered(cluster: Cluster, webhook_name: str) -> AsyncIterator[Any]:
+    """Deletes the test's ValidatingWebhookConfiguration afterwards; yields the admissionregistration client."""
+    api: Any = client.AdmissionregistrationV1Api(cluster.api)
+    yield api
+    try:
+        await api.delete_validating_webhook_configuration(webhook_name)
+    except ApiException as error:
+        if error.status != 404:
+            raise
+
+
+def webhook_configuration(*, name: str, url: str, namespace: str, ca_bundle: bytes | None) -> Json:
+    """deploy/webhook.yaml, renamed, calling ``url`` and only for bindings in ``namespace``."""
+    configuration: Json = yaml.safe_load(WEBHOOK_MANIFEST.read_text())
+    configuration["metadata"] = {"name": name}
+    for hook in configuration["webhooks"]:
+        hook["name"] = f"binding.{name}.hoss.io"
+        hook["clientConfig"] = {"url": url}
+        if ca_bundle is not None:
+            hook["clientConfig"]["caBundle"] = base64.b64encode(ca_bundle).decode()
+        hook["namespaceSelector"] = {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+    return configuration
+
+
+@dataclass
+class Scene:
+    """A node and pods in the test's namespace that nobody schedules, so the test decides each binding."""
+
+    cluster: Cluster
+    namespace: str
+    node: str
+    uids: dict[str, str]
+
+    async def bind(self, pod: str, *, dry_run: bool = False) -> None:
+        body = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": pod, "uid": self.uids[pod]},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": self.node},
+        }
+        extra = {"dry_run": "All"} if dry_run else {}
+        await self.cluster.core.create_namespaced_pod_binding(pod, self.namespace, body, _preload_content=False,
+                                                              **extra)
+
+    async def binding_error(self, pod: str, *, dry_run: bool = True) -> ApiException | None:
+        try:
+            await self.bind(pod, dry_run=dry_run)
+        except ApiException as error:
+            return error
+        return None
+
+
+@pytest.fixture
+async def scene(cluster: Cluster, namespace: str, request: pytest.FixtureRequest) -> AsyncIterator[Scene]:
+    prefix = f"deploy-{request.node.name[5:25].replace('_', '-')}"
+    (node,) = await cluster.create_nodes(1, prefix=prefix, capacity=NODE_CAPACITY)
+    try:
+        await cluster.wait_nodes_ready([node])
+        # 1.5 of 2 cpus fit; after that, one more cpu does not.
+        pods = [pod_manifest("fits", requests={"cpu": "1500m"}, scheduler_name=NOBODY),
+                pod_manifest("too-big", requests={"cpu": "1"}, scheduler_name=NOBODY)]
+        await cluster.create_pods(pods, namespace=namespace)
+        uids = {p.metadata.name: p.metadata.uid for p in await cluster.pods(namespace)}
+        yield Scene(cluster=cluster, namespace=namespace, node=node, uids=uids)
+    finally:
+        await cluster.delete_pods(namespace)
+        await cluster.delete_nodes([node])
+
+
+async def wait_for_binding_to_pass(scene: Scene, what: str) -> None:
+    """Dry-run bindings until one passes every webhook (a new configuration takes a moment to be in force)."""
+
+    async def passes() -> tuple[bool, str]:
+        error = await scene.binding_error("fits")
+        return error is None, "passed" if error is None else f"{error.status}: {error.body}"
+
+    await wait_until(passes, timeout=30, what=what)
+
+
+async def test_certificate_from_hoss_certs_output_is_trusted_by_the_apiserver_and_serves_bindings(
+    resolver: Resolver, scene: Scene, registered: Any, webhook_name: str, plane: LocalPlane
+) -> None:
+    # First the plane's CA as caBundle: the apiserver must refuse the resolver's certificate.
+    wrong_ca = (plane.pki_dir / "ca.crt").read_bytes()
+    await registered.create_validating_webhook_configuration(
+        webhook_configuration(name=webhook_name, url=resolver.url, namespace=scene.namespace, ca_bundle=wrong_ca)
+    )
+
+    async def distrusted() -> tuple[bool, str]:
+        error = await scene.binding_error("fits")
+        seen = "passed" if error is None else str(error.body)
+        return error is not None and "x509" in seen and webhook_name in seen, seen
+
+    await wait_until(distrusted, timeout=30, what="the apiserver to reject a certificate from another CA")
+
+    # Then the CA that `hoss certs` wrote: the same certificate is now trusted.
+    ca_crt = resolver.tls.cert.parent / "ca.crt"
+    bundle = base64.b64encode(ca_crt.read_bytes()).decode()
+    await registered.patch_validating_webhook_configuration(
+        webhook_name, [{"op": "replace", "path": "/webhooks/0/clientConfig/caBundle", "value": bundle}]
+    )
+    await wait_for_binding_to_pass(scene, "the apiserver to trust the certificate from hoss certs")
+
+    before = await resolver.verdicts()
+    await scene.bind("fits")
+    denied = await scene.binding_error("too-big", dry_run=False)
+    after = await resolver.verdicts()
+
+    assert denied is not None and denied.status == 409, denied
+    assert f"node {scene.node}" in str(denied.body), denied.body
+    assert after["true"] - before["true"] >= 1, "our resolver allowed the binding that fits"
+    assert after["false"] - before["false"] >= 1, "our resolver judged (and denied) the one that does not"
+    (bound,) = [p for p in await scene.cluster.pods(scene.namespace) if p.spec.node_name]
+    assert bound.metadata.name == "fits"
+
+
+async def test_hoss_certs_installs_the_secret_and_the_ca_bundle_and_rotates_without_a_gap(
+    resolver: Resolver, scene: Scene, registered: Any, webhook_name: str, plane: LocalPlane, cluster: Cluster
+) -> None:
+    secret_name = f"{webhook_name}-tls"
+    core: Any = cluster.core
+    await registered.create_validating_webhook_configuration(
+        webhook_configuration(name=webhook_name, url=resolver.url, namespace=scene.namespace, ca_bundle=None)
+    )
+
+    async def install() -> tuple[Json, bytes]:
+        await hoss("certs", f"--kubeconfig={plane.kubeconfig('admin')}", f"--webhook={webhook_name}",
+                   f"--secret={secret_name}", "--san=127.0.0.1")
+        secret = await core.read_namespaced_secret(secret_name, HOSS_NAMESPACE)
+        configuration = await registered.read_validating_webhook_configuration(webhook_name)
+        (hook,) = configuration.webhooks
+        return {k: base64.b64decode(v) for k, v in secret.data.items()} | {"type": secret.type}, base64.b64decode(
+            hook.client_config.ca_bundle)
+
+    async def act_as_kubelet(secret: Json) -> None:
+        """Refresh the resolver's mounted files from the Secret, and wait until it serves the new certificate."""
+        resolver.tls.key.write_bytes(secret["tls.key"])
+        resolver.tls.cert.write_bytes(secret["tls.crt"])
+
+        async def reloaded() -> tuple[bool, str]:
+            served = await resolver.served_certificate()
+            return served == x509.load_pem_x509_certificate(secret["tls.crt"]), f"serving {served.subject}"
+
+        await wait_until(reloaded, timeout=30, what="the resolver to reload its certificate")
+
+    try:
+        first, first_bundle = await install()
+        assert first["type"] == "kubernetes.io/tls"
+        assert set(first) == {"type", "tls.crt", "tls.key", "ca.crt"}
+        assert first_bundle == first["ca.crt"], "a first install trusts exactly the Secret's CA"
+        served = x509.load_pem_x509_certificate(first["tls.crt"])
+        served.verify_directly_issued_by(x509.load_pem_x509_certificate(first["ca.crt"]))
+        names = served.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        assert set(certs.serving_names().dns_names) <= set(names.get_values_for_type(x509.DNSName))
+
+        await act_as_kubelet(first)
+        await wait_for_binding_to_pass(scene, "the apiserver to trust the installed certificate")
+
+        # Rotation: the new CA joins the bundle before the Secret changes, and the old one stays in it.
+        second, second_bundle = await install()
+        assert second["ca.crt"] != first["ca.crt"]
+        bundled = x509.load_pem_x509_certificates(second_bundle)
+        assert bundled == [x509.load_pem_x509_certificate(second["ca.crt"]),
+                           x509.load_pem_x509_certificate(first["ca.crt"])]
+        assert await scene.binding_error("fits") is None, "the certificate served until now is still trusted"
+        await act_as_kubelet(second)
+        await wait_for_binding_to_pass(scene, "the apiserver to trust the rotated certificate")
+
+        before = await resolver.verdicts()
+        await scene.bind("fits")
+        assert (await resolver.verdicts())["true"] - before["true"] >= 1, "the binding went through our resolver"
+    finally:
+        try:
+            await core.delete_namespaced_secret(secret_name, HOSS_NAMESPACE)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
+
+async def test_hoss_certs_says_which_webhook_configuration_is_missing(plane: LocalPlane) -> None:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "deploy.cli", "certs", f"--kubeconfig={plane.kubeconfig('admin')}",
+        "--webhook=hoss-e2e-absent", "--secret=hoss-e2e-absent-tls",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    _out, err = await process.communicate()
+    assert process.returncode == 2
+    assert "ValidatingWebhookConfiguration hoss-e2e-absent not found" in err.decode()

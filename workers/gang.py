@@ -1,0 +1,260 @@
+"""Gang placement: nodes for every member of a pod group at once, packed onto few leaf switches. Pure, no I/O.
+
+`place_gang` decides for the whole gang on a scratch copy of the node table's usage: each member placed there
+consumes its request, so the next member sees the room that is left, exactly as the ledger will after the
+worker's one all-or-nothing ``reserve_gang`` call. The real `NodeTable` is never modified.
+
+With a topology key (a node label naming the node's leaf switch), members that talk to each other should share
+as few leaf switches as possible, and the leaves chosen should be the tightest fit so that large free leaves stay
+free for the next large gang:
+1. Per node, the room for gang members: how many copies of the largest member request (per resource) fit in
+   its free resources, on nodes that pass the profile's filters for every kind of member. Per leaf, the sum.
+   Using the largest request makes the room a lower bound, so a plan that holds the gang really does: placing a
+   member smaller than that request takes at most one unit of room away.
+2. One leaf that holds the whole gang, with the least room left over. Else the fewest leaves: the largest
+   leaves first, the last one the tightest that covers what is still missing. Else (the leaves cannot hold the
+   whole gang) the same for ``min_available`` members.
+3. Members are placed one by one, in the order given, each on the best node of the planned leaves under the
+   profile's scores (e.g. bin-packing within the leaf); a member that does not fit there may go to any node.
+
+As many members as fit are placed; fewer than ``min_available`` makes the gang `Unschedulable`, with the
+kube-scheduler reasons of the first member that did not fit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from workers.framework import BoolArray, Placement, Profile, Unschedulable, choose, evaluate, run_filters
+from workers.nodes import NodeTable, NodeView
+from workers.pod import PodView
+
+DEFAULT_TOPOLOGY_KEY = "topology.hoss.io/leaf"
+
+GROUP_LABELS = ("scheduling.x-k8s.io/pod-group", "pod-group.scheduling.sigs.k8s.io/name")
+"""Pod labels that name a pod's group (scheduler-plugins' PodGroup, the lightweight label)."""
+GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
+"""Volcano's annotation naming a pod's group."""
+
+IntArray = NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class GangPlacement:
+    """Nodes for the members that fit (at least ``min_available`` of them)."""
+
+    assignments: dict[str, str]
+    """Member pod uid -> node."""
+    leaves: list[str]
+    """The leaf switches the assigned nodes hang off, sorted; empty without a topology key."""
+
+
+GangDecision = GangPlacement | Unschedulable
+
+
+def place_gang(
+    profile: Profile,
+    members: Sequence[PodView],
+    nodes: NodeTable,
+    *,
+    rng: np.random.Generator,
+    min_available: int,
+    topology_key: str | None = DEFAULT_TOPOLOGY_KEY,
+    gang: str | None = None,
+) -> GangDecision:
+    """Place as many of `members` as fit, on as few leaf switches as possible; see the module docstring.
+
+    `gang` names the gang in messages (default: ``namespace/group`` from the first member's group label).
+    """
+    if not members:
+        raise ValueError("a gang needs at least one member")
+    if min_available < 1:
+        raise ValueError(f"min_available must be at least 1, got {min_available}")
+    name = gang if gang is not None else gang_name(members[0])
+    total = len(members)
+    if total < min_available:
+        return Unschedulable(
+            message=f"gang {name}: only {total} members exist, fewer than min-available {min_available}",
+            reasons={},
+        )
+    scratch = ScratchUsage(nodes)
+    allowed = None
+    if topology_key is not None:
+        allowed = _planned_nodes(profile, members, scratch, topology_key=topology_key, rng=rng, want=total)
+        if allowed is None and min_available < total:
+            allowed = _planned_nodes(profile, members, scratch, topology_key=topology_key, rng=rng, want=min_available)
+
+    assignments: dict[str, str] = {}
+    first_miss: Unschedulable | None = None
+    for member in members:
+        evaluation = evaluate(profile, member, scratch)
+        decision = choose(evaluation.restricted(allowed), scratch, rng=rng, top=1) if allowed is not None else None
+        if not isinstance(decision, Placement):
+            decision = choose(evaluation, scratch, rng=rng, top=1)
+        if isinstance(decision, Placement):
+            node = decision.candidates[0]
+            scratch.add_used(node, member.request)
+            assignments[member.uid] = node
+        elif first_miss is None:
+            first_miss = decision
+
+    if len(assignments) < min_available:
+        detail = f": {first_miss.message}" if first_miss is not None else ""
+        return Unschedulable(
+            message=f"gang {name}: only {len(assignments)} of {total} members fit (min-available {min_available})"
+            f"{detail}",
+            reasons=dict(first_miss.reasons) if first_miss is not None else {},
+        )
+    leaves = sorted({label for node in assignments.values() if (label := _label(nodes, node, topology_key))})
+    return GangPlacement(assignments=assignments, leaves=leaves)
+
+
+def gang_name(member: PodView) -> str:
+    """``namespace/group`` from the member's pod-group label or Volcano annotation, else the pod's own key."""
+    for label in GROUP_LABELS:
+        if member.labels.get(label):
+            return f"{member.namespace}/{member.labels[label]}"
+    if member.annotations.get(GROUP_ANNOTATION):
+        return f"{member.namespace}/{member.annotations[GROUP_ANNOTATION]}"
+    return member.key
+
+
+def choose_leaves(room: IntArray, want: int, *, rng: np.random.Generator) -> list[int]:
+    """Positions of the fewest leaves whose `room` sums to at least `want`, tightest first; [] when none can.
+
+    One leaf if any holds `want` (the one with the least room left over); else the largest leaves and, last, the
+    smallest leaf that still covers the rest. Equal rooms are ordered by `rng`, so workers do not all pick the
+    same leaf.
+    """
+    if want <= 0 or room.size == 0:
+        return []
+    jitter = rng.random(room.size)
+    fitting = np.flatnonzero(room >= want)
+    if fitting.size:
+        tightest = fitting[np.lexsort((jitter[fitting], room[fitting]))[0]]
+        return [int(tightest)]
+    largest_first = np.lexsort((jitter, -room))
+    covered = np.cumsum(room[largest_first])
+    if covered[-1] < want:
+        return []
+    count = int(np.searchsorted(covered, want)) + 1
+    taken = [int(position) for position in largest_first[: count - 1]]
+    missing = want - int(room[taken].sum())
+    rest = largest_first[count - 1 :]
+    covering = rest[room[rest] >= missing]
+    last = covering[np.lexsort((jitter[covering], room[covering]))[0]]
+    return [*taken, int(last)]
+
+
+def member_room(profile: Profile, members: Sequence[PodView], nodes: NodeTable) -> IntArray:
+    """Per node, how many copies of the gang's largest member request fit, where every kind of member passes."""
+    passes = np.ones(len(nodes), dtype=np.bool_)
+    seen: set[str] = set()
+    largest: dict[str, int] = {}
+    for member in members:
+        for resource, amount in member.request.items():
+            largest[resource] = max(largest.get(resource, 0), amount)
+        shape = _shape(member)
+        if shape not in seen:
+            seen.add(shape)
+            feasible, _ = run_filters(profile.filters, member, nodes)
+            passes &= feasible
+    room = np.full(len(nodes), np.iinfo(np.int64).max, dtype=np.int64)
+    for resource, amount in largest.items():
+        if amount > 0:
+            room = np.minimum(room, np.maximum(nodes.free_column(resource), 0) // amount)
+    if not any(amount > 0 for amount in largest.values()):
+        room[:] = len(members)  # a gang that requests nothing fits anywhere
+    return np.where(passes, room, 0)
+
+
+class ScratchUsage(NodeTable):
+    """A node table that shares every column of `base` except usage, which it copies.
+
+    Placing on it (`add_used`) changes only the copy, so a gang decision never touches the real table. The node
+    set itself is read-only here: adding, replacing or removing nodes raises `TypeError`.
+    """
+
+    def __init__(self, base: NodeTable) -> None:  # intentionally no super().__init__(): the columns are shared
+        # Sharing the base's arrays and lists is safe: nothing here writes them (see the overrides below).
+        self.__dict__.update(base.__dict__)
+        self._scratch_used = np.array(base.used, dtype=np.int64)
+
+    @property
+    def used(self) -> NDArray[np.int64]:
+        view = self._scratch_used.view()
+        view.flags.writeable = False
+        return view
+
+    def used_of(self, name: str) -> dict[str, int]:
+        row = self._scratch_used[self.row(name)]
+        return {resource: int(row[column]) for column, resource in enumerate(self.resources) if row[column]}
+
+    def add_used(self, name: str, amount: Mapping[str, int]) -> None:
+        row = self.row(name)
+        for resource, units in amount.items():
+            column = self.column_of(resource)
+            if column is not None:
+                self._scratch_used[row, column] += units
+            elif units:
+                # No node has the resource, so no pod needing it was placed: a caller bug, not a new column.
+                raise ValueError(f"no node reports resource {resource!r}; cannot place {units} of it on {name}")
+
+    def sub_used(self, name: str, amount: Mapping[str, int]) -> None:
+        self.add_used(name, {resource: -units for resource, units in amount.items()})
+
+    def set_used(self, name: str, used: Mapping[str, int]) -> None:
+        row = self.row(name)
+        self._scratch_used[row] = 0
+        self.add_used(name, used)
+
+    def upsert(self, node: NodeView) -> None:
+        raise TypeError("a scratch node table cannot add or replace nodes")
+
+    def remove_node(self, name: str) -> bool:
+        raise TypeError("a scratch node table cannot remove nodes")
+
+
+def _planned_nodes(
+    profile: Profile,
+    members: Sequence[PodView],
+    nodes: NodeTable,
+    *,
+    topology_key: str,
+    rng: np.random.Generator,
+    want: int,
+) -> BoolArray | None:
+    """The nodes of the leaves chosen for `want` members, or None when no set of leaves can hold them."""
+    codes = nodes.label_codes(topology_key)
+    labelled = codes >= 0
+    if not labelled.any():
+        return None
+    room = member_room(profile, members, nodes)
+    leaf_room = np.bincount(codes[labelled], weights=room[labelled], minlength=len(nodes.label_values(topology_key)))
+    chosen = choose_leaves(leaf_room.astype(np.int64), want, rng=rng)
+    if not chosen:
+        return None
+    allowed: BoolArray = np.isin(codes, chosen)
+    return allowed
+
+
+def _shape(member: PodView) -> str:
+    """What the filters read of a member; members with the same shape pass the same nodes."""
+    return repr(
+        (
+            sorted(member.request.items()),
+            member.namespace,
+            member.pool,
+            sorted(member.node_selector.items()),
+            member.required_affinity,
+            member.tolerations,
+        )
+    )
+
+
+def _label(nodes: NodeTable, node: str, key: str | None) -> str | None:
+    return nodes.labels[nodes.row(node)].get(key) if key is not None else None
