@@ -14,10 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from kubernetes_asyncio.client.exceptions import ApiException
 
 from deploy.local.cluster import Cluster, Json, for_each
-from resolver.kube import WatchGone, list_objects, watch_objects
+from resolver.kube import KubeError, WatchGone, list_objects, request_json, watch_objects
 
 
 @dataclass
@@ -103,7 +102,7 @@ class PodWatcher:
 
 
 async def create_pods(cluster: Cluster, manifests: Iterable[Json], *, namespace: str, concurrency: int = 64) -> None:
-    await for_each(list(manifests), lambda m: cluster.core.create_namespaced_pod(namespace, m, _preload_content=False),
+    await for_each(list(manifests), lambda m: request_json(cluster.core.create_namespaced_pod, namespace, m),
                    limit=concurrency)
 
 
@@ -122,10 +121,8 @@ async def post_bindings(
             "target": {"apiVersion": "v1", "kind": "Node", "name": nodes[index % len(nodes)]},
         }
         try:
-            response = await cluster.core.create_namespaced_pod_binding(
-                pod["metadata"]["name"], namespace, body, _preload_content=False)
-            response.release()
-        except ApiException:
+            await request_json(cluster.core.create_namespaced_pod_binding, pod["metadata"]["name"], namespace, body)
+        except KubeError:
             refused += 1
 
     await for_each(list(enumerate(pods)), bind, limit=concurrency)

@@ -156,12 +156,11 @@ def tls_secret(*, name: str, namespace: str, material: Material) -> Json:
 
 
 def _ca_certificates(pem: bytes) -> list[x509.Certificate]:
-    try:
-        certificates = x509.load_pem_x509_certificates(pem)
-    except ValueError as error:
-        raise CertsError(f"cannot read the CA certificates: {error}") from error
+    """The CA certificates in ``pem`` (others skipped); ValueError when it is not PEM at all."""
+    if not pem.strip():
+        return []
     result = []
-    for certificate in certificates:
+    for certificate in x509.load_pem_x509_certificates(pem):
         try:
             is_ca = certificate.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
         except x509.ExtensionNotFound:
@@ -172,12 +171,22 @@ def _ca_certificates(pem: bytes) -> list[x509.Certificate]:
 
 
 def ca_bundle(new_ca: bytes, *, previous: bytes | None = None, now: datetime.datetime | None = None) -> bytes:
-    """``new_ca`` followed by the still-valid CAs of ``previous`` (the CA of the certificate being served now)."""
+    """``new_ca`` followed by the still-valid CAs of ``previous`` (the CA of the certificate being served now).
+
+    An unreadable ``previous`` is left out rather than blocking a fresh install over a damaged Secret.
+    """
     moment = now or datetime.datetime.now(datetime.UTC)
-    bundle = _ca_certificates(new_ca)
+    try:
+        bundle = _ca_certificates(new_ca)
+    except ValueError as error:
+        raise CertsError(f"cannot read the new CA certificate: {error}") from error
     if not bundle:
         raise CertsError("the new CA certificate is not a CA (no basicConstraints ca=true)")
-    for certificate in _ca_certificates(previous or b""):
+    try:
+        kept = _ca_certificates(previous or b"")
+    except ValueError:
+        kept = []
+    for certificate in kept:
         if certificate.not_valid_after_utc <= moment or certificate in bundle:
             continue
         bundle.append(certificate)
@@ -217,13 +226,18 @@ def write_files(directory: Path, *, secret: Json) -> list[Path]:
 # --- the API shell ---------------------------------------------------------------------------------------------
 
 
-def _reason(error: ApiException) -> str:
+def _explain(status: int | None, reason: str | None, body: str | bytes | None) -> str:
     """The apiserver's own message (it names the object and the rule), else the HTTP status."""
     try:
-        message = json.loads(error.body or "{}").get("message")
+        message = json.loads(body or "{}").get("message")
     except (ValueError, AttributeError):
         message = None
-    return f"{error.status} {error.reason}: {message}" if message else f"{error.status} {error.reason}"
+    head = f"{status} {reason}" if reason else str(status)
+    return f"{head}: {message}" if message else head
+
+
+def _reason(error: ApiException) -> str:
+    return _explain(error.status, error.reason, error.body)
 
 
 @dataclass(frozen=True)
@@ -255,11 +269,32 @@ async def connect(kubeconfig: str, *, context: str | None = None) -> client.ApiC
 async def install(
     api: client.ApiClient, *, material: Material, namespace: str, secret: str, webhook: str
 ) -> Installed:
-    """Patch the webhook configuration's caBundle, then apply the Secret (see the module docstring for why)."""
+    """Patch the webhook configuration's caBundle, then apply the Secret (see the module docstring for why).
+
+    The Secret is first applied as a server-side dry run, so that a missing namespace or a missing permission
+    stops the command before anything has changed.
+    """
     core: Any = client.CoreV1Api(api)
     admission: Any = client.AdmissionregistrationV1Api(api)
     secret_key = f"{namespace}/{secret}"
     configuration_kind = f"ValidatingWebhookConfiguration {webhook}"
+    manifest = tls_secret(name=secret, namespace=namespace, material=material)
+
+    async def apply_secret(*, dry_run: bool) -> None:
+        await core.patch_namespaced_secret(
+            secret,
+            namespace,
+            manifest,
+            field_manager=FIELD_MANAGER,
+            force=True,
+            _content_type="application/apply-patch+yaml",
+            **({"dry_run": "All"} if dry_run else {}),
+        )
+
+    def secret_error(error: ApiException) -> str:
+        hint = f" (does namespace {namespace} exist? apply the hoss base first)" if error.status == 404 else ""
+        return f"cannot write Secret {secret_key}{hint}: {_reason(error)}"
+
     try:
         configuration = await _read(configuration_kind, admission.read_validating_webhook_configuration, webhook)
         if configuration is None:
@@ -271,23 +306,20 @@ async def install(
         served_ca = (current or {}).get("data", {}).get("ca.crt")
         bundle = ca_bundle(material.ca_cert, previous=base64.b64decode(served_ca) if served_ca else None)
         try:
+            await apply_secret(dry_run=True)
+        except ApiException as error:
+            raise CertsError(f"{secret_error(error)}; nothing was changed") from error
+        try:
             await admission.patch_validating_webhook_configuration(webhook, ca_bundle_patch(configuration, bundle))
         except ApiException as error:
             raise CertsError(f"cannot patch the caBundle of {configuration_kind}: {_reason(error)}") from error
         try:
-            await core.patch_namespaced_secret(
-                secret,
-                namespace,
-                tls_secret(name=secret, namespace=namespace, material=material),
-                field_manager=FIELD_MANAGER,
-                force=True,
-                _content_type="application/apply-patch+yaml",
-            )
+            await apply_secret(dry_run=False)
         except ApiException as error:
-            hint = f" (does namespace {namespace} exist? apply the hoss base first)" if error.status == 404 else ""
+            kept = " beside the one served now" if served_ca else ""
             raise CertsError(
-                f"cannot write Secret {secret_key}{hint}: {_reason(error)}; the caBundle of {webhook} already"
-                " trusts the new CA beside the one served now, so running hoss certs again is safe"
+                f"{secret_error(error)}; the caBundle of {webhook} already trusts the new CA{kept}, so running"
+                " hoss certs again is safe"
             ) from error
     except (aiohttp.ClientError, OSError) as error:
         raise CertsError(f"cannot reach the apiserver at {api.configuration.host}: {error}") from error
@@ -297,12 +329,16 @@ async def install(
 async def _read(what: str, call: Any, *args: str) -> Json | None:
     """One object as the raw JSON the apiserver sent; None when it does not exist."""
     try:
+        # Without preloading, the client raises only on transport errors: the status is ours to check.
         response = await call(*args, _preload_content=False)
-        body: Json = json.loads(await response.read())
+        text = (await response.read()).decode(errors="replace")
     except ApiException as error:
-        if error.status == 404:
-            return None
         raise CertsError(f"cannot read {what}: {_reason(error)}") from error
+    if response.status == 404:
+        return None
+    if not 200 <= response.status < 300:
+        raise CertsError(f"cannot read {what}: {_explain(response.status, response.reason, text)}")
+    body: Json = json.loads(text)
     return body
 
 

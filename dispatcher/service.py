@@ -287,7 +287,7 @@ class Dispatcher:
         self._fresh: dict[str, None] = {}  # uids that became pending since the last dispatch, in arrival order
         self._wakeup = asyncio.Event()
         self._gone: set[str] = set()  # dispatched uids whose pods left the pending set, to forget in Redis
-        self._absent_since: dict[str, float] = {}  # map uids never seen pending, since when
+        self._absent_since: dict[str, float] = {}  # dispatched uids not seen pending, since when
         self._handed_back: dict[str, tuple[float, int]] = {}  # uid -> (when, how many times) acknowledged early
         self._attempts: dict[str, int] = {}
         self._notices: asyncio.Task[None] | None = None

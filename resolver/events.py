@@ -12,7 +12,8 @@ import uuid
 from typing import Any
 
 import aiohttp
-from kubernetes_asyncio.client.exceptions import ApiException
+
+from resolver.kube import KubeError, request_json
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +65,8 @@ def unschedulable_condition(message: str, *, reason: str = "Unschedulable") -> J
 
 async def post_event(core: Any, event: Json) -> None:
     try:
-        await core.create_namespaced_event(event["metadata"]["namespace"], event, _preload_content=False)
-    except (ApiException, aiohttp.ClientError, OSError) as error:
+        await request_json(core.create_namespaced_event, event["metadata"]["namespace"], event)
+    except (KubeError, aiohttp.ClientError, OSError) as error:
         log.warning("cannot record event %s on %s: %s", event["reason"], event["involvedObject"]["name"], error)
 
 
@@ -73,10 +74,9 @@ async def set_unschedulable(
     core: Any, *, namespace: str, name: str, message: str, reason: str = "Unschedulable"
 ) -> None:
     try:
-        response = await core.patch_namespaced_pod_status(
-            name, namespace, unschedulable_condition(message, reason=reason),
-            _content_type="application/strategic-merge-patch+json", _preload_content=False,
+        await request_json(
+            core.patch_namespaced_pod_status, name, namespace, unschedulable_condition(message, reason=reason),
+            _content_type="application/strategic-merge-patch+json",
         )
-        response.release()
-    except (ApiException, aiohttp.ClientError, OSError) as error:
+    except (KubeError, aiohttp.ClientError, OSError) as error:
         log.warning("cannot set PodScheduled=False on %s/%s: %s", namespace, name, error)

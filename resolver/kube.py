@@ -47,13 +47,37 @@ async def api_client(kubeconfig: str | None) -> client.ApiClient:
     return client.ApiClient()
 
 
+async def request_json(call: ListCall, *args: Any, **kwargs: Any) -> Json:
+    """Call a generated client method without its slow model deserialisation; the JSON body.
+
+    With ``_preload_content=False`` the client hands back error responses instead of raising, so the status is
+    checked here: anything but 2xx raises KubeError with the apiserver's message and status. The response is
+    always released.
+    """
+    try:
+        response = await call(*args, _preload_content=False, **kwargs)
+    except ApiException as error:
+        raise KubeError(f"{error.status} {error.reason}", status=error.status) from error
+    try:
+        status = int(response.status)
+        body = await response.read()
+    finally:
+        response.release()
+    if not 200 <= status <= 299:
+        raise KubeError(f"{status}: {_status_message(body)}", status=status)
+    return dict(json.loads(body)) if body else {}
+
+
+def _status_message(body: bytes) -> str:
+    try:
+        return str(json.loads(body).get("message") or body[:300].decode(errors="replace"))
+    except (ValueError, AttributeError):
+        return body[:300].decode(errors="replace")
+
+
 async def list_objects(call: ListCall, **kwargs: Any) -> tuple[list[Json], str]:
     """The items of a list call as raw dicts, and the list's resourceVersion."""
-    try:
-        response = await call(_preload_content=False, **kwargs)
-        body = json.loads(await response.read())
-    except ApiException as error:
-        raise KubeError(f"list failed: {error.status} {error.reason}", status=error.status) from error
+    body = await request_json(call, **kwargs)
     return list(body.get("items") or []), str(body["metadata"]["resourceVersion"])
 
 
@@ -80,6 +104,13 @@ async def watch_objects(
         if error.status == 410:
             raise WatchGone("resourceVersion too old", status=410) from error
         raise KubeError(f"watch failed: {error.status} {error.reason}", status=error.status) from error
+    if response.status == 410:
+        response.release()
+        raise WatchGone("resourceVersion too old", status=410)
+    if not 200 <= response.status <= 299:
+        message = _status_message(await response.read())
+        response.release()
+        raise KubeError(f"watch failed: {response.status}: {message}", status=response.status)
     try:
         while True:
             try:

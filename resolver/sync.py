@@ -16,12 +16,13 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
 from kubernetes_asyncio import client
 
-from resolver.errors import LedgerUnavailable, ResolverError
+from resolver.errors import LedgerNotReadyError, LedgerUnavailable, ResolverError
 from resolver.kube import InformerHandlers, Json, run_informer
 from resolver.ledger import BoundPod, Ledger
 from resolver.resources import ResourceVector, node_allocatable, pod_requests
@@ -192,12 +193,12 @@ class LedgerSync:
                 if kind == "DELETED":
                     self.nodes.pop(name, None)
                     if self.synced.is_set():
-                        await self.ledger.remove_node(name)
+                        await self._apply(self.ledger.remove_node(name))
                     return
                 previous = self.nodes.get(name)
                 self.nodes[name] = (alloc, labels)
                 if self.synced.is_set() and previous != (alloc, labels):
-                    await self.ledger.sync_node(node=name, allocatable=alloc, labels=labels)
+                    await self._apply(self.ledger.sync_node(node=name, allocatable=alloc, labels=labels))
 
     # --- pods --------------------------------------------------------------------------------------------
 
@@ -229,12 +230,23 @@ class LedgerSync:
             if kind == "DELETED" or info.terminal:
                 self.pods.drop(info.uid)
                 if self.synced.is_set():
-                    await self.ledger.release(info.uid)
+                    await self._apply(self.ledger.release(info.uid))
                 return
             previous = self.pods.by_uid.get(info.uid)
             self.pods.put(info)
             if info.node and self.synced.is_set() and (previous is None or previous.node != info.node):
-                await self.ledger.bind(uid=info.uid, pod=info.key, node=info.node, request=info.request)
+                await self._apply(
+                    self.ledger.bind(uid=info.uid, pod=info.key, node=info.node, request=info.request)
+                )
+
+    async def _apply(self, change: Awaitable[object]) -> None:
+        """Apply one change to the ledger. A ledger that is not ready is skipped: the mirror already holds the
+        change and the watchdog's rebuild writes it. Redis being unreachable propagates (the informer re-lists
+        after a backoff, and the re-list rebuilds)."""
+        try:
+            await change
+        except LedgerNotReadyError:
+            log.debug("ledger not ready; the rebuild will carry this change")
 
     # --- timers ------------------------------------------------------------------------------------------
 
@@ -243,8 +255,9 @@ class LedgerSync:
             await asyncio.sleep(self._expire_interval)
             try:
                 expired = await self.ledger.expire()
-            except LedgerUnavailable as error:
-                log.warning("cannot expire reservations: %s", error)
+            except (LedgerUnavailable, LedgerNotReadyError) as error:
+                # Not ready: the watchdog rebuilds the ledger; expiry resumes after that.
+                log.debug("cannot expire reservations: %s", error)
                 continue
             if expired:
                 self.stats.expired += len(expired)
@@ -258,7 +271,7 @@ class LedgerSync:
                 if not ready:
                     log.warning("ledger is not ready (Redis lost its data?); rebuilding from the apiserver mirror")
                     await self.rebuild()
-            except LedgerUnavailable as error:
+            except (LedgerUnavailable, LedgerNotReadyError) as error:
                 log.warning("ledger unavailable: %s", error)
 
 

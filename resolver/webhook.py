@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 
 import aiohttp
 from aiohttp import web
-from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from redis.asyncio import Redis
@@ -35,7 +34,7 @@ from redis.exceptions import RedisError
 
 from resolver import admission
 from resolver.errors import LedgerUnavailable, ResolverError
-from resolver.kube import api_client
+from resolver.kube import KubeError, api_client, request_json
 from resolver.ledger import Confirmed, Conflict, HeldElsewhere, Ledger, LedgerNotReady, UnknownNode
 from resolver.resources import format_quantity
 from resolver.settings import ResolverSettings, SettingsError, load_settings
@@ -124,9 +123,8 @@ async def _pod_info(state: WebhookState, binding: admission.BindingRequest) -> P
     if found is not None or state.sync is None:
         return found
     try:
-        response = await state.sync.core.read_namespaced_pod(binding.pod, binding.namespace, _preload_content=False)
-        info = parse_pod(json.loads(await response.read()))
-    except (ApiException, aiohttp.ClientError, OSError, json.JSONDecodeError) as error:
+        info = parse_pod(await request_json(state.sync.core.read_namespaced_pod, binding.pod, binding.namespace))
+    except (KubeError, aiohttp.ClientError, OSError, json.JSONDecodeError) as error:
         log.warning("cannot read pod %s: %s", binding.pod_key, error)
         return None
     if binding.pod_uid and info.uid != binding.pod_uid:
@@ -303,7 +301,7 @@ async def publish_stats(state: WebhookState, redis: Redis, *, instance: str, int
 
 
 @contextlib.asynccontextmanager
-async def running_resolver(settings: ResolverSettings) -> AsyncIterator[web.AppRunner]:
+async def running_resolver(settings: ResolverSettings) -> AsyncIterator[asyncio.Task[None]]:
     """Start sync, webhook server and timers; stop them on exit."""
     ledger = Ledger.from_url(settings.redis_url)
     api = await api_client(settings.kubeconfig)
@@ -325,7 +323,7 @@ async def running_resolver(settings: ResolverSettings) -> AsyncIterator[web.AppR
     ]
     log.info("hoss-resolver serving https://%s:%d (enforce=%s)", settings.host, settings.port, settings.enforce)
     try:
-        yield runner
+        yield tasks[0]
     finally:
         for task in tasks:
             task.cancel()
@@ -337,8 +335,12 @@ async def running_resolver(settings: ResolverSettings) -> AsyncIterator[web.AppR
 
 
 async def serve(settings: ResolverSettings) -> None:
-    async with running_resolver(settings):
-        await asyncio.Event().wait()
+    """Serve until stopped. If the ledger sync ever ends, the resolver exits non-zero (fail loudly: a resolver
+    that no longer syncs would judge bindings against a stale ledger), to be restarted by its supervisor."""
+    async with running_resolver(settings) as sync_task:
+        await asyncio.wait([sync_task])
+        error = sync_task.exception() if not sync_task.cancelled() else None
+        raise SystemExit(f"hoss-resolver: the ledger sync stopped: {error!r}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

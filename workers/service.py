@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import heapq
-import json
 import logging
 import random
 import signal
@@ -36,18 +35,20 @@ import aiohttp
 import numpy as np
 from aiohttp import web
 from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from redis.asyncio import Redis
 
-from dispatcher.queue import WorkerInfo, WorkItem, WorkQueue
-from resolver.errors import LedgerUnavailable, ResolverError
+from dispatcher.queue import GangMember, WorkerInfo, WorkItem, WorkQueue
+from resolver.errors import LedgerNotReadyError, LedgerUnavailable, ResolverError
 from resolver.events import pod_event, post_event, set_unschedulable
-from resolver.kube import InformerHandlers, Json, api_client, run_informer
-from resolver.ledger import Conflict, HeldElsewhere, Ledger, LedgerNotReady, Reserved, UnknownNode
+from resolver.kube import InformerHandlers, Json, KubeError, api_client, request_json, run_informer
+from resolver.ledger import Conflict, GangReserved, HeldElsewhere, Ledger, LedgerNotReady, Reserved, UnknownNode
+from resolver.ledger import GangMember as GangPlacementMember
 from resolver.settings import SettingsError, load_settings
+from workers.extender import decide_with_extenders
 from workers.framework import Placement, Profile, Unschedulable, decide
+from workers.gang import place_gang
 from workers.nodes import NodeTable
 from workers.pod import PodView, parse_pod
 from workers.profiles import load_profiles
@@ -106,6 +107,7 @@ class Worker:
         self._pods_synced = asyncio.Event()
         self._bind_tasks: set[asyncio.Task[None]] = set()
         self._acks: list[tuple[str, list[str]]] = []
+        self.http: aiohttp.ClientSession | None = None
         self._ack_ready = asyncio.Event()
 
     # --- bookkeeping -------------------------------------------------------------------------------------
@@ -269,9 +271,8 @@ class Worker:
             await asyncio.sleep(0.01)
             pod = self.pending.get(item.uid)
         try:
-            response = await self.core.read_namespaced_pod(item.name, item.namespace, _preload_content=False)
-            fetched: Json = json.loads(await response.read())
-        except ApiException as error:
+            fetched = await request_json(self.core.read_namespaced_pod, item.name, item.namespace)
+        except KubeError as error:
             if error.status == 404:
                 return None
             raise
@@ -279,10 +280,23 @@ class Worker:
             return None
         return fetched
 
-    async def schedule_one(self, message_id: str, item: WorkItem) -> None:
+    async def _member_pod(self, item: WorkItem) -> tuple[Json | None, PodView | None, str]:
+        """The raw pod and its parsed view; (None, None, "") when it is gone or bound, or an error text."""
+        raw = await self._pod_for(item)
+        if raw is None:
+            return None, None, ""
         try:
-            raw = await self._pod_for(item)
-        except (ApiException, aiohttp.ClientError, OSError) as error:
+            return raw, parse_pod(raw), ""
+        except ResolverError as error:
+            return raw, None, f"hoss cannot schedule this pod: {error}"
+
+    async def schedule_one(self, message_id: str, item: WorkItem) -> None:
+        if item.members:
+            await self.schedule_gang(message_id, item)
+            return
+        try:
+            raw, pod, problem = await self._member_pod(item)
+        except (KubeError, aiohttp.ClientError, OSError) as error:
             log.warning("cannot read pod %s: %s", item.key, error)
             self._retry_later(message_id, item, soon=True)
             return
@@ -290,22 +304,13 @@ class Worker:
             self.count("gone")
             await self._done(message_id, item)
             return
-        try:
-            pod = parse_pod(raw)
-        except ResolverError as error:
-            self.count("malformed")
-            message = f"hoss cannot schedule this pod: {error}"
-            log.warning("pod %s is malformed: %s", item.key, error)
-            await post_event(self.core, pod_event(namespace=item.namespace, name=item.name, uid=item.uid,
-                                                  reason="FailedScheduling", message=message,
-                                                  component=self._component()))
-            await set_unschedulable(self.core, namespace=item.namespace, name=item.name, message=message,
-                                    reason="InvalidPod")
+        if pod is None:
+            await self._malformed(item, problem)
             await self._done(message_id, item)
             return
         profile = self.profiles.get(item.policy) or self.profiles[self.default_profile]
         for _attempt in range(3):
-            decision = decide(profile, pod, self.nodes, rng=self.rng, top=self.settings.candidates)
+            decision = await self._decide(profile, pod, raw)
             if isinstance(decision, Unschedulable):
                 await self._unschedulable(message_id, item, decision.message)
                 return
@@ -319,9 +324,26 @@ class Worker:
                 await self._done(message_id, item)
                 return
             if outcome is not None:
-                self._start_bind(message_id, item, pod, outcome)
+                self._start_bind(message_id, item, [(pod, outcome)])
                 return
         self._retry_later(message_id, item)
+
+    async def _decide(self, profile: Profile, pod: PodView, raw: Json) -> Placement | Unschedulable:
+        if profile.extenders:
+            if self.http is None:
+                self.http = aiohttp.ClientSession()
+            return await decide_with_extenders(profile, pod, raw, self.nodes, rng=self.rng,
+                                               top=self.settings.candidates, session=self.http)
+        return decide(profile, pod, self.nodes, rng=self.rng, top=self.settings.candidates)
+
+    async def _malformed(self, item: WorkItem, message: str) -> None:
+        self.count("malformed")
+        log.warning("pod %s is malformed: %s", item.key, message)
+        await post_event(self.core, pod_event(namespace=item.namespace, name=item.name, uid=item.uid,
+                                              reason="FailedScheduling", message=message,
+                                              component=self._component()))
+        await set_unschedulable(self.core, namespace=item.namespace, name=item.name, message=message,
+                                reason="InvalidPod")
 
     async def _reserve_first(self, pod: PodView, decision: Placement) -> str | None:
         """Reserve on the best candidate that still fits; the node name, or what to do instead."""
@@ -349,33 +371,108 @@ class Worker:
 
     async def _unschedulable(self, message_id: str, item: WorkItem, message: str) -> None:
         self.count("unschedulable")
-        if self.last_message.get(item.uid) != message:
-            self.last_message[item.uid] = message
-            await set_unschedulable(self.core, namespace=item.namespace, name=item.name, message=message)
-            await post_event(self.core, pod_event(namespace=item.namespace, name=item.name, uid=item.uid,
-                                                  reason="FailedScheduling", message=message,
-                                                  component=self._component()))
+        for member in self._members(item):
+            if self.last_message.get(member.uid) != message:
+                self.last_message[member.uid] = message
+                await set_unschedulable(self.core, namespace=member.namespace, name=member.name, message=message)
+                await post_event(self.core, pod_event(namespace=member.namespace, name=member.name, uid=member.uid,
+                                                      reason="FailedScheduling", message=message,
+                                                      component=self._component()))
         self._retry_later(message_id, item)
+
+    @staticmethod
+    def _members(item: WorkItem) -> list[GangMember]:
+        return list(item.members) or [GangMember(uid=item.uid, namespace=item.namespace, name=item.name)]
 
     def _component(self) -> str:
         return f"hoss-worker/{self.settings.id}"
 
+    # --- gangs -------------------------------------------------------------------------------------------
+
+    async def schedule_gang(self, message_id: str, item: WorkItem) -> None:
+        """All or nothing: place the pending members, reserve them in one ledger call, then bind them."""
+        views: list[PodView] = []
+        gone = 0
+        try:
+            for member in item.members:
+                lookup = WorkItem(uid=member.uid, namespace=member.namespace, name=member.name, policy=item.policy)
+                raw, pod, problem = await self._member_pod(lookup)
+                if raw is None:
+                    gone += 1
+                elif pod is None:
+                    await self._malformed(lookup, problem)
+                    await self._unschedulable(message_id, item,
+                                              f"gang {item.gang}: member {lookup.key} is invalid: {problem}")
+                    return
+                else:
+                    views.append(pod)
+        except (KubeError, aiohttp.ClientError, OSError) as error:
+            log.warning("cannot read the members of gang %s: %s", item.gang, error)
+            self._retry_later(message_id, item, soon=True)
+            return
+        if not views:
+            self.count("gone")
+            await self._done(message_id, item)
+            return
+        # Members already bound (or deleted) no longer need room; the rest must reach min-available together.
+        need = max(1, min(len(views), item.min_available - gone))
+        profile = self.profiles.get(item.policy) or self.profiles[self.default_profile]
+        placement = place_gang(profile, views, self.nodes, rng=self.rng, min_available=need,
+                               topology_key=profile.topology_key, gang=item.gang)
+        if isinstance(placement, Unschedulable):
+            await self._unschedulable(message_id, item, placement.message)
+            return
+        chosen = [v for v in views if v.uid in placement.assignments]
+        members = [GangPlacementMember(uid=v.uid, pod=v.key, node=placement.assignments[v.uid], request=v.request)
+                   for v in chosen]
+        result = await self.ledger.reserve_gang(members=members, owner=self.settings.id,
+                                                ttl_seconds=self.settings.reservation_ttl_seconds)
+        match result:
+            case GangReserved():
+                for placed in members:
+                    self.nodes.add_used(placed.node, placed.request)
+                log.info("gang %s: %d members reserved on %d nodes (leaves: %s)", item.gang, len(members),
+                         len({m.node for m in members}), ", ".join(placement.leaves) or "-")
+                self._start_bind(message_id, item, [(v, placement.assignments[v.uid]) for v in chosen])
+            case Conflict(node=node):
+                self.count("conflicts")
+                await self._refresh_usage(sorted({m.node for m in members} | {node}))
+                self._retry_later(message_id, item, soon=True)
+            case LedgerNotReady() | UnknownNode() | HeldElsewhere():
+                await self._refresh_usage(sorted({m.node for m in members}))
+                self._retry_later(message_id, item, soon=True)
+
     # --- binding -----------------------------------------------------------------------------------------
 
-    def _start_bind(self, message_id: str, item: WorkItem, pod: PodView, node: str) -> None:
-        task = asyncio.create_task(self._bind(message_id, item, pod, node))
+    def _start_bind(self, message_id: str, item: WorkItem, placements: list[tuple[PodView, str]]) -> None:
+        task = asyncio.create_task(self._bind_item(message_id, item, placements))
         self._bind_tasks.add(task)
         task.add_done_callback(self._bind_tasks.discard)
 
-    async def _bind(self, message_id: str, item: WorkItem, pod: PodView, node: str) -> None:
+    async def _bind_item(self, message_id: str, item: WorkItem, placements: list[tuple[PodView, str]]) -> None:
+        """Bind every placement of the item; acknowledge when all are bound, else try the item again."""
+        outcomes = await asyncio.gather(*(self._bind(pod, node) for pod, node in placements))
+        if all(ok for ok, _status in outcomes):
+            self.backoff.pop(item.uid, None)
+            for member in self._members(item):
+                self.last_message.pop(member.uid, None)
+            await self._done(message_id, item)
+        elif not item.members and outcomes[0][1] == 404:
+            await self._done(message_id, item)  # the pod is gone
+        else:
+            conflict = any(status == 409 for _ok, status in outcomes)
+            self._retry_later(message_id, item, soon=conflict)
+
+    async def _bind(self, pod: PodView, node: str) -> tuple[bool, int | None]:
+        """Post one binding; on refusal release the reservation (only while it is still assumed)."""
         async with self.binds:
             self.in_flight += 1
             try:
-                await self._post_binding(message_id, item, pod, node)
+                return await self._post_binding(pod, node)
             finally:
                 self.in_flight -= 1
 
-    async def _post_binding(self, message_id: str, item: WorkItem, pod: PodView, node: str) -> None:
+    async def _post_binding(self, pod: PodView, node: str) -> tuple[bool, int | None]:
         body = {
             "apiVersion": "v1",
             "kind": "Binding",
@@ -383,37 +480,33 @@ class Worker:
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
         try:
-            response = await self.core.create_namespaced_pod_binding(
-                pod.name, pod.namespace, body, _preload_content=False
-            )
-            await response.read()
-            response.release()
-        except ApiException as error:
-            reason = _api_message(error)
+            await request_json(self.core.create_namespaced_pod_binding, pod.name, pod.namespace, body)
+        except KubeError as error:
+            reason = str(error)
             self.count("denied")
-            log.info("binding %s to %s refused (%s): %s", item.key, node, error.status, reason)
-            await self.ledger.release_assumed(uid=pod.uid, node=node)
-            self.nodes.sub_used(node, pod.request)
-            if error.status == 404:
-                await self._done(message_id, item)
-                return
-            await post_event(self.core, pod_event(
-                namespace=pod.namespace, name=pod.name, uid=pod.uid, reason="FailedScheduling",
-                message=f"binding to {node} refused: {reason}", component=self._component()))
-            self._retry_later(message_id, item, soon=error.status == 409)
-            return
+            log.info("binding %s to %s refused (%s): %s", pod.key, node, error.status, reason)
+            await self._unreserve(pod, node)
+            if error.status != 404:
+                await post_event(self.core, pod_event(
+                    namespace=pod.namespace, name=pod.name, uid=pod.uid, reason="FailedScheduling",
+                    message=f"binding to {node} refused: {reason}", component=self._component()))
+            return False, error.status
         except (aiohttp.ClientError, OSError, TimeoutError) as error:
-            log.warning("binding %s to %s failed: %s", item.key, node, error)
-            await self.ledger.release_assumed(uid=pod.uid, node=node)
-            self.nodes.sub_used(node, pod.request)
-            self._retry_later(message_id, item)
-            return
+            log.warning("binding %s to %s failed: %s", pod.key, node, error)
+            await self._unreserve(pod, node)
+            return False, None
         self.count("bound")
-        self.counters[f"bound:{item.policy}"] = self.counters.get(f"bound:{item.policy}", 0) + 1
-        self.backoff.pop(item.uid, None)
-        self.last_message.pop(item.uid, None)
-        log.debug("bound %s to %s", item.key, node)
-        await self._done(message_id, item)
+        policy = pod.policy or self.default_profile
+        self.counters[f"bound:{policy}"] = self.counters.get(f"bound:{policy}", 0) + 1
+        log.debug("bound %s to %s", pod.key, node)
+        return True, 200
+
+    async def _unreserve(self, pod: PodView, node: str) -> None:
+        try:
+            if await self.ledger.release_assumed(uid=pod.uid, node=node):
+                self.nodes.sub_used(node, pod.request)
+        except (LedgerUnavailable, LedgerNotReadyError) as error:
+            log.warning("cannot release the reservation of %s on %s (it expires by itself): %s", pod.key, node, error)
 
     async def _done(self, message_id: str, item: WorkItem) -> None:
         """Acknowledge soon: acknowledgements are sent in batches by ``_ack_loop``."""
@@ -481,18 +574,13 @@ class Worker:
         released = await self.ledger.release_owner(self.settings.id)
         await self.queue.deregister(self.settings.id)
         await asyncio.gather(loops[0], return_exceptions=True)
+        if self.http is not None:
+            await self.http.close()
         for task in informers:
             task.cancel()
         await asyncio.gather(*informers, return_exceptions=True)
         log.info("worker %s stopped: released %d reservations; unfinished work returns to the dispatcher",
                  self.settings.id, released)
-
-
-def _api_message(error: ApiException) -> str:
-    try:
-        return str(json.loads(error.body or b"{}").get("message", error.reason))
-    except (TypeError, ValueError, AttributeError):
-        return str(error.reason)
 
 
 def build_app(worker: Worker) -> web.Application:

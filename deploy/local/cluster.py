@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import json
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any, TypeVar
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from resolver.kube import request_json
 from resolver.resources import node_allocatable, pod_requests
 
 T = TypeVar("T")
@@ -164,8 +164,7 @@ class Cluster:
 
     async def raw_list(self, call: str, *args: str, **kwargs: Any) -> list[Json]:
         """A list call's items as raw JSON (the shape resolver.resources parses), e.g. ``raw_list("list_node")``."""
-        response = await getattr(self.core, call)(*args, _preload_content=False, **kwargs)
-        return list(json.loads(await response.read())["items"])
+        return list((await request_json(getattr(self.core, call), *args, **kwargs))["items"])
 
     async def pods(self, namespace: str, *, label_selector: str = "") -> list[Any]:
         result = await self.core.list_namespaced_pod(namespace, label_selector=label_selector)

@@ -53,6 +53,7 @@ async def test_kube_scheduler_binds_a_pod_that_then_runs_while_a_pod_for_a_missi
         ("hoss-worker", "update", "nodes", False),
         ("hoss-dispatcher", "watch", "pods", True),
         ("hoss-dispatcher", "create", "pods/binding", False),
+        ("hoss-dispatcher", "patch", "pods/status", True),
         ("hoss-resolver", "list", "nodes", True),
         ("hoss-resolver", "create", "pods/binding", False),
         ("hoss-resolver", "create", "pods", False),
