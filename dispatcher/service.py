@@ -22,6 +22,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import functools
 import logging
 import random
 import signal
@@ -38,8 +39,9 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from dispatcher.gangs import GangKey, PodGroupSpec, gang_of, gang_state, parse_podgroup
 from dispatcher.leader import KubeLeaseAPI, LeaderElector
-from dispatcher.queue import WorkerInfo, WorkItem, WorkQueue
+from dispatcher.queue import GangMember, WorkerInfo, WorkItem, WorkQueue
 from dispatcher.routing import choose_worker, policy_of
 from dispatcher.settings import DispatcherSettings
 from dispatcher.status import (
@@ -55,7 +57,7 @@ from dispatcher.status import (
 )
 from resolver.errors import LedgerUnavailable, PodSpecError
 from resolver.events import pod_event, post_event, set_unschedulable
-from resolver.kube import InformerHandlers, Json, api_client, run_informer
+from resolver.kube import InformerHandlers, Json, KubeError, api_client, list_objects, run_informer
 from resolver.ledger import Ledger, LedgerSnapshot
 from resolver.settings import SettingsError, load_settings
 
@@ -63,6 +65,7 @@ log = logging.getLogger(__name__)
 
 COMPONENT = "hoss-dispatcher"
 NO_WORKER_REASON = "NoWorkerForPolicy"
+GANG_WAITING_REASON = "GangIncomplete"
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 HANDBACK_BACKOFF_MAX_SECONDS = 300.0
 STATUS_TIMEOUT_SECONDS = 5.0
@@ -199,7 +202,7 @@ def pending_pods_selector(scheduler_names: Sequence[str]) -> str:
 class Notifier(Protocol):
     """Tells a pod's owner why it waits."""
 
-    async def no_worker(self, pod: PendingPod, *, message: str) -> None: ...
+    async def waiting(self, pod: PendingPod, *, reason: str, message: str) -> None: ...
 
 
 class KubeNotifier:
@@ -208,15 +211,13 @@ class KubeNotifier:
     def __init__(self, core: Any) -> None:
         self.core = core
 
-    async def no_worker(self, pod: PendingPod, *, message: str) -> None:
+    async def waiting(self, pod: PendingPod, *, reason: str, message: str) -> None:
         event = pod_event(
-            namespace=pod.namespace, name=pod.name, uid=pod.uid, reason=NO_WORKER_REASON, message=message,
+            namespace=pod.namespace, name=pod.name, uid=pod.uid, reason=reason, message=message,
             component=COMPONENT,
         )
         await post_event(self.core, event)
-        await set_unschedulable(
-            self.core, namespace=pod.namespace, name=pod.name, message=message, reason=NO_WORKER_REASON
-        )
+        await set_unschedulable(self.core, namespace=pod.namespace, name=pod.name, message=message, reason=reason)
 
 
 @dataclass
@@ -227,7 +228,10 @@ class Waiting:
     policy: str
     since_unix: float
     notified_at: float | None = None
-    """Monotonic time of the last NoWorkerForPolicy notice."""
+    """Monotonic time of the last notice."""
+    reason: str = NO_WORKER_REASON
+    message: str = ""
+    """What the notice says; empty means the no-worker message for ``policy``."""
 
 
 @dataclass
@@ -277,6 +281,8 @@ class Dispatcher:
         self.dispatched: dict[str, str] = {}
         """pod uid -> worker id, this replica's copy of the Redis map."""
         self.waiting: dict[str, Waiting] = {}
+        self.podgroups: dict[GangKey, PodGroupSpec] = {}
+        """scheduler-plugins PodGroups by namespace/name (empty when the CRD is not installed)."""
         self.workers: list[WorkerInfo] = []
         """Live workers as of the last round."""
         self.redis_error: str | None = None
@@ -476,10 +482,14 @@ class Dispatcher:
     async def _send(self, pods: Sequence[PendingPod]) -> int:
         if not pods:
             return 0
+        singles, gang_items = self._plan_gangs(pods)
         by_uid = {pod.uid: pod for pod in pods}
+        for item in gang_items:
+            for member in item.members:
+                by_uid.setdefault(member.uid, self.pending[member.uid])
         loads = worker_loads(self.workers, self.dispatched)
         sent = 0
-        for item in plan_work_items(pods, attempts=self._attempts):
+        for item in [*plan_work_items(singles, attempts=self._attempts), *gang_items]:
             if not self._is_leader():
                 log.info("no longer leader: stopped dispatching")
                 break
@@ -503,13 +513,47 @@ class Dispatcher:
             sent += len(uids)
         return sent
 
-    def _wait(self, pod: PendingPod) -> None:
+    def wake(self) -> None:
+        """Something changed that may let waiting pods go (e.g. a PodGroup appeared)."""
+        self._wakeup.set()
+
+    def _gang(self, pod: PendingPod) -> GangKey | None:
+        return gang_of(pod.namespace, pod.labels, pod.annotations)
+
+    def _plan_gangs(self, pods: Sequence[PendingPod]) -> tuple[list[PendingPod], list[WorkItem]]:
+        """Pods outside gangs, and one item per gang that has min-available members pending; the members of a
+        gang that is not complete wait, with the reason on each of them."""
+        singles = [pod for pod in pods if self._gang(pod) is None]
+        keys = sorted({key for pod in pods if (key := self._gang(pod)) is not None})
+        items: list[WorkItem] = []
+        for key in keys:
+            members = sorted(
+                (p for p in self.pending.values() if self._gang(p) == key and p.uid not in self.dispatched),
+                key=lambda p: p.name,
+            )
+            state = gang_state(key, [m.labels for m in members], podgroups=self.podgroups)
+            if not state.ready:
+                for member in members:
+                    self._wait(member, reason=GANG_WAITING_REASON, message=state.waiting_message())
+                continue
+            first = members[0]
+            items.append(WorkItem(
+                uid=first.uid, namespace=first.namespace, name=first.name, policy=first.policy, gang=str(key),
+                members=tuple(GangMember(uid=m.uid, namespace=m.namespace, name=m.name) for m in members),
+                min_available=state.min_available or len(members), attempt=self._attempts.get(first.uid, 0),
+            ))
+        return singles, items
+
+    def _wait(self, pod: PendingPod, *, reason: str = NO_WORKER_REASON, message: str = "") -> None:
         waiting = self.waiting.get(pod.uid)
         if waiting is None:
-            self.waiting[pod.uid] = Waiting(pod=pod.key, policy=pod.policy, since_unix=self._wall())
-            log.info("pod %s waits: no live worker serves policy %r", pod.key, pod.policy)
+            self.waiting[pod.uid] = Waiting(pod=pod.key, policy=pod.policy, since_unix=self._wall(), reason=reason,
+                                            message=message)
+            log.info("pod %s waits: %s", pod.key, message or no_worker_message(pod.policy))
         else:
-            waiting.policy = pod.policy
+            if (waiting.reason, waiting.message) != (reason, message):
+                waiting.notified_at = None  # the reason changed: say so at once
+            waiting.policy, waiting.reason, waiting.message = pod.policy, reason, message
 
     async def drain_notices(self) -> None:
         """Wait for the NoWorkerForPolicy notices started by the last round."""
@@ -536,7 +580,12 @@ class Dispatcher:
         self._notices = asyncio.create_task(self._send_notices(self.notifier, pods), name="no-worker-notices")
 
     async def _send_notices(self, notifier: Notifier, pods: Sequence[PendingPod]) -> None:
-        await asyncio.gather(*(notifier.no_worker(pod, message=no_worker_message(pod.policy)) for pod in pods))
+        notes = [self.waiting.get(pod.uid) for pod in pods]
+        await asyncio.gather(*(
+            notifier.waiting(pod, reason=note.reason if note else NO_WORKER_REASON,
+                             message=(note.message if note and note.message else no_worker_message(pod.policy)))
+            for pod, note in zip(pods, notes, strict=True)
+        ))
         self.metrics.no_worker_events.inc(len(pods))
 
     async def _flush_gone(self) -> None:
@@ -736,6 +785,42 @@ class RunningDispatcher:
     tasks: list[asyncio.Task[None]]
 
 
+PODGROUP_API = ("scheduling.x-k8s.io", "v1alpha1", "podgroups")
+
+
+async def watch_podgroups(api: client.ApiClient, dispatcher: Dispatcher, *, recheck_seconds: float = 60.0) -> None:
+    """Mirror scheduler-plugins PodGroups (minMember, scheduleTimeoutSeconds) when the CRD is installed; check
+    again now and then when it is not, so installing it later works without a restart."""
+    custom: Any = client.CustomObjectsApi(api)
+    group, version, plural = PODGROUP_API
+    call = functools.partial(custom.list_cluster_custom_object, group, version, plural)
+
+    async def on_list(items: list[Json]) -> None:
+        dispatcher.podgroups = dict(p for p in map(parse_podgroup, items) if p is not None)
+        dispatcher.wake()
+
+    async def on_event(kind: str, obj: Json) -> None:
+        parsed = parse_podgroup(obj)
+        if parsed is None:
+            return
+        if kind == "DELETED":
+            dispatcher.podgroups.pop(parsed[0], None)
+        else:
+            dispatcher.podgroups[parsed[0]] = parsed[1]
+        dispatcher.wake()
+
+    while True:
+        try:
+            await list_objects(call, limit=1)
+        except KubeError as error:
+            if error.status != 404:
+                log.warning("cannot list PodGroups: %s", error)
+            await asyncio.sleep(recheck_seconds)
+            continue
+        log.info("PodGroup CRD found: gangs may name a PodGroup (scheduling.x-k8s.io/pod-group)")
+        await run_informer("podgroups", call, InformerHandlers(on_list=on_list, on_event=on_event))
+
+
 @contextlib.asynccontextmanager
 async def running_dispatcher(settings: DispatcherSettings) -> AsyncIterator[RunningDispatcher]:
     """Start the watch, the election, the dispatcher's role and the HTTP server; stop them in reverse on exit.
@@ -782,6 +867,8 @@ async def running_dispatcher(settings: DispatcherSettings) -> AsyncIterator[Runn
             name="pending-pod-watch",
         )
         stack.push_async_callback(cancel_and_wait, informer)
+        podgroups = asyncio.create_task(watch_podgroups(api, dispatcher), name="podgroup-watch")
+        stack.push_async_callback(cancel_and_wait, podgroups)
         stack.push_async_callback(elector.release)
         election = asyncio.create_task(elector.run(), name="leader-election")
         stack.push_async_callback(cancel_and_wait, election)

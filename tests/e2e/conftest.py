@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from deploy.local.cluster import Cluster
-from deploy.local.plane import LocalPlane
+from deploy.local.plane import LocalPlane, Process
 
 _namespaces = itertools.count()
 
@@ -37,3 +37,11 @@ async def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> AsyncIt
     await cluster.ensure_namespace(name)
     yield name
     await cluster.delete_pods(name)
+
+
+@pytest.fixture(scope="session")
+def dispatcher(plane: LocalPlane) -> Iterator[Process]:
+    """One hoss-dispatcher for the session (workers come and go with the tests)."""
+    process = plane.start_dispatcher()
+    yield process
+    plane.stop_process(process.name)

@@ -6,57 +6,19 @@ import asyncio
 import itertools
 import os
 import signal
-from collections.abc import AsyncIterator, Iterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
 
-from deploy.local.cluster import Cluster, Json, oversold_nodes, pod_manifest, wait_until
+from deploy.local.cluster import Cluster, oversold_nodes, wait_until
 from deploy.local.plane import LocalPlane, Process
 from dispatcher.queue import WorkQueue
 from resolver.ledger import Ledger
+from tests.e2e.hoss import hoss_pods, wait_all_bound, workers
 
 _node_sets = itertools.count()
 NODE_CAPACITY = {"cpu": "8", "memory": "32Gi", "pods": "110"}
-
-
-@pytest.fixture(scope="module")
-def dispatcher(plane: LocalPlane) -> Iterator[Process]:
-    process = plane.start_dispatcher()
-    yield process
-    plane.stop_process(process.name)
-
-
-@asynccontextmanager
-async def workers(
-    plane: LocalPlane, layout: Sequence[tuple[str, Sequence[str]]], *, extra_args: Sequence[str] = ()
-) -> AsyncIterator[list[Process]]:
-    started = [plane.start_worker(wid, policies=policies, extra_args=extra_args) for wid, policies in layout]
-    try:
-        yield started
-    finally:
-        for process in started:
-            plane.stop_process(process.name)
-
-
-def hoss_pods(prefix: str, count: int, *, policy: str | None = None, cpu: str = "500m") -> list[Json]:
-    labels = {"hoss.io/policy": policy} if policy else None
-    return [
-        pod_manifest(f"{prefix}-{i:04d}", requests={"cpu": cpu, "memory": "512Mi"}, scheduler_name="hoss",
-                     labels=labels)
-        for i in range(count)
-    ]
-
-
-async def wait_all_bound(cluster: Cluster, namespace: str, count: int, *, timeout: float = 120) -> list[Json]:
-    async def bound() -> tuple[bool, str]:
-        pods = await cluster.raw_list("list_namespaced_pod", namespace)
-        done = sum(1 for p in pods if p["spec"].get("nodeName"))
-        return done == count, f"{done}/{count} bound"
-
-    await wait_until(bound, timeout=timeout, what=f"{count} pods to be bound by hoss")
-    return await cluster.raw_list("list_namespaced_pod", namespace)
 
 
 async def worker_counters(plane: LocalPlane) -> dict[str, dict[str, int]]:

@@ -72,7 +72,7 @@ class RecordingNotifier:
     def __init__(self) -> None:
         self.notices: list[tuple[str, str]] = []
 
-    async def no_worker(self, pod: PendingPod, *, message: str) -> None:
+    async def waiting(self, pod: PendingPod, *, reason: str, message: str) -> None:
         self.notices.append((pod.key, message))
 
 
