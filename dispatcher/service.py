@@ -22,7 +22,9 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import datetime
 import functools
+import importlib.resources
 import logging
 import random
 import signal
@@ -48,11 +50,15 @@ from dispatcher.status import (
     RESOLVER_STATS_MATCH,
     BoundRate,
     DispatcherMetrics,
+    GangStatus,
+    PendingStatus,
     QueueStatus,
     SystemStatus,
     ThroughputStatus,
     WaitingPod,
     build_status,
+    gang_view,
+    pending_view,
     resolver_instance,
 )
 from resolver.errors import LedgerUnavailable, PodSpecError
@@ -66,6 +72,7 @@ log = logging.getLogger(__name__)
 COMPONENT = "hoss-dispatcher"
 NO_WORKER_REASON = "NoWorkerForPolicy"
 GANG_WAITING_REASON = "GangIncomplete"
+GANG_TIMEOUT_REASON = "GangTimeout"
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 HANDBACK_BACKOFF_MAX_SECONDS = 300.0
 STATUS_TIMEOUT_SECONDS = 5.0
@@ -86,6 +93,12 @@ class PendingPod:
     """Monotonic time the dispatcher first saw the pod pending."""
     labels: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
+    created_unix: float | None = None
+    """metadata.creationTimestamp as unix time (None when absent or unreadable); for /status."""
+    unschedulable_reason: str | None = None
+    """Reason of the pod's PodScheduled=False condition, if it has one; for /status."""
+    unschedulable_message: str | None = None
+    """Message of the pod's PodScheduled=False condition, if it has one; for /status."""
 
     @property
     def key(self) -> str:
@@ -114,6 +127,28 @@ def pod_uid(raw: Json) -> str:
     return _required_text(metadata.get("uid"), field="metadata.uid")
 
 
+def _created_unix(metadata: Json) -> float | None:
+    value = metadata.get("creationTimestamp")
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.datetime.fromisoformat(value).timestamp()
+    except ValueError:
+        return None
+
+
+def _unschedulable(status: Json) -> tuple[str | None, str | None]:
+    """Reason and message of the PodScheduled=False condition (informational: a malformed one reads as absent)."""
+    conditions = status.get("conditions")
+    for condition in conditions if isinstance(conditions, list) else []:
+        if isinstance(condition, dict) and condition.get("type") == "PodScheduled" \
+                and condition.get("status") == "False":
+            reason, message = condition.get("reason"), condition.get("message")
+            return (reason if isinstance(reason, str) and reason else None,
+                    message if isinstance(message, str) and message else None)
+    return None, None
+
+
 def parse_pending_pod(
     raw: Json, *, scheduler_names: Collection[str], default_policy: str, seen_at: float
 ) -> PendingPod | None:
@@ -131,6 +166,7 @@ def parse_pending_pod(
         return None
     if spec.get("nodeName") or metadata.get("deletionTimestamp") or status.get("phase") in TERMINAL_PHASES:
         return None
+    unschedulable = _unschedulable(status)
     return PendingPod(
         uid=uid,
         namespace=_required_text(metadata.get("namespace"), field="metadata.namespace"),
@@ -139,6 +175,9 @@ def parse_pending_pod(
         seen_at=seen_at,
         labels=_string_map(metadata.get("labels"), field="metadata.labels"),
         annotations=_string_map(metadata.get("annotations"), field="metadata.annotations"),
+        created_unix=_created_unix(metadata),
+        unschedulable_reason=unschedulable[0],
+        unschedulable_message=unschedulable[1],
     )
 
 
@@ -282,6 +321,7 @@ class Dispatcher:
         """pod uid -> worker id, this replica's copy of the Redis map."""
         self.waiting: dict[str, Waiting] = {}
         self.podgroups: dict[GangKey, PodGroupSpec] = {}
+        self._gang_since: dict[GangKey, float] = {}
         """scheduler-plugins PodGroups by namespace/name (empty when the CRD is not installed)."""
         self.workers: list[WorkerInfo] = []
         """Live workers as of the last round."""
@@ -351,8 +391,8 @@ class Dispatcher:
             if uid not in self.dispatched:
                 self._fresh[uid] = None
                 self._wakeup.set()
-        elif known.policy != pod.policy or known.labels != pod.labels or known.annotations != pod.annotations:
-            self.pending[uid] = dataclasses.replace(pod, seen_at=known.seen_at)
+        elif (updated := dataclasses.replace(pod, seen_at=known.seen_at)) != known:
+            self.pending[uid] = updated  # labels, annotations or the PodScheduled condition changed
         return uid
 
     def _drop(self, uid: str, *, deleted: bool) -> None:
@@ -376,7 +416,23 @@ class Dispatcher:
         return sum(1 for uid in self.pending if uid not in assigned)
 
     def throughput(self) -> ThroughputStatus:
-        return self.rate.view(self._clock())
+        return self.rate.view(self._clock(), now_unix=self._wall())
+
+    def pending_status(self, dispatched: Mapping[str, str] | None = None) -> PendingStatus:
+        """The oldest pending pods and why each waits (``dispatched``: Redis's map, else this replica's copy)."""
+        waiting = {
+            uid: (w.reason, w.message or no_worker_message(w.policy)) for uid, w in self.waiting.items()
+        }
+        return pending_view(
+            self.pending.values(), dispatched=self.dispatched if dispatched is None else dispatched,
+            waiting=waiting, now_unix=self._wall(), now_monotonic=self._clock(),
+        )
+
+    def gang_status(self, dispatched: Mapping[str, str] | None = None) -> list[GangStatus]:
+        return gang_view(
+            self.pending.values(), dispatched=self.dispatched if dispatched is None else dispatched,
+            podgroups=self.podgroups,
+        )
 
     def queue_status(self, dispatched: Mapping[str, str] | None = None) -> QueueStatus:
         rows = sorted(
@@ -533,9 +589,19 @@ class Dispatcher:
             )
             state = gang_state(key, [m.labels for m in members], podgroups=self.podgroups)
             if not state.ready:
+                since = self._gang_since.setdefault(key, self._clock())
+                reason, message = GANG_WAITING_REASON, state.waiting_message()
+                group = self.podgroups.get(key)
+                if group is not None and group.timeout_seconds is not None:
+                    waited = self._clock() - since
+                    if waited >= group.timeout_seconds:
+                        reason = GANG_TIMEOUT_REASON
+                        message = (f"gang {key} timed out: waited {waited:.0f}s (scheduleTimeoutSeconds "
+                                   f"{group.timeout_seconds:.0f}); {message}")
                 for member in members:
-                    self._wait(member, reason=GANG_WAITING_REASON, message=state.waiting_message())
+                    self._wait(member, reason=reason, message=message)
                 continue
+            self._gang_since.pop(key, None)
             first = members[0]
             items.append(WorkItem(
                 uid=first.uid, namespace=first.namespace, name=first.name, policy=first.policy, gang=str(key),
@@ -687,7 +753,7 @@ async def run_roles(dispatcher: Dispatcher, elector: LeaderElector) -> None:
             role.result()  # a role only ends by crashing: let the service see it
 
 
-# --- HTTP: /status, /metrics, /healthz ---------------------------------------------------------------------
+# --- HTTP: /, /status, /metrics, /healthz ------------------------------------------------------------------
 
 
 @dataclass
@@ -748,6 +814,8 @@ async def gather_status(state: ServiceState) -> SystemStatus:
         dispatched=dispatched,
         snapshot=snapshot,
         resolver_stats=stats,
+        pending=dispatcher.pending_status(dispatched),
+        gangs=dispatcher.gang_status(dispatched),
         now_unix=now,
     )
 
@@ -755,6 +823,41 @@ async def gather_status(state: ServiceState) -> SystemStatus:
 async def status(request: web.Request) -> web.Response:
     document = await gather_status(request.app[STATE_KEY])
     return web.Response(text=document.model_dump_json(), content_type="application/json")
+
+
+async def status_schema(_request: web.Request) -> web.Response:
+    return web.json_response(SystemStatus.model_json_schema())
+
+
+DASHBOARD_FILES = {
+    "index.html": "text/html",
+    "dashboard.js": "text/javascript",
+    "dashboard.css": "text/css",
+}
+"""The operator dashboard: static files in dispatcher/dashboard/ (package data) that render /status."""
+DASHBOARD_KEY = web.AppKey("dashboard", dict[str, bytes])
+DASHBOARD_HEADERS = {
+    # Everything the page needs comes from this server; pod names and messages are rendered as text, never markup.
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Cache-Control": "no-cache",
+}
+
+
+def load_dashboard() -> dict[str, bytes]:
+    """The dashboard's files, read once at start-up (a missing one fails the start, not a request)."""
+    folder = importlib.resources.files("dispatcher").joinpath("dashboard")
+    return {name: folder.joinpath(name).read_bytes() for name in DASHBOARD_FILES}
+
+
+async def dashboard(request: web.Request) -> web.Response:
+    name = request.match_info.get("name", "index.html")
+    if name not in DASHBOARD_FILES:
+        raise web.HTTPNotFound()
+    return web.Response(
+        body=request.app[DASHBOARD_KEY][name], content_type=DASHBOARD_FILES[name], charset="utf-8",
+        headers=DASHBOARD_HEADERS,
+    )
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -769,7 +872,11 @@ async def healthz(_request: web.Request) -> web.Response:
 def build_app(state: ServiceState) -> web.Application:
     app = web.Application()
     app[STATE_KEY] = state
+    app[DASHBOARD_KEY] = load_dashboard()
+    app.router.add_get("/", dashboard)
+    app.router.add_get("/dashboard/{name}", dashboard)
     app.router.add_get("/status", status)
+    app.router.add_get("/status/schema", status_schema)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     return app

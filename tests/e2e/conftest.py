@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +12,7 @@ from deploy.local.cluster import Cluster
 from deploy.local.plane import LocalPlane, Process
 
 _namespaces = itertools.count()
+PODGROUP_CRD = Path(__file__).resolve().parents[2] / "deploy" / "crds" / "podgroups.yaml"
 
 
 @pytest.fixture(scope="session")
@@ -41,7 +43,10 @@ async def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> AsyncIt
 
 @pytest.fixture(scope="session")
 def dispatcher(plane: LocalPlane) -> Iterator[Process]:
-    """One hoss-dispatcher for the session (workers come and go with the tests)."""
+    """One hoss-dispatcher for the session (workers come and go with the tests), on a plane that has the
+    scheduler-plugins PodGroup CRD (deploy/crds), so gangs may name a PodGroup."""
+    plane.kubectl("apply", "-f", str(PODGROUP_CRD))
+    plane.kubectl("wait", "--for=condition=Established", "crd/podgroups.scheduling.x-k8s.io", "--timeout=60s")
     process = plane.start_dispatcher()
     yield process
     plane.stop_process(process.name)

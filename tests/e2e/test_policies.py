@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 from aiohttp import web
+from kubernetes_asyncio import client
 
 from deploy.local.cluster import Cluster, Json, wait_until
 from deploy.local.plane import POLICIES_FILE, LocalPlane, Process
@@ -100,6 +101,31 @@ async def test_min_available_below_the_group_size_binds_at_least_that_many_at_on
 
         await wait_until(enough, timeout=60, what="at least min-available members to be bound")
         assert len(await bound_pods(cluster, namespace)) == 6  # everything that fits, all in one reservation
+        await cluster.delete_pods(namespace)
+
+
+async def test_podgroup_gang_waits_for_min_member_reports_its_timeout_then_binds_together(
+    plane: LocalPlane, dispatcher: Process, cluster: Cluster, namespace: str
+) -> None:
+    capacity = {"cpu": "8", "memory": "32Gi", "pods": "110"}
+    podgroup = {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup",
+                "metadata": {"name": "job-pg", "namespace": namespace},
+                "spec": {"minMember": 3, "scheduleTimeoutSeconds": 2}}
+    custom: Any = client.CustomObjectsApi(cluster.api)
+    await custom.create_namespaced_custom_object("scheduling.x-k8s.io", "v1alpha1", namespace, "podgroups", podgroup)
+    members = hoss_pods("job-pg", 3, labels={"scheduling.x-k8s.io/pod-group": "job-pg"})
+    async with node_set(cluster, 2, capacity), workers(plane, [("pg-1", ["default"])]):
+        await cluster.create_pods(members[:2], namespace=namespace)
+
+        async def timed_out() -> tuple[bool, str]:
+            events = await cluster.events_for(namespace, "job-pg-0000")
+            reasons = sorted({e.reason for e in events})
+            return "GangTimeout" in reasons, ", ".join(reasons)
+
+        await wait_until(timed_out, timeout=60, what="the incomplete gang to report its timeout")
+        assert await bound_pods(cluster, namespace) == []
+        await cluster.create_pods(members[2:], namespace=namespace)
+        await wait_all_bound(cluster, namespace, 3, timeout=60)
         await cluster.delete_pods(namespace)
 
 
