@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import orjson
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -65,7 +66,7 @@ async def request_json(call: ListCall, *args: Any, **kwargs: Any) -> Json:
         response.release()
     if not 200 <= status <= 299:
         raise KubeError(f"{status}: {_status_message(body)}", status=status)
-    return dict(json.loads(body)) if body else {}
+    return dict(orjson.loads(body)) if body else {}
 
 
 def _status_message(body: bytes) -> str:
@@ -120,7 +121,7 @@ async def watch_objects(
                 return
             if not line:
                 return
-            event = json.loads(line)
+            event = orjson.loads(line)
             kind, obj = str(event.get("type")), event.get("object") or {}
             if kind == "ERROR":
                 code = obj.get("code")
@@ -179,7 +180,7 @@ async def run_informer(
                         break
         except WatchGone:
             log.info("%s: watch expired (410 Gone); listing again", name)
-        except (ResolverError, aiohttp.ClientError, OSError, TimeoutError, json.JSONDecodeError) as error:
+        except (ResolverError, aiohttp.ClientError, OSError, TimeoutError, ValueError) as error:
             log.warning("%s: list/watch failed (%s); retrying in %.1fs", name, error, backoff)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, max_backoff_seconds)

@@ -43,25 +43,40 @@ class PodInfo:
     scheduler_name: str
     request: ResourceVector
     terminal: bool
+    generation: int | None = None
 
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
 
 
-def parse_pod(pod: Json) -> PodInfo:
-    """The typed view of a raw pod; raises ResolverError subclasses naming the bad field."""
+def parse_pod(pod: Json, *, known: PodInfo | None = None) -> PodInfo:
+    """The typed view of a raw pod; raises ResolverError subclasses naming the bad field.
+
+    ``known``, the view of the same pod from an earlier event, lends its request when the pod's spec has not
+    changed since (same uid and ``metadata.generation``, which the apiserver bumps on every spec change, an
+    in-place resize included): most events of a pod are status updates, and computing a request is the costly
+    part of a view.
+    """
     metadata = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
+    generation = metadata.get("generation")
+    reuse = (
+        known is not None
+        and generation is not None
+        and known.generation == generation
+        and known.uid == str(metadata.get("uid", ""))
+    )
     return PodInfo(
         uid=str(metadata.get("uid", "")),
         namespace=str(metadata.get("namespace", "")),
         name=str(metadata.get("name", "")),
         node=spec.get("nodeName") or None,
         scheduler_name=str(spec.get("schedulerName") or "default-scheduler"),
-        request=pod_requests(pod),
+        request=known.request if reuse and known is not None else pod_requests(pod),
         terminal=status.get("phase") in TERMINAL_PHASES,
+        generation=generation if isinstance(generation, int) else None,
     )
 
 
@@ -213,8 +228,9 @@ class LedgerSync:
             await self.rebuild()
 
     def _parse(self, pod: Json) -> PodInfo | None:
+        uid = (pod.get("metadata") or {}).get("uid")
         try:
-            return parse_pod(pod)
+            return parse_pod(pod, known=self.pods.by_uid.get(uid) if isinstance(uid, str) else None)
         except ResolverError as error:
             self.stats.malformed_pods += 1
             metadata = pod.get("metadata") or {}
