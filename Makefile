@@ -31,6 +31,11 @@ deps: venv
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
 	@command -v redis-server >/dev/null || { echo "redis-server is still missing"; exit 1; }
+	@command -v chromium >/dev/null || { \
+	  echo "installing chromium and chromium-driver (Debian packages, for the dashboard's browser test)"; \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; }
+	@command -v chromium >/dev/null || { echo "chromium is still missing"; exit 1; }
 
 # Builds kube-apiserver, kube-scheduler, kubectl, etcd and kwok once into the cache (see README); reuses them after.
 binaries: venv
