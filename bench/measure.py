@@ -8,15 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 import numpy as np
 
 from deploy.local.cluster import Cluster, Json, for_each
-from resolver.kube import KubeError, WatchGone, list_objects, request_json, watch_objects
+from resolver.kube import KubeError, list_objects, request_json, watch_objects
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -70,12 +74,14 @@ class PodWatcher:
         call = self.cluster.core.list_namespaced_pod
         while True:
             try:
-                async for _kind, pod in watch_objects(call, resource_version=version, namespace=self.namespace,
-                                                      timeout_seconds=600, inactivity_seconds=600):
+                async for kind, pod in watch_objects(call, resource_version=version, namespace=self.namespace,
+                                                     timeout_seconds=600, inactivity_seconds=600):
                     version = str(pod.get("metadata", {}).get("resourceVersion") or version)
-                    if pod.get("kind") == "Pod":
+                    if kind in ("ADDED", "MODIFIED"):
                         self._see(pod, time.monotonic())
-            except WatchGone:
+            except (KubeError, aiohttp.ClientError, TimeoutError, ValueError) as error:
+                # WatchGone included: list again (pods seen late get late timestamps, never lost ones).
+                log.info("benchmark watch restarts after: %s", error)
                 items, version = await list_objects(call, namespace=self.namespace)
                 for pod in items:
                     self._see(pod, time.monotonic())
@@ -101,9 +107,21 @@ class PodWatcher:
                 return
 
 
-async def create_pods(cluster: Cluster, manifests: Iterable[Json], *, namespace: str, concurrency: int = 64) -> None:
-    await for_each(list(manifests), lambda m: request_json(cluster.core.create_namespaced_pod, namespace, m),
-                   limit=concurrency)
+async def create_pods(cluster: Cluster, manifests: Iterable[Json], *, namespace: str, concurrency: int = 64) -> int:
+    """Create the pods, ``concurrency`` at a time; returns how many could not be created (each request has a
+    timeout, so one stuck connection cannot stall a run)."""
+    failed = 0
+
+    async def create(manifest: Json) -> None:
+        nonlocal failed
+        try:
+            await request_json(cluster.core.create_namespaced_pod, namespace, manifest, _request_timeout=30)
+        except (KubeError, aiohttp.ClientError, TimeoutError) as error:
+            failed += 1
+            log.warning("creating pod %s failed: %s", manifest["metadata"]["name"], error)
+
+    await for_each(list(manifests), create, limit=concurrency)
+    return failed
 
 
 async def post_bindings(
@@ -121,8 +139,9 @@ async def post_bindings(
             "target": {"apiVersion": "v1", "kind": "Node", "name": nodes[index % len(nodes)]},
         }
         try:
-            await request_json(cluster.core.create_namespaced_pod_binding, pod["metadata"]["name"], namespace, body)
-        except KubeError:
+            await request_json(cluster.core.create_namespaced_pod_binding, pod["metadata"]["name"], namespace, body,
+                               _request_timeout=30)
+        except (KubeError, aiohttp.ClientError, TimeoutError):
             refused += 1
 
     await for_each(list(enumerate(pods)), bind, limit=concurrency)

@@ -99,11 +99,12 @@ class Bench:
         while not waiting.done():
             self.progress("", watcher.bound_count, len(manifests))
             await asyncio.sleep(0.5)
-        await creating
+        create_failed = await creating
         await watcher.stop()
         timeline = watcher.timeline
         return {
             "pods": len(manifests),
+            "create_failed": create_failed,
             "bound": len(timeline.bound),
             "pods_per_second": round(timeline.throughput(len(manifests)), 1),
             **timeline.percentiles(),
