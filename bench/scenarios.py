@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import random
+import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -27,6 +28,7 @@ from workers.profiles import load_profiles
 
 GPU = "nvidia.com/gpu"
 Progress = Callable[[str, int, int], None]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -71,8 +73,8 @@ class Bench:
         return namespace, nodes
 
     async def cleanup(self, namespace: str, nodes: Sequence[str]) -> None:
-        await self.cluster.delete_pods(namespace)
-        await self.cluster.delete_nodes(nodes)
+        await guarded("deleting the run's pods", self.cluster.delete_pods(namespace), seconds=180)
+        await guarded("deleting the run's nodes", self.cluster.delete_nodes(nodes), seconds=180)
 
     def start_hoss(self, workers: int, *, policies: Sequence[str] = ("default",)) -> list[Process]:
         if self.dispatcher is None:
@@ -99,8 +101,8 @@ class Bench:
         while not waiting.done():
             self.progress("", watcher.bound_count, len(manifests))
             await asyncio.sleep(0.5)
-        create_failed = await creating
-        await watcher.stop()
+        create_failed = await guarded("creating the pods", creating, seconds=120) or 0
+        await guarded("stopping the watch", watcher.stop(), seconds=30)
         timeline = watcher.timeline
         return {
             "pods": len(manifests),
@@ -109,6 +111,15 @@ class Bench:
             "pods_per_second": round(timeline.throughput(len(manifests)), 1),
             **timeline.percentiles(),
         }
+
+
+async def guarded(step: str, work: Awaitable[T], *, seconds: float) -> T | None:
+    """``work``, abandoned with a message after ``seconds``: one stuck request must not stall a whole run."""
+    try:
+        return await asyncio.wait_for(work, seconds)
+    except TimeoutError:
+        print(f"\n[bench] {step} did not finish within {seconds:.0f}s; going on", file=sys.stderr, flush=True)
+        return None
 
 
 def small_pods(count: int, scheduler: str, prefix: str = "p") -> list[Json]:
