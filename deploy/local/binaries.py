@@ -103,7 +103,7 @@ def build_missing(*, force: bool = False) -> dict[str, Path]:
     for index, b in enumerate(todo, start=1):
         _progress(
             f"({index}/{len(todo)}) building {b.name} {b.version} from {b.package} "
-            f"(first build of the Kubernetes binaries takes 10-20 minutes on 2 cores)"
+            f"(all five take about 5-7 minutes the first time on 2 cores)"
         )
         started = time.monotonic()
         output = target / b.name

@@ -28,6 +28,11 @@ GPU_NODE = {"cpu": "32", "memory": "256Gi", "pods": "110", GPU_RESOURCE: "8"}
 # What a person sees, read from the elements the dashboard marks for tests.
 READ_PAGE = """(() => {
   const q = (testid) => document.querySelector(`[data-testid="${testid}"]`);
+  if (!q("bound-total") || !q("throughput-chart")) {
+    // The page is still loading: report "not loaded" and let the caller read again.
+    return {loaded: false, bound: null, banner: "", workers: {}, nodes: {}, pending: {}, denials: [],
+            stranded: null, chart_samples: 0, chart_peak: 0};
+  }
   const rows = (testid, selector) => [...q(testid).querySelectorAll(selector)];
   const chart = q("throughput-chart");
   return {

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import os
 import signal
@@ -48,9 +47,15 @@ async def test_three_workers_bind_300_pods_on_30_nodes_without_overselling_and_a
         pods = await wait_all_bound(cluster, namespace, 300)
         assert {p["spec"]["nodeName"] for p in pods} <= set(nodes)
         assert oversold_nodes(await cluster.raw_list("list_node"), pods) == {}
-        counters = await worker_counters(plane)
-    bound_by = {wid: counters[wid].get("bound", 0) for wid, _ in layout}
-    assert sum(bound_by.values()) >= 300
+        bound_by: dict[str, int] = {}
+
+        async def counted() -> tuple[bool, str]:
+            # Heartbeats carry the counters once a second: wait for the ones sent after the last binding.
+            counters = await worker_counters(plane)
+            bound_by.update({wid: counters.get(wid, {}).get("bound", 0) for wid, _ in layout})
+            return sum(bound_by.values()) >= 300, str(bound_by)
+
+        await wait_until(counted, timeout=15, what="the workers' heartbeats to count every binding")
     assert all(n > 0 for n in bound_by.values()), bound_by
 
 
@@ -91,8 +96,15 @@ async def test_pods_of_each_policy_reach_only_workers_serving_it(
         await cluster.create_pods(hoss_pods("spread", 40) + hoss_pods("pack", 40, policy="binpack"),
                                   namespace=namespace)
         await wait_all_bound(cluster, namespace, 80)
-        await asyncio.sleep(1.5)  # one more heartbeat carries the final counters
-        counters = await worker_counters(plane)
+        counters: dict[str, dict[str, int]] = {}
+
+        async def counted() -> tuple[bool, str]:
+            counters.update(await worker_counters(plane))
+            done = [counters.get(w, {}).get(f"bound:{p}", 0) for w, p in (("spread-only", "default"),
+                                                                           ("pack-only", "binpack"))]
+            return done == [40, 40], str(counters)
+
+        await wait_until(counted, timeout=15, what="the workers' heartbeats to count every binding")
     assert counters["spread-only"].get("bound:default") == 40
     assert "bound:binpack" not in counters["spread-only"]
     assert counters["pack-only"].get("bound:binpack") == 40
