@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+import aiohttp
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -20,6 +22,7 @@ from resolver.kube import request_json
 from resolver.resources import node_allocatable, pod_requests
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 A = TypeVar("A")
 Json = dict[str, Any]
 
@@ -125,15 +128,15 @@ class Cluster:
     ) -> list[str]:
         names = [f"{prefix}-{i:04d}" for i in range(count)]
         manifests = [node_manifest(n, capacity=capacity, labels=labels, taints=taints) for n in names]
-        await for_each(manifests, self.core.create_node)
+        await for_each(manifests, lambda m: self.call(self.core.create_node, m, create=True))
         return names
 
     async def delete_nodes(self, names: Iterable[str]) -> None:
-        await for_each(names, lambda n: self._ignore_missing(self.core.delete_node(n)))
+        await for_each(names, lambda n: self._ignore_missing(self.call(self.core.delete_node, n)))
 
     async def ready_nodes(self, names: Iterable[str]) -> set[str]:
         wanted = set(names)
-        nodes = await self.core.list_node()
+        nodes: Any = await self.call(self.core.list_node)
         return {
             node.metadata.name
             for node in nodes.items
@@ -150,6 +153,26 @@ class Cluster:
 
     # --- namespaces and pods -----------------------------------------------------------------------------
 
+    async def call(
+        self, method: Callable[..., Awaitable[T]], *args: Any, create: bool = False, timeout: float = 30.0,
+        **kwargs: Any,
+    ) -> T | None:
+        """One API call with a deadline, tried up to three times when the answer does not come (on a loaded
+        2-core machine a response can get lost, and the client would otherwise wait forever). A create that
+        meets 409 on a retry had succeeded the first time."""
+        for attempt in range(3):
+            try:
+                return await method(*args, _request_timeout=timeout, **kwargs)
+            except (TimeoutError, aiohttp.ClientError) as error:
+                if attempt == 2:
+                    raise
+                log.warning("API call %s got no answer (%s); trying again", getattr(method, "__name__", method), error)
+            except ApiException as error:
+                if create and attempt > 0 and error.status == 409:
+                    return None
+                raise
+        raise AssertionError("unreachable")
+
     async def ensure_namespace(self, name: str) -> None:
         try:
             await self.core.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
@@ -159,19 +182,21 @@ class Cluster:
 
     async def create_pods(self, manifests: Iterable[Json], *, namespace: str) -> list[str]:
         items = list(manifests)
-        await for_each(items, lambda m: self.core.create_namespaced_pod(namespace, m))
+        await for_each(items, lambda m: self.call(self.core.create_namespaced_pod, namespace, m, create=True))
         return [m["metadata"]["name"] for m in items]
 
     async def raw_list(self, call: str, *args: str, **kwargs: Any) -> list[Json]:
         """A list call's items as raw JSON (the shape resolver.resources parses), e.g. ``raw_list("list_node")``."""
-        return list((await request_json(getattr(self.core, call), *args, **kwargs))["items"])
+        body: Any = await self.call(request_json, getattr(self.core, call), *args, **kwargs)
+        return list(body["items"])
 
     async def pods(self, namespace: str, *, label_selector: str = "") -> list[Any]:
         result = await self.core.list_namespaced_pod(namespace, label_selector=label_selector)
         return list(result.items)
 
     async def delete_pods(self, namespace: str) -> None:
-        await self.core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+        await self.call(self.core.delete_collection_namespaced_pod, namespace, grace_period_seconds=0,
+                        timeout=120)
 
     async def events_for(self, namespace: str, pod: str) -> list[Any]:
         events = await self.core.list_namespaced_event(

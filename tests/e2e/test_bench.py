@@ -7,14 +7,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SYSTEMS = {"kube-scheduler", "apiserver-ceiling", "apiserver-ceiling+webhook", "hoss-1w", "hoss-2w"}
 
 
+@pytest.mark.timeout(900)
 def test_quick_bench_reports_every_scenario_and_figure(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "deploy.cli", "bench", "--quick", "--dir", str(tmp_path / "plane"),
          "--json", str(tmp_path / "bench.json"), "--chart", str(tmp_path / "bench.png")],
-        capture_output=True, text=True, timeout=900, check=False,
+        capture_output=True, text=True, timeout=840, check=False,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     figures = json.loads((tmp_path / "bench.json").read_text())
