@@ -91,10 +91,18 @@ class PodWatcher:
         self._task = asyncio.create_task(self._run(version))
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        """Cancel the watch; never wait on it for long (a cancellation can be lost on Python 3.11)."""
+        task = self._task
+        if task is None:
+            return
+        for _ in range(50):
+            task.cancel()
+            done, _pending = await asyncio.wait({task}, timeout=0.2)
+            if done:
+                with contextlib.suppress(asyncio.CancelledError):
+                    task.result()
+                return
+        log.warning("the benchmark's pod watch did not stop; leaving it")
 
     async def wait_bound(self, count: int, *, timeout: float, quiet_seconds: float = 15.0) -> None:
         """Until ``count`` pods are bound, or nothing was bound for ``quiet_seconds``, or ``timeout``."""

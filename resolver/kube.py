@@ -25,6 +25,7 @@ from resolver.errors import ResolverError
 log = logging.getLogger(__name__)
 
 Json = dict[str, Any]
+DEFAULT_REQUEST_TIMEOUT_SECONDS = 60.0
 ListCall = Callable[..., Awaitable[Any]]
 
 
@@ -53,8 +54,10 @@ async def request_json(call: ListCall, *args: Any, **kwargs: Any) -> Json:
 
     With ``_preload_content=False`` the client hands back error responses instead of raising, so the status is
     checked here: anything but 2xx raises KubeError with the apiserver's message and status. The response is
-    always released.
+    always released. Every call has a deadline (``_request_timeout``, default 60 s): the client's own default is
+    none, and a response lost under load would otherwise stall the caller forever.
     """
+    kwargs.setdefault("_request_timeout", DEFAULT_REQUEST_TIMEOUT_SECONDS)
     try:
         response = await call(*args, _preload_content=False, **kwargs)
     except ApiException as error:
@@ -115,7 +118,10 @@ async def watch_objects(
     try:
         while True:
             try:
-                line = await asyncio.wait_for(response.content.readline(), inactivity_seconds)
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancellation that arrives
+                # as a line does, and the watch would then never stop.
+                async with asyncio.timeout(inactivity_seconds):
+                    line = await response.content.readline()
             except TimeoutError:
                 log.warning("watch silent for %.0fs; reconnecting", inactivity_seconds)
                 return
