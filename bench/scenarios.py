@@ -20,7 +20,7 @@ import numpy as np
 from bench.measure import PodWatcher, create_pods, post_bindings
 from deploy.local.cluster import Cluster, Json, oversold_nodes, pod_manifest
 from deploy.local.plane import LocalPlane, Process
-from resolver.resources import node_allocatable, pod_requests
+from resolver.resources import gpu_spread, node_allocatable, pod_requests
 from workers.framework import decide
 from workers.nodes import NodeTable
 from workers.pod import parse_pod
@@ -283,18 +283,12 @@ def gpu_figures(nodes: list[Json], pods: list[Json]) -> dict[str, int]:
         node = pod["spec"].get("nodeName")
         if node:
             used[node] = used.get(node, 0) + pod_requests(pod).get(GPU, 0)
-    free_nodes = partly = stranded = 0
-    for node in nodes:
-        alloc = node_allocatable(node).get(GPU, 0)
-        taken = used.get(node["metadata"]["name"], 0)
-        if taken == 0:
-            free_nodes += 1
-        elif taken < alloc:
-            partly += 1
-            stranded += alloc - taken
+    spread = gpu_spread(
+        (node_allocatable(node).get(GPU, 0), used.get(node["metadata"]["name"], 0)) for node in nodes
+    )
     placed = sum(1 for p in pods if p["spec"].get("nodeName"))
-    return {"pods": len(pods), "placed": placed, "fully_free_gpu_nodes": free_nodes,
-            "partly_used_gpu_nodes": partly, "stranded_gpus": stranded}
+    return {"pods": len(pods), "placed": placed, "fully_free_gpu_nodes": spread.fully_free_nodes,
+            "partly_used_gpu_nodes": spread.partly_used_nodes, "stranded_gpus": spread.stranded_gpus}
 
 
 async def gpu_mix(bench: Bench, size: Size, *, policy: str) -> dict[str, Any]:

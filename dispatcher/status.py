@@ -17,6 +17,7 @@ resolver stops; the dispatcher sums them.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import heapq
 import logging
 import time
@@ -29,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from dispatcher.gangs import GangKey, PodGroupSpec, gang_of, gang_state
 from dispatcher.queue import PREFIX, WorkerInfo
 from resolver.ledger import LedgerSnapshot, NodeSnapshot
+from resolver.resources import gpu_spread
 
 log = logging.getLogger(__name__)
 
@@ -424,25 +426,10 @@ def node_statuses(snapshot: LedgerSnapshot) -> list[NodeStatus]:
 def gpu_fragmentation(snapshot: LedgerSnapshot, *, resource: str = GPU_RESOURCE) -> GpuStatus:
     """How the GPUs are spread: nodes fully free, partly used and full, and the GPUs stranded on partly used
     nodes. A node counts as a GPU node when it has allocatable `resource`; one overcommitted counts as full."""
-    free_nodes = partly_used = full = stranded = gpus = used_gpus = 0
-    for node in snapshot.nodes.values():
-        alloc = node.alloc.get(resource, 0)
-        if alloc <= 0:
-            continue
-        used = node.used.get(resource, 0)
-        gpus += alloc
-        used_gpus += used
-        if used <= 0:
-            free_nodes += 1
-        elif used >= alloc:
-            full += 1
-        else:
-            partly_used += 1
-            stranded += alloc - used
-    return GpuStatus(
-        resource=resource, gpu_nodes=free_nodes + partly_used + full, fully_free_nodes=free_nodes,
-        partly_used_nodes=partly_used, full_nodes=full, gpus=gpus, used_gpus=used_gpus, stranded_gpus=stranded,
+    spread = gpu_spread(
+        (node.alloc.get(resource, 0), node.used.get(resource, 0)) for node in snapshot.nodes.values()
     )
+    return GpuStatus(resource=resource, **dataclasses.asdict(spread))
 
 
 def pool_statuses(snapshot: LedgerSnapshot) -> list[PoolStatus]:

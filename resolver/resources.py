@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, TypeVar
 
@@ -269,3 +270,37 @@ def _list(value: object, *, field: str) -> list[Any]:
     if not isinstance(value, list):
         raise PodSpecError(field=field, reason=f"expected a list, got {type(value).__name__}")
     return value
+
+
+@dataclass(frozen=True)
+class GpuSpread:
+    """How the GPUs of a set of nodes are spread (GPU nodes only: those with allocatable GPUs)."""
+
+    gpu_nodes: int
+    fully_free_nodes: int
+    partly_used_nodes: int
+    full_nodes: int
+    gpus: int
+    used_gpus: int
+    stranded_gpus: int
+    """Free GPUs on partly used nodes: too few together for a job that needs a whole node."""
+
+
+def gpu_spread(nodes: Iterable[tuple[int, int]]) -> GpuSpread:
+    """The spread of (allocatable, used) GPUs per node; an overcommitted node counts as full."""
+    free_nodes = partly_used = full = stranded = gpus = used_gpus = 0
+    for alloc, used in nodes:
+        if alloc <= 0:
+            continue
+        gpus += alloc
+        used_gpus += used
+        if used <= 0:
+            free_nodes += 1
+        elif used >= alloc:
+            full += 1
+        else:
+            partly_used += 1
+            stranded += alloc - used
+    return GpuSpread(gpu_nodes=free_nodes + partly_used + full, fully_free_nodes=free_nodes,
+                     partly_used_nodes=partly_used, full_nodes=full, gpus=gpus, used_gpus=used_gpus,
+                     stranded_gpus=stranded)

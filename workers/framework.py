@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, Self, runtime_checkable
 
 import numpy as np
 from numpy.typing import NDArray
@@ -86,6 +86,15 @@ class NoArgs(BaseModel):
     """The args of a plugin that takes none: any key is a mistake in the policy file."""
 
     model_config = ConfigDict(extra="forbid")
+
+
+class TakesNoArgs:
+    """Base of plugins without args: ``from_args`` only checks that the policy file gave none."""
+
+    @classmethod
+    def from_args(cls, args: Mapping[str, Any]) -> Self:
+        NoArgs.model_validate(args)
+        return cls()
 
 
 MAX_EXTENDER_PRIORITY = 10

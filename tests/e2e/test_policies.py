@@ -19,6 +19,7 @@ from kubernetes_asyncio import client
 from deploy.local.cluster import Cluster, Json, wait_until
 from deploy.local.plane import POLICIES_FILE, LocalPlane, Process
 from tests.e2e.hoss import hoss_pods, wait_all_bound, workers
+from tests.unit.test_entry_point_plugins import install_dist_info
 
 GPU = "nvidia.com/gpu"
 _sets = itertools.count()
@@ -220,10 +221,8 @@ async def test_entry_point_plugin_installed_for_the_worker_changes_placement(
     (site / "hoss_example_plugin").mkdir(parents=True)
     (site / "hoss_example_plugin" / "__init__.py").write_text(
         (example / "hoss_example_plugin" / "__init__.py").read_text())
-    dist_info = site / "hoss_example_plugin-0.1.0.dist-info"
-    dist_info.mkdir()
-    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: hoss-example-plugin\nVersion: 0.1.0\n")
-    (dist_info / "entry_points.txt").write_text("[hoss.plugins]\nprefer-label = hoss_example_plugin:PreferLabel\n")
+    install_dist_info(site, name="hoss-example-plugin", version="0.1.0",
+                      entry_points={"prefer-label": "hoss_example_plugin:PreferLabel"})
     monkeypatch.setenv("PYTHONPATH", str(site))  # what `pip install` would give the worker's interpreter
     profile = {"name": "ssd-first", "filters": [{"name": "NodeResourcesFit"}],
                "scores": [{"name": "prefer-label", "weight": 10, "args": {"label": "disktype", "value": "ssd"}},

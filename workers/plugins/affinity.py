@@ -12,27 +12,19 @@ never per node; ``In``/``NotIn`` only touch the values they name) indexed by the
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Self
-
 import numpy as np
 
-from workers.framework import BoolArray, FilterResult, NoArgs
+from workers.framework import BoolArray, FilterResult, TakesNoArgs
 from workers.nodes import NodeTable
 from workers.pod import PodView, SelectorRequirement, SelectorTerm, parse_integer
 
 AFFINITY_MISMATCH = "node(s) didn't match Pod's node affinity/selector"
 
 
-class NodeAffinity:
+class NodeAffinity(TakesNoArgs):
     """Filter: rejects nodes that do not match the pod's nodeSelector or required node affinity."""
 
     name = "NodeAffinity"
-
-    @classmethod
-    def from_args(cls, args: Mapping[str, Any]) -> Self:
-        NoArgs.model_validate(args)
-        return cls()
 
     def filter(self, pod: PodView, nodes: NodeTable) -> FilterResult:
         rows = len(nodes)

@@ -11,7 +11,7 @@ by clipping instead of min-max (which would exaggerate small differences).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Annotated
+from typing import Annotated, Any, Self
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
@@ -65,3 +65,27 @@ def allocation_score(
 def clip_normalize(scores: FloatArray, feasible: BoolArray) -> FloatArray:
     """Scores that already are 0..100, kept as they are on feasible nodes; others become 0."""
     return np.where(feasible, np.clip(scores, 0.0, MAX_NODE_SCORE), 0.0)
+
+
+class AllocationScore:
+    """Base of the weighted allocation scorers: a subclass names itself and its per-resource score."""
+
+    name: str
+
+    @staticmethod
+    def per_resource(requested: FloatArray, allocatable: FloatArray) -> FloatArray:
+        """The 0..100 score of one resource column, given the request and allocatable per node."""
+        raise NotImplementedError
+
+    def __init__(self, weights: Mapping[str, int]) -> None:
+        self.weights = dict(weights)
+
+    @classmethod
+    def from_args(cls, args: Mapping[str, Any]) -> Self:
+        return cls(ResourceWeights.model_validate(args).resources)
+
+    def score(self, pod: PodView, nodes: NodeTable, feasible: BoolArray) -> FloatArray:
+        return allocation_score(pod, nodes, weights=self.weights, resource_score=self.per_resource)
+
+    def normalize(self, scores: FloatArray, feasible: BoolArray) -> FloatArray:
+        return clip_normalize(scores, feasible)

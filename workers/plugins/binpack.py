@@ -7,15 +7,10 @@ weighted-averaged as `workers.plugins.allocation` describes. Weights are configu
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Self
-
 import numpy as np
 
-from workers.framework import MAX_NODE_SCORE, BoolArray, FloatArray
-from workers.nodes import NodeTable
-from workers.plugins.allocation import ResourceWeights, allocation_score, clip_normalize
-from workers.pod import PodView
+from workers.framework import MAX_NODE_SCORE, FloatArray
+from workers.plugins.allocation import AllocationScore
 
 
 def most_allocated(requested: FloatArray, allocatable: FloatArray) -> FloatArray:
@@ -24,20 +19,8 @@ def most_allocated(requested: FloatArray, allocatable: FloatArray) -> FloatArray
     return score
 
 
-class MostAllocated:
+class MostAllocated(AllocationScore):
     """Score: higher for nodes whose weighted resources are fuller after placing the pod."""
 
     name = "MostAllocated"
-
-    def __init__(self, weights: Mapping[str, int]) -> None:
-        self.weights = dict(weights)
-
-    @classmethod
-    def from_args(cls, args: Mapping[str, Any]) -> Self:
-        return cls(ResourceWeights.model_validate(args).resources)
-
-    def score(self, pod: PodView, nodes: NodeTable, feasible: BoolArray) -> FloatArray:
-        return allocation_score(pod, nodes, weights=self.weights, resource_score=most_allocated)
-
-    def normalize(self, scores: FloatArray, feasible: BoolArray) -> FloatArray:
-        return clip_normalize(scores, feasible)
+    per_resource = staticmethod(most_allocated)

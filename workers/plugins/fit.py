@@ -8,10 +8,7 @@ passes is one the reservation can take unless another worker got there first.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Self
-
-from workers.framework import BoolArray, FilterResult, NoArgs
+from workers.framework import BoolArray, FilterResult, TakesNoArgs
 from workers.nodes import NodeTable
 from workers.pod import PodView
 
@@ -23,15 +20,10 @@ def insufficient_reason(resource: str) -> str:
     return TOO_MANY_PODS if resource == "pods" else f"Insufficient {resource}"
 
 
-class NodeResourcesFit:
+class NodeResourcesFit(TakesNoArgs):
     """Filter: rejects nodes without room for the request, with one reason per short resource."""
 
     name = "NodeResourcesFit"
-
-    @classmethod
-    def from_args(cls, args: Mapping[str, Any]) -> Self:
-        NoArgs.model_validate(args)
-        return cls()
 
     def filter(self, pod: PodView, nodes: NodeTable) -> FilterResult:
         reasons: dict[str, BoolArray] = {}

@@ -7,15 +7,10 @@ cpu 1, memory 1.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Self
-
 import numpy as np
 
-from workers.framework import MAX_NODE_SCORE, BoolArray, FloatArray
-from workers.nodes import NodeTable
-from workers.plugins.allocation import ResourceWeights, allocation_score, clip_normalize
-from workers.pod import PodView
+from workers.framework import MAX_NODE_SCORE, FloatArray
+from workers.plugins.allocation import AllocationScore
 
 
 def least_allocated(requested: FloatArray, allocatable: FloatArray) -> FloatArray:
@@ -25,20 +20,8 @@ def least_allocated(requested: FloatArray, allocatable: FloatArray) -> FloatArra
     return score
 
 
-class LeastAllocated:
+class LeastAllocated(AllocationScore):
     """Score: higher for nodes that keep more of the weighted resources free."""
 
     name = "LeastAllocated"
-
-    def __init__(self, weights: Mapping[str, int]) -> None:
-        self.weights = dict(weights)
-
-    @classmethod
-    def from_args(cls, args: Mapping[str, Any]) -> Self:
-        return cls(ResourceWeights.model_validate(args).resources)
-
-    def score(self, pod: PodView, nodes: NodeTable, feasible: BoolArray) -> FloatArray:
-        return allocation_score(pod, nodes, weights=self.weights, resource_score=least_allocated)
-
-    def normalize(self, scores: FloatArray, feasible: BoolArray) -> FloatArray:
-        return clip_normalize(scores, feasible)
+    per_resource = staticmethod(least_allocated)

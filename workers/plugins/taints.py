@@ -11,12 +11,9 @@ NodeUnschedulable rejects cordoned nodes (``spec.unschedulable``) unless the pod
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Self
-
 import numpy as np
 
-from workers.framework import BoolArray, FilterResult, NoArgs
+from workers.framework import BoolArray, FilterResult, TakesNoArgs
 from workers.nodes import NodeTable, Taint
 from workers.pod import PodView
 
@@ -30,15 +27,10 @@ def untolerated_reason(taint: Taint) -> str:
     return f"node(s) had untolerated taint {taint}"
 
 
-class TaintToleration:
+class TaintToleration(TakesNoArgs):
     """Filter: rejects nodes with a NoSchedule/NoExecute taint the pod does not tolerate."""
 
     name = "TaintToleration"
-
-    @classmethod
-    def from_args(cls, args: Mapping[str, Any]) -> Self:
-        NoArgs.model_validate(args)
-        return cls()
 
     def filter(self, pod: PodView, nodes: NodeTable) -> FilterResult:
         rows = len(nodes)
@@ -64,15 +56,10 @@ class TaintToleration:
         return FilterResult.from_reasons(rows, reasons)
 
 
-class NodeUnschedulable:
+class NodeUnschedulable(TakesNoArgs):
     """Filter: rejects cordoned nodes unless the pod tolerates the unschedulable taint."""
 
     name = "NodeUnschedulable"
-
-    @classmethod
-    def from_args(cls, args: Mapping[str, Any]) -> Self:
-        NoArgs.model_validate(args)
-        return cls()
 
     def filter(self, pod: PodView, nodes: NodeTable) -> FilterResult:
         rows = len(nodes)
