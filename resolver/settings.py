@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import typing
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Self, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from resolver.errors import ResolverError
 
@@ -85,6 +86,10 @@ def load_settings(model: type[S], argv: Sequence[str] | None, *, prog: str, desc
         raise SettingsError(f"{prog}: invalid settings: " + "; ".join(problems)) from error
 
 
+def _default_identity() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
 class ResolverSettings(BaseModel):
     """Settings of ``hoss-resolver``, the admission webhook that guards every binding."""
 
@@ -114,5 +119,29 @@ class ResolverSettings(BaseModel):
     """Largest AdmissionReview accepted; larger bodies get HTTP 400."""
     expire_interval_seconds: float = Field(default=1.0, gt=0)
     """How often reservations past their deadline are released."""
+    lease_name: str = Field(default="hoss-resolver-sync", min_length=1)
+    """Name of the coordination.k8s.io/v1 Lease that elects the one replica running the ledger sync (every
+    replica serves the webhook)."""
+    lease_namespace: str = Field(default="hoss-system", min_length=1)
+    """Namespace of the Lease."""
+    lease_duration_seconds: int = Field(default=15, ge=2)
+    """How long a Lease holds without renewal before another replica may take over the sync."""
+    renew_deadline_seconds: float = Field(default=10.0, gt=0)
+    """A leader that could not renew for this long stops syncing (must be below lease_duration_seconds)."""
+    renew_interval_seconds: float = Field(default=2.0, gt=0)
+    """How often the leader renews the Lease and a follower checks whether it may take it over."""
+    identity: str = Field(default_factory=_default_identity, min_length=1, max_length=253)
+    """This replica's name in the Lease's holderIdentity (default hostname-pid)."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     """Logging level."""
+
+    @model_validator(mode="after")
+    def _lease_timing_is_ordered(self) -> Self:
+        # The leader must stop syncing before another replica may take over, and must try to renew before it stops.
+        if not self.renew_interval_seconds < self.renew_deadline_seconds < self.lease_duration_seconds:
+            raise ValueError(
+                "lease timing must satisfy renew_interval_seconds < renew_deadline_seconds < lease_duration_seconds"
+                f" (got {self.renew_interval_seconds} < {self.renew_deadline_seconds}"
+                f" < {self.lease_duration_seconds})"
+            )
+        return self
