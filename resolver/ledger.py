@@ -29,6 +29,11 @@ Key layout (one hash tag, so every script's keys are in one slot and it runs on 
     {hoss}:pod:<uid>               hash node, pod, state (assumed|bound), owner, deadline (ms, assumed only),
                                    r:<resource> -> request (base units)
     {hoss}:assumed                 zset uid by deadline (ms)
+    {hoss}:node:<name>:spec        the node's compact description (JSON, `resolver.compact.compact_node`)
+    {hoss}:changes                 stream of changes (used totals, node descriptions, removals, rebuilds) that
+                                   workers follow instead of re-reading nodes; see common.lua for the entries
+    {hoss}:podver                  hash uid -> digest or "gone": the dispatcher's word that a queued pod changed
+                                   or left; a reservation of another version answers "stale"
 """
 
 from __future__ import annotations
@@ -112,6 +117,18 @@ class LedgerNotReady:
 
 
 @dataclass(frozen=True)
+class NeedRequest:
+    """A confirm without a request found no entry for the pod: call again with the pod's request."""
+
+
+@dataclass(frozen=True)
+class Stale:
+    """The dispatcher marked the pod changed (a newer digest) or gone since this version was queued."""
+
+    marker: str
+
+
+@dataclass(frozen=True)
 class HeldElsewhere:
     """The pod already holds resources on another node, in `state`."""
 
@@ -121,7 +138,58 @@ class HeldElsewhere:
 
 ReserveResult = Reserved | Conflict | UnknownNode | LedgerNotReady | HeldElsewhere
 GangResult = GangReserved | Conflict | UnknownNode | LedgerNotReady | HeldElsewhere
-ConfirmResult = Confirmed | Conflict | UnknownNode | LedgerNotReady | HeldElsewhere
+ConfirmResult = Confirmed | Conflict | UnknownNode | LedgerNotReady | HeldElsewhere | NeedRequest
+BatchResult = Reserved | Conflict | UnknownNode | Stale | HeldElsewhere
+"""Per pod of `Ledger.reserve_batch`: reserved on a node, bound already (HeldElsewhere with state bound, on
+whatever node), stale, or refused everywhere (the last candidate's conflict, or unknown nodes)."""
+
+
+@dataclass(frozen=True)
+class BatchPod:
+    """One pod of a batch reservation: its candidates, best first, and the digest of the version decided on."""
+
+    uid: str
+    pod: str
+    digest: str
+    candidates: Sequence[str]
+    request: Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class LedgerLoad:
+    """What a worker reads at start (and after a rebuild): every node's description and used totals, and the
+    change-stream id to follow from."""
+
+    ready: bool
+    epoch: str | None
+    last_change: str
+    nodes: dict[str, tuple[str, ResourceVector]]
+    """node -> (compact description JSON, '' when the sync has not written one; used totals)"""
+
+
+@dataclass(frozen=True)
+class Change:
+    """One change-stream entry: ``kind`` u (used totals), s (node description), d (node gone), r (rebuilt)."""
+
+    id: str
+    kind: str
+    items: list[tuple[str, str]]
+    """(node, used text | spec JSON | '') pairs; for r: [("epoch", epoch)]"""
+
+
+CHANGES_KEY: Final = f"{KEY_PREFIX}:changes"
+PODVER_KEY: Final = f"{KEY_PREFIX}:podver"
+
+
+def parse_used(text: str) -> ResourceVector:
+    """The used totals of a change entry: 'cpu=100,memory=5' -> {'cpu': 100, 'memory': 5}."""
+    if not text:
+        return {}
+    used: ResourceVector = {}
+    for part in text.split(","):
+        name, _, amount = part.partition("=")
+        used[name] = int(amount)
+    return used
 
 
 @dataclass(frozen=True)
@@ -238,13 +306,32 @@ class Ledger:
             return GangReserved(tuple(uids))
         return result
 
+    async def reserve_batch(self, pods: Sequence[BatchPod], *, owner: str, ttl_seconds: float) -> list[BatchResult] \
+            | LedgerNotReady:
+        """Reserve each pod on the first of its candidates it fits (independently, in order), in one call."""
+        if not pods:
+            return []
+        args: list[str | int] = [owner, _ttl_ms(ttl_seconds), len(pods)]
+        for item in pods:
+            args.extend([item.uid, item.pod, item.digest, len(item.candidates), *item.candidates,
+                         *_vector_args(item.request)])
+        reply = await self._run("reserve_batch", args)
+        refusal = _refusal(reply) if reply and _text(reply[0]) == "not_ready" else None
+        if isinstance(refusal, LedgerNotReady):
+            return refusal
+        return [decode_batch_result(reply[i:i + 5]) for i in range(0, len(reply), 5)]
+
     async def confirm(
-        self, *, uid: str, pod: str, node: str, request: Mapping[str, int], owner: str, ttl_seconds: float
+        self, *, uid: str, pod: str, node: str, request: Mapping[str, int] | None, owner: str, ttl_seconds: float
     ) -> ConfirmResult:
-        """Allow a binding of `uid` to `node`: its own reservation, or a foreign one that fits (held for `owner`)."""
-        placement = Placement(uid=uid, pod=pod, node=node, request=request)
+        """Allow a binding of `uid` to `node`: its own reservation, or a foreign one that fits (held for `owner`).
+
+        Without a `request` only an existing entry can confirm; no entry answers `NeedRequest`.
+        """
+        placement = Placement(uid=uid, pod=pod, node=node, request=request or {})
+        has_request = 0 if request is None else 1
         result = decode_confirm_reply(
-            await self._run("confirm", [owner, _ttl_ms(ttl_seconds), *_placement_args(placement)])
+            await self._run("confirm", [owner, _ttl_ms(ttl_seconds), has_request, *_placement_args(placement)])
         )
         if isinstance(result, Confirmed) and result.foreign:
             logger.info("confirmed foreign binding of %s to %s for %s", pod, node, owner)
@@ -261,6 +348,21 @@ class Ledger:
             logger.info("bound %s to %s without a reservation", pod, node)
         elif previous_node != node:
             logger.warning("bound %s to %s, moved from its %s entry on %s", pod, node, previous_state, previous_node)
+
+    async def bind_many(self, placements: Sequence[Placement]) -> None:
+        """`bind` for many pods in one call (a uid listed twice ends on its last placement)."""
+        if not placements:
+            return
+        args: list[str | int] = [len(placements)]
+        for placement in placements:
+            args.extend(_placement_args(placement))
+        _ready_or_raise(await self._run("bind_many", args))
+
+    async def release_many(self, uids: Sequence[str]) -> int:
+        """`release` for many uids in one call; returns how many had an entry."""
+        if not uids:
+            return 0
+        return int(_ready_or_raise(await self._run("release_many", [len(uids), *uids]))[1])
 
     async def release(self, uid: str) -> bool:
         """Drop the entry of `uid` wherever it is (pod deleted or finished); False when there was none."""
@@ -291,13 +393,17 @@ class Ledger:
         return uids
 
     async def sync_node(
-        self, *, node: str, allocatable: Mapping[str, int], labels: Mapping[str, str] | None = None
+        self, *, node: str, allocatable: Mapping[str, int], labels: Mapping[str, str] | None = None,
+        spec: str = "",
     ) -> None:
-        """Register `node` or replace its allocatable and labels; its entries stay."""
+        """Register `node` or replace its allocatable, labels and compact description (`spec`, JSON); its
+        entries stay. Workers learn the change from the change stream."""
         label_args: list[str | int] = [len(labels or {})]
         for name, value in (labels or {}).items():
             label_args.extend([name, value])
-        reply = _ready_or_raise(await self._run("sync_node", [node, *_vector_args(allocatable), *label_args]))
+        reply = _ready_or_raise(
+            await self._run("sync_node", [node, *_vector_args(allocatable), *label_args, spec])
+        )
         if int(reply[1]):
             logger.info("node %s joined the ledger", node)
 
@@ -308,7 +414,11 @@ class Ledger:
         return uids
 
     async def rebuild(
-        self, *, nodes: Iterable[tuple[str, Mapping[str, int], Mapping[str, str]]], bound: Iterable[BoundPod]
+        self,
+        *,
+        nodes: Iterable[tuple[str, Mapping[str, int], Mapping[str, str]] | tuple[str, Mapping[str, int],
+                        Mapping[str, str], str]],
+        bound: Iterable[BoundPod],
     ) -> str:
         """Replace nodes and bound entries with the apiserver's truth in one step and mark the ledger ready.
 
@@ -319,10 +429,11 @@ class Ledger:
         args: list[str | int] = [epoch]
         node_list = list(nodes)
         args.append(len(node_list))
-        for name, allocatable, labels in node_list:
+        for name, allocatable, labels, *spec in node_list:
             args.extend([name, *_vector_args(allocatable), len(labels)])
             for label, value in labels.items():
                 args.extend([label, value])
+            args.append(spec[0] if spec else "")
         bound_list = list(bound)
         args.append(len(bound_list))
         for placement in bound_list:
@@ -354,6 +465,33 @@ class Ledger:
             return {}
         snapshot = decode_snapshot_reply(await self._run("snapshot", [len(nodes), *nodes]))
         return {name: (node.alloc, node.used) for name, node in snapshot.nodes.items()}
+
+    async def load(self) -> LedgerLoad:
+        """Every node's description and used totals, and the change-stream id to follow from, at one instant."""
+        cursor = _Cursor(await self._run("load", []))
+        ready = cursor.number() == 1
+        epoch = cursor.text() or None
+        last = cursor.text()
+        nodes = {}
+        for _ in range(cursor.number()):
+            name = cursor.text()
+            spec = cursor.text()
+            nodes[name] = (spec, parse_used(cursor.text()))
+        return LedgerLoad(ready=ready, epoch=epoch, last_change=last, nodes=nodes)
+
+    async def changes(self, after: str, *, count: int = 2000, block_ms: int | None = None) -> list[Change]:
+        """Change-stream entries after id `after` (at most `count`; waits up to `block_ms` for the first)."""
+        reply: Any = await self._call(self._redis.xread({CHANGES_KEY: after}, count=count, block=block_ms))
+        changes: list[Change] = []
+        for _stream, entries in reply or []:
+            for entry_id, fields in entries:
+                changes.append(decode_change(_text(entry_id), fields))
+        return changes
+
+    async def first_change(self) -> str | None:
+        """The id of the oldest entry still in the change stream (older ones were trimmed), or None."""
+        reply: Any = await self._call(self._redis.xrange(CHANGES_KEY, count=1))
+        return _text(reply[0][0]) if reply else None
 
     async def entries(self) -> list[PodEntry]:
         """Every pod entry, read at one instant, ordered by node and uid (for audits, status pages and tests)."""
@@ -476,6 +614,8 @@ def decode_confirm_reply(reply: Sequence[object]) -> ConfirmResult:
     refusal = _refusal(reply)
     if refusal is not None:
         return refusal
+    if _text(reply[0]) == "need_request":
+        return NeedRequest()
     cursor = _Cursor(reply)
     if cursor.text() != "confirmed":
         raise LedgerUnavailable(f"unexpected confirm reply {reply!r}")
@@ -524,3 +664,32 @@ def decode_entries_reply(reply: Sequence[object]) -> list[PodEntry]:
             )
         )
     return entries
+
+
+def decode_batch_result(item: Sequence[object]) -> BatchResult:
+    """One 5-item result of reserve_batch.lua."""
+    kind, node = _text(item[0]), _text(item[1])
+    if kind == "reserved":
+        return Reserved(node)
+    if kind == "bound":
+        return HeldElsewhere(node=node, state="bound")
+    if kind == "stale":
+        return Stale(node)
+    if kind == "conflict":
+        return Conflict(node=node, resource=_text(item[2]), wanted=int(_text(item[3])), free=int(_text(item[4])))
+    if kind == "unknown":
+        return UnknownNode(node)
+    raise LedgerUnavailable(f"unexpected reserve_batch result {list(item)!r}")
+
+
+def decode_change(entry_id: str, fields: object) -> Change:
+    """A change-stream entry; redis-py hands the fields as a dict (insertion order kept) or a flat list."""
+    if isinstance(fields, dict):
+        pairs = [(_text(k), _text(v)) for k, v in fields.items()]
+    else:
+        flat = [_text(v) for v in fields]  # type: ignore[attr-defined]
+        pairs = list(zip(flat[0::2], flat[1::2], strict=True))
+    if not pairs or pairs[0][0] != "t":
+        raise LedgerUnavailable(f"change {entry_id} has no kind: {pairs[:2]!r}")
+    items = [(key[2:] if key.startswith("n:") else key, value) for key, value in pairs[1:]]
+    return Change(id=entry_id, kind=pairs[0][1], items=items)

@@ -13,6 +13,7 @@ if previous then
 end
 redis.call('SADD', NODES, p.node)
 hold(p.uid, p.pod, p.node, p.request, 'bound', owner, nil)
+publish()
 if previous then
   return {'bound', previous.node, previous.state}
 end

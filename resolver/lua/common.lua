@@ -12,7 +12,27 @@ local READY = KEYS[1]
 local NODES = PREFIX .. ':nodes'
 local ASSUMED = PREFIX .. ':assumed'
 local EPOCH = PREFIX .. ':epoch'
+local CHANGES = PREFIX .. ':changes'
+local PODVER = PREFIX .. ':podver'
+local CHANGES_MAXLEN = '100000'
 local NOT_READY = {'not_ready', 'the ledger has not been rebuilt since Redis started or lost its data'}
+
+-- The change stream: every script that changes a node's used totals, its description or the node set appends
+-- one entry, so workers follow the ledger as deltas instead of re-reading it. An entry is a flat list of
+-- field/value pairs whose first pair is ('t', kind):
+--   t u  n:<node> <used> ... the nodes' used totals after the call ('cpu=100,memory=5,pods=1'; '' = nothing used)
+--   t s  n:<node> <spec>     a node's compact description (JSON) was set; a 'u' entry for it follows
+--   t d  n:<node> ''         a node left the ledger
+-- (node fields carry the 'n:' prefix so that a node named 't' cannot clash with the kind)
+--   t r  epoch  <epoch>      the ledger was rebuilt: readers load it again
+local touched = {}
+local touched_list = {}
+local function touch(node)
+  if not touched[node] then
+    touched[node] = true
+    table.insert(touched_list, node)
+  end
+end
 
 -- part is one of: alloc, used, labels (hashes); assumed, bound (sets of pod uids held on the node)
 local function node_key(node, part)
@@ -102,6 +122,7 @@ end
 
 -- sign is '' to add the request to the node's used totals, '-' to take it off.
 local function change_used(node, request, sign)
+  touch(node)
   local used = node_key(node, 'used')
   for _, item in ipairs(request) do
     if tonumber(item[2]) ~= 0 then
@@ -155,7 +176,7 @@ local function remove_node(node)
       table.insert(dropped, uid)
     end
   end
-  for _, part in ipairs({'alloc', 'used', 'labels', 'assumed', 'bound'}) do
+  for _, part in ipairs({'alloc', 'used', 'labels', 'assumed', 'bound', 'spec'}) do
     redis.call('DEL', node_key(node, part))
   end
   redis.call('SREM', NODES, node)
@@ -198,4 +219,36 @@ local function check_fit(placements)
     end
   end
   return nil
+end
+
+local function used_text(node)
+  local flat = redis.call('HGETALL', node_key(node, 'used'))
+  local parts = {}
+  for i = 1, #flat, 2 do
+    table.insert(parts, flat[i] .. '=' .. flat[i + 1])
+  end
+  return table.concat(parts, ',')
+end
+
+local function add_change(fields)
+  redis.call('XADD', CHANGES, 'MAXLEN', '~', CHANGES_MAXLEN, '*', unpack(fields))
+end
+
+-- Appends the used totals of every node this call touched (one entry); call before returning a change.
+local function publish()
+  if #touched_list == 0 then
+    return
+  end
+  local fields = {'t', 'u'}
+  for _, node in ipairs(touched_list) do
+    if redis.call('SISMEMBER', NODES, node) == 1 then
+      table.insert(fields, 'n:' .. node)
+      table.insert(fields, used_text(node))
+    end
+  end
+  touched = {}
+  touched_list = {}
+  if #fields > 2 then
+    add_change(fields)
+  end
 end

@@ -1,14 +1,17 @@
 -- confirm: the admission webhook allows a binding of uid to node.
--- ARGV: prefix, owner, ttl_ms, then one placement (uid, pod, node, n, n resource/amount pairs).
+-- ARGV: prefix, owner, ttl_ms, has_request (0|1), then one placement (uid, pod, node, n, n resource/amount pairs).
+-- Without a request (has_request 0, a hoss binding whose reservation holds it) a uid with no entry answers
+-- {'need_request'}: the caller looks the pod's request up and calls again with it.
 -- An entry on this node (assumed or bound) confirms it, refreshing an assumed entry's deadline; no entry (a
 -- foreign scheduler's binding) is fit-checked and held as assumed for owner; an entry elsewhere is refused.
 -- Reply: {'confirmed', node, foreign (0|1)} | {'conflict', ...} | {'unknown_node', node}
---        | {'held_elsewhere', node, state} | NOT_READY
+--        | {'held_elsewhere', node, state} | {'need_request'} | NOT_READY
 if not is_ready() then
   return NOT_READY
 end
 local owner = next_arg()
 local ttl_ms = next_number()
+local has_request = next_number()
 local p = next_placement()
 if redis.call('SISMEMBER', NODES, p.node) == 0 then
   return {'unknown_node', p.node}
@@ -25,9 +28,13 @@ if entry then
   end
   return {'confirmed', p.node, 0}
 end
+if has_request == 0 then
+  return {'need_request'}
+end
 local conflict = check_fit({p})
 if conflict then
   return conflict
 end
 hold(p.uid, p.pod, p.node, p.request, 'assumed', owner, now_ms() + ttl_ms)
+publish()
 return {'confirmed', p.node, 1}

@@ -8,4 +8,5 @@ for _, uid in ipairs(redis.call('ZRANGEBYSCORE', ASSUMED, '-inf', int_str(now_ms
   drop_uid(uid)
   table.insert(reply, uid)
 end
+publish()
 return reply

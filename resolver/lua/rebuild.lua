@@ -1,7 +1,8 @@
 -- rebuild: replace nodes and bound entries with the apiserver's truth, keep assumed entries whose node is still
 -- listed and whose uid is not bound, recompute every used total, then set a fresh epoch and the ready flag.
 -- Runs whether or not the ledger is ready (it is how the ledger becomes ready).
--- ARGV: prefix, epoch, n, n nodes (name, a, a alloc pairs, l, l label pairs), b, b bound placements.
+-- ARGV: prefix, epoch, n, n nodes (name, a, a alloc pairs, l, l label pairs, spec JSON), b, b bound placements.
+-- Appends a 'r' entry to the change stream: readers load the whole ledger again.
 -- A bound pod on a node that is not listed registers that node without allocatable, as bind does.
 -- Reply: {'rebuilt', epoch}
 local epoch = next_arg()
@@ -9,7 +10,7 @@ local nodes = {}
 local listed = {}
 for i = 1, next_number() do
   local name = next_arg()
-  nodes[i] = {name = name, alloc = next_pairs(), labels = next_pairs()}
+  nodes[i] = {name = name, alloc = next_pairs(), labels = next_pairs(), spec = next_arg()}
   listed[name] = true
 end
 local bound = {}
@@ -36,6 +37,7 @@ for _, node in ipairs(nodes) do
   redis.call('SADD', NODES, node.name)
   set_hash(node_key(node.name, 'alloc'), node.alloc)
   set_hash(node_key(node.name, 'labels'), node.labels)
+  redis.call('SET', node_key(node.name, 'spec'), node.spec or '')
 end
 for _, p in ipairs(bound) do
   -- a uid listed twice: the last placement wins, as in bind
@@ -48,4 +50,7 @@ for _, entry in ipairs(kept) do
 end
 redis.call('SET', EPOCH, epoch)
 redis.call('SET', READY, '1')
+touched = {}
+touched_list = {}
+add_change({'t', 'r', 'epoch', epoch})
 return {'rebuilt', epoch}

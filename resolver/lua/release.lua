@@ -9,6 +9,7 @@ local node = next_arg()
 local state = next_arg()
 if entry and (node == '' or entry.node == node) and (state == '' or entry.state == state) then
   drop(entry)
+  publish()
   return {'released', 1}
 end
 return {'released', 0}

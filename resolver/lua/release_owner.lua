@@ -11,4 +11,5 @@ for _, uid in ipairs(redis.call('ZRANGE', ASSUMED, 0, -1)) do
     table.insert(reply, uid)
   end
 end
+publish()
 return reply

@@ -3,7 +3,9 @@ if not is_ready() then
   return NOT_READY
 end
 local reply = {'removed'}
-for _, uid in ipairs(remove_node(next_arg())) do
+local node = next_arg()
+for _, uid in ipairs(remove_node(node)) do
   table.insert(reply, uid)
 end
+add_change({'t', 'd', 'n:' .. node, ''})
 return reply

@@ -36,4 +36,5 @@ for _, p in ipairs(placements) do
   end
   hold(p.uid, p.pod, p.node, p.request, 'assumed', owner, deadline)
 end
+publish()
 return {'reserved'}

@@ -1,0 +1,109 @@
+"""Compact, versioned descriptions of pods and nodes: what a scheduling decision reads, nothing else. Pure.
+
+The dispatcher is the only component that watches pending pods; each work item carries the pod's compact form,
+so a worker never watches or reads pods. The resolver's sync writes each node's compact form into the ledger,
+so workers learn nodes from Redis instead of watching the apiserver. Both forms keep the apiserver's JSON shape
+(camelCase, the same nesting), so the parsers that read full objects read them unchanged; fields a decision
+never reads (status of a pending pod, managed fields, volumes, images, heartbeat times) are left out.
+
+``digest`` names a version: two compact forms with the same digest schedule the same way. A pod whose digest
+changed while it was queued is caught before it is reserved (see `dispatcher.queue`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+Json = dict[str, Any]
+
+COMPACT_VERSION = 1
+"""Bumped when the compact shape changes; a reader refuses a version it does not know."""
+
+_POD_METADATA = ("uid", "namespace", "name", "labels", "annotations", "creationTimestamp", "generation")
+_POD_SPEC = (
+    "schedulerName", "nodeName", "nodeSelector", "affinity", "tolerations", "priority", "priorityClassName",
+    "preemptionPolicy", "topologySpreadConstraints", "schedulingGates", "overhead", "resources", "hostNetwork",
+    "runtimeClassName",
+)
+_CONTAINER = ("name", "resources", "ports", "restartPolicy")
+_DROPPED_ANNOTATIONS = frozenset({"kubectl.kubernetes.io/last-applied-configuration"})
+
+
+def _pick(source: Mapping[str, Any], keys: tuple[str, ...]) -> Json:
+    return {key: source[key] for key in keys if source.get(key) not in (None, "", [], {})}
+
+
+def _containers(value: object) -> list[Json]:
+    if not isinstance(value, list):
+        return [] if value is None else value  # type: ignore[return-value]  # malformed: the parser names it
+    return [_pick(c, _CONTAINER) if isinstance(c, dict) else c for c in value]
+
+
+def compact_pod(pod: Mapping[str, Any]) -> Json:
+    """The scheduling-relevant part of a raw pod, in the pod's own JSON shape, with ``v`` = `COMPACT_VERSION`.
+
+    Malformed parts are kept as they are, so the worker's parser reports them by field, as it would on the full
+    pod.
+    """
+    metadata = pod.get("metadata")
+    spec = pod.get("spec")
+    compact: Json = {"v": COMPACT_VERSION}
+    if isinstance(metadata, dict):
+        picked = _pick(metadata, _POD_METADATA)
+        annotations = picked.get("annotations")
+        if isinstance(annotations, dict) and _DROPPED_ANNOTATIONS & annotations.keys():
+            picked["annotations"] = {k: v for k, v in annotations.items() if k not in _DROPPED_ANNOTATIONS}
+        compact["metadata"] = picked
+    else:
+        compact["metadata"] = metadata
+    if isinstance(spec, dict):
+        picked = _pick(spec, _POD_SPEC)
+        picked["containers"] = _containers(spec.get("containers"))
+        if spec.get("initContainers") is not None:
+            picked["initContainers"] = _containers(spec.get("initContainers"))
+        compact["spec"] = picked
+    else:
+        compact["spec"] = spec
+    return compact
+
+
+def compact_node(node: Mapping[str, Any]) -> Json:
+    """The scheduling-relevant part of a raw node: name, labels, taints, unschedulable, allocatable, Ready."""
+    metadata = node.get("metadata") if isinstance(node.get("metadata"), dict) else {}
+    spec = node.get("spec") if isinstance(node.get("spec"), dict) else {}
+    status = node.get("status") if isinstance(node.get("status"), dict) else {}
+    assert isinstance(metadata, dict) and isinstance(spec, dict) and isinstance(status, dict)
+    conditions = status.get("conditions")
+    ready = [
+        {"type": "Ready", "status": c.get("status")}
+        for c in (conditions if isinstance(conditions, list) else [])
+        if isinstance(c, dict) and c.get("type") == "Ready"
+    ]
+    return {
+        "v": COMPACT_VERSION,
+        "metadata": _pick(metadata, ("name", "labels")),
+        "spec": _pick(spec, ("taints", "unschedulable")),
+        "status": {**_pick(status, ("allocatable", "capacity")), "conditions": ready},
+    }
+
+
+def encode(compact: Json) -> bytes:
+    """Canonical bytes of a compact form (sorted keys), as stored in work items and the ledger."""
+    return orjson.dumps(compact, option=orjson.OPT_SORT_KEYS)
+
+
+def digest(encoded: bytes) -> str:
+    """A short name of one version of a compact form."""
+    return hashlib.blake2b(encoded, digest_size=8).hexdigest()
+
+
+def decode(encoded: bytes | str) -> Json:
+    """A compact form back from its bytes; raises ValueError for a version this code does not know."""
+    value = orjson.loads(encoded)
+    if not isinstance(value, dict) or value.get("v") != COMPACT_VERSION:
+        raise ValueError(f"compact form of unknown version {value.get('v') if isinstance(value, dict) else value!r}")
+    return value

@@ -1,0 +1,70 @@
+-- reserve_batch: reserve many independent pods in one call, each on the first of its candidate nodes it fits.
+-- ARGV: prefix, owner, ttl_ms, count, then per pod: uid, pod (namespace/name), digest, c, c candidate nodes,
+--       n, n resource/amount pairs.
+-- Per pod, in order (earlier pods' reservations count for later ones):
+--   the dispatcher marked the pod changed or gone since this version was queued ('{hoss}:podver' holds
+--     another digest)                                  -> stale, the marker
+--   bound already (the sync saw it bound)              -> bound, that node
+--   else the first candidate that is a node and fits   -> reserved, that node (an assumed entry elsewhere moves)
+--   else                                               -> conflict, the last candidate's misfit (node, resource,
+--                                                         wanted, free), or unknown when no candidate is a node
+-- Reply: NOT_READY, or a flat list of count results of 5 items each:
+--   {'reserved', node, '', 0, 0} | {'bound', node, '', 0, 0} | {'stale', marker, '', 0, 0}
+--   | {'conflict', node, resource, wanted, free} | {'unknown', node, '', 0, 0}
+if not is_ready() then
+  return NOT_READY
+end
+local owner = next_arg()
+local ttl_ms = next_number()
+local deadline = now_ms() + ttl_ms
+local reply = {}
+local function answer(kind, node, resource, wanted, free)
+  table.insert(reply, kind)
+  table.insert(reply, node)
+  table.insert(reply, resource or '')
+  table.insert(reply, wanted or 0)
+  table.insert(reply, free or 0)
+end
+for _ = 1, next_number() do
+  local uid = next_arg()
+  local pod = next_arg()
+  local version = next_arg()
+  local candidates = {}
+  for i = 1, next_number() do
+    candidates[i] = next_arg()
+  end
+  local request = next_pairs()
+  local marker = redis.call('HGET', PODVER, uid)
+  local entry = read_entry(uid)
+  if marker and marker ~= version then
+    answer('stale', marker)
+  elseif entry and entry.state == 'bound' then
+    answer('bound', entry.node)
+  else
+    local result = nil
+    for _, node in ipairs(candidates) do
+      if redis.call('SISMEMBER', NODES, node) == 1 then
+        local p = {uid = uid, pod = pod, node = node, request = request, current = entry}
+        local conflict = check_fit({p})
+        if conflict then
+          result = conflict
+        else
+          if entry then
+            drop(entry)
+          end
+          hold(uid, pod, node, request, 'assumed', owner, deadline)
+          result = {'reserved', node}
+          break
+        end
+      elseif not result then
+        result = {'unknown', node}
+      end
+    end
+    if not result then
+      result = {'unknown', ''}
+    end
+    answer(result[1], result[2], result[3], result[4], result[5])
+  end
+end
+publish()
+return reply
