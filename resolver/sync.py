@@ -22,6 +22,7 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
+from resolver import compact
 from resolver.errors import LedgerNotReadyError, LedgerUnavailable, ResolverError
 from resolver.kube import InformerHandlers, Json, run_informer
 from resolver.ledger import BoundPod, Ledger
@@ -30,6 +31,8 @@ from resolver.resources import ResourceVector, node_allocatable, pod_requests
 log = logging.getLogger(__name__)
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+NodeRecord = tuple[ResourceVector, dict[str, str], str]
+"""allocatable, labels, compact description (JSON) of a node, as the ledger keeps it"""
 
 
 @dataclass(frozen=True)
@@ -139,7 +142,7 @@ class LedgerSync:
         self.ledger = ledger
         self.core: Any = client.CoreV1Api(api)
         self.pods = PodIndex()
-        self.nodes: dict[str, tuple[ResourceVector, dict[str, str]]] = {}
+        self.nodes: dict[str, NodeRecord] = {}
         self.stats = SyncStats()
         self.synced = asyncio.Event()
         self._expire_interval = expire_interval_seconds
@@ -176,7 +179,7 @@ class LedgerSync:
     async def rebuild(self) -> None:
         """Replace the ledger's contents with the mirror of the apiserver; the ledger is ready afterwards."""
         async with self._lock:
-            nodes = [(name, alloc, labels) for name, (alloc, labels) in self.nodes.items()]
+            nodes = [(name, alloc, labels, spec) for name, (alloc, labels, spec) in self.nodes.items()]
             epoch = await self.ledger.rebuild(nodes=nodes, bound=self.pods.bound())
         self.stats.rebuilds += 1
         self.stats.last_rebuild_unix = time.time()
@@ -186,24 +189,27 @@ class LedgerSync:
     # --- nodes -------------------------------------------------------------------------------------------
 
     @staticmethod
-    def _node_view(node: Json) -> tuple[str, ResourceVector, dict[str, str]]:
+    def _node_view(node: Json) -> tuple[str, NodeRecord]:
+        """The node's name, and what the ledger keeps of it: allocatable, labels and the compact description
+        workers build their node table from (only a change of these is written to the ledger)."""
         metadata = node.get("metadata") or {}
-        return str(metadata.get("name")), node_allocatable(node), dict(metadata.get("labels") or {})
+        spec = compact.encode(compact.compact_node(node)).decode()
+        return str(metadata.get("name")), (node_allocatable(node), dict(metadata.get("labels") or {}), spec)
 
     async def _on_node_list(self, items: list[Json]) -> None:
         async with self._lock:
             self.nodes.clear()
             for node in items:
                 with _logged_skip("node", node):
-                    name, alloc, labels = self._node_view(node)
-                    self.nodes[name] = (alloc, labels)
+                    name, record = self._node_view(node)
+                    self.nodes[name] = record
         if self.synced.is_set():
             await self.rebuild()
 
     async def _on_node_event(self, kind: str, node: Json) -> None:
         self.stats.node_events += 1
         with _logged_skip("node", node):
-            name, alloc, labels = self._node_view(node)
+            name, record = self._node_view(node)
             async with self._lock:
                 if kind == "DELETED":
                     self.nodes.pop(name, None)
@@ -211,9 +217,10 @@ class LedgerSync:
                         await self._apply(self.ledger.remove_node(name))
                     return
                 previous = self.nodes.get(name)
-                self.nodes[name] = (alloc, labels)
-                if self.synced.is_set() and previous != (alloc, labels):
-                    await self._apply(self.ledger.sync_node(node=name, allocatable=alloc, labels=labels))
+                self.nodes[name] = record
+                if self.synced.is_set() and previous != record:
+                    alloc, labels, spec = record
+                    await self._apply(self.ledger.sync_node(node=name, allocatable=alloc, labels=labels, spec=spec))
 
     # --- pods --------------------------------------------------------------------------------------------
 
