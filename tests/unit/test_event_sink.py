@@ -1,0 +1,205 @@
+"""EventSink against a real in-process HTTPS server: events are posted off the caller's path, the queue bound drops
+and counts, close() flushes, a failing apiserver never reaches the caller, and concurrency and rate are bounded."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import orjson
+import pytest
+from aiohttp import web
+
+from resolver.events import EventSink, TokenBucket, scheduled_event
+from resolver.rest import KubeREST
+from tests.unit.tls_apiserver import Seen, TLSApiserver, status, until
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def event(index: int) -> dict[str, object]:
+    return scheduled_event(namespace="team", name=f"web-{index}", uid=f"uid-{index}", node="n1",
+                           component="hoss-worker")
+
+
+def names(server: TLSApiserver) -> list[str]:
+    return [orjson.loads(seen.body)["involvedObject"]["name"] for seen in server.seen]
+
+
+@pytest.fixture
+async def apiserver(tmp_path: Path) -> AsyncIterator[TLSApiserver]:
+    server = TLSApiserver(tmp_path)
+    await server.start()
+    yield server
+    await server.stop()
+
+
+@pytest.fixture
+async def rest(apiserver: TLSApiserver) -> AsyncIterator[KubeREST]:
+    async with await KubeREST.connect(str(apiserver.kubeconfig())) as client:
+        yield client
+
+
+async def test_recorded_events_are_posted_and_counted(apiserver: TLSApiserver, rest: KubeREST) -> None:
+    async with EventSink(rest) as sink:
+        for index in range(20):
+            sink.record(event(index))
+        await until(lambda: sink.posted == 20)
+    assert (sink.posted, sink.failed, sink.dropped) == (20, 0, 0)
+    assert sorted(names(apiserver)) == sorted(f"web-{index}" for index in range(20))
+    assert {(seen.method, seen.raw_path) for seen in apiserver.seen} == {("POST", "/api/v1/namespaces/team/events")}
+
+
+async def test_a_full_queue_drops_and_counts_without_blocking(apiserver: TLSApiserver, rest: KubeREST) -> None:
+    sink = EventSink(rest, max_queued=3)
+    for index in range(5):
+        sink.record(event(index))
+    assert (sink.queued, sink.dropped) == (3, 2)
+
+    sink.start()
+    await sink.close(timeout=30)
+    assert (sink.posted, sink.failed, sink.dropped) == (3, 0, 2)
+    assert sorted(names(apiserver)) == ["web-0", "web-1", "web-2"]
+
+
+async def test_close_flushes_what_is_queued(apiserver: TLSApiserver, rest: KubeREST) -> None:
+    sink = EventSink(rest, concurrency=4)
+    sink.start()
+    for index in range(200):
+        sink.record(event(index))
+    await sink.close(timeout=60)
+    assert (sink.posted, sink.failed, sink.dropped, sink.queued) == (200, 0, 0, 0)
+    assert len(apiserver.seen) == 200
+
+
+async def test_events_left_when_close_times_out_and_events_after_close_are_dropped_and_counted(
+    apiserver: TLSApiserver, rest: KubeREST
+) -> None:
+    never = asyncio.Event()
+
+    async def hang(seen: Seen) -> web.StreamResponse:
+        await never.wait()
+        return web.Response(status=201)
+
+    apiserver.respond = hang
+    sink = EventSink(rest, concurrency=2)
+    sink.start()
+    for index in range(5):
+        sink.record(event(index))
+    await until(lambda: apiserver.in_flight == 2)
+    await sink.close(timeout=0)
+    sink.record(event(99))
+    assert (sink.posted, sink.failed, sink.dropped) == (0, 0, 6)
+    never.set()
+
+
+async def test_a_failing_apiserver_never_reaches_the_caller_and_is_logged_at_most_once_per_interval(
+    apiserver: TLSApiserver, rest: KubeREST, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def refuse(seen: Seen) -> web.StreamResponse:
+        return status(403, 'events is forbidden: User "hoss-worker" cannot create resource "events"')
+
+    apiserver.respond = refuse
+    clock = Clock()
+    with caplog.at_level(logging.WARNING, logger="resolver.events"):
+        async with EventSink(rest, clock=clock) as sink:
+            for index in range(10):
+                sink.record(event(index))
+            await until(lambda: sink.failed == 10)
+            clock.advance(10.0)
+            sink.record(event(10))
+            await until(lambda: sink.failed == 11)
+    assert (sink.posted, sink.failed, sink.dropped) == (0, 11, 0)
+    assert len(apiserver.seen) == 11, "a failed post is not retried"
+    messages = [record.getMessage() for record in caplog.records if record.name == "resolver.events"]
+    assert len(messages) == 2
+    assert messages[0].startswith("cannot record Scheduled on web-")
+    assert "403: events is forbidden" in messages[0]
+    assert messages[1].endswith("(9 more failed posts not logged)")
+
+
+async def test_an_unreachable_apiserver_counts_failures(apiserver: TLSApiserver, rest: KubeREST) -> None:
+    await apiserver.stop()
+    async with EventSink(rest) as sink:
+        for index in range(3):
+            sink.record(event(index))
+        await until(lambda: sink.failed == 3)
+    assert (sink.posted, sink.failed, sink.dropped) == (0, 3, 0)
+
+
+async def test_an_event_without_a_namespace_fails_alone(apiserver: TLSApiserver, rest: KubeREST) -> None:
+    async with EventSink(rest, concurrency=1) as sink:
+        sink.record({"metadata": {}})
+        sink.record(event(1))
+        await until(lambda: sink.posted + sink.failed == 2)
+    assert (sink.posted, sink.failed) == (1, 1)
+
+
+async def test_at_most_concurrency_posts_are_in_flight(apiserver: TLSApiserver, rest: KubeREST) -> None:
+    gate = asyncio.Event()
+
+    async def held(seen: Seen) -> web.StreamResponse:
+        await gate.wait()
+        return web.Response(status=201, body=seen.body, content_type="application/json")
+
+    apiserver.respond = held
+    async with EventSink(rest, concurrency=3) as sink:
+        for index in range(12):
+            sink.record(event(index))
+        await until(lambda: apiserver.in_flight == 3)
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert apiserver.in_flight == 3
+        gate.set()
+        await until(lambda: sink.posted == 12)
+    assert apiserver.max_in_flight == 3
+
+
+def test_token_bucket_allows_a_burst_then_the_rate() -> None:
+    clock = Clock()
+    bucket = TokenBucket(5.0, 5, clock=clock)
+    assert [bucket.take() for _ in range(5)] == [0.0] * 5
+    assert bucket.take() == pytest.approx(0.2)
+    clock.advance(0.2)
+    assert bucket.take() == 0.0
+    assert bucket.take() > 0
+    clock.advance(100.0)
+    taken = sum(bucket.take() == 0.0 for _ in range(20))
+    assert taken == 5, "the bucket holds at most its burst"
+    assert TokenBucket(0.0, clock=clock).take() == 0.0, "rate 0 is unlimited"
+
+
+async def test_the_rate_limit_bounds_posts_until_the_bucket_refills(apiserver: TLSApiserver, rest: KubeREST) -> None:
+    clock = Clock()
+    async with EventSink(rest, per_second=50.0, burst=3, clock=clock) as sink:
+        for index in range(10):
+            sink.record(event(index))
+        await until(lambda: sink.posted == 3)
+        for _ in range(10):  # the workers re-check the (frozen) clock many times meanwhile
+            await asyncio.sleep(0.01)
+        assert sink.posted == 3
+        clock.advance(2.5 / 50)  # two tokens and a half
+        await until(lambda: sink.posted == 5)
+        for _ in range(10):
+            await asyncio.sleep(0.01)
+        assert sink.posted == 5
+        clock.advance(1.0)
+        await until(lambda: sink.posted == 8)
+        for _ in range(10):
+            await asyncio.sleep(0.01)
+        assert sink.posted == 8, "a long pause refills the bucket to its burst, no more"
+        clock.advance(1.0)
+        await until(lambda: sink.posted == 10)
+    assert (sink.posted, sink.failed, sink.dropped) == (10, 0, 0)
+    assert len(apiserver.seen) == 10

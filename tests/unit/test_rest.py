@@ -1,0 +1,201 @@
+"""KubeREST against a real in-process HTTPS server: mutual TLS from a kubeconfig or the service account, the exact
+paths, methods, content types and orjson bodies of the hot-path calls, and apiserver errors as KubeError."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import orjson
+import pytest
+from aiohttp import web
+
+from deploy.local import pki
+from resolver.events import pod_event, post_event, scheduled_event, set_unschedulable, unschedulable_condition
+from resolver.kube import KubeError
+from resolver.rest import STRATEGIC_MERGE_PATCH, KubeREST, TokenFile
+from tests.unit.tls_apiserver import Seen, TLSApiserver, status
+
+
+@pytest.fixture
+async def apiserver(tmp_path: Path) -> AsyncIterator[TLSApiserver]:
+    server = TLSApiserver(tmp_path)
+    await server.start()
+    yield server
+    await server.stop()
+
+
+@pytest.fixture
+async def rest(apiserver: TLSApiserver) -> AsyncIterator[KubeREST]:
+    async with await KubeREST.connect(str(apiserver.kubeconfig())) as client:
+        yield client
+
+
+async def test_binding_is_one_orjson_post_with_the_pod_uid_over_mutual_tls_from_the_kubeconfig(
+    apiserver: TLSApiserver, rest: KubeREST
+) -> None:
+    answer = await rest.create_binding("team", "web-0", "uid-1", "n7")
+
+    [seen] = apiserver.seen
+    assert (seen.method, seen.raw_path) == ("POST", "/api/v1/namespaces/team/pods/web-0/binding")
+    assert seen.content_type == "application/json"
+    assert seen.client_cn == "hoss-worker", "the kubeconfig's client certificate is presented"
+    assert seen.authorization == "Bearer t0k3n"
+    expected = {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {"name": "web-0", "namespace": "team", "uid": "uid-1"},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": "n7"},
+    }
+    assert orjson.loads(seen.body) == expected
+    assert seen.body == orjson.dumps(expected), "the body is orjson's compact encoding"
+    assert answer == expected
+
+
+async def test_calls_reuse_one_keep_alive_connection(apiserver: TLSApiserver, rest: KubeREST) -> None:
+    for index in range(5):
+        await rest.create_binding("team", f"web-{index}", f"uid-{index}", "n1")
+    assert len({seen.peer for seen in apiserver.seen}) == 1
+
+
+async def test_event_is_posted_into_its_namespace_as_kube_scheduler_words_it(
+    apiserver: TLSApiserver, rest: KubeREST
+) -> None:
+    event = scheduled_event(namespace="team", name="web-0", uid="uid-1", node="n7", component="hoss-worker-3")
+    await rest.create_event(event)
+
+    [seen] = apiserver.seen
+    assert (seen.method, seen.raw_path, seen.content_type) == ("POST", "/api/v1/namespaces/team/events",
+                                                               "application/json")
+    body = orjson.loads(seen.body)
+    assert body == event
+    assert (body["type"], body["reason"], body["action"]) == ("Normal", "Scheduled", "Binding")
+    assert body["message"] == "Successfully assigned team/web-0 to n7"
+    assert body["involvedObject"] == {"apiVersion": "v1", "kind": "Pod", "namespace": "team", "name": "web-0",
+                                      "uid": "uid-1"}
+    assert body["source"] == {"component": "hoss-worker-3"}
+
+
+async def test_pod_status_patch_is_a_strategic_merge_patch(apiserver: TLSApiserver, rest: KubeREST) -> None:
+    patch = unschedulable_condition("0/3 nodes are available: 3 Insufficient cpu.")
+    await rest.patch_pod_status("team", "web-0", patch)
+
+    [seen] = apiserver.seen
+    assert (seen.method, seen.raw_path) == ("PATCH", "/api/v1/namespaces/team/pods/web-0/status")
+    assert seen.content_type == STRATEGIC_MERGE_PATCH == "application/strategic-merge-patch+json"
+    assert orjson.loads(seen.body) == patch
+
+
+async def test_path_segments_are_percent_encoded(apiserver: TLSApiserver, rest: KubeREST) -> None:
+    pod = await rest.get_pod("team", "we/ird ?name")
+    [seen] = apiserver.seen
+    assert (seen.method, seen.raw_path) == ("GET", "/api/v1/namespaces/team/pods/we%2Fird%20%3Fname")
+    assert seen.body == b""
+    assert pod["kind"] == "Pod"
+
+
+async def test_request_sends_params_and_passes_bytes_bodies_through(apiserver: TLSApiserver, rest: KubeREST) -> None:
+    await rest.request("GET", "/api/v1/pods", params={"fieldSelector": "spec.nodeName=n1,status.phase!=Failed"})
+    await rest.request("POST", "/api/v1/namespaces/team/events", body=b'{"raw": true}')
+
+    get, post = apiserver.seen
+    assert get.query == {"fieldSelector": "spec.nodeName=n1,status.phase!=Failed"}
+    assert post.body == b'{"raw": true}'
+
+
+async def test_a_conflict_status_raises_kube_error_with_409_and_the_apiserver_message(
+    apiserver: TLSApiserver, rest: KubeREST
+) -> None:
+    async def conflict(seen: Seen) -> web.StreamResponse:
+        return status(409, "hoss: node n1 has no room for team/big: cpu requested 3, free 2", "Conflict")
+
+    apiserver.respond = conflict
+    with pytest.raises(KubeError) as error:
+        await rest.create_binding("team", "big", "uid-big", "n1")
+    assert error.value.status == 409
+    assert str(error.value) == "409: hoss: node n1 has no room for team/big: cpu requested 3, free 2"
+
+
+async def test_an_error_without_a_status_body_carries_the_text(apiserver: TLSApiserver, rest: KubeREST) -> None:
+    async def broken(seen: Seen) -> web.StreamResponse:
+        return web.Response(status=503, text="upstream connect error")
+
+    apiserver.respond = broken
+    with pytest.raises(KubeError) as error:
+        await rest.get_pod("team", "web-0")
+    assert (error.value.status, str(error.value)) == (503, "503: upstream connect error")
+
+
+async def test_a_response_that_never_comes_hits_the_deadline(apiserver: TLSApiserver, rest: KubeREST) -> None:
+    never = asyncio.Event()
+
+    async def hang(seen: Seen) -> web.StreamResponse:
+        await never.wait()
+        return web.Response()
+
+    apiserver.respond = hang
+    with pytest.raises(TimeoutError):
+        await rest.get_pod("team", "web-0", timeout=0.2)
+    never.set()
+
+
+async def test_a_kubeconfig_naming_another_ca_fails_the_tls_handshake(apiserver: TLSApiserver, tmp_path: Path) -> None:
+    other = pki.ensure_ca(tmp_path / "other-ca", common_name="someone-else")
+    async with await KubeREST.connect(str(apiserver.kubeconfig(ca=other.cert))) as client:
+        with pytest.raises(aiohttp.ClientConnectorCertificateError):
+            await client.get_pod("team", "web-0")
+    assert apiserver.seen == []
+
+
+async def test_in_cluster_uses_the_service_account_and_picks_up_a_rotated_token(
+    apiserver: TLSApiserver, tmp_path: Path
+) -> None:
+    token = tmp_path / "token"
+    token.write_text("first\n")
+    environ = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(apiserver.port)}
+    async with KubeREST.in_cluster(token_file=str(token), ca_file=str(apiserver.ca.cert), environ=environ,
+                                   token_reread_seconds=0) as client:
+        await client.get_pod("team", "a")
+        token.write_text("second")
+        await client.get_pod("team", "b")
+    assert [seen.authorization for seen in apiserver.seen] == ["Bearer first", "Bearer second"]
+    assert apiserver.seen[0].client_cn is None
+
+
+def test_token_file_is_read_again_only_after_the_interval_and_kept_when_unreadable(tmp_path: Path) -> None:
+    now = [0.0]
+    path = tmp_path / "token"
+    path.write_text("one")
+    token = TokenFile(path, reread_seconds=60, clock=lambda: now[0])
+    path.write_text("two")
+    now[0] = 59.0
+    assert token() == "Bearer one"
+    now[0] = 60.0
+    assert token() == "Bearer two"
+    path.unlink()
+    now[0] = 200.0
+    assert token() == "Bearer two"
+
+
+async def test_post_event_and_set_unschedulable_accept_a_kube_rest_and_never_raise(
+    apiserver: TLSApiserver, rest: KubeREST
+) -> None:
+    event = pod_event(namespace="team", name="web-0", uid="u", reason="FailedScheduling", message="m",
+                      component="hoss")
+    await post_event(rest, event)
+    await set_unschedulable(rest, namespace="team", name="web-0", message="0/1 nodes are available")
+    assert [(seen.method, seen.raw_path) for seen in apiserver.seen] == [
+        ("POST", "/api/v1/namespaces/team/events"),
+        ("PATCH", "/api/v1/namespaces/team/pods/web-0/status"),
+    ]
+    assert apiserver.seen[1].content_type == STRATEGIC_MERGE_PATCH
+
+    async def refuse(seen: Seen) -> web.StreamResponse:
+        return status(403, "forbidden")
+
+    apiserver.respond = refuse
+    await post_event(rest, event)
+    await set_unschedulable(rest, namespace="team", name="web-0", message="m")
+    assert len(apiserver.seen) == 4
