@@ -4,57 +4,35 @@ A binding reaches the webhook in two forms: the ``pods/binding`` subresource (re
 ``binding``; what kube-scheduler and hoss workers post) and the legacy ``bindings`` resource. Both carry a
 ``Binding`` object: metadata.name is the pod, metadata.uid the pod's uid when the binder set it, target.name
 the node.
+
+This is the webhook's hot path, so the body is parsed with orjson and only the fields the verdict needs are read
+(apiVersion/kind; request.uid, resource.{group,resource}, subResource, operation, namespace, name,
+userInfo.username; object.metadata.{name,namespace,uid}, object.target.{kind,name}); everything else in the review
+is ignored. A field that is there but of the wrong type, or a required one that is missing, raises
+`MalformedReview` naming the field by its JSON path and the value found.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+import orjson
 
 from resolver.errors import ResolverError
 
 Json = dict[str, Any]
+
+API_VERSION = "admission.k8s.io/v1"
+KIND = "AdmissionReview"
+_MISSING: Any = object()
 
 
 class MalformedReview(ResolverError, ValueError):
     """The body is not an AdmissionReview v1 the webhook can judge; the message says what is wrong."""
 
 
-class _Loose(BaseModel):
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
-
-
-class _GroupVersionResource(_Loose):
-    group: str = ""
-    version: str = ""
-    resource: str
-
-
-class _UserInfo(_Loose):
-    username: str = ""
-
-
-class _Request(_Loose):
-    uid: str
-    resource: _GroupVersionResource
-    subResource: str = ""
-    name: str = ""
-    namespace: str = ""
-    operation: str
-    userInfo: _UserInfo = _UserInfo()
-    object: Json | None = None
-
-
-class _Review(_Loose):
-    apiVersion: str
-    kind: str
-    request: _Request | None = None
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class BindingRequest:
     """One binding to judge."""
 
@@ -70,7 +48,7 @@ class BindingRequest:
         return f"{self.namespace}/{self.pod}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class OtherRequest:
     """A review for something other than a binding CREATE (allowed: not the webhook's business)."""
 
@@ -78,56 +56,92 @@ class OtherRequest:
     what: str
 
 
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _object(parent: Json, key: str, path: str, *, required: bool = False) -> Json:
+    """``parent[key]`` when it is an object; {} when absent or null (unless required)."""
+    value = parent.get(key, _MISSING)
+    if value is _MISSING or value is None:
+        if required:
+            raise MalformedReview(f"{path}: missing")
+        return {}
+    if not isinstance(value, dict):
+        raise MalformedReview(f"{path}: expected an object, got {_shown(value)}")
+    return value
+
+
+def _string(parent: Json, key: str, path: str, *, required: bool = False) -> str:
+    """``parent[key]`` when it is a string; "" when absent or null (unless required)."""
+    value = parent.get(key, _MISSING)
+    if value is _MISSING or value is None:
+        if required:
+            raise MalformedReview(f"{path}: missing")
+        return ""
+    if not isinstance(value, str):
+        raise MalformedReview(f"{path}: expected a string, got {_shown(value)}")
+    return value
+
+
 def parse_review(body: bytes) -> BindingRequest | OtherRequest:
-    """Parse a raw AdmissionReview body; raise MalformedReview naming the field that is wrong."""
+    """Parse a raw AdmissionReview body; raise MalformedReview naming the field that is wrong and its value."""
     try:
-        raw = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raw = orjson.loads(body)
+    except orjson.JSONDecodeError as error:
         raise MalformedReview(f"body is not JSON: {error}") from error
     if not isinstance(raw, dict):
         raise MalformedReview(f"body must be a JSON object, got {type(raw).__name__}")
-    try:
-        review = _Review.model_validate(raw)
-    except ValidationError as error:
-        first = error.errors()[0]
-        field = ".".join(str(p) for p in first["loc"])
-        raise MalformedReview(f"{field}: {first['msg']}") from error
-    if review.apiVersion != "admission.k8s.io/v1" or review.kind != "AdmissionReview":
+    api_version = raw.get("apiVersion")
+    kind = raw.get("kind")
+    if api_version != API_VERSION or kind != KIND:
         raise MalformedReview(
-            f"apiVersion/kind: expected admission.k8s.io/v1 AdmissionReview, got {review.apiVersion} {review.kind}"
+            f"apiVersion/kind: expected {API_VERSION} {KIND}, got {_shown(api_version)} {_shown(kind)}"
         )
-    request = review.request
-    if request is None:
-        raise MalformedReview("request: missing")
-    is_binding = (request.resource.resource == "pods" and request.subResource == "binding") or (
-        request.resource.resource == "bindings"
+    request = _object(raw, "request", "request", required=True)
+    review_uid = _string(request, "uid", "request.uid", required=True)
+    resource = _object(request, "resource", "request.resource", required=True)
+    group = _string(resource, "group", "request.resource.group")
+    resource_name = _string(resource, "resource", "request.resource.resource", required=True)
+    sub_resource = _string(request, "subResource", "request.subResource")
+    operation = _string(request, "operation", "request.operation", required=True)
+    is_binding = group == "" and (
+        (resource_name == "pods" and sub_resource == "binding") or resource_name == "bindings"
     )
-    if not is_binding or request.operation != "CREATE":
-        what = f"{request.operation} {request.resource.resource}/{request.subResource}".rstrip("/")
-        return OtherRequest(review_uid=request.uid, what=what)
-    binding = request.object
+    if not is_binding or operation != "CREATE":
+        what = f"{operation} {resource_name}/{sub_resource}".rstrip("/")
+        return OtherRequest(review_uid=review_uid, what=what)
+    binding = request.get("object")
     if not isinstance(binding, dict):
-        raise MalformedReview("request.object: missing Binding")
-    metadata = binding.get("metadata") or {}
-    target = binding.get("target") or {}
-    node = target.get("name") if isinstance(target, dict) else None
+        raise MalformedReview(f"request.object: expected a Binding, got {_shown(binding)}")
+    metadata = _object(binding, "metadata", "request.object.metadata")
+    target = _object(binding, "target", "request.object.target")
+    node = target.get("name")
     if not isinstance(node, str) or not node:
-        raise MalformedReview(f"request.object.target.name: expected a node name, got {node!r}")
-    pod = request.name or (metadata.get("name") if isinstance(metadata, dict) else "") or ""
+        raise MalformedReview(f"request.object.target.name: expected a node name, got {_shown(node)}")
+    target_kind = _string(target, "kind", "request.object.target.kind")
+    if target_kind not in ("", "Node"):
+        raise MalformedReview(f"request.object.target.kind: expected Node, got {_shown(target_kind)}")
+    pod = _string(request, "name", "request.name") or _string(metadata, "name", "request.object.metadata.name")
     if not pod:
         raise MalformedReview("request.name: missing pod name")
-    uid = metadata.get("uid") if isinstance(metadata, dict) else None
+    uid = _string(metadata, "uid", "request.object.metadata.uid")
+    namespace = _string(request, "namespace", "request.namespace") or _string(
+        metadata, "namespace", "request.object.metadata.namespace"
+    )
+    user = _object(request, "userInfo", "request.userInfo")
     return BindingRequest(
-        review_uid=request.uid,
-        namespace=request.namespace or str(metadata.get("namespace") or "default"),
+        review_uid=review_uid,
+        namespace=namespace or "default",
         pod=pod,
-        pod_uid=str(uid) if uid else None,
+        pod_uid=uid or None,
         node=node,
-        username=request.userInfo.username,
+        username=_string(user, "username", "request.userInfo.username"),
     )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Verdict:
     """The webhook's answer: ``reason`` is a short label for metrics, ``message`` the text users read."""
 
@@ -143,4 +157,9 @@ def review_response(review_uid: str, verdict: Verdict) -> Json:
     if not verdict.allowed:
         response["status"] = {"code": verdict.code, "reason": "Conflict" if verdict.code == 409 else "Forbidden",
                               "message": verdict.message}
-    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
+    return {"apiVersion": API_VERSION, "kind": KIND, "response": response}
+
+
+def review_response_bytes(review_uid: str, verdict: Verdict) -> bytes:
+    """`review_response` serialised (orjson), as the webhook sends it."""
+    return orjson.dumps(review_response(review_uid, verdict))

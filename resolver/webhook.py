@@ -1,13 +1,21 @@
 """The conflict resolver: a validating admission webhook that judges every pod binding against the ledger.
 
 ``POST /validate-binding`` takes an AdmissionReview v1 for ``pods/binding`` or ``bindings``. The hot path is one
-Redis call (``Ledger.confirm``) and no apiserver call: the pod's request comes from the sync's pod index. A
+Redis call (``Ledger.confirm``) and no apiserver call: a hoss worker's binding carries the pod's uid and the
+worker's reservation already holds the pod's request, so the ledger is asked without one. Only a binding with no
+entry in the ledger (a foreign scheduler's, or a hoss binding whose reservation expired) needs the pod's request:
+from the sync's index of bound pods when this replica syncs and has the pod, else from one GET of the pod. A
 binding is allowed when the pod's reservation is for that node, or (a foreign scheduler's binding) when the pod
 still fits, in which case the same call records it. Otherwise it is denied with HTTP 200, ``allowed: false``,
 status code 409 and a message naming node, resource, requested and free. A ledger that is unreachable or not
 ready denies (fail closed): nothing is oversold, scheduling pauses and resumes by itself.
 
-Also serves /healthz, /readyz (ready once the ledger is synced), /metrics (Prometheus) and /status (JSON).
+Every replica serves the webhook; one replica, elected on a Lease (``--lease-name``), runs the ledger sync
+(`resolver.sync.LedgerSync`). Losing the Lease stops the sync at once; a sync that fails ends the process with a
+non-zero status.
+
+Also serves /healthz, /readyz (ready when the ledger is ready, on followers too), /metrics (Prometheus) and
+/status (JSON), and publishes its verdicts and review latency to Redis for the dispatcher's /status.
 """
 
 from __future__ import annotations
@@ -15,34 +23,53 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import json
 import logging
+import math
 import os
-import socket
 import ssl
 import sys
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
+import orjson
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from kubernetes_asyncio import client
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from resolver import admission
 from resolver.errors import LedgerUnavailable, ResolverError
-from resolver.kube import KubeError, api_client, request_json
-from resolver.ledger import Confirmed, Conflict, HeldElsewhere, Ledger, LedgerNotReady, UnknownNode
+from resolver.kube import Json, KubeError, api_client, request_json
+from resolver.leader import KubeLeaseAPI, LeaderElector
+from resolver.ledger import (
+    Confirmed,
+    ConfirmResult,
+    Conflict,
+    HeldElsewhere,
+    Ledger,
+    LedgerNotReady,
+    NeedRequest,
+    UnknownNode,
+)
 from resolver.resources import format_quantity
 from resolver.settings import ResolverSettings, SettingsError, load_settings
 from resolver.sync import LedgerSync, PodIndex, PodInfo, parse_pod
 
 log = logging.getLogger(__name__)
 
-ConfirmResult = Confirmed | Conflict | UnknownNode | LedgerNotReady | HeldElsewhere
+PodReader = Callable[[str, str], Awaitable[Json]]
+"""GET of one pod (namespace, name) as raw JSON; raises KubeError (404 when there is none) or a network error."""
+LATENCY_WINDOW = 2048
+"""How many recent reviews the p50/p99 latency is computed over."""
+POD_READ_TIMEOUT_SECONDS = 2.0
+"""Deadline of the pod GET a binding without a reservation needs (the apiserver gives the webhook 5 s in all)."""
 
 
 def verdict_for(result: ConfirmResult, *, binding: admission.BindingRequest) -> admission.Verdict:
@@ -78,6 +105,12 @@ def verdict_for(result: ConfirmResult, *, binding: admission.BindingRequest) -> 
                 allowed=False, reason="ledger-not-ready", code=503,
                 message=f"hoss: the ledger is not ready ({reason}); binding of {who} denied, retry later",
             )
+        case NeedRequest():
+            # Only a confirm without a request answers this, and judge() then asks again with one.
+            return admission.Verdict(
+                allowed=False, reason="unknown-pod", code=409,
+                message=f"hoss: no reservation and no request known for {binding.pod_key}; {who} denied, retry",
+            )
     raise AssertionError(f"unhandled ledger result {result!r}")
 
 
@@ -91,19 +124,61 @@ class Denial:
     message: str
 
 
+class LatencyWindow:
+    """The durations of the last `size` reviews, for their p50 and p99 (nearest rank). Adding is O(1); the
+    percentiles sort the window, which is only done when someone reads them (/metrics, /status, the stats hash)."""
+
+    def __init__(self, size: int = LATENCY_WINDOW) -> None:
+        self._values = [0.0] * size
+        self._size = size
+        self._next = 0
+
+    def add(self, seconds: float) -> None:
+        self._values[self._next % self._size] = seconds
+        self._next += 1
+
+    @property
+    def count(self) -> int:
+        """How many reviews the window holds (at most its size)."""
+        return min(self._next, self._size)
+
+    def quantiles(self, *qs: float) -> list[float]:
+        """The `qs` quantiles (0 < q <= 1) of the window in seconds; NaN when it is empty."""
+        n = self.count
+        if n == 0:
+            return [math.nan for _ in qs]
+        ordered = sorted(self._values[:n])
+        return [ordered[min(max(math.ceil(q * n) - 1, 0), n - 1)] for q in qs]
+
+    def summary_ms(self) -> dict[str, float | int | None]:
+        """``{p50, p99, count}`` in milliseconds (None while empty), as /status and the stats hash show it."""
+        p50, p99 = self.quantiles(0.5, 0.99)
+        return {
+            "p50": None if math.isnan(p50) else round(p50 * 1000, 3),
+            "p99": None if math.isnan(p99) else round(p99 * 1000, 3),
+            "count": self.count,
+        }
+
+
 @dataclass
 class WebhookState:
-    """Everything the handlers share: settings, ledger, sync, metrics and recent denials."""
+    """Everything the handlers share: settings, ledger, the sync while this replica runs it, metrics and recent
+    denials. ``get_pod`` reads a pod from the apiserver (None: no apiserver, e.g. in tests); ``pods`` is an index
+    consulted when no sync runs (tests)."""
 
     settings: ResolverSettings
     ledger: Ledger
-    pods: PodIndex
+    pods: PodIndex = field(default_factory=PodIndex)
     sync: LedgerSync | None = None
+    get_pod: PodReader | None = None
+    elector: LeaderElector | None = None
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     denials: collections.deque[Denial] = field(default_factory=lambda: collections.deque(maxlen=50))
     verdict_counts: collections.Counter[str] = field(default_factory=collections.Counter)
+    review_latency: LatencyWindow = field(default_factory=LatencyWindow)
 
     def __post_init__(self) -> None:
+        self.hoss_usernames = frozenset(self.settings.hoss_usernames)
         self.verdicts = Counter(
             "hoss_resolver_verdicts", "Binding verdicts by outcome and reason",
             ["allowed", "reason"], registry=self.registry,
@@ -112,30 +187,76 @@ class WebhookState:
             "hoss_resolver_review_duration_seconds", "Time to judge one AdmissionReview",
             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0), registry=self.registry,
         )
+        for name, q in (("p50", 0.5), ("p99", 0.99)):
+            Gauge(
+                f"hoss_resolver_review_latency_{name}_seconds",
+                f"{name} of the time to judge one AdmissionReview, over the last {LATENCY_WINDOW} reviews",
+                registry=self.registry,
+            ).set_function(functools.partial(self._latency_quantile, q))
+        Gauge(
+            "hoss_resolver_sync_leader", "1 while this replica holds the Lease and runs the ledger sync",
+            registry=self.registry,
+        ).set_function(lambda: float(self.sync is not None))
+        self._verdict_children: dict[tuple[bool, str], Any] = {}
+
+    def _latency_quantile(self, q: float) -> float:
+        return self.review_latency.quantiles(q)[0]
+
+    def count_verdict(self, verdict: admission.Verdict) -> None:
+        self.verdict_counts[verdict.reason] += 1
+        key = (verdict.allowed, verdict.reason)
+        child = self._verdict_children.get(key)
+        if child is None:
+            child = self._verdict_children[key] = self.verdicts.labels(str(verdict.allowed).lower(), verdict.reason)
+        child.inc()
 
 
 STATE_KEY = web.AppKey("state", WebhookState)
 
 
 async def _pod_info(state: WebhookState, binding: admission.BindingRequest) -> PodInfo | None:
-    """The pod from the sync's index; on a miss (a pod newer than the watch), one GET from the apiserver."""
-    found = state.pods.find(uid=binding.pod_uid, key=binding.pod_key)
-    if found is not None or state.sync is None:
+    """The pod's view for a binding without a reservation: from the sync's index of bound pods when this replica
+    syncs and has it, else one GET from the apiserver. None when the pod is unknown (or another pod by that name)."""
+    index = state.sync.pods if state.sync is not None else state.pods
+    found = index.find(uid=binding.pod_uid, key=binding.pod_key)
+    if found is not None or state.get_pod is None:
         return found
     try:
-        info = parse_pod(await request_json(state.sync.core.read_namespaced_pod, binding.pod, binding.namespace))
-    except (KubeError, aiohttp.ClientError, OSError, json.JSONDecodeError) as error:
+        async with asyncio.timeout(POD_READ_TIMEOUT_SECONDS):
+            raw = await state.get_pod(binding.namespace, binding.pod)
+    except (KubeError, aiohttp.ClientError, OSError, TimeoutError, ValueError) as error:
         log.warning("cannot read pod %s: %s", binding.pod_key, error)
         return None
+    info = parse_pod(raw)
     if binding.pod_uid and info.uid != binding.pod_uid:
         return None
     return info
 
 
+def _unavailable(error: LedgerUnavailable) -> admission.Verdict:
+    return admission.Verdict(
+        allowed=False, reason="ledger-unavailable", code=503,
+        message=f"hoss: the ledger is unreachable ({error}); binding denied, retry later",
+    )
+
+
 async def judge(state: WebhookState, binding: admission.BindingRequest) -> admission.Verdict:
     settings = state.settings
-    if settings.enforce == "hoss-only" and binding.username not in settings.hoss_usernames:
+    own = binding.username in state.hoss_usernames
+    if settings.enforce == "hoss-only" and not own:
         return admission.Verdict(allowed=True, reason="not-enforced")
+    owner = binding.username if own else f"foreign:{binding.username}"
+    if own and binding.pod_uid:
+        # A hoss worker's binding: its reservation holds the request, so no pod lookup is needed.
+        try:
+            result = await state.ledger.confirm(
+                uid=binding.pod_uid, pod=binding.pod_key, node=binding.node, request=None, owner=owner,
+                ttl_seconds=settings.foreign_ttl_seconds,
+            )
+        except LedgerUnavailable as error:
+            return _unavailable(error)
+        if not isinstance(result, NeedRequest):
+            return verdict_for(result, binding=binding)
     try:
         pod = await _pod_info(state, binding)
     except ResolverError as error:
@@ -145,26 +266,29 @@ async def judge(state: WebhookState, binding: admission.BindingRequest) -> admis
             allowed=False, reason="unknown-pod", code=409,
             message=f"hoss: pod {binding.pod_key} is not known to the resolver yet; retry",
         )
-    foreign = binding.username not in settings.hoss_usernames
     try:
         result = await state.ledger.confirm(
             uid=pod.uid,
             pod=pod.key,
             node=binding.node,
             request=pod.request,
-            owner=f"foreign:{binding.username}" if foreign else binding.username,
+            owner=owner,
             ttl_seconds=settings.foreign_ttl_seconds,
         )
     except LedgerUnavailable as error:
-        return admission.Verdict(
-            allowed=False, reason="ledger-unavailable", code=503,
-            message=f"hoss: the ledger is unreachable ({error}); binding denied, retry later",
-        )
+        return _unavailable(error)
     return verdict_for(result, binding=binding)
+
+
+def _json(body: object, *, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
 
 
 async def _read_at_most(request: web.Request, limit: int) -> bytes:
     """The body, or its first ``limit`` bytes when it is longer (a stream may arrive in many chunks)."""
+    length = request.content_length
+    if length is not None and length < limit:
+        return await request.read()
     chunks: list[bytes] = []
     size = 0
     while size < limit:
@@ -179,16 +303,15 @@ async def _read_at_most(request: web.Request, limit: int) -> bytes:
 async def validate_binding(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
     started = time.perf_counter()
-    body = await _read_at_most(request, state.settings.max_body_bytes + 1)
-    if len(body) > state.settings.max_body_bytes:
-        return web.json_response(
-            {"error": f"AdmissionReview larger than {state.settings.max_body_bytes} bytes"}, status=400
-        )
+    limit = state.settings.max_body_bytes
+    body = await _read_at_most(request, limit + 1)
+    if len(body) > limit:
+        return _json({"error": f"AdmissionReview larger than {limit} bytes"}, status=400)
     try:
         parsed = admission.parse_review(body)
     except admission.MalformedReview as error:
         state.verdict_counts["malformed"] += 1
-        return web.json_response({"error": f"malformed AdmissionReview: {error}"}, status=400)
+        return _json({"error": f"malformed AdmissionReview: {error}"}, status=400)
     if isinstance(parsed, admission.OtherRequest):
         verdict = admission.Verdict(allowed=True, reason="not-a-binding")
     else:
@@ -199,10 +322,14 @@ async def validate_binding(request: web.Request) -> web.Response:
             )
             log.info("denied binding of %s to %s by %s: %s", parsed.pod_key, parsed.node, parsed.username,
                      verdict.message)
-    state.verdict_counts[verdict.reason] += 1
-    state.verdicts.labels(str(verdict.allowed).lower(), verdict.reason).inc()
-    state.latency.observe(time.perf_counter() - started)
-    return web.json_response(admission.review_response(parsed.review_uid, verdict))
+    state.count_verdict(verdict)
+    response = web.Response(
+        body=admission.review_response_bytes(parsed.review_uid, verdict), content_type="application/json"
+    )
+    elapsed = time.perf_counter() - started
+    state.latency.observe(elapsed)
+    state.review_latency.add(elapsed)
+    return response
 
 
 async def healthz(_request: web.Request) -> web.Response:
@@ -210,12 +337,13 @@ async def healthz(_request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
+    """Ready when the ledger is (its ready key is set): a replica that does not sync judges bindings too."""
     state = request.app[STATE_KEY]
     try:
-        ready = (state.sync is None or state.sync.synced.is_set()) and await state.ledger.is_ready()
+        ready = await state.ledger.is_ready()
     except LedgerUnavailable as error:
         return web.Response(status=503, text=f"ledger unavailable: {error}")
-    return web.Response(text="ok") if ready else web.Response(status=503, text="ledger not synced")
+    return web.Response(text="ok") if ready else web.Response(status=503, text="ledger not ready")
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -231,15 +359,20 @@ async def status(request: web.Request) -> web.Response:
     except LedgerUnavailable as error:
         ready, epoch = f"unavailable: {error}", None
     sync = state.sync
-    return web.json_response(
+    elector = state.elector
+    return _json(
         {
             "ledger": {"ready": ready, "epoch": epoch},
+            "leader": sync is not None,
+            "identity": None if elector is None else elector.identity,
+            "leader_identity": None if elector is None else elector.holder,
             "sync": None if sync is None else {
                 "synced": sync.synced.is_set(), "nodes": len(sync.nodes), "pods": len(sync.pods.by_uid),
                 **sync.stats.__dict__,
             },
             "enforce": state.settings.enforce,
             "verdicts": dict(state.verdict_counts),
+            "review_latency_ms": state.review_latency.summary_ms(),
             "recent_denials": [d.__dict__ for d in reversed(state.denials)],
         }
     )
@@ -282,17 +415,28 @@ async def reload_certificates(context: ssl.SSLContext, cert_file: str, key_file:
             log.warning("cannot reload serving certificate (keeping the old one): %s", error)
 
 
+def stats_fields(state: WebhookState) -> dict[str, str]:
+    """The resolver's stats hash (``{hoss}:resolver:<instance>``) that the dispatcher's /status reads."""
+    latency = state.review_latency.summary_ms()
+    return {
+        "verdicts": json.dumps(dict(state.verdict_counts)),
+        "recent_denials": json.dumps([d.__dict__ for d in reversed(state.denials)]),
+        "review_p50_ms": "" if latency["p50"] is None else str(latency["p50"]),
+        "review_p99_ms": "" if latency["p99"] is None else str(latency["p99"]),
+        "leader": "1" if state.sync is not None else "0",
+        "updated_unix": f"{time.time():.3f}",
+    }
+
+
 async def publish_stats(state: WebhookState, redis: Redis, *, instance: str, interval: float = 2.0) -> None:
-    """Publish verdict counts and recent denials for the dispatcher's /status (one key per resolver replica)."""
+    """Publish verdict counts, review latency and recent denials for the dispatcher's /status (one key per
+    resolver replica)."""
     key = f"{{hoss}}:resolver:{instance}"
     while True:
         try:
             pipe = redis.pipeline(transaction=True)
-            pipe.hset(key, mapping={
-                "verdicts": json.dumps(dict(state.verdict_counts)),
-                "recent_denials": json.dumps([d.__dict__ for d in reversed(state.denials)]),
-                "updated_unix": f"{time.time():.3f}",
-            })
+            fields: dict[Any, Any] = stats_fields(state)
+            pipe.hset(key, mapping=fields)
             pipe.expire(key, int(interval * 10))
             await pipe.execute()
         except RedisError as error:
@@ -300,47 +444,109 @@ async def publish_stats(state: WebhookState, redis: Redis, *, instance: str, int
         await asyncio.sleep(interval)
 
 
+async def sync_while_leading(state: WebhookState, elector: LeaderElector, make_sync: Callable[[], LedgerSync]) -> None:
+    """Run a fresh ledger sync each time this replica becomes leader, and stop it the moment it is not.
+
+    Returns only by raising: a sync that ends (it never does unless it fails) ends this task with its error, so
+    the resolver exits non-zero instead of judging against a ledger nobody keeps.
+    """
+    while True:
+        await elector.leading.wait()
+        sync = make_sync()
+        state.sync = sync
+        log.info("leading: starting the ledger sync")
+        running = asyncio.create_task(sync.run(), name="ledger-sync")
+        lost = asyncio.create_task(elector.following.wait(), name="lease-lost")
+        try:
+            done, _ = await asyncio.wait({running, lost}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            state.sync = None
+            for task in (running, lost):
+                task.cancel()
+            await asyncio.gather(running, lost, return_exceptions=True)
+        if running in done:
+            error = running.exception()
+            raise error if error is not None else RuntimeError("the ledger sync ended")
+        log.warning("lost the Lease: stopped the ledger sync")
+
+
+async def _api_pod_reader(core: Any, namespace: str, name: str) -> Json:
+    return await request_json(core.read_namespaced_pod, name, namespace, _request_timeout=POD_READ_TIMEOUT_SECONDS)
+
+
 @contextlib.asynccontextmanager
-async def running_resolver(settings: ResolverSettings) -> AsyncIterator[asyncio.Task[None]]:
-    """Start sync, webhook server and timers; stop them on exit."""
-    ledger = Ledger.from_url(settings.redis_url)
-    api = await api_client(settings.kubeconfig)
-    sync = LedgerSync(ledger=ledger, api=api, expire_interval_seconds=settings.expire_interval_seconds)
-    state = WebhookState(settings=settings, ledger=ledger, pods=sync.pods, sync=sync)
-    context = tls_context(settings.tls_cert_file, settings.tls_key_file)
-    runner = web.AppRunner(build_app(state), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, settings.host, settings.port, ssl_context=context)
-    await site.start()
-    stats_redis = Redis.from_url(settings.redis_url, decode_responses=True)
-    instance = f"{socket.gethostname()}-{os.getpid()}"
-    tasks = [
-        asyncio.create_task(sync.run(), name="ledger-sync"),
-        asyncio.create_task(publish_stats(state, stats_redis, instance=instance), name="publish-stats"),
-        asyncio.create_task(
-            reload_certificates(context, settings.tls_cert_file, settings.tls_key_file), name="cert-reload"
-        ),
-    ]
-    log.info("hoss-resolver serving https://%s:%d (enforce=%s)", settings.host, settings.port, settings.enforce)
-    try:
-        yield tasks[0]
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await runner.cleanup()
-        await stats_redis.aclose()
-        await api.close()
-        await ledger.close()
+async def running_resolver(settings: ResolverSettings) -> AsyncIterator[list[asyncio.Task[None]]]:
+    """Start the webhook server, the Lease election and the sync (while leading) and timers; stop them on exit.
+
+    Yields the tasks whose end is fatal (the sync's role and the election)."""
+    async with contextlib.AsyncExitStack() as stack:
+        ledger = Ledger.from_url(settings.redis_url)
+        stack.push_async_callback(ledger.close)
+        api = await api_client(settings.kubeconfig)
+        stack.push_async_callback(api.close)
+        core: Any = client.CoreV1Api(api)
+        elector = LeaderElector(
+            KubeLeaseAPI(
+                api, name=settings.lease_name, namespace=settings.lease_namespace,
+                request_timeout=settings.renew_deadline_seconds,
+            ),
+            identity=settings.identity,
+            lease_duration_seconds=settings.lease_duration_seconds,
+            renew_deadline_seconds=settings.renew_deadline_seconds,
+            renew_interval_seconds=settings.renew_interval_seconds,
+        )
+
+        async def get_pod(namespace: str, name: str) -> Json:
+            return await _api_pod_reader(core, namespace, name)
+
+        state = WebhookState(settings=settings, ledger=ledger, get_pod=get_pod, elector=elector)
+        context = tls_context(settings.tls_cert_file, settings.tls_key_file)
+        runner = web.AppRunner(build_app(state), access_log=None)
+        await runner.setup()
+        stack.push_async_callback(runner.cleanup)
+        site = web.TCPSite(runner, settings.host, settings.port, ssl_context=context)
+        await site.start()
+        stats_redis = Redis.from_url(settings.redis_url, decode_responses=True)
+        stack.push_async_callback(stats_redis.aclose)
+
+        def make_sync() -> LedgerSync:
+            return LedgerSync(ledger=ledger, api=api, expire_interval_seconds=settings.expire_interval_seconds)
+
+        tasks = [
+            asyncio.create_task(sync_while_leading(state, elector, make_sync), name="sync-role"),
+            asyncio.create_task(elector.run(), name="leader-election"),
+            asyncio.create_task(publish_stats(state, stats_redis, instance=settings.identity), name="publish-stats"),
+            asyncio.create_task(
+                reload_certificates(context, settings.tls_cert_file, settings.tls_key_file), name="cert-reload"
+            ),
+        ]
+
+        async def stop() -> None:
+            # The sync stops first, then the Lease is handed back so another replica takes over at once.
+            tasks[0].cancel()
+            await asyncio.gather(tasks[0], return_exceptions=True)
+            for task in tasks[1:]:
+                task.cancel()
+            await asyncio.gather(*tasks[1:], return_exceptions=True)
+            await elector.release()
+
+        stack.push_async_callback(stop)
+        log.info(
+            "hoss-resolver %s serving https://%s:%d (enforce=%s); sync elected on Lease %s/%s",
+            settings.identity, settings.host, settings.port, settings.enforce, settings.lease_namespace,
+            settings.lease_name,
+        )
+        yield tasks[:2]
 
 
 async def serve(settings: ResolverSettings) -> None:
-    """Serve until stopped. If the ledger sync ever ends, the resolver exits non-zero (fail loudly: a resolver
+    """Serve until stopped. If the ledger sync ever fails, the resolver exits non-zero (fail loudly: a resolver
     that no longer syncs would judge bindings against a stale ledger), to be restarted by its supervisor."""
-    async with running_resolver(settings) as sync_task:
-        await asyncio.wait([sync_task])
-        error = sync_task.exception() if not sync_task.cancelled() else None
-        raise SystemExit(f"hoss-resolver: the ledger sync stopped: {error!r}")
+    async with running_resolver(settings) as fatal:
+        done, _ = await asyncio.wait(fatal, return_when=asyncio.FIRST_COMPLETED)
+        ended = done.pop()
+        error = ended.exception() if not ended.cancelled() else None
+        raise SystemExit(f"hoss-resolver: {ended.get_name()} stopped: {error!r}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -16,10 +16,11 @@ import pytest
 from aiohttp import web
 
 from deploy.local import pki
+from resolver.kube import KubeError
 from resolver.ledger import Ledger, Reserved
 from resolver.settings import ResolverSettings
 from resolver.sync import PodIndex, parse_pod
-from resolver.webhook import WebhookState, build_app, tls_context
+from resolver.webhook import LatencyWindow, WebhookState, build_app, stats_fields, tls_context
 
 WORKER = "system:serviceaccount:hoss-system:hoss-worker"
 NODE_ROOM = {"cpu": 2000, "memory": 8 << 30, "pods": 110}
@@ -69,7 +70,22 @@ class Webhook:
             return response.status, await response.json()
 
 
-async def start(tmp_path: Path, **settings: Any) -> AsyncIterator[Webhook]:
+class PodReads:
+    """The apiserver's pods as the webhook's ``get_pod`` sees them; counts the reads."""
+
+    def __init__(self, *pods: dict[str, Any]) -> None:
+        self.pods = {(p["metadata"]["namespace"], p["metadata"]["name"]): p for p in pods}
+        self.reads: list[str] = []
+
+    async def __call__(self, namespace: str, name: str) -> dict[str, Any]:
+        self.reads.append(f"{namespace}/{name}")
+        found = self.pods.get((namespace, name))
+        if found is None:
+            raise KubeError(f'404: pods "{name}" not found', status=404)
+        return found
+
+
+async def start(tmp_path: Path, *, get_pod: PodReads | None = None, **settings: Any) -> AsyncIterator[Webhook]:
     ca = pki.ensure_ca(tmp_path)
     serving = pki.issue(ca, directory=tmp_path, name="serving", common_name="hoss-resolver",
                         ip_addresses=("127.0.0.1",), server=True)
@@ -80,7 +96,7 @@ async def start(tmp_path: Path, **settings: Any) -> AsyncIterator[Webhook]:
     pods = PodIndex()
     for spec in (pod("small", "u-small", "500m"), pod("big", "u-big", "3"), pod("mine", "u-mine", "1")):
         pods.put(parse_pod(spec))
-    state = WebhookState(settings=config, ledger=ledger, pods=pods)
+    state = WebhookState(settings=config, ledger=ledger, pods=pods, get_pod=get_pod)
     runner = web.AppRunner(build_app(state))
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=tls_context(config.tls_cert_file, config.tls_key_file))
@@ -167,6 +183,39 @@ async def test_malformed_review_gets_http_400_with_the_reason(webhook: Webhook, 
     assert reason in answer["error"]
 
 
+def review_with(**request: Any) -> bytes:
+    body = review(pod_name="small", uid="u-small", node="n1")
+    body["request"].update(request)
+    return json.dumps(body).encode()
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (review_with(uid=5), "request.uid: expected a string, got 5"),
+        (review_with(operation=None), "request.operation: missing"),
+        (review_with(userInfo="bob"), "request.userInfo: expected an object, got 'bob'"),
+        (review_with(object=None), "request.object: expected a Binding, got None"),
+        (review_with(object={"target": {"kind": "Pod", "name": "n1"}}),
+         "request.object.target.kind: expected Node, got 'Pod'"),
+        (review_with(object={"target": {"name": ""}}), "request.object.target.name: expected a node name, got ''"),
+        (review_with(object={"metadata": {"uid": 7}, "target": {"name": "n1"}}),
+         "request.object.metadata.uid: expected a string, got 7"),
+    ],
+)
+async def test_a_malformed_field_is_named_with_its_value(webhook: Webhook, body: bytes, reason: str) -> None:
+    status, answer = await webhook.post(body)
+    assert status == 400
+    assert reason in answer["error"]
+
+
+async def test_reviews_of_other_resources_are_allowed_untouched(webhook: Webhook) -> None:
+    body = review(pod_name="big", uid="u-big", node="n1")
+    body["request"]["resource"] = {"group": "example.com", "version": "v1", "resource": "pods"}
+    _, answer = await webhook.post(body)
+    assert answer["response"] == {"uid": "review-1", "allowed": True}
+
+
 async def test_oversized_review_gets_http_400(webhook: Webhook) -> None:
     huge = json.dumps(review(pod_name="small", uid="u-small", node="n1") | {"padding": "x" * (2 << 20)}).encode()
     status, answer = await webhook.post(huge)
@@ -195,3 +244,72 @@ async def test_metrics_and_status_count_the_verdicts(webhook: Webhook) -> None:
     assert status["recent_denials"][0]["node"] == "n1"
     async with webhook.session.get(f"{webhook.url}/readyz") as response:
         assert response.status == 200
+
+
+async def test_a_hoss_binding_is_judged_by_its_reservation_without_reading_the_pod(tmp_path: Path) -> None:
+    reads = PodReads()
+    async for hook in start(tmp_path, get_pod=reads):
+        await hook.ledger.rebuild(nodes=[("n1", NODE_ROOM, {}), ("n2", NODE_ROOM, {})], bound=[])
+        await hook.ledger.reserve(uid="u-new", pod="team/new", node="n1", request={"cpu": 1500, "pods": 1},
+                                  owner=WORKER, ttl_seconds=30)
+        _, body = await hook.post(review(pod_name="new", uid="u-new", node="n1", user=WORKER))
+        assert body["response"]["allowed"] is True
+        _, body = await hook.post(review(pod_name="new", uid="u-new", node="n2", user=WORKER))
+        assert "already holds resources on node n1" in body["response"]["status"]["message"]
+        assert reads.reads == []
+        assert hook.state.verdict_counts == {"reserved": 1, "held-elsewhere": 1}
+
+
+async def test_a_binding_without_a_reservation_reads_the_pod_once_and_is_fit_checked(tmp_path: Path) -> None:
+    reads = PodReads(pod("late", "u-late", "1"), pod("huge", "u-huge", "4"))
+    async for hook in start(tmp_path, get_pod=reads):
+        # a hoss binding whose reservation expired: the ledger asks for the request, and the pod still fits
+        _, body = await hook.post(review(pod_name="late", uid="u-late", node="n1", user=WORKER))
+        assert body["response"]["allowed"] is True
+        # a foreign binding of a pod no index knows: read, then fit-checked
+        _, body = await hook.post(review(pod_name="huge", uid="u-huge", node="n1"))
+        assert body["response"]["status"]["message"] == (
+            "hoss: node n1 has no room for team/huge: cpu requested 4, free 1"
+        )
+        assert reads.reads == ["team/late", "team/huge"]
+        entries = {e.uid: (e.node, e.request.get("cpu")) for e in await hook.ledger.entries()}
+        assert entries == {"u-late": ("n1", 1000)}
+
+
+async def test_a_pod_the_apiserver_does_not_have_or_that_was_replaced_is_denied(tmp_path: Path) -> None:
+    reads = PodReads(pod("reborn", "u-new-life", "1"))
+    async for hook in start(tmp_path, get_pod=reads):
+        _, body = await hook.post(review(pod_name="gone", uid="u-gone", node="n1"))
+        assert "pod team/gone is not known" in body["response"]["status"]["message"]
+        _, body = await hook.post(review(pod_name="reborn", uid="u-old-life", node="n1"))
+        assert "pod team/reborn is not known" in body["response"]["status"]["message"]
+        assert await hook.ledger.entries() == []
+
+
+async def test_review_latency_p50_and_p99_are_reported_in_metrics_status_and_the_stats_hash(
+    webhook: Webhook,
+) -> None:
+    for _ in range(3):
+        await webhook.post(review(pod_name="small", uid="u-small", node="n1"))
+    async with webhook.session.get(f"{webhook.url}/metrics") as response:
+        text = await response.text()
+    assert "hoss_resolver_review_latency_p50_seconds " in text
+    assert "hoss_resolver_review_latency_p99_seconds " in text
+    async with webhook.session.get(f"{webhook.url}/status") as response:
+        status = await response.json()
+    latency = status["review_latency_ms"]
+    assert latency["count"] == 3
+    assert 0 < latency["p50"] <= latency["p99"] < 1000
+    fields = stats_fields(webhook.state)
+    assert float(fields["review_p50_ms"]) == latency["p50"]
+    assert float(fields["review_p99_ms"]) == latency["p99"]
+    assert json.loads(fields["verdicts"]) == {"fits": 1, "reserved": 2}, "the first binding recorded the pod"
+
+
+def test_the_latency_window_keeps_the_most_recent_reviews() -> None:
+    window = LatencyWindow(size=100)
+    assert window.summary_ms() == {"p50": None, "p99": None, "count": 0}
+    for ms in range(1, 1001):
+        window.add(ms / 1000)
+    assert window.count == 100
+    assert window.summary_ms() == {"p50": 950.0, "p99": 999.0, "count": 100}

@@ -1,0 +1,119 @@
+"""Only the replica holding the resolver's Lease runs the ledger sync: it starts on leading, stops the moment the
+Lease is lost, starts afresh on leading again, and a sync that fails ends the role with its error."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, cast
+
+import fakeredis
+import pytest
+
+from resolver.leader import LeaderElector
+from resolver.ledger import Ledger
+from resolver.settings import ResolverSettings, SettingsError, load_settings
+from resolver.sync import LedgerSync
+from resolver.webhook import WebhookState, sync_while_leading
+
+
+class FakeSync:
+    def __init__(self, fail: BaseException | None = None) -> None:
+        self.started = asyncio.Event()
+        self.stopped = asyncio.Event()
+        self.fail = fail
+
+    async def run(self) -> None:
+        self.started.set()
+        try:
+            if self.fail is not None:
+                raise self.fail
+            await asyncio.sleep(3600)
+        finally:
+            self.stopped.set()
+
+
+class NoLease:
+    name = "hoss-resolver-sync"
+    namespace = "hoss-system"
+
+    async def read(self) -> None:
+        raise AssertionError("the test drives leading/following by hand")
+
+
+def elector() -> LeaderElector:
+    return LeaderElector(cast(Any, NoLease()), identity="me", lease_duration_seconds=15,
+                         renew_deadline_seconds=10, renew_interval_seconds=2)
+
+
+def lead(e: LeaderElector) -> None:
+    e.following.clear()
+    e.leading.set()
+
+
+def follow(e: LeaderElector) -> None:
+    e.leading.clear()
+    e.following.set()
+
+
+@pytest.fixture
+async def state(tmp_path: Path) -> AsyncIterator[WebhookState]:
+    redis = fakeredis.FakeAsyncRedis(decode_responses=True)
+    settings = ResolverSettings(tls_cert_file=str(tmp_path / "c"), tls_key_file=str(tmp_path / "k"))
+    yield WebhookState(settings=settings, ledger=Ledger(redis))
+    await redis.aclose()
+
+
+async def test_the_sync_runs_only_while_leading_and_afresh_each_term(state: WebhookState) -> None:
+    e = elector()
+    syncs: list[FakeSync] = []
+    made = asyncio.Event()
+
+    def make() -> LedgerSync:
+        syncs.append(FakeSync())
+        made.set()
+        return cast(LedgerSync, syncs[-1])
+
+    async def started(count: int) -> None:
+        while len(syncs) < count:
+            made.clear()
+            await made.wait()
+        await syncs[count - 1].started.wait()
+
+    role = asyncio.create_task(sync_while_leading(state, e, make))
+    try:
+        await asyncio.sleep(0.01)
+        assert syncs == [] and state.sync is None, "a follower does not sync"
+        lead(e)
+        await asyncio.wait_for(started(1), 1)
+        assert state.sync is cast(LedgerSync, syncs[0])
+        follow(e)
+        await asyncio.wait_for(syncs[0].stopped.wait(), 1)
+        assert state.sync is None
+        lead(e)
+        await asyncio.wait_for(started(2), 1)
+        assert not syncs[1].stopped.is_set()
+    finally:
+        role.cancel()
+        await asyncio.gather(role, return_exceptions=True)
+    assert syncs[1].stopped.is_set()
+
+
+async def test_a_failing_sync_ends_the_role_with_its_error(state: WebhookState) -> None:
+    e = elector()
+    lead(e)
+    with pytest.raises(RuntimeError, match="informer exploded"):
+        await asyncio.wait_for(
+            sync_while_leading(state, e, lambda: cast(LedgerSync, FakeSync(RuntimeError("informer exploded")))), 1
+        )
+    assert state.sync is None
+
+
+def test_lease_settings_have_defaults_and_must_be_ordered() -> None:
+    settings = ResolverSettings(tls_cert_file="c", tls_key_file="k")
+    assert (settings.lease_name, settings.lease_namespace) == ("hoss-resolver-sync", "hoss-system")
+    assert settings.identity
+    with pytest.raises(SettingsError, match="lease timing"):
+        load_settings(ResolverSettings, ["--tls-cert-file=c", "--tls-key-file=k", "--renew-deadline-seconds=20"],
+                      prog="hoss-resolver", description="")
