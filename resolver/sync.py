@@ -6,6 +6,11 @@ its entry. Assumed entries past their deadline are expired on a timer. A watchdo
 ready (Redis restarted empty or was flushed: the ready key and epoch are gone) and rebuilds it from the mirror,
 which the informers keep equal to the apiserver; until then the ledger answers "not ready" and the webhook denies.
 
+The pod informer watches bound pods only (field selector ``spec.nodeName!=``): a pending pod holds nothing in
+the ledger but its reservation. Pod events are queued by uid (the latest event of a pod wins) and applied in
+bursts: every change queued so far goes to the mirror and then to the ledger in one ``release_many`` and one
+``bind_many`` call (per POD_WRITE_BATCH pods), so the watch never waits on Redis.
+
 Invariant: the in-memory mirror and the ledger are changed under one lock, so a rebuild never interleaves with
 an event and no change is lost between a snapshot and the rebuild.
 """
@@ -14,9 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,12 +31,17 @@ from kubernetes_asyncio import client
 from resolver import compact
 from resolver.errors import LedgerNotReadyError, LedgerUnavailable, ResolverError
 from resolver.kube import InformerHandlers, Json, run_informer
-from resolver.ledger import BoundPod, Ledger
+from resolver.ledger import BoundPod, Ledger, Placement
 from resolver.resources import ResourceVector, node_allocatable, pod_requests
 
 log = logging.getLogger(__name__)
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+BOUND_PODS_SELECTOR = "spec.nodeName!="
+"""The pod informer's field selector: only bound pods matter to the ledger (a pending pod holds nothing until
+a binding the webhook judged, and the rebuild needs only bound pods)."""
+POD_WRITE_BATCH = 256
+"""Most pods written to the ledger in one script call (bind_many / release_many)."""
 NodeRecord = tuple[ResourceVector, dict[str, str], str]
 """allocatable, labels, compact description (JSON) of a node, as the ledger keeps it"""
 
@@ -126,6 +137,10 @@ class SyncStats:
     pod_events: int = 0
     expired: int = 0
     malformed_pods: int = 0
+    pod_flushes: int = 0
+    """batches of pod events applied to the mirror and the ledger together"""
+    ledger_pod_writes: int = 0
+    """bind_many / release_many calls"""
 
 
 class LedgerSync:
@@ -150,6 +165,11 @@ class LedgerSync:
         self._lock = asyncio.Lock()
         self._nodes_listed = asyncio.Event()
         self._pods_listed = asyncio.Event()
+        self._pod_changes: dict[str, tuple[PodInfo, bool]] = {}
+        """uid -> (latest view, gone) of pod events not yet applied; a later event of a uid replaces the earlier"""
+        self._pods_changed = asyncio.Event()
+        self._ledger_stale = False
+        """a pod write failed (Redis unreachable): the watchdog rebuilds the ledger from the mirror"""
 
     async def run(self) -> None:
         """Run until cancelled."""
@@ -168,8 +188,10 @@ class LedgerSync:
                     self.core.list_pod_for_all_namespaces,
                     InformerHandlers(on_list=self._on_pod_list, on_event=self._on_pod_event),
                     synced=self._pods_listed,
+                    field_selector=BOUND_PODS_SELECTOR,
                 )
             )
+            group.create_task(self._pod_flush_loop())
             await self._nodes_listed.wait()
             await self._pods_listed.wait()
             await self.rebuild()
@@ -226,6 +248,8 @@ class LedgerSync:
 
     async def _on_pod_list(self, items: list[Json]) -> None:
         async with self._lock:
+            # The list supersedes every event received before it, applied or not.
+            self._pod_changes.clear()
             self.pods.clear()
             for pod in items:
                 info = self._parse(pod)
@@ -236,8 +260,12 @@ class LedgerSync:
 
     def _parse(self, pod: Json) -> PodInfo | None:
         uid = (pod.get("metadata") or {}).get("uid")
+        known = None
+        if isinstance(uid, str):
+            pending = self._pod_changes.get(uid)
+            known = pending[0] if pending is not None else self.pods.by_uid.get(uid)
         try:
-            return parse_pod(pod, known=self.pods.by_uid.get(uid) if isinstance(uid, str) else None)
+            return parse_pod(pod, known=known)
         except ResolverError as error:
             self.stats.malformed_pods += 1
             metadata = pod.get("metadata") or {}
@@ -245,22 +273,64 @@ class LedgerSync:
             return None
 
     async def _on_pod_event(self, kind: str, pod: Json) -> None:
+        """Queue the change; `flush_pods` applies what has queued up to the mirror and the ledger together. The
+        watch never waits for Redis, and a burst of events costs a few script calls instead of one per pod."""
         self.stats.pod_events += 1
         info = self._parse(pod)
         if info is None:
             return
+        self._pod_changes[info.uid] = (info, kind == "DELETED" or info.terminal)
+        self._pods_changed.set()
+
+    async def _pod_flush_loop(self) -> None:
+        while True:
+            await self._pods_changed.wait()
+            await self.flush_pods()
+
+    async def flush_pods(self) -> None:
+        """Apply the queued pod changes: the mirror, then the ledger (releases, then bindings, each in calls of up
+        to POD_WRITE_BATCH pods), all under the lock, so a rebuild sees either none of them or all of them."""
         async with self._lock:
-            if kind == "DELETED" or info.terminal:
-                self.pods.drop(info.uid)
-                if self.synced.is_set():
-                    await self._apply(self.ledger.release(info.uid))
+            self._pods_changed.clear()
+            changes, self._pod_changes = self._pod_changes, {}
+            if not changes:
                 return
-            previous = self.pods.by_uid.get(info.uid)
-            self.pods.put(info)
-            if info.node and self.synced.is_set() and (previous is None or previous.node != info.node):
-                await self._apply(
-                    self.ledger.bind(uid=info.uid, pod=info.key, node=info.node, request=info.request)
-                )
+            releases: list[str] = []
+            binds: list[Placement] = []
+            for uid, (info, gone) in changes.items():
+                if gone:
+                    self.pods.drop(uid)
+                    releases.append(uid)
+                    continue
+                previous = self.pods.by_uid.get(uid)
+                self.pods.put(info)
+                if info.node and (previous is None or previous.node != info.node):
+                    binds.append(Placement(uid=uid, pod=info.key, node=info.node, request=info.request))
+            self.stats.pod_flushes += 1
+            if not self.synced.is_set() or self._ledger_stale:
+                return  # the (next) rebuild writes the mirror, these changes included
+            writes: list[Callable[[], Awaitable[object]]] = [
+                *(functools.partial(self.ledger.release_many, releases[i:i + POD_WRITE_BATCH])
+                  for i in range(0, len(releases), POD_WRITE_BATCH)),
+                *(functools.partial(self.ledger.bind_many, binds[i:i + POD_WRITE_BATCH])
+                  for i in range(0, len(binds), POD_WRITE_BATCH)),
+            ]
+            for write in writes:
+                if self._ledger_stale:
+                    break
+                await self._apply_pods(write())
+
+    async def _apply_pods(self, change: Awaitable[object]) -> None:
+        """One batched pod write. Not ready: skipped, the watchdog's rebuild writes the mirror. Unreachable: the
+        ledger is marked stale, later writes are skipped, and the watchdog rebuilds once Redis answers."""
+        self.stats.ledger_pod_writes += 1
+        try:
+            await change
+        except LedgerNotReadyError:
+            log.debug("ledger not ready; the rebuild will carry these pod changes")
+        except LedgerUnavailable as error:
+            self._ledger_stale = True
+            log.warning("cannot write pod changes to the ledger (%s); rebuilding once Redis answers", error)
 
     async def _apply(self, change: Awaitable[object]) -> None:
         """Apply one change to the ledger. A ledger that is not ready is skipped: the mirror already holds the
@@ -289,12 +359,18 @@ class LedgerSync:
     async def _watchdog_loop(self) -> None:
         while True:
             await asyncio.sleep(self._watchdog_interval)
+            stale = self._ledger_stale
             try:
-                ready = await self.ledger.is_ready()
-                if not ready:
+                if stale:
+                    log.warning("pod changes could not be written; rebuilding the ledger from the apiserver mirror")
+                elif not await self.ledger.is_ready():
                     log.warning("ledger is not ready (Redis lost its data?); rebuilding from the apiserver mirror")
-                    await self.rebuild()
+                else:
+                    continue
+                self._ledger_stale = False
+                await self.rebuild()
             except (LedgerUnavailable, LedgerNotReadyError) as error:
+                self._ledger_stale = self._ledger_stale or stale
                 log.warning("ledger unavailable: %s", error)
 
 
