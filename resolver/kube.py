@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -148,6 +149,10 @@ class InformerHandlers:
     on_event: Callable[[str, Json], Awaitable[None]]
 
 
+class _HandlerFailed(Exception):
+    """An informer handler raised: the informer's view may have lost that change, so it lists again."""
+
+
 async def run_informer(
     name: str,
     call: ListCall,
@@ -156,38 +161,70 @@ async def run_informer(
     synced: asyncio.Event | None = None,
     relist: asyncio.Event | None = None,
     watch_timeout_seconds: int = 300,
-    inactivity_seconds: float = 60.0,
-    max_backoff_seconds: float = 30.0,
+    inactivity_seconds: float = 90.0,
+    max_backoff_seconds: float = 8.0,
     **kwargs: Any,
 ) -> None:
     """List and watch forever. ``synced`` is set after the first successful list; setting ``relist`` forces a
-    fresh list (e.g. when the ledger lost its data)."""
-    backoff = 0.5
+    fresh list (e.g. when the ledger lost its data).
+
+    The watch always resumes from the resourceVersion of the last event handled (or bookmark): after the
+    apiserver ends a stream (its timeout, or "Forcing watcher close due to unresponsiveness" when this client
+    fell behind), after a stream silent for ``inactivity_seconds`` (a half-dead connection; bookmarks arrive about
+    once a minute), and after a network error or an apiserver restart (retried with a backoff up to
+    ``max_backoff_seconds``). Only 410 Gone (that version is no longer in the apiserver's window), a handler that
+    failed, or ``relist`` lead to a new list.
+    """
+    first_backoff = min(0.5, max_backoff_seconds)
+    backoff = first_backoff
+    version: str | None = None
     while True:
         try:
-            items, version = await list_objects(call, **kwargs)
-            await handlers.on_list(items)
-            if synced is not None:
-                synced.set()
-            if relist is not None:
-                relist.clear()
-            backoff = 0.5
-            while relist is None or not relist.is_set():
-                async for kind, obj in watch_objects(
-                    call,
-                    resource_version=version,
-                    timeout_seconds=watch_timeout_seconds,
-                    inactivity_seconds=inactivity_seconds,
-                    **kwargs,
-                ):
-                    version = str(obj.get("metadata", {}).get("resourceVersion") or version)
-                    if kind != "BOOKMARK":
+            if version is None or (relist is not None and relist.is_set()):
+                items, listed = await list_objects(call, **kwargs)
+                try:
+                    await handlers.on_list(items)
+                except (ResolverError, aiohttp.ClientError, OSError, TimeoutError, ValueError) as error:
+                    raise _HandlerFailed(str(error)) from error
+                version = listed
+                if synced is not None:
+                    synced.set()
+                if relist is not None:
+                    relist.clear()
+                backoff = first_backoff
+            opened = time.monotonic()
+            events = 0
+            async for kind, obj in watch_objects(
+                call,
+                resource_version=version,
+                timeout_seconds=watch_timeout_seconds,
+                inactivity_seconds=inactivity_seconds,
+                **kwargs,
+            ):
+                events += 1
+                backoff = first_backoff
+                if kind != "BOOKMARK":
+                    try:
                         await handlers.on_event(kind, obj)
-                    if relist is not None and relist.is_set():
-                        break
+                    except (ResolverError, aiohttp.ClientError, OSError, TimeoutError, ValueError) as error:
+                        raise _HandlerFailed(str(error)) from error
+                version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+                if relist is not None and relist.is_set():
+                    break
+            if not events and time.monotonic() - opened < 1.0:
+                # A stream the apiserver ends at once, again and again, must not become a busy loop.
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, max_backoff_seconds)
         except WatchGone:
             log.info("%s: watch expired (410 Gone); listing again", name)
+            version = None
+        except _HandlerFailed as error:
+            log.warning("%s: handling a change failed (%s); listing again in %.1fs", name, error, backoff)
+            version = None
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, max_backoff_seconds)
         except (ResolverError, aiohttp.ClientError, OSError, TimeoutError, ValueError) as error:
-            log.warning("%s: list/watch failed (%s); retrying in %.1fs", name, error, backoff)
+            what = "list" if version is None else f"watch from resourceVersion {version}"
+            log.warning("%s: %s failed (%s); retrying in %.1fs", name, what, error or type(error).__name__, backoff)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, max_backoff_seconds)

@@ -1,0 +1,188 @@
+"""The informer loop against a scripted apiserver: it resumes every watch from the last resourceVersion it
+handled (a stream the apiserver closes, a network error, an apiserver restart) and lists again only on 410 Gone
+or when a handler failed."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+
+from resolver.errors import ResolverError
+from resolver.kube import InformerHandlers, Json, run_informer
+
+
+class FakeContent:
+    def __init__(self, lines: list[bytes], *, hang: bool) -> None:
+        self._lines = list(lines)
+        self._hang = hang
+
+    async def readline(self) -> bytes:
+        if self._lines:
+            line = self._lines.pop(0)
+            if line == b"!reset":
+                raise aiohttp.ClientPayloadError("connection reset by peer")
+            return line
+        if self._hang:
+            await asyncio.sleep(3600)
+        return b""
+
+
+@dataclass
+class FakeResponse:
+    status: int
+    body: bytes = b""
+    lines: list[bytes] = field(default_factory=list)
+    hang: bool = False
+
+    def __post_init__(self) -> None:
+        self.content = FakeContent(self.lines, hang=self.hang)
+
+    async def read(self) -> bytes:
+        return self.body
+
+    def release(self) -> None:
+        pass
+
+
+def event(kind: str, name: str, version: str) -> bytes:
+    obj = {"metadata": {"name": name, "resourceVersion": version}}
+    return orjson.dumps({"type": kind, "object": obj}) + b"\n"
+
+
+def listing(version: str, *names: str) -> FakeResponse:
+    items = [{"metadata": {"name": n, "resourceVersion": version}} for n in names]
+    return FakeResponse(200, orjson.dumps({"items": items, "metadata": {"resourceVersion": version}}))
+
+
+Step = FakeResponse | BaseException
+
+
+class ScriptedApi:
+    """Answers list and watch calls from a script; records what each call asked for."""
+
+    def __init__(self, lists: list[Step], watches: list[Step]) -> None:
+        self.lists = lists
+        self.watches = watches
+        self.calls: list[tuple[str, str | None]] = []
+        self.exhausted = asyncio.Event()
+
+    async def __call__(self, **kwargs: Any) -> FakeResponse:
+        kind = "watch" if kwargs.get("watch") else "list"
+        self.calls.append((kind, kwargs.get("resource_version")))
+        script = self.watches if kind == "watch" else self.lists
+        if not script:
+            self.exhausted.set()
+            await asyncio.sleep(3600)
+        step = script.pop(0)
+        if isinstance(step, BaseException):
+            raise step
+        return step
+
+
+@dataclass
+class Recorder:
+    lists: list[list[str]] = field(default_factory=list)
+    events: list[tuple[str, str]] = field(default_factory=list)
+    fail_on: str | None = None
+
+    async def on_list(self, items: list[Json]) -> None:
+        self.lists.append([i["metadata"]["name"] for i in items])
+
+    async def on_event(self, kind: str, obj: Json) -> None:
+        name = obj["metadata"]["name"]
+        if name == self.fail_on:
+            self.fail_on = None
+            raise ResolverError(f"cannot handle {name}")
+        self.events.append((kind, name))
+
+    def handlers(self) -> InformerHandlers:
+        return InformerHandlers(on_list=self.on_list, on_event=self.on_event)
+
+
+async def run(api: ScriptedApi, recorder: Recorder, **options: Any) -> None:
+    task = asyncio.create_task(
+        run_informer("test", api, recorder.handlers(), max_backoff_seconds=0.01, **options)
+    )
+    try:
+        async with asyncio.timeout(5):
+            await api.exhausted.wait()
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_stream_the_apiserver_closes_is_resumed_from_the_last_resource_version() -> None:
+    # "Forcing watcher close due to unresponsiveness" ends the stream like a timeout does: no error, just EOF.
+    api = ScriptedApi(
+        lists=[listing("10", "a")],
+        watches=[
+            FakeResponse(200, lines=[event("ADDED", "b", "11"), event("MODIFIED", "b", "12")]),
+            FakeResponse(200, lines=[event("BOOKMARK", "", "15")]),
+            FakeResponse(200, lines=[event("DELETED", "a", "16")]),
+        ],
+    )
+    recorder = Recorder()
+    await run(api, recorder)
+    assert api.calls == [("list", None), ("watch", "10"), ("watch", "12"), ("watch", "15"), ("watch", "16")]
+    assert recorder.lists == [["a"]]
+    assert recorder.events == [("ADDED", "b"), ("MODIFIED", "b"), ("DELETED", "a")]
+
+
+async def test_network_errors_and_an_apiserver_restart_resume_the_watch_without_listing_again() -> None:
+    api = ScriptedApi(
+        lists=[listing("10")],
+        watches=[
+            FakeResponse(200, lines=[event("ADDED", "b", "11"), b"!reset"]),
+            ConnectionRefusedError(111, "connection refused"),  # the apiserver restarting
+            TimeoutError(),
+            FakeResponse(200, lines=[event("ADDED", "c", "13")]),
+        ],
+    )
+    recorder = Recorder()
+    await run(api, recorder)
+    assert api.calls == [("list", None), ("watch", "10"), ("watch", "11"), ("watch", "11"), ("watch", "11"),
+                         ("watch", "13")]
+    assert recorder.lists == [[]]
+    assert recorder.events == [("ADDED", "b"), ("ADDED", "c")]
+
+
+async def test_410_gone_lists_again_and_watches_from_the_new_list() -> None:
+    gone = orjson.dumps({"type": "ERROR", "object": {"code": 410, "message": "too old resource version"}}) + b"\n"
+    api = ScriptedApi(
+        lists=[listing("10", "a"), listing("50", "a", "b")],
+        watches=[FakeResponse(200, lines=[event("ADDED", "x", "11"), gone]), FakeResponse(410)],
+    )
+    api.watches.insert(1, FakeResponse(200, lines=[]))  # an empty stream in between: no busy loop, no list
+    recorder = Recorder()
+    await run(api, recorder)
+    assert api.calls == [("list", None), ("watch", "10"), ("list", None), ("watch", "50"), ("watch", "50"),
+                         ("list", None)]
+    assert recorder.lists == [["a"], ["a", "b"]]
+
+
+async def test_a_stalled_stream_is_abandoned_and_resumed() -> None:
+    api = ScriptedApi(
+        lists=[listing("10")],
+        watches=[FakeResponse(200, lines=[event("ADDED", "b", "11")], hang=True),
+                 FakeResponse(200, lines=[event("ADDED", "c", "12")])],
+    )
+    recorder = Recorder()
+    await run(api, recorder, inactivity_seconds=0.05)
+    assert api.calls == [("list", None), ("watch", "10"), ("watch", "11"), ("watch", "12")]
+    assert recorder.events == [("ADDED", "b"), ("ADDED", "c")]
+
+
+async def test_a_failed_handler_lists_again() -> None:
+    api = ScriptedApi(
+        lists=[listing("10"), listing("20", "b")],
+        watches=[FakeResponse(200, lines=[event("ADDED", "b", "11"), event("ADDED", "c", "12")])],
+    )
+    recorder = Recorder(fail_on="b")
+    await run(api, recorder)
+    assert api.calls == [("list", None), ("watch", "10"), ("list", None), ("watch", "20")]
+    assert recorder.lists == [[], ["b"]]
+    assert recorder.events == []
