@@ -10,8 +10,8 @@ fields it does not know (these models do) and a newer reader still accepts an ol
 ``nodes``, ``gpu``, ``pools``, ``pending``, ``gangs`` and ``throughput.history`` for the operator dashboard.
 
 Resolver instances publish their counters to Redis hashes ``{hoss}:resolver:<instance>`` (fields ``verdicts``:
-JSON object reason -> count, ``recent_denials``: JSON list of denials, ``updated_unix``), which expire when the
-resolver stops; the dispatcher sums them.
+JSON object reason -> count, ``recent_denials``: JSON list of denials, ``review_p50_ms`` and ``review_p99_ms``:
+their review latency, ``updated_unix``), which expire when the resolver stops; the dispatcher sums them.
 """
 
 from __future__ import annotations
@@ -238,6 +238,10 @@ class ResolverInstance(_Model):
     """The resolver replica's name."""
     updated_unix: float | None
     """Unix time of its last published stats."""
+    review_p50_ms: float | None = None
+    """Median time this replica took to judge a binding, over its last 2048 reviews (None: none yet)."""
+    review_p99_ms: float | None = None
+    """99th percentile of the time this replica took to judge a binding, over its last 2048 reviews."""
 
 
 class ResolverStatus(_Model):
@@ -570,11 +574,26 @@ def merge_resolver_stats(stats: Mapping[str, Mapping[str, str]]) -> ResolverStat
         except ValueError:
             log.warning("resolver %s: unreadable updated_unix %r", instance, fields.get("updated_unix"))
             updated = None
-        instances.append(ResolverInstance(instance=instance, updated_unix=updated))
+        instances.append(ResolverInstance(
+            instance=instance, updated_unix=updated,
+            review_p50_ms=_optional_float(fields, "review_p50_ms", instance),
+            review_p99_ms=_optional_float(fields, "review_p99_ms", instance),
+        ))
     denials.sort(key=lambda denial: denial.at, reverse=True)
     return ResolverStatus(
         instances=instances, verdicts=dict(sorted(verdicts.items())), recent_denials=denials[:RECENT_DENIALS]
     )
+
+
+def _optional_float(fields: Mapping[str, str], name: str, instance: str) -> float | None:
+    raw = fields.get(name)
+    if not raw:
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        log.warning("resolver %s: unreadable %s %r", instance, name, raw)
+        return None
 
 
 def resolver_instance(key: str) -> str:
