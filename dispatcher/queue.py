@@ -6,6 +6,11 @@ Keys (all under the ``{hoss}`` hash tag, so they share a slot with the ledger):
 - ``{hoss}:workers``      set of worker ids the dispatcher has sent work to or seen beating.
 - ``{hoss}:queue:<id>``   stream of work items for one worker, read through the consumer group ``hoss``.
 - ``{hoss}:dispatched``   hash pod uid -> worker id, so a new dispatcher leader knows what is already assigned.
+- ``{hoss}:podver``       hash pod uid -> digest | "gone", written only when a queued pod changed (the new
+  version follows in the same stream) or left the pending set; the ledger's batch reservation answers "stale"
+  for any other version, and the worker's acknowledgement removes the entry.
+
+A work item carries the pod itself in compact form (`resolver.compact`), so workers neither watch nor read pods.
 
 Invariant: an item leaves its stream (XACK + XDEL) only when the worker is done with the pod (bound, gone, or
 handed back). So a stream always holds exactly its worker's unfinished work, and when a worker dies, everything
@@ -15,12 +20,12 @@ and the apiserver refuses a second binding.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Awaitable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, cast
 
+import orjson
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
@@ -30,6 +35,34 @@ PREFIX = "{hoss}"
 GROUP = "hoss"
 WORKERS = f"{PREFIX}:workers"
 DISPATCHED = f"{PREFIX}:dispatched"
+PODVER = f"{PREFIX}:podver"
+GONE = "gone"
+
+# Marks dispatched pods that left the pending set; a pod its worker already acknowledged needs no mark.
+# KEYS: dispatched, podver. ARGV: uids. Reply: how many were marked.
+_MARK_GONE = """
+local marked = 0
+for _, uid in ipairs(ARGV) do
+  if redis.call('HEXISTS', KEYS[1], uid) == 1 then
+    redis.call('HSET', KEYS[2], uid, 'gone')
+    redis.call('HDEL', KEYS[1], uid)
+    marked = marked + 1
+  end
+end
+return marked
+"""
+
+# A queued pod changed: if it is still assigned to the worker, mark the new digest and queue the new version
+# behind the old one. KEYS: dispatched, podver, queue. ARGV: uid, worker, digest, then item field/value pairs.
+# Reply: 1 when queued, 0 when the worker no longer holds the pod (it finished it; the dispatcher re-sends).
+_RESEND_CHANGED = """
+if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then
+  return 0
+end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+redis.call('XADD', KEYS[3], '*', unpack(ARGV, 4))
+return 1
+"""
 
 
 def worker_key(worker_id: str) -> str:
@@ -45,6 +78,9 @@ class GangMember:
     uid: str
     namespace: str
     name: str
+    pod: str = ""
+    """The member's compact form (JSON, `resolver.compact`)."""
+    digest: str = ""
 
 
 @dataclass(frozen=True)
@@ -59,6 +95,10 @@ class WorkItem:
     members: tuple[GangMember, ...] = ()
     min_available: int = 0
     attempt: int = 0
+    pod: str = ""
+    """The pod's compact form (JSON, `resolver.compact`); empty for a gang (its members carry theirs)."""
+    digest: str = ""
+    """The version of `pod` (`resolver.compact.digest`)."""
 
     @property
     def key(self) -> str:
@@ -71,14 +111,16 @@ class WorkItem:
             "name": self.name,
             "policy": self.policy,
             "gang": self.gang,
-            "members": json.dumps([asdict(m) for m in self.members]),
+            "members": orjson.dumps([asdict(m) for m in self.members]).decode() if self.members else "",
             "min_available": str(self.min_available),
             "attempt": str(self.attempt),
+            "pod": self.pod,
+            "digest": self.digest,
         }
 
     @classmethod
     def decode(cls, fields: dict[str, str]) -> WorkItem:
-        members = tuple(GangMember(**m) for m in json.loads(fields.get("members") or "[]"))
+        members = tuple(GangMember(**m) for m in orjson.loads(fields.get("members") or "[]"))
         return cls(
             uid=fields["uid"],
             namespace=fields["namespace"],
@@ -88,6 +130,8 @@ class WorkItem:
             members=members,
             min_available=int(fields.get("min_available") or 0),
             attempt=int(fields.get("attempt") or 0),
+            pod=fields.get("pod", ""),
+            digest=fields.get("digest", ""),
         )
 
 
@@ -120,7 +164,7 @@ class WorkerInfo:
             "capacity": str(self.capacity),
             "heartbeat_unix": f"{self.heartbeat_unix:.3f}",
             "started_unix": f"{self.started_unix:.3f}",
-            "counters": json.dumps(self.counters),
+            "counters": orjson.dumps(self.counters).decode(),
         }
 
     @classmethod
@@ -133,7 +177,7 @@ class WorkerInfo:
             capacity=int(fields.get("capacity") or 0),
             heartbeat_unix=float(fields.get("heartbeat_unix") or 0),
             started_unix=float(fields.get("started_unix") or 0),
-            counters={k: int(v) for k, v in json.loads(fields.get("counters") or "{}").items()},
+            counters={k: int(v) for k, v in orjson.loads(fields.get("counters") or "{}").items()},
         )
 
 
@@ -142,6 +186,8 @@ class WorkQueue:
 
     def __init__(self, redis: Redis) -> None:
         self.redis = redis
+        self._mark_gone = redis.register_script(_MARK_GONE)
+        self._resend_changed = redis.register_script(_RESEND_CHANGED)
 
     # --- worker side -------------------------------------------------------------------------------------
 
@@ -184,7 +230,8 @@ class WorkQueue:
         await self.ack_many(worker_id, [(message_id, uids)])
 
     async def ack_many(self, worker_id: str, done: Sequence[tuple[str, Sequence[str]]]) -> None:
-        """Acknowledge several items in one round trip."""
+        """Acknowledge several items in one round trip. An item acknowledged with no uids only leaves the stream
+        (a stale version whose newer version is queued behind it); its uids stay dispatched."""
         if not done:
             return
         message_ids = [message_id for message_id, _uids in done]
@@ -195,6 +242,7 @@ class WorkQueue:
             pipe.xdel(queue_key(worker_id), *message_ids)
             if uids:
                 pipe.hdel(DISPATCHED, *uids)
+                pipe.hdel(PODVER, *uids)
             await pipe.execute()
 
     async def deregister(self, worker_id: str) -> None:
@@ -218,23 +266,52 @@ class WorkQueue:
         return live, dead
 
     async def enqueue(self, worker_id: str, item: WorkItem) -> str:
-        uids = [m.uid for m in item.members] or [item.uid]
+        return (await self.enqueue_many([(worker_id, item)]))[0]
+
+    async def enqueue_many(self, assignments: Sequence[tuple[str, WorkItem]]) -> list[str]:
+        """Append each item to its worker's stream and record its uids as dispatched, in one transaction."""
+        if not assignments:
+            return []
         async with self._guard():
             pipe = self.redis.pipeline(transaction=True)
-            pipe.xadd(queue_key(worker_id), item.encode())  # type: ignore[arg-type]
-            pipe.hset(DISPATCHED, mapping=dict.fromkeys(uids, worker_id))
-            pipe.sadd(WORKERS, worker_id)
-            message_id, *_ = await pipe.execute()
-        return str(message_id)
+            owners: dict[str, str] = {}
+            for worker_id, item in assignments:
+                pipe.xadd(queue_key(worker_id), item.encode())  # type: ignore[arg-type]
+                for uid in [m.uid for m in item.members] or [item.uid]:
+                    owners[uid] = worker_id
+            pipe.hset(DISPATCHED, mapping=owners)  # type: ignore[arg-type]
+            pipe.sadd(WORKERS, *{worker_id for worker_id, _item in assignments})
+            replies = await pipe.execute()
+        return [str(message_id) for message_id in replies[: len(assignments)]]
+
+    async def mark_gone(self, uids: Sequence[str]) -> int:
+        """Forget dispatched pods that left the pending set, telling their workers to skip them (a pod its
+        worker already acknowledged is only forgotten)."""
+        if not uids:
+            return 0
+        async with self._guard():
+            return int(await self._mark_gone(keys=[DISPATCHED, PODVER], args=list(uids)))
+
+    async def resend_changed(self, worker_id: str, item: WorkItem) -> bool:
+        """Queue the new version of a changed pod behind the old one on the worker that holds it; False when
+        that worker no longer holds it."""
+        fields = [value for pair in item.encode().items() for value in pair]
+        async with self._guard():
+            return bool(await self._resend_changed(
+                keys=[DISPATCHED, PODVER, queue_key(worker_id)], args=[item.uid, worker_id, item.digest, *fields]))
 
     async def dispatched(self) -> dict[str, str]:
         async with self._guard():
             return dict(await cast(Awaitable[dict[str, str]], self.redis.hgetall(DISPATCHED)))
 
     async def forget(self, uids: Sequence[str]) -> None:
+        """Drop uids from the dispatched map (and any version mark: they are sent again with their current one)."""
         if uids:
             async with self._guard():
-                await self.redis.hdel(DISPATCHED, *uids)
+                pipe = self.redis.pipeline(transaction=True)
+                pipe.hdel(DISPATCHED, *uids)
+                pipe.hdel(PODVER, *uids)
+                await pipe.execute()
 
     async def reclaim(self, worker_id: str) -> list[WorkItem]:
         """Take every unfinished item of a dead worker (pending or never delivered) and forget the worker."""

@@ -61,6 +61,7 @@ from dispatcher.status import (
     pending_view,
     resolver_instance,
 )
+from resolver import compact
 from resolver.errors import LedgerUnavailable, PodSpecError
 from resolver.events import pod_event, post_event, set_unschedulable
 from resolver.kube import InformerHandlers, Json, KubeError, api_client, list_objects, run_informer
@@ -99,6 +100,12 @@ class PendingPod:
     """Reason of the pod's PodScheduled=False condition, if it has one; for /status."""
     unschedulable_message: str | None = None
     """Message of the pod's PodScheduled=False condition, if it has one; for /status."""
+    compact: str = ""
+    """The pod's compact form (JSON, `resolver.compact`): what its work item carries to the worker."""
+    digest: str = ""
+    """The version of `compact`; a change while the pod is queued sends the new version after the old."""
+    priority: int = 0
+    """spec.priority: higher is dispatched first (then the oldest), as kube-scheduler's PrioritySort orders."""
 
     @property
     def key(self) -> str:
@@ -167,6 +174,8 @@ def parse_pending_pod(
     if spec.get("nodeName") or metadata.get("deletionTimestamp") or status.get("phase") in TERMINAL_PHASES:
         return None
     unschedulable = _unschedulable(status)
+    encoded = compact.encode(compact.compact_pod(raw))
+    priority = spec.get("priority")
     return PendingPod(
         uid=uid,
         namespace=_required_text(metadata.get("namespace"), field="metadata.namespace"),
@@ -178,6 +187,9 @@ def parse_pending_pod(
         created_unix=_created_unix(metadata),
         unschedulable_reason=unschedulable[0],
         unschedulable_message=unschedulable[1],
+        compact=encoded.decode(),
+        digest=compact.digest(encoded),
+        priority=priority if isinstance(priority, int) and not isinstance(priority, bool) else 0,
     )
 
 
@@ -203,17 +215,49 @@ def plan_work_items(pods: Sequence[PendingPod], *, attempts: Mapping[str, int]) 
     This is the seam for gangs: members of one pod group will become one item here (``gang``, ``members``,
     ``min_available``). Until then every pod is its own item.
     """
-    return [
-        WorkItem(
-            uid=pod.uid, namespace=pod.namespace, name=pod.name, policy=pod.policy, attempt=attempts.get(pod.uid, 0)
-        )
-        for pod in pods
-    ]
+    return [single_item(pod, attempt=attempts.get(pod.uid, 0)) for pod in pods]
+
+
+def single_item(pod: PendingPod, *, attempt: int) -> WorkItem:
+    """The work item of one pod, carrying its compact form and version."""
+    return WorkItem(uid=pod.uid, namespace=pod.namespace, name=pod.name, policy=pod.policy, attempt=attempt,
+                    pod=pod.compact, digest=pod.digest)
+
+
+def dispatch_order(pod: PendingPod) -> tuple[int, float]:
+    """Higher priority first, then the pod seen pending first (kube-scheduler's PrioritySort)."""
+    return (-pod.priority, pod.seen_at)
+
+
+class Assignments(dict[str, str]):
+    """pod uid -> worker id, with a running count of uids per worker (no recount per dispatch)."""
+
+    def __init__(self, initial: Mapping[str, str] | None = None) -> None:
+        super().__init__()
+        self.counts: collections.Counter[str] = collections.Counter()
+        for uid, worker in (initial or {}).items():
+            self[uid] = worker
+
+    def __setitem__(self, uid: str, worker: str) -> None:
+        previous = self.get(uid)
+        if previous is not None:
+            self.counts[previous] -= 1
+        super().__setitem__(uid, worker)
+        self.counts[worker] += 1
+
+    def __delitem__(self, uid: str) -> None:
+        self.counts[self[uid]] -= 1
+        super().__delitem__(uid)
+
+    def pop(self, uid: str, default: Any = None) -> Any:
+        if uid in self:
+            self.counts[self[uid]] -= 1
+        return super().pop(uid, default)
 
 
 def worker_loads(workers: Sequence[WorkerInfo], dispatched: Mapping[str, str]) -> dict[str, int]:
     """Outstanding uids per live worker as the dispatched map counts them (0 for a worker with none)."""
-    counts = collections.Counter(dispatched.values())
+    counts = dispatched.counts if isinstance(dispatched, Assignments) else collections.Counter(dispatched.values())
     return {worker.id: counts[worker.id] for worker in workers}
 
 
@@ -317,7 +361,7 @@ class Dispatcher:
         self.synced = asyncio.Event()
         """Set once the pending-pod watch has listed."""
         self.pending: dict[str, PendingPod] = {}
-        self.dispatched: dict[str, str] = {}
+        self.dispatched: Assignments = Assignments()
         """pod uid -> worker id, this replica's copy of the Redis map."""
         self.waiting: dict[str, Waiting] = {}
         self.podgroups: dict[GangKey, PodGroupSpec] = {}
@@ -331,6 +375,7 @@ class Dispatcher:
         self._clock = clock
         self._wall = wall
         self._fresh: dict[str, None] = {}  # uids that became pending since the last dispatch, in arrival order
+        self._changed: dict[str, None] = {}  # dispatched uids whose compact form changed since it was sent
         self._wakeup = asyncio.Event()
         self._gone: set[str] = set()  # dispatched uids whose pods left the pending set, to forget in Redis
         self._absent_since: dict[str, float] = {}  # dispatched uids not seen pending, since when
@@ -393,12 +438,16 @@ class Dispatcher:
                 self._wakeup.set()
         elif (updated := dataclasses.replace(pod, seen_at=known.seen_at)) != known:
             self.pending[uid] = updated  # labels, annotations or the PodScheduled condition changed
+            if updated.digest != known.digest and uid in self.dispatched:
+                self._changed[uid] = None  # the worker holds an older version: send the new one behind it
+                self._wakeup.set()
         return uid
 
     def _drop(self, uid: str, *, deleted: bool) -> None:
         """The pod left the pending set: bound, deleted or finished."""
         self.pending.pop(uid, None)
         self._fresh.pop(uid, None)
+        self._changed.pop(uid, None)
         self.waiting.pop(uid, None)
         self._attempts.pop(uid, None)
         handed_back = self._handed_back.pop(uid, None)
@@ -515,16 +564,29 @@ class Dispatcher:
             self.metrics.reclaimed_pods.inc(len(uids))
         report.reclaimed = len(reclaimed)
         pods = [self.pending[uid] for uid in reclaimed if uid in self.pending]
-        report.dispatched = await self._send(sorted(pods, key=lambda pod: pod.seen_at))
+        report.dispatched = await self._send(sorted(pods, key=dispatch_order))
         return report
 
     async def dispatch_pending(self, *, fresh_only: bool = False) -> int:
         """Send the pending pods that need a worker (only those new since the last call, with ``fresh_only``)."""
+        await self._resend_changed()
         candidates = list(self._fresh) if fresh_only else list(self.pending)
         self._fresh.clear()
         now = self._clock()
         pods = [self.pending[uid] for uid in candidates if self._needs_worker(uid, now)]
-        return await self._send(sorted(pods, key=lambda pod: pod.seen_at))
+        return await self._send(sorted(pods, key=dispatch_order))
+
+    async def _resend_changed(self) -> None:
+        """Queue the new version of every dispatched pod that changed, behind the old one on the same worker
+        (the old one then reserves nothing: the ledger calls it stale). Gang members are left to their item:
+        their bindings carry the uid, and the gang is re-sent whole if it fails."""
+        changed, self._changed = self._changed, {}
+        for uid in changed:
+            pod, worker = self.pending.get(uid), self.dispatched.get(uid)
+            if pod is None or worker is None or self._gang(pod) is not None:
+                continue
+            if await self.queue.resend_changed(worker, single_item(pod, attempt=self._attempts.get(uid, 0))):
+                log.info("pod %s changed while queued on worker %s: its new version follows", pod.key, worker)
 
     def _needs_worker(self, uid: str, now: float) -> bool:
         if uid not in self.pending or uid in self.dispatched:
@@ -545,27 +607,33 @@ class Dispatcher:
                 by_uid.setdefault(member.uid, self.pending[member.uid])
         loads = worker_loads(self.workers, self.dispatched)
         sent = 0
+        batch: list[tuple[str, WorkItem]] = []
         for item in [*plan_work_items(singles, attempts=self._attempts), *gang_items]:
-            if not self._is_leader():
-                log.info("no longer leader: stopped dispatching")
-                break
             uids = item_uids(item)
             worker = choose_worker(self.workers, item.policy, loads=loads, rng=self._rng)
             if worker is None:
                 for uid in uids:
                     self._wait(by_uid[uid])
                 continue
-            await self.queue.enqueue(worker.id, item)
-            now = self._clock()
+            batch.append((worker.id, item))
+            loads[worker.id] = loads.get(worker.id, 0) + len(uids)
+        if not self._is_leader():
+            log.info("no longer leader: stopped dispatching")
+            return 0
+        # One transaction per burst, in chunks so that a huge backlog does not make one giant reply.
+        for start in range(0, len(batch), 500):
+            await self.queue.enqueue_many(batch[start:start + 500])
+        now = self._clock()
+        for worker_id, item in batch:
+            uids = item_uids(item)
             for uid in uids:
-                self.dispatched[uid] = worker.id
+                self.dispatched[uid] = worker_id
                 self.waiting.pop(uid, None)
                 self.metrics.dispatch_latency.observe(max(now - by_uid[uid].seen_at, 0.0))
-            loads[worker.id] = loads.get(worker.id, 0) + len(uids)
             self.rate.dispatched(len(uids))
             self.metrics.dispatched.labels(item.policy).inc(len(uids))
             log.debug("dispatched %s (policy %s, attempt %d) to worker %s", item.key, item.policy, item.attempt,
-                      worker.id)
+                      worker_id)
             sent += len(uids)
         return sent
 
@@ -605,7 +673,8 @@ class Dispatcher:
             first = members[0]
             items.append(WorkItem(
                 uid=first.uid, namespace=first.namespace, name=first.name, policy=first.policy, gang=str(key),
-                members=tuple(GangMember(uid=m.uid, namespace=m.namespace, name=m.name) for m in members),
+                members=tuple(GangMember(uid=m.uid, namespace=m.namespace, name=m.name, pod=m.compact,
+                                         digest=m.digest) for m in members),
                 min_available=state.min_available or len(members), attempt=self._attempts.get(first.uid, 0),
             ))
         return singles, items
@@ -658,7 +727,7 @@ class Dispatcher:
         if not self._gone:
             return
         uids = sorted(self._gone)
-        await self.queue.forget(uids)
+        await self.queue.mark_gone(uids)
         self._gone.difference_update(uids)
         for uid in uids:
             self.dispatched.pop(uid, None)
@@ -689,7 +758,7 @@ class Dispatcher:
                 for uid in forget:
                     current.pop(uid, None)
                     self._absent_since.pop(uid, None)
-        self.dispatched = current
+        self.dispatched = Assignments(current)
 
     # -- follower -----------------------------------------------------------------------------------------
 

@@ -1,25 +1,32 @@
 """``hoss-worker``: read work from the dispatcher, decide, reserve in the ledger, bind.
 
-One worker runs one decision at a time (decisions are CPU work over numpy arrays) and many bindings at once
-(they are network waits). The order for each pod:
+A worker watches nothing on the apiserver. Its node table comes from the ledger (`workers.feed`: one load, then
+the ledger's change stream), and each work item carries its pod in compact form (`resolver.compact`). The
+apiserver sees a worker only when it binds a pod and records events. Per batch of work items:
 
-1. look the pod up in the worker's cache of pending pods (a GET when the cache lags);
-2. ``decide``: filter and score every node with the policy's profile; the best few nodes are candidates;
-3. reserve on the first candidate in the ledger (one atomic call); on a conflict, read that node's totals back
-   from the ledger and try the next candidate — without deciding again from scratch;
-4. post the binding (metadata.uid set); the resolver webhook checks it against the reservation;
+1. parse each item's pod (a malformed pod gets an event, PodScheduled=False and is acknowledged);
+2. ``decide`` each pod in turn: filter and score every node with the policy's profile; the best few nodes are
+   candidates. Pods with the same scheduling signature (same namespace, labels and spec, such as the pods of one
+   Job) share one filter and score pass while its best node is untouched by earlier pods of the batch;
+   every placement is counted in the node table at once, so later pods of the batch see it;
+3. reserve the whole batch in the ledger in one call, each pod on the first of its candidates that still fits;
+   the ledger also answers "stale" for a pod the dispatcher has since seen changed or gone;
+4. post the bindings (metadata.uid set), many in flight, while the next batch is decided; the resolver webhook
+   checks each against its reservation; a success records kube-scheduler's Normal ``Scheduled`` event off the
+   binding path;
 5. acknowledge the work item. A pod that fits nowhere gets PodScheduled=False and a FailedScheduling event and
-   is retried with backoff, sooner when the cluster frees room.
+   is retried with backoff, sooner when the ledger shows a node gaining room.
 
-Invariants: a work item is acknowledged only when its pod is bound, gone, or cannot be parsed (it then carries
-an event saying why); a failed binding releases only a reservation that is still assumed, never a bound entry.
-On SIGTERM the worker stops reading, lets bindings in flight finish, releases its reservations and drops its
-heartbeat, so the dispatcher hands its unfinished items to other workers.
+Invariants: a work item is acknowledged only when its pod is bound, gone, stale or cannot be parsed (it then
+carries an event saying why); a failed binding releases only a reservation that is still assumed, never a bound
+entry. On SIGTERM the worker stops reading, lets bindings in flight finish, releases its reservations and drops
+its heartbeat, so the dispatcher hands its unfinished items to other workers.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import heapq
 import logging
@@ -27,27 +34,40 @@ import random
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import numpy as np
+import orjson
 from aiohttp import web
-from kubernetes_asyncio import client
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from redis.asyncio import Redis
 
-from dispatcher.queue import GangMember, WorkerInfo, WorkItem, WorkQueue
+from dispatcher.queue import GONE, GangMember, WorkerInfo, WorkItem, WorkQueue
+from resolver import compact
 from resolver.errors import LedgerNotReadyError, LedgerUnavailable, ResolverError
-from resolver.events import pod_event, post_event, set_unschedulable
-from resolver.kube import InformerHandlers, Json, KubeError, api_client, request_json, run_informer
-from resolver.ledger import Conflict, GangReserved, HeldElsewhere, Ledger, LedgerNotReady, Reserved, UnknownNode
+from resolver.events import EventSink, pod_event, scheduled_event, set_unschedulable
+from resolver.kube import Json, KubeError
+from resolver.ledger import (
+    BatchPod,
+    Conflict,
+    GangReserved,
+    HeldElsewhere,
+    Ledger,
+    LedgerNotReady,
+    Reserved,
+    Stale,
+    UnknownNode,
+)
 from resolver.ledger import GangMember as GangPlacementMember
+from resolver.rest import KubeREST
 from resolver.settings import SettingsError, load_settings
 from workers.extender import decide_with_extenders
-from workers.framework import Placement, Profile, Unschedulable, decide
+from workers.feed import NodeFeed
+from workers.framework import Evaluation, Placement, Profile, Unschedulable, choose, evaluate
 from workers.gang import place_gang
 from workers.nodes import NodeTable
 from workers.pod import PodView, parse_pod
@@ -56,24 +76,85 @@ from workers.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 
-COUNTERS = ("bound", "conflicts", "denied", "unschedulable", "malformed", "retries", "gone")
+COUNTERS = ("bound", "conflicts", "denied", "unschedulable", "malformed", "retries", "gone", "stale")
+CONFLICT_ROUNDS = 3
+"""Batches in a row a pod may lose to conflicts before it backs off like an unschedulable pod."""
+
+
+class Binder(Protocol):
+    """Posts one binding; raises `KubeError` (with the HTTP status) when the apiserver refuses it."""
+
+    async def bind(self, pod: PodView, node: str) -> None: ...
+
+
+class RestBinder:
+    """Bindings through the lean client: one keep-alive session, orjson bodies, metadata.uid set."""
+
+    def __init__(self, rest: KubeREST) -> None:
+        self.rest = rest
+
+    async def bind(self, pod: PodView, node: str) -> None:
+        await self.rest.create_binding(pod.namespace, pod.name, pod.uid, node)
+
+
+@dataclass
+class Work:
+    """A work item with its pod parsed: ``pod`` (a single pod), ``members`` (a gang) or ``problem``."""
+
+    message_id: str
+    item: WorkItem
+    pod: PodView | None = None
+    raw: Json = field(default_factory=dict)
+    members: list[tuple[PodView, Json]] = field(default_factory=list)
+    problem: str = ""
 
 
 @dataclass(order=True)
 class _Retry:
     due: float
-    message_id: str = field(compare=False)
-    item: WorkItem = field(compare=False)
-    delay: float = field(compare=False, default=0.0)
+    work: Work = field(compare=False)
+
+
+def parse_work(message_id: str, item: WorkItem) -> Work:
+    """The item's pod(s) parsed from their compact form; a problem names the bad field. Pure."""
+    work = Work(message_id=message_id, item=item)
+    try:
+        if item.members:
+            for member in item.members:
+                raw = compact.decode(member.pod)
+                work.members.append((parse_pod(raw), raw))
+        else:
+            work.raw = compact.decode(item.pod)
+            work.pod = parse_pod(work.raw)
+    except (ResolverError, ValueError) as error:
+        work.problem = f"hoss cannot schedule this pod: {error}"
+    return work
+
+
+def signature(work: Work) -> bytes:
+    """What decides a pod's placement apart from its identity: policy, namespace, labels and spec."""
+    metadata = work.raw.get("metadata") or {}
+    return orjson.dumps([work.item.policy, metadata.get("namespace"), metadata.get("labels"),
+                         work.raw.get("spec")], option=orjson.OPT_SORT_KEYS)
 
 
 class Worker:
-    """One scheduler worker process."""
+    """One scheduler worker process.
 
-    def __init__(self, settings: WorkerSettings, *, api: client.ApiClient, redis: Redis) -> None:
+    ``rest`` reaches the apiserver (bindings, events, pod conditions); ``binder`` replaces the binding call
+    (the benchmark's in-process sink). Without ``rest`` no event or condition is written.
+    """
+
+    def __init__(self, settings: WorkerSettings, *, redis: Redis, rest: KubeREST | None,
+                 binder: Binder | None = None) -> None:
         self.settings = settings
-        self.api = api
-        self.core: Any = client.CoreV1Api(api)
+        self.rest = rest
+        if binder is None:
+            if rest is None:
+                raise ValueError("a worker needs a KubeREST or a binder")
+            binder = RestBinder(rest)
+        self.binder = binder
+        self.events = EventSink(rest, per_second=settings.events_per_second) if rest is not None else None
         self.queue = WorkQueue(redis)
         self.ledger = Ledger(redis)
         profiles, default = load_profiles(settings.policies_file)
@@ -86,12 +167,14 @@ class Worker:
         self.profiles: dict[str, Profile] = profiles
         self.default_profile = default
         self.nodes = NodeTable()
-        self.pending: dict[str, Json] = {}
+        self.feed = NodeFeed(self.ledger, self.nodes, on_room=self._wake_retries)
         self.rng = np.random.default_rng(settings.seed)
         self.jitter = random.Random(settings.seed)
-        self.ready: asyncio.Queue[tuple[str, WorkItem]] = asyncio.Queue()
+        self.ready: collections.deque[Work] = collections.deque()
+        self._ready_event = asyncio.Event()
         self.retries: list[_Retry] = []
         self.backoff: dict[str, float] = {}
+        self.conflict_rounds: dict[str, int] = {}
         self.last_message: dict[str, str] = {}
         self.binds = asyncio.Semaphore(settings.max_binds_in_flight)
         self.in_flight = 0
@@ -103,8 +186,9 @@ class Worker:
             "hoss_worker_pods", "Pods handled by outcome", ["outcome"], registry=self.registry
         )
         self.metric_queue = Gauge("hoss_worker_queue_depth", "Work items waiting", registry=self.registry)
-        self._nodes_synced = asyncio.Event()
-        self._pods_synced = asyncio.Event()
+        self.metric_batch = Counter("hoss_worker_decisions", "Pod decisions by kind (full pass or shared with "
+                                    "an earlier pod of the same signature)", ["kind"], registry=self.registry)
+        self._tasks: set[asyncio.Task[Any]] = set()
         self._bind_tasks: set[asyncio.Task[None]] = set()
         self._acks: list[tuple[str, list[str]]] = []
         self.http: aiohttp.ClientSession | None = None
@@ -120,94 +204,39 @@ class Worker:
         return WorkerInfo(
             id=self.settings.id,
             policies=list(self.settings.policies),
-            queue_depth=self.ready.qsize() + len(self.retries),
+            queue_depth=len(self.ready) + len(self.retries),
             in_flight=self.in_flight,
             capacity=self.settings.max_binds_in_flight,
             started_unix=self.started,
             counters=dict(self.counters),
         )
 
-    # --- informers ---------------------------------------------------------------------------------------
+    def _background(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run a best-effort apiserver write (a condition) without holding up scheduling."""
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
-    async def _on_node_list(self, items: list[Json]) -> None:
-        present = set()
-        for node in items:
-            name = self._upsert_node(node)
-            if name:
-                present.add(name)
-        for name in list(self.nodes.names):
-            if name not in present:
-                self.nodes.remove_node(name)
+    def _record(self, event: Json) -> None:
+        if self.events is not None:
+            self.events.record(event)
 
-    def _upsert_node(self, node: Json) -> str | None:
-        try:
-            self.nodes.upsert_node(node)
-        except ResolverError as error:
-            log.warning("node %s ignored: %s", (node.get("metadata") or {}).get("name"), error)
-            return None
-        return str(node["metadata"]["name"])
-
-    async def _on_node_event(self, kind: str, node: Json) -> None:
-        name = str((node.get("metadata") or {}).get("name"))
-        if kind == "DELETED":
-            self.nodes.remove_node(name)
-            return
-        is_new = name not in self.nodes.index
-        self._upsert_node(node)
-        if is_new:
-            await self._refresh_usage([name])
-            self._wake_retries()
-
-    async def _on_pod_list(self, items: list[Json]) -> None:
-        self.pending = {str(p["metadata"]["uid"]): p for p in items if self._ours(p)}
-
-    async def _on_pod_event(self, kind: str, pod: Json) -> None:
-        uid = str((pod.get("metadata") or {}).get("uid"))
-        if kind == "DELETED" or not self._ours(pod):
-            self.pending.pop(uid, None)
-        else:
-            self.pending[uid] = pod
-
-    @staticmethod
-    def _ours(pod: Json) -> bool:
-        return not (pod.get("spec") or {}).get("nodeName") and not (pod.get("metadata") or {}).get(
-            "deletionTimestamp"
-        )
-
-    # --- ledger totals -----------------------------------------------------------------------------------
-
-    async def _refresh_usage(self, names: Sequence[str] | None = None) -> bool:
-        """Read node totals (bound + assumed) back from the ledger; True when some node gained room."""
-        wanted = list(names if names is not None else self.nodes.names)
-        if not wanted:
-            return False
-        usage = await self.ledger.node_usage(wanted)
-        freed = False
-        for name, (_alloc, used) in usage.items():
-            if name not in self.nodes.index:
-                continue
-            before = self.nodes.used_of(name)
-            self.nodes.set_used(name, used)
-            if any(used.get(r, 0) < amount for r, amount in before.items()):
-                freed = True
-        return freed
-
-    async def _usage_loop(self) -> None:
-        while not self.stopping.is_set():
-            await asyncio.sleep(self.settings.usage_refresh_seconds)
-            try:
-                if await self._refresh_usage():
-                    self._wake_retries()
-            except LedgerUnavailable as error:
-                log.warning("cannot read node totals from the ledger: %s", error)
+    def _condition(self, namespace: str, name: str, message: str, reason: str = "Unschedulable") -> None:
+        if self.rest is not None:
+            self._background(set_unschedulable(self.rest, namespace=namespace, name=name, message=message,
+                                               reason=reason))
 
     # --- intake and retries ------------------------------------------------------------------------------
+
+    def _push(self, work: Work) -> None:
+        self.ready.append(work)
+        self._ready_event.set()
 
     async def _intake_loop(self) -> None:
         await self.queue.ensure_group(self.settings.id)
         # Items delivered to this id before a restart and never acknowledged come first.
         for message_id, item in await self.queue.read(self.settings.id, count=100_000, block_ms=0, pending=True):
-            await self.ready.put((message_id, item))
+            self._push(parse_work(message_id, item))
         while not self.stopping.is_set():
             try:
                 batch = await self.queue.read(self.settings.id, count=self.settings.read_batch, block_ms=500)
@@ -216,169 +245,174 @@ class Worker:
                 await asyncio.sleep(1)
                 continue
             for message_id, item in batch:
-                await self.ready.put((message_id, item))
-            self.metric_queue.set(self.ready.qsize() + len(self.retries))
+                self._push(parse_work(message_id, item))
+            self.metric_queue.set(len(self.ready) + len(self.retries))
 
-    def _retry_later(self, message_id: str, item: WorkItem, *, soon: bool = False) -> None:
-        previous = self.backoff.get(item.uid, 0.0)
+    def _retry_later(self, work: Work, *, soon: bool = False) -> None:
+        uid = work.item.uid
+        previous = self.backoff.get(uid, 0.0)
         delay = 0.2 if soon else min(
             max(previous * 2, self.settings.backoff_initial_seconds), self.settings.backoff_max_seconds
         )
         if not soon:
-            self.backoff[item.uid] = delay
+            self.backoff[uid] = delay
         delay *= 0.8 + 0.4 * self.jitter.random()
-        heapq.heappush(self.retries, _Retry(time.monotonic() + delay, message_id, item, delay))
+        heapq.heappush(self.retries, _Retry(time.monotonic() + delay, work))
         self.count("retries")
 
     def _wake_retries(self) -> None:
         """The cluster gained room: retry waiting pods now rather than at the end of their backoff."""
         now = time.monotonic()
-        self.retries = [
-            _Retry(min(r.due, now + 0.05), r.message_id, r.item, r.delay) for r in self.retries
-        ]
+        self.retries = [_Retry(min(r.due, now + 0.05), r.work) for r in self.retries]
         heapq.heapify(self.retries)
 
     async def _retry_loop(self) -> None:
         while not self.stopping.is_set():
             now = time.monotonic()
             while self.retries and self.retries[0].due <= now:
-                entry = heapq.heappop(self.retries)
-                await self.ready.put((entry.message_id, entry.item))
+                self._push(heapq.heappop(self.retries).work)
             await asyncio.sleep(0.05)
 
     # --- scheduling --------------------------------------------------------------------------------------
 
     async def _schedule_loop(self) -> None:
         while not self.stopping.is_set():
-            try:
-                message_id, item = await asyncio.wait_for(self.ready.get(), 0.5)
-            except TimeoutError:
+            if not self.ready:
+                self._ready_event.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(0.5):
+                        await self._ready_event.wait()
                 continue
+            batch = [self.ready.popleft() for _ in range(min(len(self.ready), self.settings.decide_batch))]
             try:
-                await self.schedule_one(message_id, item)
-            except LedgerUnavailable as error:
-                log.warning("ledger unavailable while scheduling %s: %s", item.key, error)
-                self._retry_later(message_id, item, soon=True)
+                await self.schedule(batch)
+            except (LedgerUnavailable, LedgerNotReadyError) as error:
+                log.warning("ledger unavailable while scheduling %d pods: %s", len(batch), error)
+                for work in batch:
+                    self._retry_later(work, soon=True)
                 await asyncio.sleep(0.5)
 
-    async def _pod_for(self, item: WorkItem) -> Json | None:
-        pod = self.pending.get(item.uid)
-        # The dispatcher may have seen the pod a moment before this worker's own watch did: wait a little
-        # for the watch before paying for a GET.
-        for _ in range(10):
-            if pod is not None:
-                return pod
-            await asyncio.sleep(0.01)
-            pod = self.pending.get(item.uid)
-        try:
-            fetched = await request_json(self.core.read_namespaced_pod, item.name, item.namespace)
-        except KubeError as error:
-            if error.status == 404:
-                return None
-            raise
-        if fetched["metadata"].get("uid") != item.uid or not self._ours(fetched):
-            return None
-        return fetched
+    async def schedule(self, batch: Sequence[Work]) -> None:
+        """Decide, reserve and start binding one batch of work items."""
+        singles: list[Work] = []
+        for work in batch:
+            if work.problem:
+                self._malformed(work)
+                self._done(work)
+            elif work.item.members:
+                await self.schedule_gang(work)
+            else:
+                singles.append(work)
+        if singles:
+            await self._schedule_singles(singles)
 
-    async def _member_pod(self, item: WorkItem) -> tuple[Json | None, PodView | None, str]:
-        """The raw pod and its parsed view; (None, None, "") when it is gone or bound, or an error text."""
-        raw = await self._pod_for(item)
-        if raw is None:
-            return None, None, ""
-        try:
-            return raw, parse_pod(raw), ""
-        except ResolverError as error:
-            return raw, None, f"hoss cannot schedule this pod: {error}"
-
-    async def schedule_one(self, message_id: str, item: WorkItem) -> None:
-        if item.members:
-            await self.schedule_gang(message_id, item)
-            return
-        try:
-            raw, pod, problem = await self._member_pod(item)
-        except (KubeError, aiohttp.ClientError, OSError) as error:
-            log.warning("cannot read pod %s: %s", item.key, error)
-            self._retry_later(message_id, item, soon=True)
-            return
-        if raw is None:
-            self.count("gone")
-            await self._done(message_id, item)
-            return
-        if pod is None:
-            await self._malformed(item, problem)
-            await self._done(message_id, item)
-            return
-        profile = self.profiles.get(item.policy) or self.profiles[self.default_profile]
-        for _attempt in range(3):
-            decision = await self._decide(profile, pod, raw)
+    async def _schedule_singles(self, batch: Sequence[Work]) -> None:
+        decided: list[tuple[Work, PodView, Placement]] = []
+        shared: dict[bytes, tuple[Evaluation, set[str]]] = {}
+        for work in batch:
+            pod = work.pod
+            assert pod is not None
+            profile = self.profiles.get(work.item.policy) or self.profiles[self.default_profile]
+            decision = await self._decide(profile, work, shared)
             if isinstance(decision, Unschedulable):
-                await self._unschedulable(message_id, item, decision.message)
-                return
-            outcome = await self._reserve_first(pod, decision)
-            if outcome == "retry-now":
+                self._unschedulable(work, decision.message)
                 continue
-            if outcome == "not-ready":
-                self._retry_later(message_id, item, soon=True)
-                return
-            if outcome == "bound-elsewhere":
-                await self._done(message_id, item)
-                return
-            if outcome is not None:
-                self._start_bind(message_id, item, [(pod, outcome)])
-                return
-        self._retry_later(message_id, item)
+            first = decision.candidates[0]
+            self.nodes.add_used(first, pod.request)  # later pods of the batch see this placement
+            for _evaluation, touched in shared.values():
+                touched.add(first)
+            decided.append((work, pod, decision))
+        if not decided:
+            return
+        results = await self.ledger.reserve_batch(
+            [BatchPod(uid=pod.uid, pod=pod.key, digest=work.item.digest, candidates=decision.candidates,
+                      request=pod.request) for work, pod, decision in decided],
+            owner=self.settings.id, ttl_seconds=self.settings.reservation_ttl_seconds,
+        )
+        for _work, pod, decision in decided:
+            if decision.candidates[0] in self.nodes:
+                self.nodes.sub_used(decision.candidates[0], pod.request)
+        if isinstance(results, LedgerNotReady):
+            for work, _pod, _decision in decided:
+                self._retry_later(work, soon=True)
+            return
+        conflicted: set[str] = set()
+        for (work, pod, _decision), result in zip(decided, results, strict=True):
+            match result:
+                case Reserved(node=node):
+                    if node in self.nodes:
+                        self.nodes.add_used(node, pod.request)
+                    self.conflict_rounds.pop(pod.uid, None)
+                    self._start_bind(work, [(pod, node)])
+                case HeldElsewhere():
+                    self.count("gone")  # bound already (by us earlier, or by another scheduler)
+                    self._done(work)
+                case Stale(marker=marker):
+                    self.count("stale")
+                    # A newer version follows in our stream (keep the uid dispatched), or the pod is gone.
+                    self._done(work, forget=marker == GONE)
+                case Conflict(node=node):
+                    self.count("conflicts")
+                    conflicted.add(node)
+                    rounds = self.conflict_rounds.get(pod.uid, 0) + 1
+                    self.conflict_rounds[pod.uid] = rounds
+                    if rounds < CONFLICT_ROUNDS:
+                        self._push(work)
+                    else:
+                        self.conflict_rounds.pop(pod.uid, None)
+                        self._retry_later(work)
+                case UnknownNode():
+                    self._retry_later(work, soon=True)
+        if conflicted:
+            # The change stream brings the truth within moments; read those nodes now so the retry sees it.
+            await self._refresh_usage(sorted(conflicted))
 
-    async def _decide(self, profile: Profile, pod: PodView, raw: Json) -> Placement | Unschedulable:
+    async def _decide(self, profile: Profile, work: Work,
+                      shared: dict[bytes, tuple[Evaluation, set[str]]]) -> Placement | Unschedulable:
+        pod = work.pod
+        assert pod is not None
+        top = self.settings.candidates
         if profile.extenders:
             if self.http is None:
                 self.http = aiohttp.ClientSession()
-            return await decide_with_extenders(profile, pod, raw, self.nodes, rng=self.rng,
-                                               top=self.settings.candidates, session=self.http)
-        return decide(profile, pod, self.nodes, rng=self.rng, top=self.settings.candidates)
+            return await decide_with_extenders(profile, pod, work.raw, self.nodes, rng=self.rng, top=top,
+                                               session=self.http)
+        key = signature(work)
+        cached = shared.get(key)
+        if cached is not None and len(cached[0].feasible) == len(self.nodes):
+            evaluation, touched = cached
+            decision = choose(evaluation, self.nodes, rng=self.rng, top=top)
+            if isinstance(decision, Placement) and decision.candidates[0] not in touched:
+                self.metric_batch.labels("shared").inc()
+                return decision
+        evaluation = evaluate(profile, pod, self.nodes)
+        shared[key] = (evaluation, set())
+        self.metric_batch.labels("full").inc()
+        return choose(evaluation, self.nodes, rng=self.rng, top=top)
 
-    async def _malformed(self, item: WorkItem, message: str) -> None:
+    async def _refresh_usage(self, names: Sequence[str]) -> None:
+        usage = await self.ledger.node_usage(names)
+        for name, (_alloc, used) in usage.items():
+            if name in self.nodes:
+                self.nodes.set_used(name, used)
+
+    def _malformed(self, work: Work) -> None:
         self.count("malformed")
-        log.warning("pod %s is malformed: %s", item.key, message)
-        await post_event(self.core, pod_event(namespace=item.namespace, name=item.name, uid=item.uid,
-                                              reason="FailedScheduling", message=message,
-                                              component=self._component()))
-        await set_unschedulable(self.core, namespace=item.namespace, name=item.name, message=message,
-                                reason="InvalidPod")
+        item = work.item
+        log.warning("pod %s is malformed: %s", item.key, work.problem)
+        self._record(pod_event(namespace=item.namespace, name=item.name, uid=item.uid, reason="FailedScheduling",
+                               message=work.problem, component=self._component()))
+        self._condition(item.namespace, item.name, work.problem, reason="InvalidPod")
 
-    async def _reserve_first(self, pod: PodView, decision: Placement) -> str | None:
-        """Reserve on the best candidate that still fits; the node name, or what to do instead."""
-        for node in decision.candidates:
-            result = await self.ledger.reserve(
-                uid=pod.uid, pod=f"{pod.namespace}/{pod.name}", node=node, request=pod.request,
-                owner=self.settings.id, ttl_seconds=self.settings.reservation_ttl_seconds,
-            )
-            match result:
-                case Reserved():
-                    self.nodes.add_used(node, pod.request)
-                    return node
-                case Conflict():
-                    self.count("conflicts")
-                    await self._refresh_usage([node])
-                case UnknownNode():
-                    continue
-                case HeldElsewhere(state="bound"):
-                    return "bound-elsewhere"
-                case HeldElsewhere():
-                    continue
-                case LedgerNotReady():
-                    return "not-ready"
-        return "retry-now"
-
-    async def _unschedulable(self, message_id: str, item: WorkItem, message: str) -> None:
+    def _unschedulable(self, work: Work, message: str) -> None:
         self.count("unschedulable")
-        for member in self._members(item):
+        for member in self._members(work.item):
             if self.last_message.get(member.uid) != message:
                 self.last_message[member.uid] = message
-                await set_unschedulable(self.core, namespace=member.namespace, name=member.name, message=message)
-                await post_event(self.core, pod_event(namespace=member.namespace, name=member.name, uid=member.uid,
-                                                      reason="FailedScheduling", message=message,
-                                                      component=self._component()))
-        self._retry_later(message_id, item)
+                self._condition(member.namespace, member.name, message)
+                self._record(pod_event(namespace=member.namespace, name=member.name, uid=member.uid,
+                                       reason="FailedScheduling", message=message, component=self._component()))
+        self._retry_later(work)
 
     @staticmethod
     def _members(item: WorkItem) -> list[GangMember]:
@@ -389,38 +423,19 @@ class Worker:
 
     # --- gangs -------------------------------------------------------------------------------------------
 
-    async def schedule_gang(self, message_id: str, item: WorkItem) -> None:
-        """All or nothing: place the pending members, reserve them in one ledger call, then bind them."""
-        views: list[PodView] = []
-        gone = 0
-        try:
-            for member in item.members:
-                lookup = WorkItem(uid=member.uid, namespace=member.namespace, name=member.name, policy=item.policy)
-                raw, pod, problem = await self._member_pod(lookup)
-                if raw is None:
-                    gone += 1
-                elif pod is None:
-                    await self._malformed(lookup, problem)
-                    await self._unschedulable(message_id, item,
-                                              f"gang {item.gang}: member {lookup.key} is invalid: {problem}")
-                    return
-                else:
-                    views.append(pod)
-        except (KubeError, aiohttp.ClientError, OSError) as error:
-            log.warning("cannot read the members of gang %s: %s", item.gang, error)
-            self._retry_later(message_id, item, soon=True)
-            return
+    async def schedule_gang(self, work: Work) -> None:
+        """All or nothing: place the members, reserve them in one ledger call, then bind them."""
+        item = work.item
+        views = [view for view, _raw in work.members]
         if not views:
-            self.count("gone")
-            await self._done(message_id, item)
+            self._done(work)
             return
-        # Members already bound (or deleted) no longer need room; the rest must reach min-available together.
-        need = max(1, min(len(views), item.min_available - gone))
+        need = max(1, min(len(views), item.min_available))
         profile = self.profiles.get(item.policy) or self.profiles[self.default_profile]
         placement = place_gang(profile, views, self.nodes, rng=self.rng, min_available=need,
                                topology_key=profile.topology_key, gang=item.gang)
         if isinstance(placement, Unschedulable):
-            await self._unschedulable(message_id, item, placement.message)
+            self._unschedulable(work, placement.message)
             return
         chosen = [v for v in views if v.uid in placement.assignments]
         members = [GangPlacementMember(uid=v.uid, pod=v.key, node=placement.assignments[v.uid], request=v.request)
@@ -430,38 +445,45 @@ class Worker:
         match result:
             case GangReserved():
                 for placed in members:
-                    self.nodes.add_used(placed.node, placed.request)
+                    if placed.node in self.nodes:
+                        self.nodes.add_used(placed.node, placed.request)
                 log.info("gang %s: %d members reserved on %d nodes (leaves: %s)", item.gang, len(members),
                          len({m.node for m in members}), ", ".join(placement.leaves) or "-")
-                self._start_bind(message_id, item, [(v, placement.assignments[v.uid]) for v in chosen])
+                self._start_bind(work, [(v, placement.assignments[v.uid]) for v in chosen])
+            case HeldElsewhere(state="bound"):
+                # A member is bound already: the gang started before (members were recreated or re-sent).
+                self.count("gone")
+                self._done(work)
             case Conflict(node=node):
                 self.count("conflicts")
                 await self._refresh_usage(sorted({m.node for m in members} | {node}))
-                self._retry_later(message_id, item, soon=True)
+                self._retry_later(work, soon=True)
             case LedgerNotReady() | UnknownNode() | HeldElsewhere():
                 await self._refresh_usage(sorted({m.node for m in members}))
-                self._retry_later(message_id, item, soon=True)
+                self._retry_later(work, soon=True)
 
     # --- binding -----------------------------------------------------------------------------------------
 
-    def _start_bind(self, message_id: str, item: WorkItem, placements: list[tuple[PodView, str]]) -> None:
-        task = asyncio.create_task(self._bind_item(message_id, item, placements))
+    def _start_bind(self, work: Work, placements: list[tuple[PodView, str]]) -> None:
+        task = asyncio.create_task(self._bind_item(work, placements))
         self._bind_tasks.add(task)
         task.add_done_callback(self._bind_tasks.discard)
 
-    async def _bind_item(self, message_id: str, item: WorkItem, placements: list[tuple[PodView, str]]) -> None:
+    async def _bind_item(self, work: Work, placements: list[tuple[PodView, str]]) -> None:
         """Bind every placement of the item; acknowledge when all are bound, else try the item again."""
+        item = work.item
         outcomes = await asyncio.gather(*(self._bind(pod, node) for pod, node in placements))
         if all(ok for ok, _status in outcomes):
             self.backoff.pop(item.uid, None)
             for member in self._members(item):
                 self.last_message.pop(member.uid, None)
-            await self._done(message_id, item)
+            self._done(work)
         elif not item.members and outcomes[0][1] == 404:
-            await self._done(message_id, item)  # the pod is gone
+            self.count("gone")
+            self._done(work)  # the pod is gone
         else:
             conflict = any(status == 409 for _ok, status in outcomes)
-            self._retry_later(message_id, item, soon=conflict)
+            self._retry_later(work, soon=conflict)
 
     async def _bind(self, pod: PodView, node: str) -> tuple[bool, int | None]:
         """Post one binding; on refusal release the reservation (only while it is still assumed)."""
@@ -473,23 +495,16 @@ class Worker:
                 self.in_flight -= 1
 
     async def _post_binding(self, pod: PodView, node: str) -> tuple[bool, int | None]:
-        body = {
-            "apiVersion": "v1",
-            "kind": "Binding",
-            "metadata": {"name": pod.name, "namespace": pod.namespace, "uid": pod.uid},
-            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
-        }
         try:
-            await request_json(self.core.create_namespaced_pod_binding, pod.name, pod.namespace, body)
+            await self.binder.bind(pod, node)
         except KubeError as error:
-            reason = str(error)
             self.count("denied")
-            log.info("binding %s to %s refused (%s): %s", pod.key, node, error.status, reason)
+            log.info("binding %s to %s refused (%s): %s", pod.key, node, error.status, error)
             await self._unreserve(pod, node)
             if error.status != 404:
-                await post_event(self.core, pod_event(
-                    namespace=pod.namespace, name=pod.name, uid=pod.uid, reason="FailedScheduling",
-                    message=f"binding to {node} refused: {reason}", component=self._component()))
+                self._record(pod_event(namespace=pod.namespace, name=pod.name, uid=pod.uid,
+                                       reason="FailedScheduling", message=f"binding to {node} refused: {error}",
+                                       component=self._component()))
             return False, error.status
         except (aiohttp.ClientError, OSError, TimeoutError) as error:
             log.warning("binding %s to %s failed: %s", pod.key, node, error)
@@ -498,19 +513,24 @@ class Worker:
         self.count("bound")
         policy = pod.policy or self.default_profile
         self.counters[f"bound:{policy}"] = self.counters.get(f"bound:{policy}", 0) + 1
-        log.debug("bound %s to %s", pod.key, node)
+        if self.settings.scheduled_events:
+            self._record(scheduled_event(namespace=pod.namespace, name=pod.name, uid=pod.uid, node=node,
+                                         component=self._component()))
         return True, 200
 
     async def _unreserve(self, pod: PodView, node: str) -> None:
         try:
-            if await self.ledger.release_assumed(uid=pod.uid, node=node):
+            if await self.ledger.release_assumed(uid=pod.uid, node=node) and node in self.nodes:
                 self.nodes.sub_used(node, pod.request)
         except (LedgerUnavailable, LedgerNotReadyError) as error:
             log.warning("cannot release the reservation of %s on %s (it expires by itself): %s", pod.key, node, error)
 
-    async def _done(self, message_id: str, item: WorkItem) -> None:
-        """Acknowledge soon: acknowledgements are sent in batches by ``_ack_loop``."""
-        self._acks.append((message_id, [m.uid for m in item.members] or [item.uid]))
+    def _done(self, work: Work, *, forget: bool = True) -> None:
+        """Acknowledge soon (``_ack_loop`` sends them in batches); ``forget`` False keeps the uids dispatched."""
+        item = work.item
+        uids = ([m.uid for m in item.members] or [item.uid]) if forget else []
+        self.conflict_rounds.pop(item.uid, None)
+        self._acks.append((work.message_id, uids))
         self._ack_ready.set()
 
     async def _flush_acks(self) -> None:
@@ -524,7 +544,8 @@ class Worker:
     async def _ack_loop(self) -> None:
         while not self.stopping.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._ack_ready.wait(), 0.5)
+                async with asyncio.timeout(0.5):
+                    await self._ack_ready.wait()
             self._ack_ready.clear()
             await asyncio.sleep(0.01)  # gather the acknowledgements of a burst into one round trip
             await self._flush_acks()
@@ -538,30 +559,21 @@ class Worker:
             except LedgerUnavailable as error:
                 log.warning("cannot send heartbeat: %s", error)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stopping.wait(), self.settings.heartbeat_interval_seconds)
+                async with asyncio.timeout(self.settings.heartbeat_interval_seconds):
+                    await self.stopping.wait()
 
     async def run(self) -> None:
         """Run until ``stopping`` is set, then shut down gracefully."""
-        informers = [
-            asyncio.create_task(run_informer(
-                "nodes", self.core.list_node,
-                InformerHandlers(on_list=self._on_node_list, on_event=self._on_node_event),
-                synced=self._nodes_synced)),
-            asyncio.create_task(run_informer(
-                "pending pods", self.core.list_pod_for_all_namespaces,
-                InformerHandlers(on_list=self._on_pod_list, on_event=self._on_pod_event),
-                synced=self._pods_synced, field_selector="spec.nodeName=")),
-        ]
-        await self._nodes_synced.wait()
-        await self._pods_synced.wait()
-        await self._refresh_usage()
+        if self.events is not None:
+            self.events.start()
+        feed = asyncio.create_task(self.feed.follow(self.stopping), name="node-feed")
+        await _first(self.feed.loaded.wait(), self.stopping.wait())
         log.info("worker %s ready: %d nodes, policies %s", self.settings.id, len(self.nodes.names),
                  ",".join(self.settings.policies))
         loops = [
             asyncio.create_task(self._heartbeat_loop()),
             asyncio.create_task(self._intake_loop()),
             asyncio.create_task(self._retry_loop()),
-            asyncio.create_task(self._usage_loop()),
             asyncio.create_task(self._schedule_loop()),
             asyncio.create_task(self._ack_loop()),
         ]
@@ -571,16 +583,29 @@ class Worker:
         if self._bind_tasks:
             await asyncio.wait(self._bind_tasks, timeout=10)
         await self._flush_acks()
-        released = await self.ledger.release_owner(self.settings.id)
-        await self.queue.deregister(self.settings.id)
-        await asyncio.gather(loops[0], return_exceptions=True)
+        released = 0
+        with contextlib.suppress(LedgerUnavailable, LedgerNotReadyError):
+            released = await self.ledger.release_owner(self.settings.id)
+        with contextlib.suppress(LedgerUnavailable):
+            await self.queue.deregister(self.settings.id)
+        await asyncio.gather(loops[0], feed, return_exceptions=True)
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=5)
+        if self.events is not None:
+            await self.events.close(timeout=5)
         if self.http is not None:
             await self.http.close()
-        for task in informers:
-            task.cancel()
-        await asyncio.gather(*informers, return_exceptions=True)
         log.info("worker %s stopped: released %d reservations; unfinished work returns to the dispatcher",
                  self.settings.id, released)
+
+
+async def _first(*waits: Awaitable[Any]) -> None:
+    """Wait until the first of `waits` finishes; cancel the others."""
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    _done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
 
 
 def build_app(worker: Worker) -> web.Application:
@@ -594,9 +619,15 @@ def build_app(worker: Worker) -> web.Application:
 
     async def status(_request: web.Request) -> web.Response:
         info = worker.info()
+        events = worker.events
         return web.json_response({"id": info.id, "policies": info.policies, "queue_depth": info.queue_depth,
                                   "in_flight": info.in_flight, "nodes": len(worker.nodes.names),
-                                  "counters": info.counters})
+                                  "counters": info.counters,
+                                  "feed": {"position": worker.feed.position, "epoch": worker.feed.epoch,
+                                           "applied": worker.feed.applied, "reloads": worker.feed.reloads},
+                                  "events": None if events is None else {
+                                      "posted": events.posted, "failed": events.failed,
+                                      "dropped": events.dropped, "queued": events.queued}})
 
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", healthz)
@@ -606,9 +637,9 @@ def build_app(worker: Worker) -> web.Application:
 
 
 async def serve(settings: WorkerSettings) -> None:
-    api = await api_client(settings.kubeconfig)
+    rest = await KubeREST.connect(settings.kubeconfig)
     redis = Redis.from_url(settings.redis_url, decode_responses=True)
-    worker = Worker(settings, api=api, redis=redis)
+    worker = Worker(settings, redis=redis, rest=rest)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, worker.stopping.set)
@@ -620,7 +651,7 @@ async def serve(settings: WorkerSettings) -> None:
     finally:
         await runner.cleanup()
         await redis.aclose()
-        await api.close()
+        await rest.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

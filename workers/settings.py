@@ -48,8 +48,12 @@ class WorkerSettings(BaseModel):
     """First retry delay of an unschedulable pod."""
     backoff_max_seconds: float = Field(default=60.0, gt=0)
     """Longest retry delay of an unschedulable pod."""
-    usage_refresh_seconds: float = Field(default=1.0, gt=0)
-    """How often node totals are read back from the ledger."""
+    decide_batch: int = Field(default=64, ge=1, le=4096)
+    """Most pods decided before their reservations go to the ledger in one call."""
+    scheduled_events: bool = True
+    """Record kube-scheduler's Normal 'Scheduled' event for every pod bound (posted off the binding path)."""
+    events_per_second: float = Field(default=0.0, ge=0)
+    """Most events posted per second (0: no limit); beyond it they queue, and beyond 10,000 queued are dropped."""
     seed: int | None = None
     """Seed of the tie-breaking randomness (default: random per worker)."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"

@@ -1,0 +1,164 @@
+"""The pipeline ceiling: dispatcher + workers + ledger on a real redis-server, with the apiserver taken out.
+
+The binding POST is replaced by a sink (`SinkBinder`): it records the binding in Redis and tells the ledger the
+pod is bound, as the resolver's sync would. The dispatcher runs in this process and is fed pods through its
+informer handlers; it learns bindings from the sink's list and drops the pods, as its watch would. Workers run
+in this process (`run_in_process`) or as their own processes (``python -m bench.pipeline worker ...``, which the
+benchmark pins to cores), so what is measured is hoss's own cost per pod, apart from the apiserver.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from redis.asyncio import Redis
+
+from dispatcher.service import Dispatcher
+from dispatcher.settings import DispatcherSettings
+from dispatcher.queue import WorkQueue
+from resolver import compact
+from resolver.ledger import BoundPod, Ledger
+from workers.pod import PodView
+from workers.service import Worker
+from workers.settings import WorkerSettings
+
+BOUND_KEY = "{hoss}:bench:bound"
+Json = dict[str, Any]
+
+
+class SinkBinder:
+    """A binding that never reaches an apiserver: the ledger records it bound, the dispatcher's list learns it."""
+
+    def __init__(self, redis: Redis) -> None:
+        self.redis = redis
+        self.ledger = Ledger(redis)
+
+    async def bind(self, pod: PodView, node: str) -> None:
+        await self.ledger.bind_many([BoundPod(uid=pod.uid, pod=pod.key, node=node, request=pod.request)])
+        await self.redis.rpush(BOUND_KEY, f"{pod.uid} {node}")  # type: ignore[misc]
+
+
+def node_object(name: str, *, cpu: str = "32", memory: str = "128Gi", pods: str = "110") -> Json:
+    return {"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+            "spec": {}, "status": {"allocatable": {"cpu": cpu, "memory": memory, "pods": pods},
+                                   "conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def pod_object(n: int, *, cpu: str = "100m", memory: str = "128Mi", namespace: str = "bench") -> Json:
+    return {"metadata": {"name": f"p-{n:06d}", "namespace": namespace, "uid": f"uid-{n:06d}",
+                         "labels": {"app": "bench"}},
+            "spec": {"schedulerName": "hoss",
+                     "containers": [{"name": "c", "resources": {"requests": {"cpu": cpu, "memory": memory}}}]},
+            "status": {"phase": "Pending"}}
+
+
+async def prepare_ledger(redis: Redis, nodes: Sequence[Json]) -> None:
+    """A fresh ledger with these nodes (descriptions included), nothing bound, and no queues."""
+    await redis.flushdb()
+    from resolver.resources import node_allocatable
+
+    await Ledger(redis).rebuild(
+        nodes=[(n["metadata"]["name"], node_allocatable(n), n["metadata"].get("labels") or {},
+                compact.encode(compact.compact_node(n)).decode()) for n in nodes],
+        bound=[])
+
+
+@dataclass
+class PipelineRun:
+    pods: int
+    bound: int
+    seconds: float
+
+    @property
+    def pods_per_second(self) -> float:
+        return self.bound / self.seconds if self.seconds > 0 else 0.0
+
+
+async def drive(redis: Redis, pods: Sequence[Json], *, expected_workers: int, timeout: float = 300.0) -> PipelineRun:
+    """Run a dispatcher over `pods` until every pod is bound by the sink (or the timeout)."""
+    dispatcher = Dispatcher(queue=WorkQueue(redis), settings=DispatcherSettings(identity="bench-pipeline"))
+    by_uid = {p["metadata"]["uid"]: p for p in pods}
+    deadline = time.monotonic() + timeout
+    while True:  # the workers must be beating before the first round, or the pods wait for a worker
+        live, _dead = await dispatcher.queue.workers()
+        if len(live) >= expected_workers:
+            break
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"only {len(live)} of {expected_workers} workers started")
+        await asyncio.sleep(0.05)
+    await dispatcher.on_list([])
+    dispatcher.synced.set()
+    lead = asyncio.create_task(dispatcher.lead())
+    started = time.monotonic()
+    bound = 0
+    try:
+        for start in range(0, len(pods), 500):  # arrive in bursts, as a watch delivers them
+            for pod in pods[start:start + 500]:
+                await dispatcher.on_event("ADDED", pod)
+            await asyncio.sleep(0)
+        while bound < len(pods) and time.monotonic() < deadline:
+            entries = await redis.lpop(BOUND_KEY, 1000)  # type: ignore[misc]
+            if not entries:
+                await asyncio.sleep(0.01)
+                continue
+            for entry in entries:
+                uid, node = str(entry).split(" ", 1)
+                pod = by_uid.get(uid)
+                if pod is not None:
+                    bound += 1
+                    await dispatcher.on_event("MODIFIED", {**pod, "spec": {**pod["spec"], "nodeName": node}})
+        return PipelineRun(pods=len(pods), bound=bound, seconds=time.monotonic() - started)
+    finally:
+        lead.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await lead
+
+
+def worker_settings(worker_id: str, redis_url: str, policies_file: str, **overrides: Any) -> WorkerSettings:
+    return WorkerSettings(id=worker_id, redis_url=redis_url, policies_file=policies_file, port=0,
+                          scheduled_events=False, **overrides)
+
+
+async def run_worker(settings: WorkerSettings, stop: asyncio.Event) -> Worker:
+    """One worker with the sink binder, until `stop` is set."""
+    redis = Redis.from_url(settings.redis_url, decode_responses=True)
+    worker = Worker(settings, redis=redis, rest=None, binder=SinkBinder(redis))
+    task = asyncio.create_task(worker.run())
+    await stop.wait()
+    worker.stopping.set()
+    await task
+    await redis.aclose()
+    return worker
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m bench.pipeline worker ID REDIS_URL POLICIES_FILE``: one sink worker until SIGTERM."""
+    parser = argparse.ArgumentParser(prog="bench.pipeline")
+    parser.add_argument("role", choices=["worker"])
+    parser.add_argument("id")
+    parser.add_argument("redis_url")
+    parser.add_argument("policies_file")
+    args = parser.parse_args(argv)
+
+    async def serve() -> None:
+        import signal
+
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        await run_worker(worker_settings(args.id, args.redis_url, args.policies_file), stop)
+
+    asyncio.run(serve())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""Dispatcher + workers + ledger on a real redis-server, bindings into a sink: the intake without an apiserver.
+
+Workers watch nothing: pods arrive in their work items, nodes come from the ledger and its change stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio
+
+from bench.pipeline import drive, node_object, pod_object, prepare_ledger, run_worker, worker_settings
+from deploy.local.plane import POLICIES_FILE
+from resolver.ledger import Ledger
+from resolver.resources import node_allocatable
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def client(redis_url: str) -> AsyncIterator[redis.asyncio.Redis]:
+    connection = redis.asyncio.Redis.from_url(redis_url, decode_responses=True)
+    await connection.flushdb()
+    yield connection
+    await connection.aclose()
+
+
+async def test_two_workers_place_every_pod_without_overselling_and_share_the_work(
+    client: redis.asyncio.Redis, redis_url: str
+) -> None:
+    # 20 nodes of 2 cpu, 400 pods of 100m: exactly full, so any double count or lost reservation shows.
+    nodes = [node_object(f"n{i:02d}", cpu="2", pods="110") for i in range(20)]
+    await prepare_ledger(client, nodes)
+    stop = asyncio.Event()
+    workers = [asyncio.create_task(run_worker(worker_settings(f"w{i}", redis_url, str(POLICIES_FILE), seed=i),
+                                              stop)) for i in (1, 2)]
+    try:
+        run = await drive(client, [pod_object(n) for n in range(400)], expected_workers=2, timeout=120)
+    finally:
+        stop.set()
+        finished = await asyncio.gather(*workers)
+    assert run.bound == 400
+    entries = await Ledger(client).entries()
+    assert len(entries) == 400 and all(e.state == "bound" for e in entries)
+    per_node: dict[str, int] = {}
+    for entry in entries:
+        per_node[entry.node] = per_node.get(entry.node, 0) + entry.request["cpu"]
+    allocatable = {n["metadata"]["name"]: node_allocatable(n)["cpu"] for n in nodes}
+    assert all(per_node[name] <= allocatable[name] for name in per_node), per_node
+    assert sum(per_node.values()) == 400 * 100
+    bound = [w.counters["bound"] for w in finished]
+    assert sum(bound) == 400 and min(bound) > 0, bound
+
+
+async def test_a_worker_follows_node_changes_from_the_ledger_without_watching(
+    client: redis.asyncio.Redis, redis_url: str
+) -> None:
+    await prepare_ledger(client, [node_object("small", cpu="1")])
+    stop = asyncio.Event()
+    worker_task = asyncio.create_task(run_worker(worker_settings("w1", redis_url, str(POLICIES_FILE)), stop))
+    try:
+        # 3 pods of 600m: one fits on "small"; a node added through the ledger (as the sync adds it) takes more.
+        driving = asyncio.create_task(drive(client, [pod_object(n, cpu="600m") for n in range(3)],
+                                            expected_workers=1, timeout=60))
+        await asyncio.sleep(1.0)
+        big = node_object("big", cpu="4")
+        from resolver import compact
+
+        await Ledger(client).sync_node(node="big", allocatable=node_allocatable(big), labels={},
+                                       spec=compact.encode(compact.compact_node(big)).decode())
+        run = await driving
+    finally:
+        stop.set()
+        await worker_task
+    assert run.bound == 3
+    nodes = sorted(e.node for e in await Ledger(client).entries())
+    assert nodes == ["big", "big", "small"]

@@ -1,0 +1,147 @@
+"""The worker's node state from the ledger alone: one load, then the ledger's change stream as deltas.
+
+Workers do not watch nodes or pods on the apiserver. The resolver's sync writes each node's compact description
+into the ledger, and every ledger script that changes a node's used totals appends them to ``{hoss}:changes``
+(`resolver.ledger.Change`). A worker loads every node once (`Ledger.load`: descriptions, used totals and the id
+of the last change, read at one instant) and then applies the stream in order. A worker's cost per change is a
+dictionary update, whatever the number of nodes and workers; it never re-reads the whole ledger except after a
+rebuild (an ``r`` entry), when the stream was trimmed past the worker's position, or when Redis lost its data.
+
+Entries carry totals, not increments, so applying one twice or after the worker's own local update is harmless:
+the latest entry is the ledger's truth at that moment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from resolver import compact
+from resolver.errors import LedgerUnavailable, ResolverError
+from resolver.ledger import Change, Ledger, parse_used
+from workers.nodes import NodeTable
+
+log = logging.getLogger(__name__)
+
+CHECK_TRIM_SECONDS = 10.0
+
+
+def stream_id(text: str) -> tuple[int, int]:
+    """A stream id ('1700000000000-3') as a comparable pair."""
+    millis, _, sequence = text.partition("-")
+    return int(millis), int(sequence or 0)
+
+
+class NodeFeed:
+    """Keeps a `NodeTable` equal to the ledger: ``load`` once, then ``follow`` until cancelled."""
+
+    def __init__(self, ledger: Ledger, table: NodeTable, *, on_room: Callable[[], None] | None = None,
+                 batch: int = 2000, block_ms: int = 200) -> None:
+        self.ledger = ledger
+        self.table = table
+        self.on_room = on_room
+        """Called when some node gained room or a node appeared (pods waiting for room may now fit)."""
+        self.position = "0-0"
+        self.epoch: str | None = None
+        self.loaded = asyncio.Event()
+        self.reloads = 0
+        self.applied = 0
+        self._batch = batch
+        self._block_ms = block_ms
+
+    async def load(self) -> bool:
+        """Replace the table with the ledger's nodes; False (table untouched) while the ledger is not ready."""
+        snapshot = await self.ledger.load()
+        if not snapshot.ready:
+            return False
+        present = set()
+        for name, (spec, used) in snapshot.nodes.items():
+            if not spec:
+                continue  # registered by a binding before the sync described it: not schedulable yet
+            if self._upsert(name, spec):
+                self.table.set_used(name, used)
+                present.add(name)
+        for name in list(self.table.names):
+            if name not in present:
+                self.table.remove_node(name)
+        self.position = snapshot.last_change
+        self.epoch = snapshot.epoch
+        self.reloads += 1
+        self.loaded.set()
+        if self.on_room is not None:
+            self.on_room()
+        log.info("node table loaded from the ledger: %d nodes, epoch %s", len(self.table), snapshot.epoch)
+        return True
+
+    def _upsert(self, name: str, spec: str) -> bool:
+        try:
+            self.table.upsert_node(compact.decode(spec))
+        except (ResolverError, ValueError) as error:
+            log.warning("node %s ignored: %s", name, error)
+            self.table.remove_node(name)
+            return False
+        return True
+
+    def apply(self, changes: list[Change]) -> bool:
+        """Apply entries in order; True when the ledger was rebuilt and must be loaded again."""
+        room = False
+        for change in changes:
+            self.position = change.id
+            self.applied += 1
+            if change.kind == "r":
+                return True
+            for name, value in change.items:
+                if change.kind == "u":
+                    if name in self.table:
+                        used = parse_used(value)
+                        before = self.table.used_of(name)
+                        self.table.set_used(name, used)
+                        room = room or any(used.get(r, 0) < amount for r, amount in before.items())
+                elif change.kind == "s":
+                    new = name not in self.table
+                    if value and self._upsert(name, value):
+                        room = room or new
+                    elif not value:
+                        self.table.remove_node(name)
+                elif change.kind == "d":
+                    self.table.remove_node(name)
+        if room and self.on_room is not None:
+            self.on_room()
+        return False
+
+    async def step(self) -> None:
+        """Read and apply what the stream holds after our position (waiting briefly for it)."""
+        changes = await self.ledger.changes(self.position, count=self._batch, block_ms=self._block_ms)
+        if self.apply(changes):
+            await self.load()
+
+    async def check_trimmed(self) -> None:
+        """Load again when the oldest entry in the stream is newer than our position (we missed entries), or when
+        the ledger's epoch changed without us seeing the rebuild (Redis lost the stream with its data)."""
+        first = await self.ledger.first_change()
+        if first is not None and self.position != "0-0" and stream_id(first) > stream_id(self.position):
+            log.warning("the change stream no longer holds this worker's position; loading the ledger again")
+            await self.load()
+            return
+        if self.epoch is not None and await self.ledger.epoch() != self.epoch:
+            log.warning("the ledger was rebuilt (epoch changed); loading it again")
+            await self.load()
+
+    async def follow(self, stopping: asyncio.Event) -> None:
+        """Load (waiting for a ready ledger), then apply changes until `stopping` is set. Survives Redis loss."""
+        loop = asyncio.get_running_loop()
+        last_check = loop.time()
+        while not stopping.is_set():
+            try:
+                if (not self.loaded.is_set() or self.epoch is None) and not await self.load():
+                    await asyncio.sleep(0.5)
+                    continue
+                await self.step()
+                if loop.time() - last_check >= CHECK_TRIM_SECONDS:
+                    last_check = loop.time()
+                    await self.check_trimmed()
+            except LedgerUnavailable as error:
+                log.warning("cannot follow the ledger: %s; retrying", error)
+                self.epoch = None  # load again once Redis answers: it may have lost its data
+                await asyncio.sleep(0.5)
