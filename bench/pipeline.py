@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -20,11 +20,12 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from dispatcher.service import Dispatcher
-from dispatcher.settings import DispatcherSettings
 from dispatcher.queue import WorkQueue
+from dispatcher.service import Dispatcher, cancel_and_wait
+from dispatcher.settings import DispatcherSettings
 from resolver import compact
 from resolver.ledger import BoundPod, Ledger
+from resolver.resources import node_allocatable
 from workers.pod import PodView
 from workers.service import Worker
 from workers.settings import WorkerSettings
@@ -42,7 +43,7 @@ class SinkBinder:
 
     async def bind(self, pod: PodView, node: str) -> None:
         await self.ledger.bind_many([BoundPod(uid=pod.uid, pod=pod.key, node=node, request=pod.request)])
-        await self.redis.rpush(BOUND_KEY, f"{pod.uid} {node}")  # type: ignore[misc]
+        await self.redis.rpush(BOUND_KEY, f"{pod.uid} {node}")
 
 
 def node_object(name: str, *, cpu: str = "32", memory: str = "128Gi", pods: str = "110") -> Json:
@@ -62,8 +63,6 @@ def pod_object(n: int, *, cpu: str = "100m", memory: str = "128Mi", namespace: s
 async def prepare_ledger(redis: Redis, nodes: Sequence[Json]) -> None:
     """A fresh ledger with these nodes (descriptions included), nothing bound, and no queues."""
     await redis.flushdb()
-    from resolver.resources import node_allocatable
-
     await Ledger(redis).rebuild(
         nodes=[(n["metadata"]["name"], node_allocatable(n), n["metadata"].get("labels") or {},
                 compact.encode(compact.compact_node(n)).decode()) for n in nodes],
@@ -104,21 +103,19 @@ async def drive(redis: Redis, pods: Sequence[Json], *, expected_workers: int, ti
                 await dispatcher.on_event("ADDED", pod)
             await asyncio.sleep(0)
         while bound < len(pods) and time.monotonic() < deadline:
-            entries = await redis.lpop(BOUND_KEY, 1000)  # type: ignore[misc]
+            entries: Any = await redis.lpop(BOUND_KEY, 1000)
             if not entries:
                 await asyncio.sleep(0.01)
                 continue
             for entry in entries:
                 uid, node = str(entry).split(" ", 1)
-                pod = by_uid.get(uid)
-                if pod is not None:
+                placed = by_uid.get(uid)
+                if placed is not None:
                     bound += 1
-                    await dispatcher.on_event("MODIFIED", {**pod, "spec": {**pod["spec"], "nodeName": node}})
+                    await dispatcher.on_event("MODIFIED", {**placed, "spec": {**placed["spec"], "nodeName": node}})
         return PipelineRun(pods=len(pods), bound=bound, seconds=time.monotonic() - started)
     finally:
-        lead.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await lead
+        await cancel_and_wait(lead)  # redis-py can swallow a single cancellation
 
 
 def worker_settings(worker_id: str, redis_url: str, policies_file: str, **overrides: Any) -> WorkerSettings:
@@ -148,8 +145,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     async def serve() -> None:
-        import signal
-
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):

@@ -493,6 +493,17 @@ class Ledger:
         reply: Any = await self._call(self._redis.xrange(CHANGES_KEY, count=1))
         return _text(reply[0][0]) if reply else None
 
+    async def bound_nodes(self, uids: Sequence[str]) -> dict[str, str]:
+        """uid -> node of those `uids` whose entry is bound (the apiserver has them on a node)."""
+        if not uids:
+            return {}
+        pipe = self._redis.pipeline(transaction=False)
+        for uid in uids:
+            pipe.hmget(f"{KEY_PREFIX}:pod:{uid}", ["state", "node"])
+        replies = await self._call(pipe.execute())
+        return {uid: _text(node) for uid, (state, node) in zip(uids, replies, strict=True)
+                if state is not None and _text(state) == "bound"}
+
     async def entries(self) -> list[PodEntry]:
         """Every pod entry, read at one instant, ordered by node and uid (for audits, status pages and tests)."""
         return decode_entries_reply(await self._run("entries", []))

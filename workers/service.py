@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import heapq
 import logging
 import random
@@ -107,6 +108,8 @@ class Work:
     raw: Json = field(default_factory=dict)
     members: list[tuple[PodView, Json]] = field(default_factory=list)
     problem: str = ""
+    fetch: bool = False
+    """The item carries no pod (queued by a dispatcher older than compact work items): read it once."""
 
 
 @dataclass(order=True)
@@ -118,6 +121,9 @@ class _Retry:
 def parse_work(message_id: str, item: WorkItem) -> Work:
     """The item's pod(s) parsed from their compact form; a problem names the bad field. Pure."""
     work = Work(message_id=message_id, item=item)
+    if not item.pod and (not item.members or not all(m.pod for m in item.members)):
+        work.fetch = True
+        return work
     try:
         if item.members:
             for member in item.members:
@@ -296,6 +302,8 @@ class Worker:
         """Decide, reserve and start binding one batch of work items."""
         singles: list[Work] = []
         for work in batch:
+            if work.fetch and not await self._fetch(work):
+                continue
             if work.problem:
                 self._malformed(work)
                 self._done(work)
@@ -305,6 +313,48 @@ class Worker:
                 singles.append(work)
         if singles:
             await self._schedule_singles(singles)
+
+    async def _fetch(self, work: Work) -> bool:
+        """Fill in the pods of an item that carries none by reading them; False when it was handled here (all
+        gone, or the read failed and the item waits for a retry)."""
+        if self.rest is None:
+            work.problem = "hoss cannot schedule this pod: its work item carries no pod"
+            work.fetch = False
+            return True
+        item = work.item
+        members = list(item.members) or [GangMember(uid=item.uid, namespace=item.namespace, name=item.name)]
+        fetched: list[GangMember] = []
+        for member in members:
+            try:
+                raw = await self.rest.get_pod(member.namespace, member.name)
+            except KubeError as error:
+                if error.status == 404:
+                    continue
+                log.warning("cannot read pod %s/%s: %s", member.namespace, member.name, error)
+                self._retry_later(work, soon=True)
+                return False
+            except (aiohttp.ClientError, OSError, TimeoutError) as error:
+                log.warning("cannot read pod %s/%s: %s", member.namespace, member.name, error)
+                self._retry_later(work, soon=True)
+                return False
+            if (raw.get("metadata") or {}).get("uid") != member.uid or (raw.get("spec") or {}).get("nodeName"):
+                continue  # replaced or bound meanwhile
+            encoded = compact.encode(compact.compact_pod(raw))
+            fetched.append(GangMember(uid=member.uid, namespace=member.namespace, name=member.name,
+                                      pod=encoded.decode(), digest=compact.digest(encoded)))
+        if not fetched:
+            self.count("gone")
+            self._done(work)
+            return False
+        if item.members:
+            filled = dataclasses.replace(item, members=tuple(fetched))
+        else:
+            filled = dataclasses.replace(item, pod=fetched[0].pod, digest="")
+        parsed = parse_work(work.message_id, filled)
+        work.item, work.pod, work.raw, work.members, work.problem = (
+            item, parsed.pod, parsed.raw, parsed.members, parsed.problem)
+        work.fetch = False
+        return True
 
     async def _schedule_singles(self, batch: Sequence[Work]) -> None:
         decided: list[tuple[Work, PodView, Placement]] = []
@@ -426,11 +476,15 @@ class Worker:
     async def schedule_gang(self, work: Work) -> None:
         """All or nothing: place the members, reserve them in one ledger call, then bind them."""
         item = work.item
-        views = [view for view, _raw in work.members]
+        # Members bound already (the gang started before and was re-sent) need no room and count towards
+        # min-available; the rest must reach it together.
+        bound = await self.ledger.bound_nodes([view.uid for view, _raw in work.members])
+        views = [view for view, _raw in work.members if view.uid not in bound]
         if not views:
+            self.count("gone")
             self._done(work)
             return
-        need = max(1, min(len(views), item.min_available))
+        need = max(1, min(len(views), item.min_available - len(bound)))
         profile = self.profiles.get(item.policy) or self.profiles[self.default_profile]
         placement = place_gang(profile, views, self.nodes, rng=self.rng, min_available=need,
                                topology_key=profile.topology_key, gang=item.gang)

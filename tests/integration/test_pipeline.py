@@ -13,6 +13,7 @@ import redis.asyncio
 
 from bench.pipeline import drive, node_object, pod_object, prepare_ledger, run_worker, worker_settings
 from deploy.local.plane import POLICIES_FILE
+from resolver import compact
 from resolver.ledger import Ledger
 from resolver.resources import node_allocatable
 
@@ -66,8 +67,6 @@ async def test_a_worker_follows_node_changes_from_the_ledger_without_watching(
                                             expected_workers=1, timeout=60))
         await asyncio.sleep(1.0)
         big = node_object("big", cpu="4")
-        from resolver import compact
-
         await Ledger(client).sync_node(node="big", allocatable=node_allocatable(big), labels={},
                                        spec=compact.encode(compact.compact_node(big)).decode())
         run = await driving
