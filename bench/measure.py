@@ -1,4 +1,5 @@
-"""Measuring a scheduler from the outside: a pod watcher that timestamps creation and binding, and a loader.
+"""Measuring a scheduler from the outside: a pod watcher that timestamps creation and binding, a loader, the CPU
+time of each process of the plane (/proc), and kube-scheduler's own latency histograms (/metrics).
 
 Every timestamp is taken by the benchmark process when the apiserver's watch delivers the event, on one
 monotonic clock, so the figures do not depend on the apiserver's one-second timestamp resolution.
@@ -9,9 +10,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import ssl
 import time
-from collections.abc import Iterable
+import urllib.request
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -154,3 +159,112 @@ async def post_bindings(
 
     await for_each(list(enumerate(pods)), bind, limit=concurrency)
     return refused
+
+
+# --- CPU per process -----------------------------------------------------------------------------------------
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of ``pid`` so far (all its threads), from /proc/<pid>/stat; None when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # Fields after "(comm)" start at field 3 (state); utime and stime are fields 14 and 15.
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+class CpuMeter:
+    """CPU seconds each named process spent between ``start`` and ``stop``."""
+
+    def __init__(self, processes: Mapping[str, int]) -> None:
+        self.processes = dict(processes)
+        self._before: dict[str, float] = {}
+
+    def start(self) -> None:
+        self._before = {}
+        for name, pid in self.processes.items():
+            seconds = cpu_seconds(pid)
+            if seconds is not None:
+                self._before[name] = seconds
+
+    def stop(self) -> dict[str, float]:
+        """Per process, CPU seconds since ``start`` (a process that died meanwhile is left out)."""
+        spent = {}
+        for name, before in self._before.items():
+            after = cpu_seconds(self.processes[name])
+            if after is not None:
+                spent[name] = round(after - before, 3)
+        return spent
+
+
+# --- kube-scheduler's own histograms -------------------------------------------------------------------------
+
+ALGORITHM_METRIC = "scheduler_scheduling_algorithm_duration_seconds"
+
+
+@dataclass
+class Histogram:
+    """A Prometheus histogram: cumulative counts per upper bound (seconds), plus sum and count."""
+
+    buckets: dict[float, float] = field(default_factory=dict)
+    total: float = 0.0
+    count: float = 0.0
+
+    def minus(self, earlier: Histogram) -> Histogram:
+        return Histogram({le: n - earlier.buckets.get(le, 0.0) for le, n in self.buckets.items()},
+                         self.total - earlier.total, self.count - earlier.count)
+
+    def quantile(self, q: float) -> float | None:
+        """The q-quantile by linear interpolation inside its bucket (as Prometheus' histogram_quantile does)."""
+        if self.count <= 0:
+            return None
+        rank = q * self.count
+        lower, below = 0.0, 0.0
+        for upper in sorted(self.buckets):
+            cumulative = self.buckets[upper]
+            if cumulative >= rank:
+                if upper == float("inf"):
+                    return lower  # beyond the last finite bound: that bound is all a histogram can say
+                inside = cumulative - below
+                return lower + (upper - lower) * ((rank - below) / inside if inside else 1.0)
+            lower, below = upper, cumulative
+        return lower
+
+    def bucket_of(self, value: float) -> tuple[float, float]:
+        """The (lower, upper] bucket bounds that hold ``value``."""
+        lower = 0.0
+        for upper in sorted(self.buckets):
+            if value <= upper:
+                return lower, upper
+            lower = upper
+        return lower, float("inf")
+
+
+def parse_histogram(text: str, metric: str) -> Histogram:
+    """One unlabelled histogram from Prometheus text exposition."""
+    histogram = Histogram()
+    for line in text.splitlines():
+        if line.startswith(f"{metric}_bucket"):
+            label, value = line.rsplit(" ", 1)
+            bound = label.split('le="', 1)[1].split('"', 1)[0]
+            histogram.buckets[float(bound)] = float(value)
+        elif line.startswith(f"{metric}_sum"):
+            histogram.total = float(line.rsplit(" ", 1)[1])
+        elif line.startswith(f"{metric}_count"):
+            histogram.count = float(line.rsplit(" ", 1)[1])
+    return histogram
+
+
+def fetch_metrics(port: int, *, pki_dir: Path, client: str = "admin") -> str:
+    """GET https://127.0.0.1:<port>/metrics of a kube component with a client certificate of the plane (admin is
+    in system:masters, which delegated authorization always allows). Blocking: call it in a thread."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE  # the component's self-signed serving certificate
+    context.load_cert_chain(pki_dir / f"client-{client}.crt", pki_dir / f"client-{client}.key")
+    with urllib.request.urlopen(f"https://127.0.0.1:{port}/metrics", timeout=10, context=context) as response:
+        return str(response.read().decode())

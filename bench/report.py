@@ -1,10 +1,14 @@
-"""Benchmark output: a terminal table with ratios against kube-scheduler, a JSON file and a PNG chart."""
+"""Benchmark output: a terminal table with ratios against kube-scheduler, the targets met or not (computed from
+the figures), a JSON file and a PNG chart."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
+import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,47 +17,204 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from bench.scenarios import PROCESS_GROUPS
+
+# The CPU columns of the throughput table (CPU seconds per 1,000 pods); every process is in the JSON.
+CPU_COLUMNS = (("hoss-side", "hoss*"), ("resolver", "resolver"), ("kube-apiserver", "apiserver"),
+               ("kube-scheduler", "kube-sch"), ("total", "total"))
+HOSS_ROW = re.compile(r"^hoss-(\d+)w$")
+CORE_TARGET_NODES = ("5000", "20000")
+
 
 def ratio(value: float, base: float) -> str:
     return f"{value / base:.2f}x" if base else "n/a"
 
 
+def _number(value: Any, width: int, digits: int = 1) -> str:
+    if isinstance(value, int | float) and not math.isnan(value):
+        return f"{value:>{width}.{digits}f}"
+    return f"{'-':>{width}}"
+
+
 def table(results: dict[str, Any]) -> str:
     lines: list[str] = []
-    tput = results["scenarios"].get("throughput", {})
+    scenarios = results["scenarios"]
+    tput = scenarios.get("throughput", {})
     if tput:
         base = tput.get("kube-scheduler", {}).get("pods_per_second", 0.0)
-        lines.append("1. throughput (first pod created -> last pod bound)")
-        lines.append(f"   {'system':<28}{'pods/s':>9}{'vs kube':>9}{'bound':>8}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}")
+        lines.append("1. throughput (first pod created -> last pod bound; each system alone on the plane) and CPU "
+                     "seconds per 1,000 pods (= CPU ms per pod)")
+        cpu_head = "".join(f"{label:>10}" for _key, label in CPU_COLUMNS)
+        lines.append(f"   {'system':<26}{'pods/s':>8}{'vs kube':>8}{'bound':>7}{'p50 ms':>9}{'p90 ms':>9}"
+                     f"{'p99 ms':>9} |{cpu_head}")
         for system, r in tput.items():
+            cpu = r.get("cpu_per_1000_pods", {})
+            cpu_cells = "".join(_number(cpu.get(key), 10, 2) for key, _label in CPU_COLUMNS)
             lines.append(
-                f"   {system:<28}{r['pods_per_second']:>9.1f}{ratio(r['pods_per_second'], base):>9}"
-                f"{r['bound']:>8}{r.get('p50_ms', float('nan')):>9.1f}{r.get('p90_ms', float('nan')):>9.1f}"
-                f"{r.get('p99_ms', float('nan')):>9.1f}"
+                f"   {system:<26}{r['pods_per_second']:>8.1f}{ratio(r['pods_per_second'], base):>8}"
+                f"{r['bound']:>7}{_number(r.get('p50_ms'), 9)}{_number(r.get('p90_ms'), 9)}"
+                f"{_number(r.get('p99_ms'), 9)} |{cpu_cells}"
             )
-    cont = results["scenarios"].get("contention", {})
+        lines.append("   * hoss = dispatcher + workers + redis-server; total = every process (etcd, kwok and the "
+                     "benchmark's load generator too); per process and per worker in the JSON")
+        pinned = _pinned_scaling(tput)
+        if pinned is not None:
+            lines.append(f"   pinned-core scaling: hoss-2w-pinned / hoss-1w-pinned = {pinned:.2f}x "
+                         "(worker i on core i, the rest of the plane unpinned)")
+    cont = scenarios.get("contention", {})
     if cont:
         lines.append(f"2. contention (demand {cont['demand_cpu']} cpu on {cont['capacity_cpu']} cpu of nodes)")
         lines.append(f"   {'system':<40}{'placed':>8}{'oversold nodes':>16}")
         for system, r in cont.items():
             if isinstance(r, dict):
                 lines.append(f"   {system:<40}{r['placed']:>8}{r['oversold_nodes']:>16}")
-    core = results["scenarios"].get("core_scale", {})
+    core = scenarios.get("core_scale", {})
     if core:
-        lines.append("3. worker core: one decision (filter + score + choose), in process")
-        lines.append(f"   {'nodes':>8}{'p50 ms':>10}{'p99 ms':>10}{'decisions/s':>13}")
-        for nodes, r in core.items():
-            lines.append(f"   {nodes:>8}{r['decision_p50_ms']:>10.3f}{r['decision_p99_ms']:>10.3f}"
-                         f"{r['decisions_per_second']:>13.1f}")
-    gpu = results["scenarios"].get("gpu_mix", {})
+        lines.extend(_core_lines(core))
+    gpu = scenarios.get("gpu_mix", {})
     if gpu:
         lines.append(f"4. GPU mix ({gpu['gpus_requested']} GPUs of 1/2/4/8-GPU pods on {gpu['gpu_nodes']} 8-GPU nodes)")
-        lines.append(f"   {'system':<28}{'placed':>8}{'free nodes':>12}{'partly used':>13}{'stranded GPUs':>15}")
+        lines.append(f"   {'system':<30}{'placed':>8}{'free nodes':>12}{'partly used':>13}{'stranded GPUs':>15}")
         for system, r in gpu.items():
             if isinstance(r, dict):
-                lines.append(f"   {system:<28}{r['placed']:>8}{r['fully_free_gpu_nodes']:>12}"
+                lines.append(f"   {system:<30}{r['placed']:>8}{r['fully_free_gpu_nodes']:>12}"
                              f"{r['partly_used_gpu_nodes']:>13}{r['stranded_gpus']:>15}")
+        lines.append("   kube-scheduler MostAllocated: NodeResourcesFit scoringStrategy MostAllocated, cpu 1, "
+                     "memory 1, nvidia.com/gpu 3 (the upstream bin-packing example)")
+    found = results.get("targets") or targets(results)
+    lines.append("targets (from the figures above; a target naming no worker count holds for every hoss-Nw run, the "
+                 "worst is shown)")
+    width = max(len(t["target"]) for t in found) + 2
+    for t in found:
+        verdict = {True: "met", False: "NOT MET", None: "not measured"}[t["met"]]
+        lines.append(f"   {t['target']:<{width}}{verdict:<14}{t['value']}")
     return "\n".join(lines)
+
+
+def _core_lines(core: dict[str, Any]) -> list[str]:
+    lines = ["3. worker core: one decision (filter + score + choose); hoss in process, kube-scheduler (default "
+             "configuration) from its",
+             "   scheduler_scheduling_algorithm_duration_seconds over kwok nodes (p50 interpolated in the "
+             "histogram's bucket, mean exact)",
+             f"   {'nodes':>8}{'hoss p50':>10}{'hoss p99':>10}{'decisions/s':>13}{'kube p50':>10}{'kube mean':>11}"
+             f"{'kube/hoss p50':>15}   (ms)"]
+    notes = []
+    for nodes, r in core.items():
+        kube = r.get("kube_scheduler") or {}
+        head = (f"   {nodes:>8}{r['decision_p50_ms']:>10.3f}{r['decision_p99_ms']:>10.3f}"
+                f"{r['decisions_per_second']:>13.1f}")
+        if kube.get("measured"):
+            lines.append(f"{head}{_number(kube['decision_p50_ms'], 10, 3)}{_number(kube['decision_mean_ms'], 11, 3)}"
+                         f"{ratio(kube['decision_p50_ms'] or 0.0, r['decision_p50_ms']):>15}")
+            low, high = kube["p50_bucket_ms"]
+            if low == 0.0:
+                notes.append(f"   at {nodes} nodes kube-scheduler's p50 lies in its first bucket (0 to {high:g} ms): "
+                             "read the mean")
+            notes.append(f"   kube-scheduler at {nodes} nodes: {kube['pods']} pods; it stops filtering once "
+                         f"{kube['feasible_nodes_sought']} nodes fit (percentageOfNodesToScore), hoss evaluates all; "
+                         f"the kwok nodes were Ready {kube['all_nodes_ready_seconds']:.0f} s after creation began")
+        else:
+            lines.append(f"{head}   kube-scheduler {kube.get('reason', 'not measured')}")
+    return lines + notes
+
+
+def _row_value(rows: dict[str, Any], name: str, key: str) -> float | None:
+    value = rows.get(name, {}).get(key)
+    return float(value) if isinstance(value, int | float) else None
+
+
+def _pinned_scaling(tput: dict[str, Any]) -> float | None:
+    one, two = (_row_value(tput, f"hoss-{n}w-pinned", "pods_per_second") for n in (1, 2))
+    return two / one if one and two is not None else None
+
+
+def _worst(tput: dict[str, Any], value: Callable[[dict[str, Any]], float | None]) -> tuple[str, float] | None:
+    """The hoss-Nw row with the largest ``value``."""
+    found = [(name, v) for name, row in tput.items() if HOSS_ROW.match(name) and (v := value(row)) is not None]
+    return max(found, key=lambda item: item[1]) if found else None
+
+
+def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each target of the issue, its measured value and whether it is met (None: not measured in this run)."""
+    scenarios = results["scenarios"]
+    tput = scenarios.get("throughput", {})
+    found: list[dict[str, Any]] = []
+
+    def add(target: str, met: bool | None, value: str) -> None:
+        found.append({"target": target, "met": met, "value": value})
+
+    kube = _row_value(tput, "kube-scheduler", "pods_per_second")
+    one = _row_value(tput, "hoss-1w", "pods_per_second")
+    four = _row_value(tput, "hoss-4w", "pods_per_second")
+    if kube and one is not None:
+        add("hoss-1w pods/s >= 1.0x kube-scheduler", one / kube >= 1.0, f"{one / kube:.2f}x ({one:.1f} vs {kube:.1f})")
+    else:
+        add("hoss-1w pods/s >= 1.0x kube-scheduler", None, "n/a")
+    if one and four is not None:
+        add("hoss-4w pods/s >= 0.95x hoss-1w", four / one >= 0.95, f"{four / one:.2f}x ({four:.1f} vs {one:.1f})")
+    else:
+        add("hoss-4w pods/s >= 0.95x hoss-1w", None, "n/a")
+
+    def cpu(row: dict[str, Any], key: str) -> float | None:
+        value = row.get("cpu_per_1000_pods", {}).get(key)
+        return float(value) if isinstance(value, int | float) else None
+
+    kube_cpu = cpu(tput.get("kube-scheduler", {}), "kube-scheduler")
+    worst_side = _worst(tput, lambda row: cpu(row, "hoss-side"))
+    if kube_cpu is not None and worst_side is not None:
+        add("hoss-side CPU/pod (dispatcher+workers+redis) <= kube-scheduler's", worst_side[1] <= kube_cpu,
+            f"{worst_side[1]:.2f} ms ({worst_side[0]}) vs {kube_cpu:.2f} ms")
+    else:
+        add("hoss-side CPU/pod (dispatcher+workers+redis) <= kube-scheduler's", None, "n/a")
+    worst_resolver = _worst(tput, lambda row: cpu(row, "resolver"))
+    if worst_resolver is not None:
+        add("resolver CPU/pod <= 0.5 ms", worst_resolver[1] <= 0.5, f"{worst_resolver[1]:.2f} ms ({worst_resolver[0]})")
+    else:
+        add("resolver CPU/pod <= 0.5 ms", None, "n/a")
+    plain = _row_value(tput, "apiserver-ceiling", "pods_per_second")
+    hooked = _row_value(tput, "apiserver-ceiling+webhook", "pods_per_second")
+    if plain and hooked is not None:
+        add("apiserver ceiling with webhook >= 80% of without", hooked / plain >= 0.8,
+            f"{hooked / plain:.0%} ({hooked:.1f} vs {plain:.1f} pods/s)")
+    else:
+        add("apiserver ceiling with webhook >= 80% of without", None, "n/a")
+    pinned = _pinned_scaling(tput)
+    add("hoss 2 workers pinned >= 1.8x 1 worker pinned", None if pinned is None else pinned >= 1.8,
+        "n/a" if pinned is None else f"{pinned:.2f}x")
+
+    core = scenarios.get("core_scale", {})
+    for nodes in CORE_TARGET_NODES:
+        target = f"decision p50 <= kube-scheduler's at {nodes} nodes"
+        row = core.get(nodes)
+        if row is None:
+            add(target, None, "not run (--quick runs 1000 and 5000 nodes)" if results.get("quick") else "not run")
+            continue
+        kube_row = row.get("kube_scheduler") or {}
+        if not kube_row.get("measured") or kube_row.get("decision_p50_ms") is None:
+            add(target, None, f"kube-scheduler {kube_row.get('reason', 'not measured')}")
+            continue
+        hoss_p50, kube_p50 = row["decision_p50_ms"], kube_row["decision_p50_ms"]
+        add(target, hoss_p50 <= kube_p50, f"{hoss_p50:.3f} ms vs {kube_p50:.3f} ms")
+
+    kube_p99 = _row_value(tput, "kube-scheduler", "p99_ms")
+    worst_p99 = _worst(tput, lambda row: row.get("p99_ms"))
+    if kube_p99 is not None and worst_p99 is not None:
+        add("hoss p99 latency <= kube-scheduler's", worst_p99[1] <= kube_p99,
+            f"{worst_p99[1]:.1f} ms ({worst_p99[0]}) vs {kube_p99:.1f} ms")
+    else:
+        add("hoss p99 latency <= kube-scheduler's", None, "n/a")
+
+    runs = [(f"throughput {name}", row) for name, row in tput.items()]
+    runs += [(f"contention {name}", row) for name, row in scenarios.get("contention", {}).items()
+             if isinstance(row, dict) and name != "2x kube-scheduler"]
+    runs += [(f"GPU mix {name}", row) for name, row in scenarios.get("gpu_mix", {}).items() if isinstance(row, dict)]
+    counted = [(name, row["oversold_nodes"]) for name, row in runs if isinstance(row.get("oversold_nodes"), int)]
+    oversold = [f"{name}: {n}" for name, n in counted if n]
+    unguarded = scenarios.get("contention", {}).get("2x kube-scheduler", {}).get("oversold_nodes")
+    aside = f"; unguarded 2x kube-scheduler (not a target): {unguarded}" if unguarded is not None else ""
+    add("0 oversold nodes in every run", (not oversold) if counted else None,
+        (", ".join(oversold) if oversold else f"0 in {len(counted)} runs") + aside)
+    return found
 
 
 def machine() -> dict[str, Any]:
@@ -71,10 +232,10 @@ def write_json(results: dict[str, Any], path: Path) -> None:
 
 
 def chart(results: dict[str, Any], path: Path) -> None:
-    """Throughput per system (hoss by worker count) and latency percentiles, side by side."""
+    """Throughput per system, CPU per 1,000 pods per process per system (stacked), latency percentiles."""
     tput = results["scenarios"].get("throughput", {})
     systems = [s for s in tput if "ceiling" not in s]
-    figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    figure, (left, middle, right) = plt.subplots(1, 3, figsize=(18, 5))
     colours = ["#7f7f7f" if s == "kube-scheduler" else "#1f77b4" for s in systems]
     left.bar(systems, [tput[s]["pods_per_second"] for s in systems], color=colours)
     for name, style in (("apiserver-ceiling", "--"), ("apiserver-ceiling+webhook", ":")):
@@ -83,6 +244,19 @@ def chart(results: dict[str, Any], path: Path) -> None:
     left.set_ylabel("pods bound per second")
     left.set_title("Throughput (first create -> last bound)")
     left.legend(loc="upper left", fontsize=8)
+
+    everyone = list(tput)
+    bottom = [0.0] * len(everyone)
+    palette = plt.get_cmap("tab10")
+    for index, group in enumerate(PROCESS_GROUPS):
+        values = [float(tput[s].get("cpu_per_1000_pods", {}).get(group, 0.0)) for s in everyone]
+        if any(values):
+            middle.bar(everyone, values, bottom=bottom, label=group, color=palette(index))
+            bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    middle.set_ylabel("CPU seconds per 1,000 pods (= CPU ms per pod)")
+    middle.set_title("Where the CPU goes, per process")
+    middle.legend(fontsize=7, ncol=2)
+
     width = 0.25
     positions = range(len(systems))
     for offset, key in enumerate(("p50_ms", "p90_ms", "p99_ms")):
@@ -92,8 +266,9 @@ def chart(results: dict[str, Any], path: Path) -> None:
     right.set_ylabel("ms, pod created -> bound")
     right.set_title("Scheduling latency percentiles")
     right.legend(fontsize=8)
-    for axis in (left, right):
-        axis.tick_params(axis="x", labelrotation=20, labelsize=8)
+    for axis in (left, middle, right):
+        axis.tick_params(axis="x", labelrotation=30, labelsize=7)
+        plt.setp(axis.get_xticklabels(), horizontalalignment="right", rotation_mode="anchor")
     figure.suptitle(f"hoss vs kube-scheduler on {results['machine']['cpus']} cores, {results['date']}", fontsize=10)
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,7 @@ from typing import Any
 from bench import report, scenarios
 from deploy.local import binaries
 from deploy.local.cluster import Cluster
-from deploy.local.plane import POLICIES_FILE, LocalPlane
+from deploy.local.plane import POLICIES_FILE, LocalPlane, PlaneError
 from workers.profiles import load_profiles
 
 
@@ -37,9 +37,18 @@ class ProgressBar:
         print(file=sys.stderr)
 
 
+# Pipeline ceiling (not wired in yet): dispatcher + workers + ledger with the binding POST replaced by an
+# in-process sink, i.e. the most hoss itself can place per second without the apiserver (the harness is
+# bench/pipeline.py; its API for the benchmark is still being settled). Once it is, it is one function with this
+# signature, run while hoss runs alone, after the hoss rows, and reported as the throughput row
+# "pipeline-ceiling" (with CPU per process: Bench.meter).
+PIPELINE_CEILING: scenarios.ThroughputHook | None = None
+
+
 async def run_bench(*, plane: LocalPlane, quick: bool, json_path: Path, chart_path: Path) -> dict[str, Any]:
     size = scenarios.QUICK if quick else scenarios.FULL
     progress = ProgressBar()
+    started = time.monotonic()
     plane.up(progress=lambda message: progress(message, 0, 1))
     results: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
@@ -50,24 +59,48 @@ async def run_bench(*, plane: LocalPlane, quick: bool, json_path: Path, chart_pa
         "size": size.__dict__,
         "scenarios": {},
     }
+    figures: dict[str, Any] = results["scenarios"]
     async with await Cluster.connect(plane.kubeconfig("admin")) as cluster:
         bench = scenarios.Bench(plane, cluster, progress=progress)
         try:
-            results["scenarios"]["throughput"] = await scenarios.throughput(bench, size)
-            results["scenarios"]["contention"] = await scenarios.contention(bench, size)
-            results["scenarios"]["core_scale"] = scenarios.core_scale(size, policies_file=POLICIES_FILE,
-                                                                      progress=progress)
-            results["scenarios"]["gpu_mix"] = await scenarios.gpu_mix(bench, size, policy=_gpu_policy())
+            # kube-scheduler alone: hoss's dispatcher, workers and resolver stopped, the webhook unregistered.
+            bench.kube_alone()
+            throughput = await scenarios.throughput_kube(bench, size)
+            contention = {**scenarios.contention_header(size),
+                          "2x kube-scheduler": await scenarios.contention_kube(bench, size)}
+            kube_core = await scenarios.core_scale_kube(bench, size)
+            # While the worker-core nodes are deleted in the background: GPU placement only (its pods ask for GPUs,
+            # which those nodes do not have); timed runs wait for settle().
+            gpu = {**scenarios.gpu_header(size), **await scenarios.gpu_mix_kube(bench, size)}
+            await bench.settle()
+            # hoss alone: the plane's kube-scheduler stopped, the resolver up with its webhook registered.
+            bench.hoss_alone()
+            throughput.update(await scenarios.throughput_hoss(bench, size, pipeline_ceiling=PIPELINE_CEILING))
+            figures["throughput"] = throughput
+            contention["hoss 4w + kube-scheduler, resolver"] = await scenarios.contention_hoss(bench, size)
+            figures["contention"] = contention
+            gpu.update(await scenarios.gpu_mix_hoss(bench, size, policies=_gpu_policies()))
+            hoss_core = scenarios.core_scale(size, policies_file=POLICIES_FILE, progress=progress)
+            figures["core_scale"] = {count: {**row, "kube_scheduler": kube_core.get(count)}
+                                     for count, row in hoss_core.items()}
+            figures["gpu_mix"] = gpu
         finally:
-            bench.close()
             progress.close()
+            await bench.settle()
+            try:
+                bench.restore()
+            except PlaneError as error:  # never hide the run's own error behind this one
+                print(f"[bench] could not restore the plane: {error}", file=sys.stderr)
+    results["targets"] = report.targets(results)
+    results["seconds"] = round(time.monotonic() - started, 1)
     report.write_json(results, json_path)
     report.chart(results, chart_path)
     print(report.table(results))
-    print(f"\nJSON: {json_path}\nchart: {chart_path}")
+    print(f"\nJSON: {json_path}\nchart: {chart_path}\nbench took {results['seconds']:.0f} s")
     return results
 
 
-def _gpu_policy() -> str:
+def _gpu_policies() -> list[str]:
+    """hoss's gpu policy and its binpack policy (those of them that configs/policies.yaml has)."""
     profiles, _default = load_profiles(str(POLICIES_FILE))
-    return "gpu" if "gpu" in profiles else "binpack"
+    return [p for p in ("gpu", "binpack") if p in profiles] or [_default]

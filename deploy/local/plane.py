@@ -24,7 +24,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -286,7 +286,14 @@ class LocalPlane:
         self.kubeconfig(identity).write_text(json.dumps(config, indent=2))
 
     def _spawn(
-        self, state: PlaneState, name: str, argv: Sequence[str], *, port: int = 0, binary: str | None = None
+        self,
+        state: PlaneState,
+        name: str,
+        argv: Sequence[str],
+        *,
+        port: int = 0,
+        binary: str | None = None,
+        wait: bool = True,
     ) -> Process:
         log = self.log_dir / f"{name}.log"
         with log.open("ab") as out:
@@ -302,8 +309,19 @@ class LocalPlane:
         process = Process(name=name, pid=child.pid, binary=binary or Path(argv[0]).name, log=str(log), port=port)
         state.processes = [p for p in state.processes if p.name != name] + [process]
         self._save(state)
-        self._wait_healthy(state, process, child)
+        if wait:
+            self._wait_healthy(state, process, child)
         return process
+
+    def wait_healthy(self, processes: Sequence[Process]) -> None:
+        """Wait until each of ``processes`` (started by this Python process with ``wait=False``) is healthy, so
+        that several start at once; raise as a start would when one exits or stays unhealthy."""
+        state = self.state()
+        for process in processes:
+            child = _CHILDREN.get(process.pid)
+            if child is None:
+                raise PlaneError(f"{process.name} was not started by this process; cannot wait for it")
+            self._wait_healthy(state, process, child)
 
     def _wait_healthy(self, state: PlaneState, process: Process, child: subprocess.Popen[bytes]) -> None:
         deadline = time.monotonic() + HEALTH_TIMEOUT_SECONDS
@@ -420,10 +438,22 @@ class LocalPlane:
         )
 
     def start_scheduler(
-        self, state: PlaneState | None = None, *, scheduler_name: str, qps: int = 5000
+        self,
+        state: PlaneState | None = None,
+        *,
+        scheduler_name: str,
+        qps: int = 5000,
+        plugin_config: Sequence[Mapping[str, Any]] = (),
     ) -> Process:
-        """Start a real kube-scheduler serving ``scheduler_name`` (several may run under different names)."""
+        """Start a real kube-scheduler serving ``scheduler_name`` (several may run under different names).
+
+        ``plugin_config`` is the profile's ``pluginConfig`` (e.g. NodeResourcesFit's scoring strategy). Its
+        ``/metrics`` is readable over HTTPS on the Process's port with the admin identity (system:masters).
+        """
         state = state or self.state()
+        profile: dict[str, Any] = {"schedulerName": scheduler_name}
+        if plugin_config:
+            profile["pluginConfig"] = [dict(entry) for entry in plugin_config]
         config = self.directory / f"kube-scheduler-{scheduler_name}.yaml"
         config.write_text(
             json.dumps(
@@ -436,16 +466,15 @@ class LocalPlane:
                         "burst": qps * 2,
                     },
                     "leaderElection": {"leaderElect": False},
-                    "profiles": [{"schedulerName": scheduler_name}],
+                    "profiles": [profile],
                 },
                 indent=2,
             )
         )
         port = _free_port()
-        name = "kube-scheduler" if scheduler_name == "default-scheduler" else f"kube-scheduler-{scheduler_name}"
         return self._spawn(
             state,
-            name,
+            scheduler_process_name(scheduler_name),
             [
                 str(binaries.require("kube-scheduler")),
                 f"--config={config}",
@@ -457,6 +486,29 @@ class LocalPlane:
             ],
             port=port,
         )
+
+    def stop_scheduler(self, scheduler_name: str = "default-scheduler") -> None:
+        """Stop a kube-scheduler started by ``start_scheduler`` (the plane's own by default); state.json forgets
+        it, and ``start_scheduler`` brings it back."""
+        self.stop_process(scheduler_process_name(scheduler_name))
+
+    def running(self, name: str) -> Process | None:
+        """The recorded process ``name`` when it is alive, else None."""
+        process = next((p for p in self.state().processes if p.name == name), None)
+        return process if process is not None and _pid_alive(process.pid, process.binary) else None
+
+    def stop_resolver(self) -> None:
+        """Unregister the webhook first (it fails closed: with no resolver every binding would be refused), then
+        stop the plane's resolver. ``ensure_resolver`` undoes both."""
+        self.unregister_webhook()
+        self.stop_process("hoss-resolver")
+
+    def ensure_resolver(self) -> Process:
+        """The plane's resolver running (started when it is not; it rebuilds the ledger from the apiserver before
+        it is ready) and its webhook registered."""
+        resolver = self.running("hoss-resolver") or self.start_resolver()
+        self.register_webhook()
+        return resolver
 
     def start_resolver(
         self,
@@ -529,14 +581,19 @@ class LocalPlane:
         policies: Sequence[str] = ("default",),
         extra_args: Sequence[str] = (),
         state: PlaneState | None = None,
+        cpu: int | None = None,
+        wait: bool = True,
     ) -> Process:
-        """Start one hoss-worker serving ``policies`` with the hoss-worker identity."""
+        """Start one hoss-worker serving ``policies`` with the hoss-worker identity; ``cpu`` pins it to that core
+        (taskset, util-linux). With ``wait=False`` it returns at once: ``wait_healthy`` waits for several."""
         state = state or self.state()
         port = _free_port()
+        pin = [] if cpu is None else [_taskset(), "-c", str(cpu)]
         return self._spawn(
             state,
             f"hoss-worker-{worker_id}",
             [
+                *pin,
                 sys.executable, "-m", "workers.service",
                 f"--id={worker_id}",
                 f"--policies={','.join(policies)}",
@@ -549,6 +606,7 @@ class LocalPlane:
             ],
             port=port,
             binary="workers.service",
+            wait=wait,
         )
 
     def webhook_configuration(self) -> dict[str, object]:
@@ -581,6 +639,20 @@ class LocalPlane:
             _terminate(process)
         state.processes = [p for p in state.processes if p.name != name]
         self._save(state)
+
+    def restart_apiserver(self) -> Process:
+        """Stop kube-apiserver and start it again on the same port over the same etcd (no data is lost), as a
+        control-plane upgrade does: every client sees its connections drop and its watches end mid-stream.
+        Returns once the new apiserver is ready."""
+        state = self.state()
+        old = next((p for p in state.processes if p.name == "kube-apiserver"), None)
+        if old is None:
+            raise PlaneError("kube-apiserver is not running in this plane")
+        _terminate(old)
+        state.processes = [p for p in state.processes if p.name != "kube-apiserver"]
+        self._save(state)
+        self._start_apiserver(state, binaries.require("kube-apiserver"))
+        return next(p for p in state.processes if p.name == "kube-apiserver")
 
     def _start_redis(self, state: PlaneState, redis_server: str) -> None:
         self._spawn(
@@ -643,6 +715,18 @@ class LocalPlane:
                 f"export PATH={binaries.cache_dir()}:$PATH",
             ]
         )
+
+
+def scheduler_process_name(scheduler_name: str) -> str:
+    """The plane's name for the kube-scheduler process serving ``scheduler_name``."""
+    return "kube-scheduler" if scheduler_name == "default-scheduler" else f"kube-scheduler-{scheduler_name}"
+
+
+def _taskset() -> str:
+    taskset = shutil.which("taskset")
+    if taskset is None:
+        raise PlaneError("taskset not found on PATH; install util-linux to pin a worker to a core")
+    return taskset
 
 
 def _redis_ping(port: int) -> bool:
