@@ -126,13 +126,26 @@ async def test_pod_that_fits_nowhere_says_why_like_kube_scheduler_and_binds_when
 
         message = await wait_until(explained, timeout=60, what="PodScheduled=False on the pod that cannot fit")
         assert message == "0/3 nodes are available: 3 Insufficient cpu."
-        events = await cluster.events_for(namespace, "huge-0000")
-        assert any(e.reason == "FailedScheduling" and e.message == message for e in events)
+
+        async def event_recorded() -> tuple[bool, str]:
+            # Events are posted off the scheduling path, so the event may follow the condition by a moment.
+            events = await cluster.events_for(namespace, "huge-0000")
+            return any(e.reason == "FailedScheduling" and e.message == message for e in events), str(events)
+
+        await wait_until(event_recorded, timeout=30, what="the FailedScheduling event with the same message")
 
         big = await cluster.create_nodes(1, prefix="roomy", capacity={"cpu": "16", "memory": "64Gi", "pods": "110"})
         try:
             pods = await wait_all_bound(cluster, namespace, 1, timeout=90)
             assert pods[0]["spec"]["nodeName"] == big[0]
+
+            async def scheduled_recorded() -> tuple[bool, str]:
+                events = await cluster.events_for(namespace, "huge-0000")
+                wanted = f"Successfully assigned {namespace}/huge-0000 to {big[0]}"
+                return any(e.reason == "Scheduled" and e.type == "Normal" and e.message == wanted
+                           for e in events), str([(e.reason, e.message) for e in events])
+
+            await wait_until(scheduled_recorded, timeout=30, what="kube-scheduler's Normal Scheduled event")
         finally:
             await cluster.delete_pods(namespace)
             await cluster.delete_nodes(big)
