@@ -149,6 +149,16 @@ class InformerHandlers:
     on_event: Callable[[str, Json], Awaitable[None]]
 
 
+def raise_if_cancelled() -> None:
+    """Raise the cancellation a library swallowed. On Python 3.11 ``asyncio.wait_for`` returns the awaited result
+    when that completes just as the task is cancelled, so the CancelledError never reaches the caller (redis-py
+    wraps every send in it when the client has a socket timeout); the task's ``cancelling()`` count still tells.
+    Loops call this once per turn, outside any ``asyncio.timeout`` block, so a cancelled task always ends."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 class _HandlerFailed(Exception):
     """An informer handler raised: the informer's view may have lost that change, so it lists again."""
 
@@ -179,6 +189,7 @@ async def run_informer(
     backoff = first_backoff
     version: str | None = None
     while True:
+        raise_if_cancelled()
         try:
             if version is None or (relist is not None and relist.is_set()):
                 items, listed = await list_objects(call, **kwargs)
@@ -208,6 +219,7 @@ async def run_informer(
                         await handlers.on_event(kind, obj)
                     except (ResolverError, aiohttp.ClientError, OSError, TimeoutError, ValueError) as error:
                         raise _HandlerFailed(str(error)) from error
+                    raise_if_cancelled()
                 version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
                 if relist is not None and relist.is_set():
                     break

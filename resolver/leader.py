@@ -32,7 +32,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from resolver.errors import SpecError
-from resolver.kube import KubeError
+from resolver.kube import KubeError, raise_if_cancelled
 
 log = logging.getLogger(__name__)
 
@@ -321,6 +321,7 @@ class LeaderElector:
         """Try to acquire or renew every renew interval, forever."""
         while True:
             await self.try_once()
+            raise_if_cancelled()
             await asyncio.sleep(self.renew_interval_seconds)
 
     async def try_once(self) -> bool:

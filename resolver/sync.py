@@ -30,7 +30,7 @@ from kubernetes_asyncio import client
 
 from resolver import compact
 from resolver.errors import LedgerNotReadyError, LedgerUnavailable, ResolverError
-from resolver.kube import InformerHandlers, Json, run_informer
+from resolver.kube import InformerHandlers, Json, raise_if_cancelled, run_informer
 from resolver.ledger import BoundPod, Ledger, Placement
 from resolver.resources import ResourceVector, node_allocatable, pod_requests
 
@@ -286,6 +286,7 @@ class LedgerSync:
         while True:
             await self._pods_changed.wait()
             await self.flush_pods()
+            raise_if_cancelled()
 
     async def flush_pods(self) -> None:
         """Apply the queued pod changes: the mirror, then the ledger (releases, then bindings, each in calls of up
@@ -345,6 +346,7 @@ class LedgerSync:
 
     async def _expire_loop(self) -> None:
         while True:
+            raise_if_cancelled()
             await asyncio.sleep(self._expire_interval)
             try:
                 expired = await self.ledger.expire()
@@ -358,6 +360,7 @@ class LedgerSync:
 
     async def _watchdog_loop(self) -> None:
         while True:
+            raise_if_cancelled()
             await asyncio.sleep(self._watchdog_interval)
             stale = self._ledger_stale
             try:

@@ -28,6 +28,7 @@ import json
 import logging
 import math
 import os
+import signal
 import ssl
 import sys
 import time
@@ -38,7 +39,6 @@ from typing import Any
 import aiohttp
 import orjson
 from aiohttp import web
-from kubernetes_asyncio import client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from redis.asyncio import Redis
@@ -46,7 +46,7 @@ from redis.exceptions import RedisError
 
 from resolver import admission
 from resolver.errors import LedgerUnavailable, ResolverError
-from resolver.kube import Json, KubeError, api_client, request_json
+from resolver.kube import Json, KubeError, api_client, raise_if_cancelled
 from resolver.leader import KubeLeaseAPI, LeaderElector
 from resolver.ledger import (
     Confirmed,
@@ -59,6 +59,7 @@ from resolver.ledger import (
     UnknownNode,
 )
 from resolver.resources import format_quantity
+from resolver.rest import KubeREST
 from resolver.settings import ResolverSettings, SettingsError, load_settings
 from resolver.sync import LedgerSync, PodIndex, PodInfo, parse_pod
 
@@ -441,14 +442,22 @@ async def publish_stats(state: WebhookState, redis: Redis, *, instance: str, int
             await pipe.execute()
         except RedisError as error:
             log.warning("cannot publish resolver stats: %s", error)
+        raise_if_cancelled()
         await asyncio.sleep(interval)
 
 
-async def sync_while_leading(state: WebhookState, elector: LeaderElector, make_sync: Callable[[], LedgerSync]) -> None:
+async def sync_while_leading(
+    state: WebhookState,
+    elector: LeaderElector,
+    make_sync: Callable[[], LedgerSync],
+    *,
+    stop_timeout_seconds: float = 10.0,
+) -> None:
     """Run a fresh ledger sync each time this replica becomes leader, and stop it the moment it is not.
 
-    Returns only by raising: a sync that ends (it never does unless it fails) ends this task with its error, so
-    the resolver exits non-zero instead of judging against a ledger nobody keeps.
+    Returns only by raising: a sync that ends (it never does unless it fails) ends this task with its error, and
+    so does a sync that does not stop within ``stop_timeout_seconds`` of losing the Lease (a deposed leader must
+    not keep writing), so the resolver exits non-zero instead of judging against a ledger nobody keeps.
     """
     while True:
         await elector.leading.wait()
@@ -463,15 +472,13 @@ async def sync_while_leading(state: WebhookState, elector: LeaderElector, make_s
             state.sync = None
             for task in (running, lost):
                 task.cancel()
-            await asyncio.gather(running, lost, return_exceptions=True)
+            await asyncio.wait({running, lost}, timeout=stop_timeout_seconds)
+        if not running.done():
+            raise RuntimeError(f"the ledger sync did not stop within {stop_timeout_seconds:.0f}s of being cancelled")
         if running in done:
             error = running.exception()
             raise error if error is not None else RuntimeError("the ledger sync ended")
         log.warning("lost the Lease: stopped the ledger sync")
-
-
-async def _api_pod_reader(core: Any, namespace: str, name: str) -> Json:
-    return await request_json(core.read_namespaced_pod, name, namespace, _request_timeout=POD_READ_TIMEOUT_SECONDS)
 
 
 @contextlib.asynccontextmanager
@@ -484,7 +491,10 @@ async def running_resolver(settings: ResolverSettings) -> AsyncIterator[list[asy
         stack.push_async_callback(ledger.close)
         api = await api_client(settings.kubeconfig)
         stack.push_async_callback(api.close)
-        core: Any = client.CoreV1Api(api)
+        # Pod reads for bindings without a reservation go over their own lean keep-alive client, so they never
+        # queue behind the sync's watches or the Lease renewals.
+        rest = await KubeREST.connect(settings.kubeconfig)
+        stack.push_async_callback(rest.close)
         elector = LeaderElector(
             KubeLeaseAPI(
                 api, name=settings.lease_name, namespace=settings.lease_namespace,
@@ -497,7 +507,7 @@ async def running_resolver(settings: ResolverSettings) -> AsyncIterator[list[asy
         )
 
         async def get_pod(namespace: str, name: str) -> Json:
-            return await _api_pod_reader(core, namespace, name)
+            return await rest.get_pod(namespace, name, timeout=POD_READ_TIMEOUT_SECONDS)
 
         state = WebhookState(settings=settings, ledger=ledger, get_pod=get_pod, elector=elector)
         context = tls_context(settings.tls_cert_file, settings.tls_key_file)
@@ -540,10 +550,20 @@ async def running_resolver(settings: ResolverSettings) -> AsyncIterator[list[asy
 
 
 async def serve(settings: ResolverSettings) -> None:
-    """Serve until stopped. If the ledger sync ever fails, the resolver exits non-zero (fail loudly: a resolver
-    that no longer syncs would judge bindings against a stale ledger), to be restarted by its supervisor."""
+    """Serve until SIGTERM or SIGINT (then the sync stops and the Lease is handed back, so another replica takes
+    over at once). If the ledger sync ever fails, the resolver exits non-zero (fail loudly: a resolver that no
+    longer syncs would judge bindings against a stale ledger), to be restarted by its supervisor."""
+    loop = asyncio.get_running_loop()
+    stopping = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stopping.set)
     async with running_resolver(settings) as fatal:
-        done, _ = await asyncio.wait(fatal, return_when=asyncio.FIRST_COMPLETED)
+        stop = asyncio.create_task(stopping.wait(), name="stop")
+        done, _ = await asyncio.wait([stop, *fatal], return_when=asyncio.FIRST_COMPLETED)
+        if stop in done:
+            log.info("hoss-resolver stopping")
+            return
+        stop.cancel()
         ended = done.pop()
         error = ended.exception() if not ended.cancelled() else None
         raise SystemExit(f"hoss-resolver: {ended.get_name()} stopped: {error!r}")

@@ -4,6 +4,7 @@ Lease is lost, starts afresh on leading again, and a sync that fails ends the ro
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, cast
@@ -11,6 +12,7 @@ from typing import Any, cast
 import fakeredis
 import pytest
 
+from resolver.kube import raise_if_cancelled
 from resolver.leader import LeaderElector
 from resolver.ledger import Ledger
 from resolver.settings import ResolverSettings, SettingsError, load_settings
@@ -19,17 +21,23 @@ from resolver.webhook import WebhookState, sync_while_leading
 
 
 class FakeSync:
-    def __init__(self, fail: BaseException | None = None) -> None:
+    def __init__(self, fail: BaseException | None = None, *, stubborn: bool = False) -> None:
         self.started = asyncio.Event()
         self.stopped = asyncio.Event()
         self.fail = fail
+        self.stubborn = stubborn
 
     async def run(self) -> None:
         self.started.set()
         try:
             if self.fail is not None:
                 raise self.fail
-            await asyncio.sleep(3600)
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                if not self.stubborn:
+                    raise
+                await asyncio.sleep(3600)  # a cancellation swallowed, as asyncio.wait_for can on Python 3.11
         finally:
             self.stopped.set()
 
@@ -108,6 +116,39 @@ async def test_a_failing_sync_ends_the_role_with_its_error(state: WebhookState) 
             sync_while_leading(state, e, lambda: cast(LedgerSync, FakeSync(RuntimeError("informer exploded")))), 1
         )
     assert state.sync is None
+
+
+async def test_a_sync_that_does_not_stop_when_the_lease_is_lost_ends_the_role(state: WebhookState) -> None:
+    e = elector()
+    lead(e)
+    stubborn = FakeSync(stubborn=True)
+    role = asyncio.create_task(
+        sync_while_leading(state, e, lambda: cast(LedgerSync, stubborn), stop_timeout_seconds=0.05)
+    )
+    await asyncio.wait_for(stubborn.started.wait(), 1)
+    follow(e)
+    with pytest.raises(RuntimeError, match="did not stop"):
+        await asyncio.wait_for(role, 1)
+    assert state.sync is None
+
+
+async def test_a_swallowed_cancellation_is_raised_at_the_next_turn_of_a_loop() -> None:
+    turns = 0
+
+    async def loop() -> None:
+        nonlocal turns
+        while True:
+            raise_if_cancelled()
+            turns += 1
+            with contextlib.suppress(asyncio.CancelledError):  # swallowed
+                await asyncio.sleep(3600)
+
+    task = asyncio.create_task(loop())
+    await asyncio.sleep(0.01)
+    task.cancel()
+    await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 1)
+    assert task.cancelled()
+    assert turns == 1
 
 
 def test_lease_settings_have_defaults_and_must_be_ordered() -> None:
