@@ -106,6 +106,9 @@ class PendingPod:
     """The version of `compact`; a change while the pod is queued sends the new version after the old."""
     priority: int = 0
     """spec.priority: higher is dispatched first (then the oldest), as kube-scheduler's PrioritySort orders."""
+    gated: bool = False
+    """spec.schedulingGates is not empty: never dispatched (the apiserver set PodScheduled=False, reason
+    SchedulingGated); the MODIFIED event that removes the last gate dispatches it at once."""
 
     @property
     def key(self) -> str:
@@ -190,6 +193,7 @@ def parse_pending_pod(
         compact=encoded.decode(),
         digest=compact.digest(encoded),
         priority=priority if isinstance(priority, int) and not isinstance(priority, bool) else 0,
+        gated=bool(spec.get("schedulingGates")),
     )
 
 
@@ -438,6 +442,9 @@ class Dispatcher:
                 self._wakeup.set()
         elif (updated := dataclasses.replace(pod, seen_at=known.seen_at)) != known:
             self.pending[uid] = updated  # labels, annotations or the PodScheduled condition changed
+            if known.gated and not updated.gated and uid not in self.dispatched:
+                self._fresh[uid] = None  # its last scheduling gate was removed: dispatch it now
+                self._wakeup.set()
             if updated.digest != known.digest and uid in self.dispatched:
                 self._changed[uid] = None  # the worker holds an older version: send the new one behind it
                 self._wakeup.set()
@@ -589,7 +596,7 @@ class Dispatcher:
                 log.info("pod %s changed while queued on worker %s: its new version follows", pod.key, worker)
 
     def _needs_worker(self, uid: str, now: float) -> bool:
-        if uid not in self.pending or uid in self.dispatched:
+        if uid not in self.pending or uid in self.dispatched or self.pending[uid].gated:
             return False
         handed_back = self._handed_back.get(uid)
         if handed_back is None:

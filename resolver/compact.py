@@ -4,7 +4,8 @@ The dispatcher is the only component that watches pending pods; each work item c
 so a worker never watches or reads pods. The resolver's sync writes each node's compact form into the ledger,
 so workers learn nodes from Redis instead of watching the apiserver. Both forms keep the apiserver's JSON shape
 (camelCase, the same nesting), so the parsers that read full objects read them unchanged; fields a decision
-never reads (status of a pending pod, managed fields, volumes, images, heartbeat times) are left out.
+never reads (status of a pending pod, managed fields, volumes not backed by storage, images, heartbeat times)
+are left out.
 
 ``digest`` names a version: two compact forms with the same digest schedule the same way. A pod whose digest
 changed while it was queued is caught before it is reserved (see `dispatcher.queue`).
@@ -27,9 +28,16 @@ _POD_METADATA = ("uid", "namespace", "name", "labels", "annotations", "creationT
 _POD_SPEC = (
     "schedulerName", "nodeName", "nodeSelector", "affinity", "tolerations", "priority", "priorityClassName",
     "preemptionPolicy", "topologySpreadConstraints", "schedulingGates", "overhead", "resources", "hostNetwork",
-    "runtimeClassName",
+    "runtimeClassName", "resourceClaims",
 )
 _CONTAINER = ("name", "resources", "ports", "restartPolicy")
+VOLUME_SOURCES_NEEDING_STORAGE = (
+    "persistentVolumeClaim", "ephemeral", "csi", "gcePersistentDisk", "awsElasticBlockStore", "azureDisk", "cinder",
+    "rbd", "iscsi", "portworxVolume", "vsphereVolume",
+)
+"""Volume sources kube-scheduler's volume plugins read (VolumeBinding, VolumeZone, VolumeRestrictions,
+NodeVolumeLimits); a compact pod that has any keeps its volumes by name and such kinds, so the worker can refuse
+them."""
 _DROPPED_ANNOTATIONS = frozenset({"kubectl.kubernetes.io/last-applied-configuration"})
 
 
@@ -41,6 +49,18 @@ def _containers(value: object) -> list[Json]:
     if not isinstance(value, list):
         return [] if value is None else value  # type: ignore[return-value]  # malformed: the parser names it
     return [_pick(c, _CONTAINER) if isinstance(c, dict) else c for c in value]
+
+
+def _volumes(value: object) -> list[Json]:
+    if not isinstance(value, list):
+        return []
+    # Every volume keeps its place (so a refusal names its index, as the user wrote it) but only its name and,
+    # for the storage-backed kinds, the kind.
+    return [
+        {"name": volume.get("name", ""), **{key: {} for key in VOLUME_SOURCES_NEEDING_STORAGE if key in volume}}
+        if isinstance(volume, dict) else volume
+        for volume in value
+    ]
 
 
 def compact_pod(pod: Mapping[str, Any]) -> Json:
@@ -63,6 +83,9 @@ def compact_pod(pod: Mapping[str, Any]) -> Json:
     if isinstance(spec, dict):
         picked = _pick(spec, _POD_SPEC)
         picked["containers"] = _containers(spec.get("containers"))
+        volumes = _volumes(spec.get("volumes"))
+        if any(len(volume) > 1 for volume in volumes):
+            picked["volumes"] = volumes
         if spec.get("initContainers") is not None:
             picked["initContainers"] = _containers(spec.get("initContainers"))
         compact["spec"] = picked

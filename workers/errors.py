@@ -41,6 +41,15 @@ class ProfileError(WorkerError, ValueError):
         super().__init__(f"{source}: {', '.join(where)}: {reason}" if where else f"{source}: {reason}")
 
 
+class UnsupportedPodField(WorkerError):
+    """A pod uses a field kube-scheduler honours and hoss does not yet: it is refused, never placed as if the field
+    were absent. `field` is the JSON path, e.g. ``spec.affinity.podAntiAffinity``."""
+
+    def __init__(self, field: str) -> None:
+        self.field = field
+        super().__init__(f"hoss does not support {field} yet")
+
+
 class PluginError(WorkerError):
     """A plugin broke the framework's contract (e.g. returned an array that does not cover every node)."""
 

@@ -13,9 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from resolver.compact import VOLUME_SOURCES_NEEDING_STORAGE
 from resolver.errors import PodSpecError, QuantityError
 from resolver.resources import ResourceVector, pod_requests
 from workers import payload
+from workers.errors import UnsupportedPodField
 from workers.nodes import TAINT_EFFECTS, Taint
 
 POLICY_LABEL = "hoss.io/policy"
@@ -26,6 +28,9 @@ LABEL_OPERATORS = frozenset({"In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"
 FIELD_OPERATORS = frozenset({"In", "NotIn"})
 NODE_NAME_FIELD = "metadata.name"
 TOLERATION_OPERATORS = frozenset({"Equal", "Exists"})
+
+ANY_HOST_IP = "0.0.0.0"
+"""kube-scheduler's DefaultBindAllHostIP: an empty hostIP means every address of the node."""
 
 _INTEGER = re.compile(r"[+-]?[0-9]+")
 _AFFINITY_FIELD = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
@@ -71,6 +76,32 @@ class Toleration:
         return self.operator == "Exists" or self.value == taint.value
 
 
+@dataclass(frozen=True, order=True)
+class HostPort:
+    """A host port a container asks for, sanitised as kube-scheduler does (protocol TCP, hostIP 0.0.0.0 when empty)."""
+
+    protocol: str
+    ip: str
+    port: int
+
+    def conflicts(self, other: HostPort) -> bool:
+        """kube-scheduler's ``HostPortInfo.CheckConflict``: same protocol and port, same IP or either is 0.0.0.0."""
+        if self.protocol != other.protocol or self.port != other.port:
+            return False
+        return self.ip == other.ip or ANY_HOST_IP in (self.ip, other.ip)
+
+    def __str__(self) -> str:
+        return f"{self.protocol}/{self.ip}/{self.port}"
+
+
+@dataclass(frozen=True)
+class PreferredTerm:
+    """One ``preferredDuringSchedulingIgnoredDuringExecution`` node-affinity term: its weight (1..100) and term."""
+
+    weight: int
+    term: SelectorTerm
+
+
 @dataclass(frozen=True)
 class PodView:
     """What the scheduler needs of one pod."""
@@ -92,6 +123,12 @@ class PodView:
     pool: str | None
     """The ``hoss.io/pool`` label: the node pool the pod must run in; None (absent or empty) means any."""
     priority: int
+    preferred_affinity: tuple[PreferredTerm, ...] = ()
+    """Preferred node-affinity terms (scored by NodeAffinity); empty when the pod has none."""
+    host_ports: tuple[HostPort, ...] = ()
+    """Host ports of the containers (and restartable init containers), as NodePorts reads them."""
+    scheduling_gates: tuple[str, ...] = ()
+    """spec.schedulingGates names: while any is left the pod must not be scheduled."""
 
     @property
     def key(self) -> str:
@@ -112,6 +149,7 @@ def parse_pod(pod: Mapping[str, Any]) -> PodView:
     affinity = payload.mapping(spec.get("affinity"), field="spec.affinity", error=error)
     node_affinity = payload.mapping(affinity.get("nodeAffinity"), field="spec.affinity.nodeAffinity", error=error)
     tolerations = payload.items(spec.get("tolerations"), field="spec.tolerations", error=error)
+    gates = payload.items(spec.get("schedulingGates"), field="spec.schedulingGates", error=error)
     return PodView(
         uid=payload.string(metadata.get("uid"), field="metadata.uid", error=error, required=True),
         namespace=payload.string(metadata.get("namespace"), field="metadata.namespace", error=error) or "default",
@@ -129,7 +167,83 @@ def parse_pod(pod: Mapping[str, Any]) -> PodView:
         policy=labels.get(POLICY_LABEL) or None,
         pool=labels.get(POOL_LABEL) or None,
         priority=payload.integer(spec.get("priority"), field="spec.priority", error=error),
+        preferred_affinity=_preferred_affinity(
+            node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution")),
+        host_ports=_host_ports(spec),
+        scheduling_gates=tuple(
+            payload.string(payload.mapping(gate, field=f"spec.schedulingGates[{i}]", error=error,
+                                           required=True).get("name"),
+                           field=f"spec.schedulingGates[{i}].name", error=error, required=True)
+            for i, gate in enumerate(gates)
+        ),
     )
+
+
+UNSUPPORTED_AFFINITY = ("podAffinity", "podAntiAffinity")
+
+
+def check_supported(pod: Mapping[str, Any]) -> None:
+    """Raise `UnsupportedPodField` naming the first field kube-scheduler's default plugins honour and hoss does not
+    yet, so such a pod is refused loudly instead of being placed as if the field were absent.
+
+    Refused: inter-pod (anti-)affinity (InterPodAffinity), topologySpreadConstraints (PodTopologySpread), volumes
+    backed by storage the scheduler must check (VolumeBinding, VolumeZone, VolumeRestrictions, NodeVolumeLimits:
+    see `resolver.compact.VOLUME_SOURCES_NEEDING_STORAGE`) and resourceClaims (DynamicResources). Call it on a
+    pod `parse_pod` accepted.
+    """
+    spec = pod.get("spec") or {}
+    affinity = spec.get("affinity") or {}
+    for key in UNSUPPORTED_AFFINITY:
+        if affinity.get(key):
+            raise UnsupportedPodField(f"spec.affinity.{key}")
+    if spec.get("topologySpreadConstraints"):
+        raise UnsupportedPodField("spec.topologySpreadConstraints")
+    for position, volume in enumerate(spec.get("volumes") or []):
+        if isinstance(volume, Mapping):
+            for source in VOLUME_SOURCES_NEEDING_STORAGE:
+                if volume.get(source) is not None:
+                    raise UnsupportedPodField(f"spec.volumes[{position}].{source}")
+    if spec.get("resourceClaims"):
+        raise UnsupportedPodField("spec.resourceClaims")
+
+
+def _preferred_affinity(raw: object) -> tuple[PreferredTerm, ...]:
+    field = "spec.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution"
+    terms = []
+    for position, item in enumerate(payload.items(raw, field=field, error=PodSpecError)):
+        entry_field = f"{field}[{position}]"
+        entry = payload.mapping(item, field=entry_field, error=PodSpecError, required=True)
+        weight = payload.integer(entry.get("weight"), field=f"{entry_field}.weight", error=PodSpecError)
+        if not 1 <= weight <= 100:
+            raise PodSpecError(field=f"{entry_field}.weight", reason=f"must be in the range 1-100, got {weight}")
+        terms.append(PreferredTerm(weight=weight, term=_term(entry.get("preference"),
+                                                            field=f"{entry_field}.preference")))
+    return tuple(terms)
+
+
+def _host_ports(spec: Mapping[str, Any]) -> tuple[HostPort, ...]:
+    ports: list[HostPort] = []
+    for kind in ("initContainers", "containers"):
+        for position, raw in enumerate(payload.items(spec.get(kind), field=f"spec.{kind}", error=PodSpecError)):
+            field = f"spec.{kind}[{position}]"
+            container = payload.mapping(raw, field=field, error=PodSpecError, required=True)
+            if kind == "initContainers" and container.get("restartPolicy") != "Always":
+                continue  # only sidecars run for the pod's whole life
+            for index, item in enumerate(payload.items(container.get("ports"), field=f"{field}.ports",
+                                                      error=PodSpecError)):
+                port_field = f"{field}.ports[{index}]"
+                port = payload.mapping(item, field=port_field, error=PodSpecError, required=True)
+                host_port = payload.integer(port.get("hostPort"), field=f"{port_field}.hostPort", error=PodSpecError)
+                if host_port <= 0:
+                    continue
+                ports.append(HostPort(
+                    protocol=payload.string(port.get("protocol"), field=f"{port_field}.protocol",
+                                            error=PodSpecError) or "TCP",
+                    ip=payload.string(port.get("hostIP"), field=f"{port_field}.hostIP", error=PodSpecError)
+                    or ANY_HOST_IP,
+                    port=host_port,
+                ))
+    return tuple(ports)
 
 
 def _requests(pod: Mapping[str, Any]) -> ResourceVector:

@@ -66,12 +66,13 @@ from resolver.ledger import (
 from resolver.ledger import GangMember as GangPlacementMember
 from resolver.rest import KubeREST
 from resolver.settings import SettingsError, load_settings
+from workers.errors import UnsupportedPodField
 from workers.extender import decide_with_extenders
 from workers.feed import NodeFeed
 from workers.framework import Evaluation, Placement, Profile, Unschedulable, choose, evaluate
 from workers.gang import place_gang
 from workers.nodes import NodeTable
-from workers.pod import PodView, parse_pod
+from workers.pod import PodView, check_supported, parse_pod
 from workers.profiles import load_profiles
 from workers.settings import WorkerSettings
 
@@ -108,6 +109,9 @@ class Work:
     raw: Json = field(default_factory=dict)
     members: list[tuple[PodView, Json]] = field(default_factory=list)
     problem: str = ""
+    unsupported: bool = False
+    """``problem`` names a field hoss does not honour yet: the pod is unschedulable (retried with backoff, so a
+    new version of the pod is looked at), not malformed."""
     fetch: bool = False
     """The item carries no pod (queued by a dispatcher older than compact work items): read it once."""
 
@@ -129,9 +133,13 @@ def parse_work(message_id: str, item: WorkItem) -> Work:
             for member in item.members:
                 raw = compact.decode(member.pod)
                 work.members.append((parse_pod(raw), raw))
+                check_supported(raw)
         else:
             work.raw = compact.decode(item.pod)
             work.pod = parse_pod(work.raw)
+            check_supported(work.raw)
+    except UnsupportedPodField as error:
+        work.problem, work.unsupported = str(error), True
     except (ResolverError, ValueError) as error:
         work.problem = f"hoss cannot schedule this pod: {error}"
     return work
@@ -304,8 +312,13 @@ class Worker:
         for work in batch:
             if work.fetch and not await self._fetch(work):
                 continue
-            if work.problem:
+            if work.unsupported:
+                self._unschedulable(work, work.problem)
+            elif work.problem:
                 self._malformed(work)
+                self._done(work)
+            elif self._gated(work):
+                self.count("gone")  # the dispatcher sends it again once its gates are removed
                 self._done(work)
             elif work.item.members:
                 await self.schedule_gang(work)
@@ -313,6 +326,12 @@ class Worker:
                 singles.append(work)
         if singles:
             await self._schedule_singles(singles)
+
+    @staticmethod
+    def _gated(work: Work) -> bool:
+        """A pod that still has scheduling gates (sent by a dispatcher that did not hold it back): never placed."""
+        pods = [pod for pod, _raw in work.members] or ([work.pod] if work.pod is not None else [])
+        return any(pod.scheduling_gates for pod in pods)
 
     async def _fetch(self, work: Work) -> bool:
         """Fill in the pods of an item that carries none by reading them; False when it was handled here (all

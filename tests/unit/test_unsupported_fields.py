@@ -1,0 +1,98 @@
+"""Fields kube-scheduler honours that hoss does not yet: refused by name, never placed as if absent."""
+
+from __future__ import annotations
+
+import pytest
+
+from dispatcher.queue import WorkItem
+from resolver import compact
+from tests.unit.kube_objects import Json, raw_pod
+from workers.errors import UnsupportedPodField
+from workers.pod import HostPort, check_supported, parse_pod
+from workers.service import parse_work
+
+
+def with_spec(**spec: object) -> Json:
+    pod = raw_pod("p")
+    pod["spec"].update(spec)
+    return pod
+
+
+def refused_field(pod: Json) -> str | None:
+    """The field check_supported refuses on the pod's compact form (what a worker sees), or None."""
+    try:
+        check_supported(compact.compact_pod(pod))
+    except UnsupportedPodField as error:
+        return error.field
+    return None
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ({"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{}]}}},
+         "spec.affinity.podAntiAffinity"),
+        ({"affinity": {"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{}]}}},
+         "spec.affinity.podAffinity"),
+        ({"topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule"}]},
+         "spec.topologySpreadConstraints"),
+        ({"volumes": [{"name": "cache", "emptyDir": {}}, {"name": "d", "persistentVolumeClaim": {"claimName": "d"}}]},
+         "spec.volumes[1].persistentVolumeClaim"),
+        ({"volumes": [{"name": "scratch", "ephemeral": {"volumeClaimTemplate": {"spec": {}}}}]},
+         "spec.volumes[0].ephemeral"),
+        ({"resourceClaims": [{"name": "gpu", "resourceClaimName": "gpu-claim"}]}, "spec.resourceClaims"),
+    ],
+)
+def test_a_field_hoss_does_not_honour_is_refused_by_its_path(spec: Json, field: str) -> None:
+    assert refused_field(with_spec(**spec)) == field
+    assert str(UnsupportedPodField(field)) == f"hoss does not support {field} yet"
+
+
+def test_fields_hoss_honours_are_not_refused() -> None:
+    pod = with_spec(
+        volumes=[{"name": "cfg", "configMap": {"name": "c"}}, {"name": "tmp", "emptyDir": {}}],
+        affinity={"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 5, "preference": {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}}
+        ]}},
+        schedulingGates=[],
+        priority=10,
+    )
+    assert refused_field(pod) is None
+
+
+def test_a_work_item_with_a_refused_field_is_unschedulable_not_malformed() -> None:
+    pod = with_spec(topologySpreadConstraints=[{"maxSkew": 1, "topologyKey": "zone",
+                                                "whenUnsatisfiable": "DoNotSchedule"}])
+    encoded = compact.encode(compact.compact_pod(pod)).decode()
+    work = parse_work("1-0", WorkItem(uid="uid-p", namespace="team", name="p", policy="default", pod=encoded))
+    assert work.unsupported
+    assert work.problem == "hoss does not support spec.topologySpreadConstraints yet"
+
+
+def test_host_ports_are_sanitised_as_kube_scheduler_does() -> None:
+    pod = with_spec(
+        containers=[{"name": "a", "ports": [{"containerPort": 80, "hostPort": 8080},
+                                            {"containerPort": 53, "hostPort": 53, "protocol": "UDP",
+                                             "hostIP": "10.0.0.1"},
+                                            {"containerPort": 9090}]}],
+        initContainers=[{"name": "init", "ports": [{"containerPort": 1, "hostPort": 1}]},
+                        {"name": "sidecar", "restartPolicy": "Always", "ports": [{"containerPort": 2, "hostPort": 2}]}],
+    )
+    view = parse_pod(compact.compact_pod(pod))
+    assert view.host_ports == (HostPort("TCP", "0.0.0.0", 2), HostPort("TCP", "0.0.0.0", 8080),
+                               HostPort("UDP", "10.0.0.1", 53))
+
+
+def test_host_port_conflicts_follow_the_wildcard_rule() -> None:
+    wildcard, specific, other = HostPort("TCP", "0.0.0.0", 80), HostPort("TCP", "10.0.0.1", 80), \
+        HostPort("TCP", "10.0.0.2", 80)
+    assert wildcard.conflicts(specific) and specific.conflicts(wildcard)
+    assert not specific.conflicts(other)
+    assert specific.conflicts(HostPort("TCP", "10.0.0.1", 80))
+    assert not wildcard.conflicts(HostPort("UDP", "0.0.0.0", 80))
+    assert not wildcard.conflicts(HostPort("TCP", "0.0.0.0", 81))
+
+
+def test_scheduling_gates_are_parsed() -> None:
+    view = parse_pod(compact.compact_pod(with_spec(schedulingGates=[{"name": "example.com/wait"}])))
+    assert view.scheduling_gates == ("example.com/wait",)
