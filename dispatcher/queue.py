@@ -27,9 +27,17 @@ from typing import Any, cast
 
 import orjson
 from redis.asyncio import Redis
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import (
+    ClusterDownError,
+    ExecAbortError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    RedisError,
+    ResponseError,
+    TryAgainError,
+)
 
-from resolver.errors import LedgerUnavailable
+from resolver.errors import LedgerUnavailable, ResolverError
 
 PREFIX = "{hoss}"
 GROUP = "hoss"
@@ -51,6 +59,42 @@ for _, uid in ipairs(ARGV) do
 end
 return marked
 """
+
+# The worker is done with some items: drop them from its stream, and drop their uids from the dispatched map only
+# where the map still names this worker (a worker declared dead that comes back must not take a pod off the map
+# while another worker holds it). KEYS: queue, dispatched, podver. ARGV: group, worker, count of message ids,
+# the message ids, then the uids. Reply: how many uids were dropped.
+_ACK = """
+local n = tonumber(ARGV[3])
+if n > 0 then
+  redis.call('XACK', KEYS[1], ARGV[1], unpack(ARGV, 4, 3 + n))
+  redis.call('XDEL', KEYS[1], unpack(ARGV, 4, 3 + n))
+end
+local dropped = 0
+for i = 4 + n, #ARGV do
+  if redis.call('HGET', KEYS[2], ARGV[i]) == ARGV[2] then
+    redis.call('HDEL', KEYS[2], ARGV[i])
+    redis.call('HDEL', KEYS[3], ARGV[i])
+    dropped = dropped + 1
+  end
+end
+return dropped
+"""
+ACK_CHUNK = 1000
+"""Most message ids (and most uids) per acknowledgement call, well inside Lua's argument limits."""
+
+TRANSIENT_REPLIES = ("BUSY", "LOADING", "OOM", "READONLY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS")
+"""Error replies that mean "Redis cannot serve this now" (a long script, loading its data, out of memory, a
+replica after a failover): the caller pauses and retries, as for a lost connection."""
+
+
+_TRANSIENT_CLASSES = (OutOfMemoryError, ReadOnlyError, TryAgainError, ClusterDownError, ExecAbortError)
+
+
+class QueueLost(ResolverError):
+    """The worker's stream or consumer group does not exist (NOGROUP): the dispatcher declared the worker dead
+    and took its work, or Redis restarted or was flushed. The worker recreates its group and re-registers."""
+
 
 # A queued pod changed: if it is still assigned to the worker, mark the new digest and queue the new version
 # behind the old one. KEYS: dispatched, podver, queue. ARGV: uid, worker, digest, then item field/value pairs.
@@ -147,6 +191,11 @@ class WorkerInfo:
     heartbeat_unix: float = 0.0
     started_unix: float = 0.0
     counters: dict[str, int] = field(default_factory=dict)
+    progress: int = 0
+    """Grows whenever the worker reads or decides work: a worker whose heartbeat lives but whose progress stands
+    still while work waits for it is stuck, and the dispatcher stops routing to it."""
+    unhealthy: list[str] = field(default_factory=list)
+    """The worker's loops that are failing or dead (empty when all run); such a worker gets no new work."""
 
     def serves(self, policy: str) -> bool:
         return policy in self.policies
@@ -165,6 +214,8 @@ class WorkerInfo:
             "heartbeat_unix": f"{self.heartbeat_unix:.3f}",
             "started_unix": f"{self.started_unix:.3f}",
             "counters": orjson.dumps(self.counters).decode(),
+            "progress": str(self.progress),
+            "unhealthy": ",".join(self.unhealthy),
         }
 
     @classmethod
@@ -178,6 +229,8 @@ class WorkerInfo:
             heartbeat_unix=float(fields.get("heartbeat_unix") or 0),
             started_unix=float(fields.get("started_unix") or 0),
             counters={k: int(v) for k, v in orjson.loads(fields.get("counters") or "{}").items()},
+            progress=int(fields.get("progress") or 0),
+            unhealthy=[n for n in fields.get("unhealthy", "").split(",") if n],
         )
 
 
@@ -188,6 +241,7 @@ class WorkQueue:
         self.redis = redis
         self._mark_gone = redis.register_script(_MARK_GONE)
         self._resend_changed = redis.register_script(_RESEND_CHANGED)
+        self._ack = redis.register_script(_ACK)
 
     # --- worker side -------------------------------------------------------------------------------------
 
@@ -234,16 +288,13 @@ class WorkQueue:
         (a stale version whose newer version is queued behind it); its uids stay dispatched."""
         if not done:
             return
-        message_ids = [message_id for message_id, _uids in done]
-        uids = [uid for _message_id, item_uids in done for uid in item_uids]
-        async with self._guard():
-            pipe = self.redis.pipeline(transaction=True)
-            pipe.xack(queue_key(worker_id), GROUP, *message_ids)
-            pipe.xdel(queue_key(worker_id), *message_ids)
-            if uids:
-                pipe.hdel(DISPATCHED, *uids)
-                pipe.hdel(PODVER, *uids)
-            await pipe.execute()
+        keys = [queue_key(worker_id), DISPATCHED, PODVER]
+        for start in range(0, len(done), ACK_CHUNK):
+            chunk = done[start:start + ACK_CHUNK]
+            message_ids = [message_id for message_id, _uids in chunk]
+            uids = [uid for _message_id, item_uids in chunk for uid in item_uids]
+            async with self._guard():
+                await self._ack(keys=keys, args=[GROUP, worker_id, len(message_ids), *message_ids, *uids])
 
     async def deregister(self, worker_id: str) -> None:
         """A worker shutting down: drop its heartbeat so the dispatcher hands its remaining items to others."""
@@ -332,12 +383,30 @@ class WorkQueue:
         return _RedisGuard()
 
 
+def classify(error: RedisError) -> ResolverError | None:
+    """What a Redis failure means to the queue's callers: `QueueLost` for a missing stream or group (NOGROUP),
+    `LedgerUnavailable` for anything that passes (connection, timeout, BUSY, LOADING, OOM, READONLY, ...), None
+    for an error reply that is a bug (a wrong command or type) and must not be retried as if it were an outage."""
+    if not isinstance(error, ResponseError) or isinstance(error, _TRANSIENT_CLASSES):
+        return LedgerUnavailable(f"redis: {error}")  # connection, timeout, LOADING (BusyLoadingError), OOM, ...
+    # redis-py strips the code of the replies it maps to a class, and a pipeline prefixes the command's position,
+    # so look for the code among the words of the message.
+    words = set(str(error).replace(":", " ").split())
+    if words & {"NOGROUP", "UNBLOCKED"}:  # UNBLOCKED: the stream was deleted while we waited on it
+        return QueueLost(f"redis: {error}")
+    if words & set(TRANSIENT_REPLIES):
+        return LedgerUnavailable(f"redis: {error}")
+    return None
+
+
 class _RedisGuard:
-    """Turns a Redis connection failure into LedgerUnavailable (keeping the cause)."""
+    """Turns a Redis failure into `QueueLost` or `LedgerUnavailable` (keeping the cause), see `classify`."""
 
     async def __aenter__(self) -> None:
         return None
 
     async def __aexit__(self, kind: type[BaseException] | None, error: BaseException | None, _tb: object) -> None:
-        if error is not None and isinstance(error, RedisError) and not isinstance(error, ResponseError):
-            raise LedgerUnavailable(f"redis: {error}") from error
+        if error is not None and isinstance(error, RedisError):
+            converted = classify(error)
+            if converted is not None:
+                raise converted from error

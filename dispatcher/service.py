@@ -385,6 +385,8 @@ class Dispatcher:
         self._absent_since: dict[str, float] = {}  # dispatched uids not seen pending, since when
         self._handed_back: dict[str, tuple[float, int]] = {}  # uid -> (when, how many times) acknowledged early
         self._attempts: dict[str, int] = {}
+        self._progress: dict[str, tuple[float, int]] = {}  # worker id -> (started_unix, progress) last seen
+        self._sent_since: dict[str, float] = {}  # worker id -> first send since its progress last moved
         self._notices: asyncio.Task[None] | None = None
         m = self.metrics
         m.pending.set_function(lambda: len(self.pending))
@@ -544,8 +546,9 @@ class Dispatcher:
         """Refresh the live workers; take every unfinished item of each dead worker back and send its pods to
         live workers serving their policy (those no live worker serves wait)."""
         live, dead = await self.queue.workers()
-        self.workers = live
-        report = TickReport(dead_workers=sorted(dead))
+        stalled = self._stalled(live)
+        self.workers = [w for w in live if w.id not in stalled and not w.unhealthy]
+        report = TickReport(dead_workers=sorted(dead | stalled))
         reclaimed: dict[str, None] = {}
         for worker_id in report.dead_workers:
             if not self._is_leader():
@@ -564,15 +567,34 @@ class Dispatcher:
                 reclaimed[uid] = None
             still_pending = sum(1 for uid in uids if uid in self.pending)
             log.warning(
-                "worker %s stopped heartbeating: took back %d items (%d pods still pending)",
-                worker_id, len(items), still_pending,
+                "worker %s %s: took back %d items (%d pods still pending)", worker_id,
+                f"heartbeats but read nothing for {self.settings.stall_seconds:.0f}s" if worker_id in stalled
+                else "stopped heartbeating", len(items), still_pending,
             )
+            self._progress.pop(worker_id, None)
+            self._sent_since.pop(worker_id, None)
             self.metrics.dead_workers.inc()
             self.metrics.reclaimed_pods.inc(len(uids))
         report.reclaimed = len(reclaimed)
         pods = [self.pending[uid] for uid in reclaimed if uid in self.pending]
         report.dispatched = await self._send(sorted(pods, key=dispatch_order))
         return report
+
+    def _stalled(self, live: Sequence[WorkerInfo]) -> set[str]:
+        """Live workers that were sent work ``stall_seconds`` ago and have not read or decided anything since
+        (their heartbeat's progress counter stood still): a loop of theirs is stuck."""
+        now = self._clock()
+        stalled: set[str] = set()
+        for worker in live:
+            seen = (worker.started_unix, worker.progress)
+            if self._progress.get(worker.id) != seen:
+                self._progress[worker.id] = seen
+                self._sent_since.pop(worker.id, None)
+                continue
+            since = self._sent_since.get(worker.id)
+            if since is not None and now - since >= self.settings.stall_seconds:
+                stalled.add(worker.id)
+        return stalled
 
     async def dispatch_pending(self, *, fresh_only: bool = False) -> int:
         """Send the pending pods that need a worker (only those new since the last call, with ``fresh_only``)."""
@@ -632,6 +654,7 @@ class Dispatcher:
             await self.queue.enqueue_many(batch[start:start + 500])
         now = self._clock()
         for worker_id, item in batch:
+            self._sent_since.setdefault(worker_id, now)
             uids = item_uids(item)
             for uid in uids:
                 self.dispatched[uid] = worker_id

@@ -46,8 +46,9 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from redis.asyncio import Redis
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from dispatcher.queue import GONE, GangMember, WorkerInfo, WorkItem, WorkQueue
+from dispatcher.queue import GONE, GangMember, QueueLost, WorkerInfo, WorkItem, WorkQueue
 from resolver import compact
 from resolver.errors import LedgerNotReadyError, LedgerUnavailable, ResolverError
 from resolver.events import EventSink, pod_event, scheduled_event, set_unschedulable
@@ -66,6 +67,7 @@ from resolver.ledger import (
 from resolver.ledger import GangMember as GangPlacementMember
 from resolver.rest import KubeREST
 from resolver.settings import SettingsError, load_settings
+from resolver.supervise import Supervisor
 from workers.errors import UnsupportedPodField
 from workers.extender import decide_with_extenders
 from workers.feed import NodeFeed
@@ -78,7 +80,7 @@ from workers.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 
-COUNTERS = ("bound", "conflicts", "denied", "unschedulable", "malformed", "retries", "gone", "stale")
+COUNTERS = ("bound", "conflicts", "denied", "unschedulable", "malformed", "retries", "gone", "stale", "errors")
 CONFLICT_ROUNDS = 3
 """Batches in a row a pod may lose to conflicts before it backs off like an unschedulable pod."""
 
@@ -207,6 +209,11 @@ class Worker:
         self._acks: list[tuple[str, list[str]]] = []
         self.http: aiohttp.ClientSession | None = None
         self._ack_ready = asyncio.Event()
+        self.supervisor = Supervisor()
+        self.progress = 0
+        """Items read plus batches decided: the heartbeat carries it so the dispatcher sees a stuck worker."""
+        self.requeues = 0
+        """Times this worker found its queue gone (declared dead, or Redis lost its data) and registered again."""
 
     # --- bookkeeping -------------------------------------------------------------------------------------
 
@@ -223,6 +230,8 @@ class Worker:
             capacity=self.settings.max_binds_in_flight,
             started_unix=self.started,
             counters=dict(self.counters),
+            progress=self.progress,
+            unhealthy=sorted(self.supervisor.health()),
         )
 
     def _background(self, work: Coroutine[Any, Any, None]) -> None:
@@ -247,20 +256,60 @@ class Worker:
         self._ready_event.set()
 
     async def _intake_loop(self) -> None:
-        await self.queue.ensure_group(self.settings.id)
-        # Items delivered to this id before a restart and never acknowledged come first.
-        for message_id, item in await self.queue.read(self.settings.id, count=100_000, block_ms=0, pending=True):
-            self._push(parse_work(message_id, item))
+        await self._register()
+        outage: str | None = None
         while not self.stopping.is_set():
             try:
                 batch = await self.queue.read(self.settings.id, count=self.settings.read_batch, block_ms=500)
             except LedgerUnavailable as error:
-                log.warning("cannot read work: %s", error)
+                if outage is None:
+                    log.warning("cannot read work (retrying every second until Redis answers): %s", error)
+                outage = str(error)
                 await asyncio.sleep(1)
                 continue
+            except QueueLost as error:
+                self._queue_lost(str(error))
+                await self._register()
+                continue
+            if outage is not None:
+                log.info("reading work again after: %s", outage)
+                outage = None
             for message_id, item in batch:
                 self._push(parse_work(message_id, item))
+            self.progress += len(batch)
             self.metric_queue.set(len(self.ready) + len(self.retries))
+
+    async def _register(self) -> None:
+        """Create this worker's consumer group (if missing), take back what was delivered to it and never
+        acknowledged, and beat at once so the dispatcher routes work here again. Retried (bounded) while Redis is
+        unavailable; the supervisor restarts the loop if that fails too."""
+        async for attempt in AsyncRetrying(
+            stop=stop_after_attempt(30), wait=wait_exponential(multiplier=0.2, max=2.0),
+            retry=retry_if_exception_type((LedgerUnavailable, QueueLost)), reraise=True,
+            before_sleep=lambda state: log.warning(
+                "cannot register this worker's queue (attempt %d): %s", state.attempt_number,
+                state.outcome.exception() if state.outcome is not None else "?") if state.attempt_number == 1
+                else None,
+        ):
+            with attempt:
+                await self.queue.ensure_group(self.settings.id)
+                # Items delivered to this id before a restart and never acknowledged come first.
+                pending = await self.queue.read(self.settings.id, count=100_000, block_ms=0, pending=True)
+                for message_id, item in pending:
+                    self._push(parse_work(message_id, item))
+                await self.queue.heartbeat(self.info(), ttl_seconds=self.settings.heartbeat_ttl_seconds)
+
+    def _queue_lost(self, reason: str) -> None:
+        """Our stream or group vanished: the dispatcher declared us dead and moved our work to other workers, or
+        Redis restarted or was flushed (the dispatcher then sends its pending pods again). Drop the work we hold
+        so that no pod is decided by two workers; bindings in flight finish (the ledger and the binding's uid keep
+        them single)."""
+        dropped = len(self.ready) + len(self.retries)
+        self.ready.clear()
+        self.retries.clear()
+        self.requeues += 1
+        log.warning("this worker's queue is gone (%s): dropped %d items the dispatcher sends again elsewhere; "
+                    "registering again", reason, dropped)
 
     def _retry_later(self, work: Work, *, soon: bool = False) -> None:
         uid = work.item.uid
@@ -298,6 +347,7 @@ class Worker:
                         await self._ready_event.wait()
                 continue
             batch = [self.ready.popleft() for _ in range(min(len(self.ready), self.settings.decide_batch))]
+            self.progress += 1
             try:
                 await self.schedule(batch)
             except (LedgerUnavailable, LedgerNotReadyError) as error:
@@ -305,6 +355,36 @@ class Worker:
                 for work in batch:
                     self._retry_later(work, soon=True)
                 await asyncio.sleep(0.5)
+            except Exception as error:
+                log.exception("scheduling a batch of %d pods failed; retrying them one by one", len(batch))
+                await self._isolate(batch, error)
+
+    async def _isolate(self, batch: Sequence[Work], error: Exception) -> None:
+        """A batch raised something unexpected: schedule its items one at a time, so only the pod that raises
+        again is held back (with a FailedScheduling event and backoff) and the others go on."""
+        if len(batch) == 1:
+            self._failed(batch[0], error)
+            return
+        for work in batch:
+            try:
+                await self.schedule([work])
+            except (LedgerUnavailable, LedgerNotReadyError):
+                self._retry_later(work, soon=True)
+            except Exception as single:
+                self._failed(work, single)
+
+    def _failed(self, work: Work, error: Exception) -> None:
+        """Processing this pod raised (e.g. a plugin bug): say so on the pod once, and retry it with backoff."""
+        item = work.item
+        message = f"hoss failed while scheduling this pod: {type(error).__name__}: {error}"
+        log.error("pod %s: %s (retried with backoff)", item.key, message)
+        self.count("errors")
+        for member in self._members(item):
+            if self.last_message.get(member.uid) != message:
+                self.last_message[member.uid] = message
+                self._record(pod_event(namespace=member.namespace, name=member.name, uid=member.uid,
+                                       reason="FailedScheduling", message=message, component=self._component()))
+        self._retry_later(work)
 
     async def schedule(self, batch: Sequence[Work]) -> None:
         """Decide, reserve and start binding one batch of work items."""
@@ -382,7 +462,13 @@ class Worker:
             pod = work.pod
             assert pod is not None
             profile = self.profiles.get(work.item.policy) or self.profiles[self.default_profile]
-            decision = await self._decide(profile, work, shared)
+            try:
+                decision = await self._decide(profile, work, shared)
+            except (LedgerUnavailable, LedgerNotReadyError):
+                raise
+            except Exception as error:
+                self._failed(work, error)
+                continue
             if isinstance(decision, Unschedulable):
                 self._unschedulable(work, decision.message)
                 continue
@@ -626,11 +712,16 @@ class Worker:
     # --- lifecycle ---------------------------------------------------------------------------------------
 
     async def _heartbeat_loop(self) -> None:
+        outage = False
         while not self.stopping.is_set():
             try:
                 await self.queue.heartbeat(self.info(), ttl_seconds=self.settings.heartbeat_ttl_seconds)
             except LedgerUnavailable as error:
-                log.warning("cannot send heartbeat: %s", error)
+                if not outage:
+                    log.warning("cannot send heartbeat (retrying every beat until Redis answers): %s", error)
+                outage = True
+            else:
+                outage = False
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.settings.heartbeat_interval_seconds):
                     await self.stopping.wait()
@@ -639,18 +730,22 @@ class Worker:
         """Run until ``stopping`` is set, then shut down gracefully."""
         if self.events is not None:
             self.events.start()
-        feed = asyncio.create_task(self.feed.follow(self.stopping), name="node-feed")
-        await _first(self.feed.loaded.wait(), self.stopping.wait())
+        supervise = self.supervisor.run
+        feed = asyncio.create_task(supervise("feed", lambda: self.feed.follow(self.stopping), until=self.stopping),
+                                   name="node-feed")
+        await _first(self.feed.loaded.wait(), self.stopping.wait(), self.supervisor.fatal.wait())
         log.info("worker %s ready: %d nodes, policies %s", self.settings.id, len(self.nodes.names),
                  ",".join(self.settings.policies))
         loops = [
-            asyncio.create_task(self._heartbeat_loop()),
-            asyncio.create_task(self._intake_loop()),
-            asyncio.create_task(self._retry_loop()),
-            asyncio.create_task(self._schedule_loop()),
-            asyncio.create_task(self._ack_loop()),
+            asyncio.create_task(supervise(name, loop, until=self.stopping), name=name)
+            for name, loop in (("heartbeat", self._heartbeat_loop), ("intake", self._intake_loop),
+                               ("retry", self._retry_loop), ("schedule", self._schedule_loop),
+                               ("ack", self._ack_loop))
         ]
-        await self.stopping.wait()
+        await _first(self.stopping.wait(), self.supervisor.fatal.wait())
+        if self.supervisor.fatal.is_set():
+            log.critical("worker %s stopping: a loop is dead (%s)", self.settings.id, self.supervisor.health())
+            self.stopping.set()
         log.info("worker %s stopping: %d bindings in flight", self.settings.id, len(self._bind_tasks))
         await asyncio.gather(*loops[1:], return_exceptions=True)
         if self._bind_tasks:
@@ -685,6 +780,9 @@ def build_app(worker: Worker) -> web.Application:
     app = web.Application()
 
     async def healthz(_request: web.Request) -> web.Response:
+        unwell = worker.supervisor.health()
+        if unwell:
+            return web.Response(status=500, text="".join(f"loop {name} {why}\n" for name, why in unwell.items()))
         return web.Response(text="ok")
 
     async def metrics(_request: web.Request) -> web.Response:
@@ -709,7 +807,8 @@ def build_app(worker: Worker) -> web.Application:
     return app
 
 
-async def serve(settings: WorkerSettings) -> None:
+async def serve(settings: WorkerSettings) -> int:
+    """Run until SIGTERM or SIGINT (0) or until a loop is dead (1)."""
     rest = await KubeREST.connect(settings.kubeconfig)
     redis = Redis.from_url(settings.redis_url, decode_responses=True)
     worker = Worker(settings, redis=redis, rest=rest)
@@ -725,6 +824,7 @@ async def serve(settings: WorkerSettings) -> None:
         await runner.cleanup()
         await redis.aclose()
         await rest.close()
+    return 1 if worker.supervisor.fatal.is_set() else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -732,11 +832,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = load_settings(WorkerSettings, argv, prog="hoss-worker",
                                  description="hoss scheduler worker: decide, reserve in the ledger, bind")
         logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        asyncio.run(serve(settings))
+        code = asyncio.run(serve(settings))
     except SettingsError as error:
         print(error, file=sys.stderr)
         return 2
-    return 0
+    return code
 
 
 if __name__ == "__main__":
