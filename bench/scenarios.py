@@ -9,10 +9,12 @@ the report turns them into ratios against kube-scheduler and into the targets.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import sys
 import time
+import urllib.request
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -188,7 +190,8 @@ class Bench:
                 return
             if time.monotonic() > deadline:
                 raise TimeoutError(f"only {ready} of {total} kwok nodes ({selector}) were Ready after {timeout:.0f} s")
-            await asyncio.sleep(0.5 if total <= 1000 else 2.0)
+            # Each look lists every node: look less often when there are thousands (the apiserver pays for it).
+            await asyncio.sleep(min(10.0, max(0.5, total / 2000)))
 
     async def cleanup(self, namespace: str, nodes: Sequence[str]) -> None:
         """Delete the run's pods, then its nodes (raw requests: the typed client would parse every deleted object
@@ -213,11 +216,33 @@ class Bench:
         if self.dispatcher is None:
             self.dispatcher = self.plane.start_dispatcher(name="hoss-dispatcher-bench")
         run = next(_run_ids)
-        processes = [self.plane.start_worker(f"bench{run}-{i}", policies=policies,
-                                             cpu=None if cpus is None else cpus[i - 1], wait=False)
-                     for i in range(1, workers + 1)]
+        ids = [f"bench{run}-{i}" for i in range(1, workers + 1)]
+        processes = [self.plane.start_worker(worker_id, policies=policies,
+                                             cpu=None if cpus is None else cpus[i], wait=False)
+                     for i, worker_id in enumerate(ids)]
         self.plane.wait_healthy(processes)
+        self._wait_routed(ids)
         return processes
+
+    def _wait_routed(self, ids: Sequence[str], *, timeout: float = 30.0) -> None:
+        """Until the dispatcher's /status lists every worker of ``ids`` alive (it routes only to workers whose
+        heartbeat it has read): hoss is up before its pods arrive, as kube-scheduler is."""
+        assert self.dispatcher is not None
+        url = f"http://127.0.0.1:{self.dispatcher.port}/status"
+        deadline = time.monotonic() + timeout
+        alive: set[str] = set()
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(url, timeout=5) as response:
+                    status = json.loads(response.read())
+                alive = {w["id"] for w in status.get("workers", []) if w.get("alive")}
+            except (OSError, ValueError):
+                alive = set()
+            if alive >= set(ids):
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"the dispatcher did not see workers {sorted(set(ids) - alive)} alive within "
+                           f"{timeout:.0f} s; read {self.dispatcher.log}")
 
     def stop(self, processes: Sequence[Process]) -> None:
         for process in processes:

@@ -117,3 +117,13 @@ def test_table_and_chart_render(tmp_path: Path) -> None:
 
 def test_kube_scheduler_feasible_nodes_follow_its_adaptive_percentage() -> None:
     assert [kube_feasible_nodes_sought(n) for n in (50, 150, 1000, 5000, 20000)] == [50, 100, 420, 500, 1000]
+
+
+def test_a_target_read_from_an_incomplete_run_is_not_measured() -> None:
+    results = _results()
+    results["scenarios"]["throughput"]["hoss-1w-pinned"]["bound"] = 0
+    found = {t["target"]: t for t in report.targets(results)}
+    pinned = found["hoss 2 workers pinned >= 1.8x 1 worker pinned"]
+    assert pinned["met"] is None and pinned["value"] == "incomplete run: hoss-1w-pinned bound 0 of 100 pods"
+    assert found["hoss-1w pods/s >= 1.0x kube-scheduler"]["met"] is True
+    assert "! hoss-1w-pinned: only 0 of 100 pods bound" in report.table(results)
