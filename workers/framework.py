@@ -297,6 +297,23 @@ def min_max_normalize(scores: FloatArray, feasible: BoolArray) -> FloatArray:
     return normalized
 
 
+def default_normalize(scores: FloatArray, feasible: BoolArray, *, reverse: bool = False) -> FloatArray:
+    """kube-scheduler's ``helper.DefaultNormalizeScore(MaxNodeScore, reverse)`` over the feasible nodes: each score
+    becomes ``100 * score // max`` (integer division, as in Go), ``100 -`` that when `reverse`; when the highest
+    score is 0 every feasible node gets 0, or 100 when `reverse`. Other entries become 0."""
+    normalized = np.zeros(scores.shape, dtype=np.float64)
+    values = scores[feasible]
+    if values.size == 0:
+        return normalized
+    high = float(values.max())
+    if high <= 0:
+        normalized[feasible] = MAX_NODE_SCORE if reverse else 0.0
+        return normalized
+    scaled = np.floor(MAX_NODE_SCORE * values / high)
+    normalized[feasible] = MAX_NODE_SCORE - scaled if reverse else scaled
+    return normalized
+
+
 def _normalized_score(plugin: ScorePlugin, pod: PodView, nodes: NodeTable, feasible: BoolArray) -> FloatArray:
     rows = len(nodes)
     raw = np.asarray(plugin.score(pod, nodes, feasible), dtype=np.float64)

@@ -343,6 +343,7 @@ def test_every_built_in_plugin_is_registered_under_its_kind() -> None:
     registry = load_registry()
 
     assert sorted(FILTERS) == ["NodeAffinity", "NodePool", "NodeResourcesFit", "NodeUnschedulable", "TaintToleration"]
-    assert sorted(SCORES) == ["CpuOffGpuNodes", "GpuPacking", "LeastAllocated", "MostAllocated"]
+    assert sorted(SCORES) == ["CpuOffGpuNodes", "GpuPacking", "LeastAllocated", "MostAllocated", "NodeAffinity",
+                              "TaintToleration"]
     assert all(build({}).name == name for name, build in registry.filters.items())
     assert all(build({}).name == name for name, build in registry.scores.items())

@@ -1,7 +1,8 @@
 """Scheduler plugins by the name a profile in policies.yaml uses for them: the built-ins, and your own.
 
 Built-in filters: NodeUnschedulable, TaintToleration, NodeAffinity, NodeResourcesFit, NodePool. Built-in scores:
-LeastAllocated (spread), MostAllocated (bin-pack), GpuPacking, CpuOffGpuNodes. Each module of this package
+LeastAllocated (spread), MostAllocated (bin-pack), GpuPacking, CpuOffGpuNodes, NodeAffinity (preferred terms) and
+TaintToleration (PreferNoSchedule taints). Each module of this package
 documents its plugin and args. A factory takes the plugin's ``args`` mapping from the profile and returns the
 plugin; it validates the args (with a pydantic model) and lets its `ValidationError` out, which
 `workers.profiles` turns into a `ProfileError` naming the profile, plugin and field. Filter and score plugins
@@ -86,6 +87,8 @@ SCORES: Mapping[str, ScoreFactory] = {
     MostAllocated.name: MostAllocated.from_args,
     GpuPacking.name: GpuPacking.from_args,
     CpuOffGpuNodes.name: CpuOffGpuNodes.from_args,
+    NodeAffinity.name: NodeAffinity.from_args,
+    TaintToleration.name: TaintToleration.from_args,
 }
 """Built-in score plugin name -> factory."""
 

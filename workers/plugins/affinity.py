@@ -8,13 +8,17 @@ integer, matchFields only knows ``metadata.name``.
 Each label requirement becomes a lookup table over the label's known values (one Python step per distinct value,
 never per node; ``In``/``NotIn`` only touch the values they name) indexed by the per-row value codes of the
 `NodeTable`.
+
+As a score (kube-scheduler's default weight 2), NodeAffinity sums per node the weights of the pod's preferred
+terms (``preferredDuringSchedulingIgnoredDuringExecution``) the node matches, and normalises them as
+kube-scheduler does: ``100 * sum // max`` over the feasible nodes (all 0 when no node matches any term).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from workers.framework import BoolArray, FilterResult, TakesNoArgs
+from workers.framework import BoolArray, FilterResult, FloatArray, TakesNoArgs, default_normalize
 from workers.nodes import NodeTable
 from workers.pod import PodView, SelectorRequirement, SelectorTerm, parse_integer
 
@@ -37,6 +41,16 @@ class NodeAffinity(TakesNoArgs):
                 any_term |= term_matches(nodes, term)
             matched &= any_term
         return FilterResult.from_reasons(rows, {AFFINITY_MISMATCH: ~matched} if not matched.all() else {})
+
+    def score(self, pod: PodView, nodes: NodeTable, feasible: BoolArray) -> FloatArray:
+        """The sum of the weights of the preferred terms each node matches."""
+        total = np.zeros(len(nodes), dtype=np.float64)
+        for preferred in pod.preferred_affinity:
+            total += preferred.weight * term_matches(nodes, preferred.term)
+        return total
+
+    def normalize(self, scores: FloatArray, feasible: BoolArray) -> FloatArray:
+        return default_normalize(scores, feasible)
 
 
 def term_matches(nodes: NodeTable, term: SelectorTerm) -> BoolArray:

@@ -5,6 +5,11 @@ TaintToleration rejects a node with a ``NoSchedule`` or ``NoExecute`` taint the 
 in the node's own taint order, as kube-scheduler prints it: ``node(s) had untolerated taint {key: value}``.
 The tolerations are checked once per distinct taint in the cluster, not per node.
 
+As a score (kube-scheduler's default weight 3), TaintToleration counts per node the ``PreferNoSchedule`` taints
+that none of the pod's tolerations with effect ``PreferNoSchedule`` or empty tolerates, and normalises in
+reverse as kube-scheduler does: ``100 - 100 * count // max`` over the feasible nodes (all 100 when no feasible
+node has such a taint), so the nodes with the fewest untolerated preferences win.
+
 NodeUnschedulable rejects cordoned nodes (``spec.unschedulable``) unless the pod tolerates
 ``node.kubernetes.io/unschedulable:NoSchedule``.
 """
@@ -13,11 +18,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from workers.framework import BoolArray, FilterResult, TakesNoArgs
+from workers.framework import BoolArray, FilterResult, FloatArray, TakesNoArgs, default_normalize
 from workers.nodes import NodeTable, Taint
 from workers.pod import PodView
 
 BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+PREFER_NO_SCHEDULE = "PreferNoSchedule"
 UNSCHEDULABLE_TAINT = Taint(key="node.kubernetes.io/unschedulable", value="", effect="NoSchedule")
 UNSCHEDULABLE = "node(s) were unschedulable"
 
@@ -54,6 +60,22 @@ class TaintToleration(TakesNoArgs):
                 # Two taints that differ only by effect print the same.
                 reasons[reason] = reasons[reason] | marked if reason in reasons else marked
         return FilterResult.from_reasons(rows, reasons)
+
+    def score(self, pod: PodView, nodes: NodeTable, feasible: BoolArray) -> FloatArray:
+        """How many PreferNoSchedule taints of each node the pod's PreferNoSchedule tolerations leave untolerated."""
+        tolerations = [t for t in pod.tolerations if t.effect in ("", PREFER_NO_SCHEDULE)]
+        columns = [
+            column
+            for column, taint in enumerate(nodes.taint_kinds)
+            if taint.effect == PREFER_NO_SCHEDULE and not any(t.tolerates(taint) for t in tolerations)
+        ]
+        if not columns:
+            return np.zeros(len(nodes), dtype=np.float64)
+        counts: FloatArray = (nodes.taint_positions[:, columns] >= 0).sum(axis=1).astype(np.float64)
+        return counts
+
+    def normalize(self, scores: FloatArray, feasible: BoolArray) -> FloatArray:
+        return default_normalize(scores, feasible, reverse=True)
 
 
 class NodeUnschedulable(TakesNoArgs):
