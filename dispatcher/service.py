@@ -67,6 +67,7 @@ from resolver.events import pod_event, post_event, set_unschedulable
 from resolver.kube import InformerHandlers, Json, KubeError, api_client, list_objects, run_informer
 from resolver.ledger import Ledger, LedgerSnapshot
 from resolver.settings import SettingsError, load_settings
+from resolver.supervise import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -862,6 +863,8 @@ class ServiceState:
     elector: LeaderElector
     redis: Redis
     ledger: Ledger
+    supervisor: Supervisor = field(default_factory=Supervisor)
+    """Runs the informers and the roles: restarts one that raised, and names a failing or dead one in /healthz."""
 
 
 STATE_KEY = web.AppKey("state", ServiceState)
@@ -964,7 +967,10 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-async def healthz(_request: web.Request) -> web.Response:
+async def healthz(request: web.Request) -> web.Response:
+    unwell = request.app[STATE_KEY].supervisor.health()
+    if unwell:
+        return web.Response(status=500, text="".join(f"loop {name} {why}\n" for name, why in unwell.items()))
     return web.Response(text="ok")
 
 
@@ -1065,27 +1071,34 @@ async def running_dispatcher(settings: DispatcherSettings) -> AsyncIterator[Runn
         await runner.setup()
         stack.push_async_callback(runner.cleanup)
         await web.TCPSite(runner, settings.host, settings.port).start()
+        supervise = state.supervisor.run
         informer = asyncio.create_task(
-            run_informer(
+            supervise("pending-pod-watch", lambda: run_informer(
                 "pending-pods", core.list_pod_for_all_namespaces, dispatcher.handlers(), synced=dispatcher.synced,
                 field_selector=pending_pods_selector(settings.scheduler_names),
-            ),
+            )),
             name="pending-pod-watch",
         )
         stack.push_async_callback(cancel_and_wait, informer)
-        podgroups = asyncio.create_task(watch_podgroups(api, dispatcher), name="podgroup-watch")
+        podgroups = asyncio.create_task(supervise("podgroup-watch", lambda: watch_podgroups(api, dispatcher)),
+                                        name="podgroup-watch")
         stack.push_async_callback(cancel_and_wait, podgroups)
         stack.push_async_callback(elector.release)
         election = asyncio.create_task(elector.run(), name="leader-election")
         stack.push_async_callback(cancel_and_wait, election)
-        roles = asyncio.create_task(run_roles(dispatcher, elector), name="dispatch")
+        roles = asyncio.create_task(supervise("dispatch", lambda: run_roles(dispatcher, elector)), name="dispatch")
         stack.push_async_callback(cancel_and_wait, roles)
+        async def until_a_loop_is_dead() -> None:
+            await state.supervisor.fatal.wait()
+
+        fatal = asyncio.create_task(until_a_loop_is_dead(), name="supervisor")
+        stack.push_async_callback(cancel_and_wait, fatal)
         log.info(
             "hoss-dispatcher %s serving http on %s; schedulers %s; Lease %s/%s",
             settings.identity, ", ".join(f"{host}:{port}" for host, port, *_ in runner.addresses),
             ",".join(settings.scheduler_names), settings.lease_namespace, settings.lease_name,
         )
-        yield RunningDispatcher(state=state, runner=runner, tasks=[informer, election, roles])
+        yield RunningDispatcher(state=state, runner=runner, tasks=[informer, election, roles, fatal])
 
 
 async def serve(settings: DispatcherSettings) -> int:
