@@ -165,8 +165,9 @@ class LedgerSync:
         self._lock = asyncio.Lock()
         self._nodes_listed = asyncio.Event()
         self._pods_listed = asyncio.Event()
-        self._pod_changes: dict[str, tuple[PodInfo, bool]] = {}
-        """uid -> (latest view, gone) of pod events not yet applied; a later event of a uid replaces the earlier"""
+        self._pod_changes: dict[str, PodInfo | None] = {}
+        """uid -> latest view (None: deleted or finished) of pod events not yet applied; a later event of a uid
+        replaces the earlier"""
         self._pods_changed = asyncio.Event()
         self._ledger_stale = False
         """a pod write failed (Redis unreachable): the watchdog rebuilds the ledger from the mirror"""
@@ -260,10 +261,7 @@ class LedgerSync:
 
     def _parse(self, pod: Json) -> PodInfo | None:
         uid = (pod.get("metadata") or {}).get("uid")
-        known = None
-        if isinstance(uid, str):
-            pending = self._pod_changes.get(uid)
-            known = pending[0] if pending is not None else self.pods.by_uid.get(uid)
+        known = (self._pod_changes.get(uid) or self.pods.by_uid.get(uid)) if isinstance(uid, str) else None
         try:
             return parse_pod(pod, known=known)
         except ResolverError as error:
@@ -276,10 +274,29 @@ class LedgerSync:
         """Queue the change; `flush_pods` applies what has queued up to the mirror and the ledger together. The
         watch never waits for Redis, and a burst of events costs a few script calls instead of one per pod."""
         self.stats.pod_events += 1
+        metadata = pod.get("metadata") or {}
+        uid = metadata.get("uid")
+        if not isinstance(uid, str) or not uid:
+            self.stats.malformed_pods += 1
+            log.warning("pod %s/%s ignored: metadata.uid missing", metadata.get("namespace"), metadata.get("name"))
+            return
+        if kind == "DELETED" or (pod.get("status") or {}).get("phase") in TERMINAL_PHASES:
+            self._pod_changes[uid] = None  # gone: only its uid matters, its request need not be computed
+            self._pods_changed.set()
+            return
+        known = self._pod_changes.get(uid) or self.pods.by_uid.get(uid)
+        generation = metadata.get("generation")
+        if (
+            known is not None
+            and generation is not None
+            and known.generation == generation
+            and known.node == ((pod.get("spec") or {}).get("nodeName") or None)
+        ):
+            return  # a status update (most events): nothing the mirror or the ledger keeps has changed
         info = self._parse(pod)
         if info is None:
             return
-        self._pod_changes[info.uid] = (info, kind == "DELETED" or info.terminal)
+        self._pod_changes[uid] = info
         self._pods_changed.set()
 
     async def _pod_flush_loop(self) -> None:
@@ -298,8 +315,8 @@ class LedgerSync:
                 return
             releases: list[str] = []
             binds: list[Placement] = []
-            for uid, (info, gone) in changes.items():
-                if gone:
+            for uid, info in changes.items():
+                if info is None:
                     self.pods.drop(uid)
                     releases.append(uid)
                     continue

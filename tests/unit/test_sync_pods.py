@@ -161,3 +161,17 @@ async def test_a_pod_moved_by_a_later_event_is_bound_where_it_ended(sync: Ledger
     await sync.flush_pods()
     entries = {e.uid: e.node for e in await sync.ledger.entries()}
     assert entries == {"a": "n2"}
+
+
+async def test_a_gone_pod_needs_no_request_and_a_status_update_costs_nothing(sync: LedgerSync) -> None:
+    await sync._on_pod_event("ADDED", pod("a"))
+    await sync.flush_pods()
+    # A status update with the same generation and node: nothing queued (the cpu here is a marker, never parsed).
+    await sync._on_pod_event("MODIFIED", pod("a", cpu="not-a-quantity"))
+    assert sync._pod_changes == {}
+    # Deleted or finished: released by uid alone, even when its request would not parse.
+    await sync._on_pod_event("DELETED", pod("a", cpu="not-a-quantity"))
+    await sync.flush_pods()
+    assert counting(sync).calls == [("bind_many", 1), ("release_many", 1)]
+    assert await bound_uids(sync) == set()
+    assert sync.stats.malformed_pods == 0
