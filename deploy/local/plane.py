@@ -654,6 +654,23 @@ class LocalPlane:
         self._start_apiserver(state, binaries.require("kube-apiserver"))
         return next(p for p in state.processes if p.name == "kube-apiserver")
 
+    def restart_redis(self) -> Process:
+        """Stop redis-server and start it again on the same port. It keeps nothing on disk, so it comes back
+        empty, as after a crash: the resolver rebuilds the ledger, the dispatcher and workers find their queues
+        gone. Returns once the new redis-server answers."""
+        state = self.state()
+        old = next((p for p in state.processes if p.name == "redis-server"), None)
+        if old is None:
+            raise PlaneError("redis-server is not running in this plane")
+        _terminate(old)
+        state.processes = [p for p in state.processes if p.name != "redis-server"]
+        self._save(state)
+        redis_server = shutil.which("redis-server")
+        if redis_server is None:
+            raise PlaneError("redis-server not found on PATH")
+        self._start_redis(state, redis_server)
+        return next(p for p in state.processes if p.name == "redis-server")
+
     def _start_redis(self, state: PlaneState, redis_server: str) -> None:
         self._spawn(
             state,
