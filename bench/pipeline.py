@@ -25,7 +25,7 @@ from dispatcher.service import Dispatcher, cancel_and_wait
 from dispatcher.settings import DispatcherSettings
 from resolver import compact
 from resolver.ledger import BoundPod, Ledger
-from resolver.resources import node_allocatable
+from resolver.resources import node_allocatable, pod_requests
 from workers.pod import PodView
 from workers.service import Worker
 from workers.settings import WorkerSettings
@@ -35,14 +35,13 @@ Json = dict[str, Any]
 
 
 class SinkBinder:
-    """A binding that never reaches an apiserver: the ledger records it bound, the dispatcher's list learns it."""
+    """A binding that never reaches an apiserver: one list push. The driver plays the apiserver's watchers: it
+    records the bindings in the ledger in batches (as the resolver's sync does) and tells the dispatcher."""
 
     def __init__(self, redis: Redis) -> None:
         self.redis = redis
-        self.ledger = Ledger(redis)
 
     async def bind(self, pod: PodView, node: str) -> None:
-        await self.ledger.bind_many([BoundPod(uid=pod.uid, pod=pod.key, node=node, request=pod.request)])
         await self.redis.rpush(BOUND_KEY, f"{pod.uid} {node}")
 
 
@@ -84,6 +83,8 @@ async def drive(redis: Redis, pods: Sequence[Json], *, expected_workers: int, ti
     """Run a dispatcher over `pods` until every pod is bound by the sink (or the timeout)."""
     dispatcher = Dispatcher(queue=WorkQueue(redis), settings=DispatcherSettings(identity="bench-pipeline"))
     by_uid = {p["metadata"]["uid"]: p for p in pods}
+    requests = {uid: pod_requests(p) for uid, p in by_uid.items()}
+    ledger = Ledger(redis)
     deadline = time.monotonic() + timeout
     while True:  # the workers must be beating before the first round, or the pods wait for a worker
         live, _dead = await dispatcher.queue.workers()
@@ -107,12 +108,16 @@ async def drive(redis: Redis, pods: Sequence[Json], *, expected_workers: int, ti
             if not entries:
                 await asyncio.sleep(0.01)
                 continue
+            confirmed = []
             for entry in entries:
                 uid, node = str(entry).split(" ", 1)
                 placed = by_uid.get(uid)
                 if placed is not None:
                     bound += 1
+                    confirmed.append(BoundPod(uid=uid, pod=f"{placed['metadata']['namespace']}/"
+                                              f"{placed['metadata']['name']}", node=node, request=requests[uid]))
                     await dispatcher.on_event("MODIFIED", {**placed, "spec": {**placed["spec"], "nodeName": node}})
+            await ledger.bind_many(confirmed)
         return PipelineRun(pods=len(pods), bound=bound, seconds=time.monotonic() - started)
     finally:
         await cancel_and_wait(lead)  # redis-py can swallow a single cancellation

@@ -44,6 +44,8 @@ GROUP = "hoss"
 WORKERS = f"{PREFIX}:workers"
 DISPATCHED = f"{PREFIX}:dispatched"
 PODVER = f"{PREFIX}:podver"
+BOUND_PREFIX = "bound:"
+"""A dispatched entry ``bound:<worker>``: that worker bound the pod; the dispatcher waits for its watch to agree."""
 GONE = "gone"
 
 # Marks dispatched pods that left the pending set; a pod its worker already acknowledged needs no mark.
@@ -51,8 +53,11 @@ GONE = "gone"
 _MARK_GONE = """
 local marked = 0
 for _, uid in ipairs(ARGV) do
-  if redis.call('HEXISTS', KEYS[1], uid) == 1 then
-    redis.call('HSET', KEYS[2], uid, 'gone')
+  local owner = redis.call('HGET', KEYS[1], uid)
+  if owner then
+    if string.sub(owner, 1, 6) ~= 'bound:' then
+      redis.call('HSET', KEYS[2], uid, 'gone')
+    end
     redis.call('HDEL', KEYS[1], uid)
     marked = marked + 1
   end
@@ -63,7 +68,9 @@ return marked
 # The worker is done with some items: drop them from its stream, and drop their uids from the dispatched map only
 # where the map still names this worker (a worker declared dead that comes back must not take a pod off the map
 # while another worker holds it). KEYS: queue, dispatched, podver. ARGV: group, worker, count of message ids,
-# the message ids, then the uids. Reply: how many uids were dropped.
+# the message ids, then the uids. A uid written '+uid' was bound by the worker: its entry becomes 'bound:<worker>'
+# and stays until the dispatcher's watch sees the pod leave the pending set (so a lagging watch never makes the
+# dispatcher send a bound pod again). Reply: how many uids were dropped or marked.
 _ACK = """
 local n = tonumber(ARGV[3])
 if n > 0 then
@@ -72,9 +79,18 @@ if n > 0 then
 end
 local dropped = 0
 for i = 4 + n, #ARGV do
-  if redis.call('HGET', KEYS[2], ARGV[i]) == ARGV[2] then
-    redis.call('HDEL', KEYS[2], ARGV[i])
-    redis.call('HDEL', KEYS[3], ARGV[i])
+  local uid = ARGV[i]
+  local placed = string.sub(uid, 1, 1) == '+'
+  if placed then
+    uid = string.sub(uid, 2)
+  end
+  if redis.call('HGET', KEYS[2], uid) == ARGV[2] then
+    if placed then
+      redis.call('HSET', KEYS[2], uid, 'bound:' .. ARGV[2])
+    else
+      redis.call('HDEL', KEYS[2], uid)
+    end
+    redis.call('HDEL', KEYS[3], uid)
     dropped = dropped + 1
   end
 end
@@ -149,21 +165,24 @@ class WorkItem:
         return f"{self.namespace}/{self.name}"
 
     def encode(self) -> dict[str, str]:
-        return {
-            "uid": self.uid,
-            "namespace": self.namespace,
-            "name": self.name,
-            "policy": self.policy,
-            "gang": self.gang,
-            "members": orjson.dumps([asdict(m) for m in self.members]).decode() if self.members else "",
-            "min_available": str(self.min_available),
-            "attempt": str(self.attempt),
-            "pod": self.pod,
-            "digest": self.digest,
-        }
+        """One stream field ``i`` holding the item as JSON: one argument to pack instead of ten."""
+        return {"i": orjson.dumps({
+            "uid": self.uid, "namespace": self.namespace, "name": self.name, "policy": self.policy,
+            "gang": self.gang, "members": [asdict(m) for m in self.members], "min_available": self.min_available,
+            "attempt": self.attempt, "pod": self.pod, "digest": self.digest,
+        }).decode()}
 
     @classmethod
     def decode(cls, fields: dict[str, str]) -> WorkItem:
+        """An item from its stream fields (``i``, or the field-per-attribute form of earlier versions)."""
+        if "i" in fields:
+            data = orjson.loads(fields["i"])
+            return cls(
+                uid=data["uid"], namespace=data["namespace"], name=data["name"], policy=data["policy"],
+                gang=data.get("gang", ""), members=tuple(GangMember(**m) for m in data.get("members") or ()),
+                min_available=int(data.get("min_available") or 0), attempt=int(data.get("attempt") or 0),
+                pod=data.get("pod", ""), digest=data.get("digest", ""),
+            )
         members = tuple(GangMember(**m) for m in orjson.loads(fields.get("members") or "[]"))
         return cls(
             uid=fields["uid"],

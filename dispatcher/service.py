@@ -43,7 +43,7 @@ from redis.exceptions import RedisError
 
 from dispatcher.gangs import GangKey, PodGroupSpec, gang_of, gang_state, parse_podgroup
 from dispatcher.leader import KubeLeaseAPI, LeaderElector
-from dispatcher.queue import GangMember, WorkerInfo, WorkItem, WorkQueue
+from dispatcher.queue import BOUND_PREFIX, GangMember, WorkerInfo, WorkItem, WorkQueue
 from dispatcher.routing import choose_worker, policy_of
 from dispatcher.settings import DispatcherSettings
 from dispatcher.status import (
@@ -77,6 +77,8 @@ GANG_WAITING_REASON = "GangIncomplete"
 GANG_TIMEOUT_REASON = "GangTimeout"
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 HANDBACK_BACKOFF_MAX_SECONDS = 300.0
+PLACED_PATIENCE = 10
+"""A pod its worker bound but our watch still shows pending is sent again after this many informer lags."""
 STATUS_TIMEOUT_SECONDS = 5.0
 
 
@@ -380,7 +382,8 @@ class Dispatcher:
         self._clock = clock
         self._wall = wall
         self._fresh: dict[str, None] = {}  # uids that became pending since the last dispatch, in arrival order
-        self._changed: dict[str, None] = {}  # dispatched uids whose compact form changed since it was sent
+        self._changed: dict[str, None] = {}
+        self._placed_since: dict[str, float] = {}  # uids bound by a worker but still pending here, since when  # dispatched uids whose compact form changed since it was sent
         self._wakeup = asyncio.Event()
         self._gone: set[str] = set()  # dispatched uids whose pods left the pending set, to forget in Redis
         self._absent_since: dict[str, float] = {}  # dispatched uids not seen pending, since when
@@ -776,9 +779,17 @@ class Dispatcher:
                 self._attempts[uid] = self._attempts.get(uid, 0) + 1
         if leader:
             live = {worker.id for worker in self.workers}
-            forget = [uid for uid, owner in current.items() if owner not in live]
-            absent = [uid for uid in current if uid not in self.pending and current[uid] in live]
             lag = self.settings.informer_lag_seconds
+            # Pods a worker bound stay in the map until our watch sees them bound (it may lag under load): never
+            # sent again meanwhile. One still pending long after that is forgotten, and so sent again (the ledger
+            # then answers that it is bound, if it is).
+            placed = {uid for uid, owner in current.items() if owner.startswith(BOUND_PREFIX)}
+            self._placed_since = {uid: self._placed_since.get(uid, now) for uid in placed if uid in self.pending}
+            overdue = [uid for uid, since in self._placed_since.items()
+                       if now - since >= PLACED_PATIENCE * lag]
+            forget = [uid for uid, owner in current.items() if owner not in live and uid not in placed] + overdue
+            absent = [uid for uid in current
+                      if uid not in self.pending and (current[uid] in live or uid in placed)]
             self._absent_since = {uid: self._absent_since.get(uid, now) for uid in absent}
             stale = [uid for uid, since in self._absent_since.items() if now - since >= lag]
             forget += stale

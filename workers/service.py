@@ -114,6 +114,8 @@ class Work:
     unsupported: bool = False
     """``problem`` names a field hoss does not honour yet: the pod is unschedulable (retried with backoff, so a
     new version of the pod is looked at), not malformed."""
+    shape: bytes = b""
+    """The pod's namespace, labels and spec as canonical JSON (pods of one shape decide alike)."""
     fetch: bool = False
     """The item carries no pod (queued by a dispatcher older than compact work items): read it once."""
 
@@ -138,8 +140,7 @@ def parse_work(message_id: str, item: WorkItem) -> Work:
                 check_supported(raw)
         else:
             work.raw = compact.decode(item.pod)
-            work.pod = parse_pod(work.raw)
-            check_supported(work.raw)
+            work.pod, work.shape = _parsed(work.raw)
     except UnsupportedPodField as error:
         work.problem, work.unsupported = str(error), True
     except (ResolverError, ValueError) as error:
@@ -147,11 +148,37 @@ def parse_work(message_id: str, item: WorkItem) -> Work:
     return work
 
 
+_TEMPLATES: dict[bytes, PodView] = {}
+_TEMPLATES_MAX = 4096
+
+
+def _shape(raw: Json) -> bytes:
+    metadata = raw.get("metadata") or {}
+    return orjson.dumps([metadata.get("namespace"), metadata.get("labels"), raw.get("spec")],
+                        option=orjson.OPT_SORT_KEYS)
+
+
+def _parsed(raw: Json) -> tuple[PodView, bytes]:
+    """The pod's view and its shape (namespace, labels, spec). Pods of one shape (the replicas of a Job or a
+    Deployment) are parsed and checked once: the view of the next is the first's with its own identity."""
+    shape = _shape(raw)
+    template = _TEMPLATES.get(shape)
+    metadata = raw.get("metadata") or {}
+    uid, name, annotations = metadata.get("uid"), metadata.get("name"), metadata.get("annotations") or {}
+    if template is not None and isinstance(uid, str) and uid and isinstance(name, str) and name \
+            and isinstance(annotations, dict) and all(isinstance(v, str) for v in annotations.values()):
+        return dataclasses.replace(template, uid=uid, name=name, annotations=dict(annotations)), shape
+    view = parse_pod(raw)
+    check_supported(raw)
+    if len(_TEMPLATES) >= _TEMPLATES_MAX:
+        _TEMPLATES.clear()
+    _TEMPLATES[shape] = view
+    return view, shape
+
+
 def signature(work: Work) -> bytes:
-    """What decides a pod's placement apart from its identity: policy, namespace, labels and spec."""
-    metadata = work.raw.get("metadata") or {}
-    return orjson.dumps([work.item.policy, metadata.get("namespace"), metadata.get("labels"),
-                         work.raw.get("spec")], option=orjson.OPT_SORT_KEYS)
+    """What decides a pod's placement apart from its identity: policy and shape (namespace, labels, spec)."""
+    return work.item.policy.encode() + b"\0" + (work.shape or _shape(work.raw))
 
 
 class Worker:
@@ -636,7 +663,7 @@ class Worker:
             self.backoff.pop(item.uid, None)
             for member in self._members(item):
                 self.last_message.pop(member.uid, None)
-            self._done(work)
+            self._done(work, bound=True)
         elif not item.members and outcomes[0][1] == 404:
             self.count("gone")
             self._done(work)  # the pod is gone
@@ -684,10 +711,13 @@ class Worker:
         except (LedgerUnavailable, LedgerNotReadyError) as error:
             log.warning("cannot release the reservation of %s on %s (it expires by itself): %s", pod.key, node, error)
 
-    def _done(self, work: Work, *, forget: bool = True) -> None:
-        """Acknowledge soon (``_ack_loop`` sends them in batches); ``forget`` False keeps the uids dispatched."""
+    def _done(self, work: Work, *, forget: bool = True, bound: bool = False) -> None:
+        """Acknowledge soon (``_ack_loop`` sends them in batches); ``forget`` False keeps the uids dispatched;
+        ``bound`` tells the dispatcher the pods are bound (it waits for its watch to agree before forgetting)."""
         item = work.item
         uids = ([m.uid for m in item.members] or [item.uid]) if forget else []
+        if bound:
+            uids = [f"+{uid}" for uid in uids]
         self.conflict_rounds.pop(item.uid, None)
         self._acks.append((work.message_id, uids))
         self._ack_ready.set()
@@ -793,7 +823,8 @@ def build_app(worker: Worker) -> web.Application:
         events = worker.events
         return web.json_response({"id": info.id, "policies": info.policies, "queue_depth": info.queue_depth,
                                   "in_flight": info.in_flight, "nodes": len(worker.nodes.names),
-                                  "counters": info.counters,
+                                  "counters": info.counters, "progress": info.progress,
+                                  "requeues": worker.requeues, "unhealthy": worker.supervisor.health(),
                                   "feed": {"position": worker.feed.position, "epoch": worker.feed.epoch,
                                            "applied": worker.feed.applied, "reloads": worker.feed.reloads},
                                   "events": None if events is None else {

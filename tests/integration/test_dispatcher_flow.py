@@ -21,7 +21,7 @@ import redis.asyncio
 from aiohttp import web
 
 from dispatcher.leader import LeaderElector
-from dispatcher.queue import WorkerInfo, WorkQueue, queue_key
+from dispatcher.queue import WorkerInfo, WorkItem, WorkQueue, queue_key
 from dispatcher.service import (
     Dispatcher,
     PendingPod,
@@ -96,7 +96,7 @@ async def beat(queue: WorkQueue, worker_id: str, *, policies: tuple[str, ...] = 
 async def stream_uids(queue: WorkQueue, worker_id: str) -> list[str]:
     """The pods in a worker's stream, delivered or not, in order."""
     entries: Any = await queue.redis.xrange(queue_key(worker_id))
-    return [str(fields["uid"]) for _id, fields in entries]
+    return [WorkItem.decode(fields).uid for _id, fields in entries]
 
 
 async def test_dead_workers_items_go_to_a_live_worker_none_lost_none_twice(queue: WorkQueue) -> None:
