@@ -34,6 +34,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapp
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import aiohttp
 from aiohttp import web
 from kubernetes_asyncio import client
 from prometheus_client import generate_latest
@@ -41,7 +42,17 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from dispatcher.gangs import GangKey, PodGroupSpec, gang_of, gang_state, parse_podgroup
+from dispatcher.gangs import (
+    GangCounts,
+    GangKey,
+    PodGroupSpec,
+    count_members,
+    gang_of,
+    gang_state,
+    member_selector,
+    parse_podgroup,
+    podgroup_phase,
+)
 from dispatcher.leader import KubeLeaseAPI, LeaderElector
 from dispatcher.queue import BOUND_PREFIX, GangMember, WorkerInfo, WorkItem, WorkQueue
 from dispatcher.routing import choose_worker, policy_of
@@ -64,7 +75,15 @@ from dispatcher.status import (
 from resolver import compact
 from resolver.errors import LedgerUnavailable, PodSpecError
 from resolver.events import pod_event, post_event, set_unschedulable
-from resolver.kube import InformerHandlers, Json, KubeError, api_client, list_objects, run_informer
+from resolver.kube import (
+    InformerHandlers,
+    Json,
+    KubeError,
+    api_client,
+    list_objects,
+    request_json,
+    run_informer,
+)
 from resolver.ledger import Ledger, LedgerSnapshot
 from resolver.settings import SettingsError, load_settings
 from resolver.supervise import Supervisor
@@ -77,6 +96,9 @@ GANG_WAITING_REASON = "GangIncomplete"
 GANG_TIMEOUT_REASON = "GangTimeout"
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 HANDBACK_BACKOFF_MAX_SECONDS = 300.0
+GANG_QUIET_ROUNDS = 5
+"""A gang with no pending member is counted until its counts stood still this many rounds (members start)."""
+GANG_REFRESH_SECONDS = 2.0
 PLACED_PATIENCE = 10
 """A pod its worker bound but our watch still shows pending is sent again after this many informer lags."""
 STATUS_TIMEOUT_SECONDS = 5.0
@@ -372,6 +394,20 @@ class Dispatcher:
         """pod uid -> worker id, this replica's copy of the Redis map."""
         self.waiting: dict[str, Waiting] = {}
         self.podgroups: dict[GangKey, PodGroupSpec] = {}
+        # Members already bound count toward a gang's min-available (scheduler-plugins' Coscheduling). The pending
+        # watch never sees bound pods, so the leader counts them by listing the gang's members by label, only for
+        # gangs that changed (a member appeared or left the pending set; `gangs_dirty`), every few seconds
+        # (`refresh_gangs`): one apiserver list, served from its watch cache, per active gang, off the dispatch
+        # path. The same list gives the PodGroup's status (scheduled, running). The alternatives cost more or
+        # know less: the ledger's entries carry no labels, and a counter kept by the workers misses members that
+        # another scheduler bound or that were deleted since.
+        self.gang_counts: dict[GangKey, tuple[float, GangCounts]] = {}
+        """Bound and running members by gang, with the time they were counted."""
+        self.gangs_dirty: dict[GangKey, float] = {}
+        """Gangs to count again, with when they last changed."""
+        self._gang_selectors: dict[GangKey, str] = {}
+        self._gang_quiet: dict[GangKey, int] = {}
+        self._podgroup_status: dict[GangKey, Json] = {}
         self._gang_since: dict[GangKey, float] = {}
         """scheduler-plugins PodGroups by namespace/name (empty when the CRD is not installed)."""
         self.workers: list[WorkerInfo] = []
@@ -442,6 +478,7 @@ class Dispatcher:
         known = self.pending.get(uid)
         if known is None:
             self.pending[uid] = pod
+            self._gang_changed(pod)
             self._absent_since.pop(uid, None)
             if uid not in self.dispatched:
                 self._fresh[uid] = None
@@ -458,7 +495,9 @@ class Dispatcher:
 
     def _drop(self, uid: str, *, deleted: bool) -> None:
         """The pod left the pending set: bound, deleted or finished."""
-        self.pending.pop(uid, None)
+        left = self.pending.pop(uid, None)
+        if left is not None:
+            self._gang_changed(left)
         self._fresh.pop(uid, None)
         self._changed.pop(uid, None)
         self.waiting.pop(uid, None)
@@ -635,6 +674,8 @@ class Dispatcher:
             return 0
         singles, gang_items = self._plan_gangs(pods)
         by_uid = {pod.uid: pod for pod in pods}
+        for pod in singles:
+            by_uid.setdefault(pod.uid, pod)  # members of a started gang that were not in this batch
         for item in gang_items:
             for member in item.members:
                 by_uid.setdefault(member.uid, self.pending[member.uid])
@@ -678,6 +719,67 @@ class Dispatcher:
     def _gang(self, pod: PendingPod) -> GangKey | None:
         return gang_of(pod.namespace, pod.labels, pod.annotations)
 
+    def _gang_changed(self, pod: PendingPod) -> None:
+        """A member of a gang appeared or left the pending set: count the gang's members again."""
+        if not (pod.labels or pod.annotations):
+            return
+        key = self._gang(pod)
+        if key is None:
+            return
+        self.gangs_dirty[key] = self._clock()
+        self._gang_quiet.pop(key, None)
+        selector = member_selector(pod.labels, pod.annotations)
+        if selector is not None:
+            self._gang_selectors[key] = selector
+
+    def _bound_members(self, key: GangKey) -> int | None:
+        """Members of the gang bound, when counted since the gang last changed (else None: not known yet)."""
+        counted = self.gang_counts.get(key)
+        if counted is None or counted[0] < self.gangs_dirty.get(key, 0.0):
+            return None
+        return counted[1].bound
+
+    async def refresh_gangs(
+        self, list_members: Callable[[str, str], Awaitable[list[Json]]],
+        write_status: Callable[[GangKey, Json], Awaitable[None]] | None = None,
+    ) -> None:
+        """Count the members of every gang that changed (bound, running), write its PodGroup's status (phase
+        Pending/Scheduled/Running, scheduled, running) when that changed, and wake the rounds when a count did. A
+        gang is counted until it has no pending member and its counts stood still for a few rounds."""
+        pending_gangs = {key for pod in self.pending.values() if (key := self._gang(pod)) is not None}
+        for key in sorted(self.gangs_dirty):
+            selector = self._gang_selectors.get(key)
+            if selector is None:
+                self.gangs_dirty.pop(key, None)
+                continue
+            counted_at = self._clock()
+            try:
+                counts = count_members(await list_members(key.namespace, selector))
+            except (KubeError, aiohttp.ClientError, OSError, TimeoutError) as error:
+                log.warning("cannot count the members of gang %s: %s", key, error)
+                continue
+            previous = self.gang_counts.get(key)
+            self.gang_counts[key] = (counted_at, counts)
+            changed = previous is None or previous[1] != counts
+            if changed:
+                self.wake()
+            group = self.podgroups.get(key)
+            if group is not None and write_status is not None:
+                status: Json = {"phase": podgroup_phase(group.min_member, counts), "scheduled": counts.bound,
+                                "running": counts.running}
+                if self._podgroup_status.get(key) != status:
+                    try:
+                        await write_status(key, status)
+                    except (KubeError, aiohttp.ClientError, OSError, TimeoutError) as error:
+                        log.warning("cannot write the status of PodGroup %s: %s", key, error)
+                    else:
+                        self._podgroup_status[key] = status
+            quiet = 0 if changed else self._gang_quiet.get(key, 0) + 1
+            self._gang_quiet[key] = quiet
+            if key not in pending_gangs and quiet >= GANG_QUIET_ROUNDS:
+                self.gangs_dirty.pop(key, None)
+                self._gang_quiet.pop(key, None)
+
     def _plan_gangs(self, pods: Sequence[PendingPod]) -> tuple[list[PendingPod], list[WorkItem]]:
         """Pods outside gangs, and one item per gang that has min-available members pending; the members of a
         gang that is not complete wait, with the reason on each of them."""
@@ -689,8 +791,16 @@ class Dispatcher:
                 (p for p in self.pending.values() if self._gang(p) == key and p.uid not in self.dispatched),
                 key=lambda p: p.name,
             )
-            state = gang_state(key, [m.labels for m in members], podgroups=self.podgroups)
+            bound = self._bound_members(key)
+            state = gang_state(key, [m.labels for m in members], podgroups=self.podgroups, bound=bound or 0)
+            if bound is not None and state.started:
+                # The gang has started: extra and replacement members go out one by one, on the gang's policy.
+                self._gang_since.pop(key, None)
+                singles += members
+                continue
             if not state.ready:
+                if bound is None:
+                    self.gangs_dirty.setdefault(key, self._clock())  # count its bound members; that wakes us
                 since = self._gang_since.setdefault(key, self._clock())
                 reason, message = GANG_WAITING_REASON, state.waiting_message()
                 group = self.podgroups.get(key)
@@ -709,7 +819,7 @@ class Dispatcher:
                 uid=first.uid, namespace=first.namespace, name=first.name, policy=first.policy, gang=str(key),
                 members=tuple(GangMember(uid=m.uid, namespace=m.namespace, name=m.name, pod=m.compact,
                                          digest=m.digest) for m in members),
-                min_available=state.min_available or len(members), attempt=self._attempts.get(first.uid, 0),
+                min_available=state.still_needed, attempt=self._attempts.get(first.uid, 0),
             ))
         return singles, items
 
@@ -1044,6 +1154,28 @@ async def watch_podgroups(api: client.ApiClient, dispatcher: Dispatcher, *, rech
         await run_informer("podgroups", call, InformerHandlers(on_list=on_list, on_event=on_event))
 
 
+async def track_gangs(api: client.ApiClient, dispatcher: Dispatcher, is_leader: Callable[[], bool], *,
+                      interval: float = GANG_REFRESH_SECONDS) -> None:
+    """As leader, count the members of gangs that changed and write their PodGroups' status (`refresh_gangs`)."""
+    core: Any = client.CoreV1Api(api)
+    custom: Any = client.CustomObjectsApi(api)
+    group, version, plural = PODGROUP_API
+
+    async def list_members(namespace: str, selector: str) -> list[Json]:
+        body = await request_json(core.list_namespaced_pod, namespace, label_selector=selector,
+                                  _request_timeout=STATUS_TIMEOUT_SECONDS * 2)
+        return list(body.get("items") or [])
+
+    async def write_status(key: GangKey, status: Json) -> None:
+        await request_json(custom.patch_namespaced_custom_object_status, group, version, key.namespace, plural,
+                           key.name, {"status": status}, _request_timeout=STATUS_TIMEOUT_SECONDS * 2)
+
+    while True:
+        await asyncio.sleep(interval)
+        if is_leader() and dispatcher.gangs_dirty:
+            await dispatcher.refresh_gangs(list_members, write_status)
+
+
 @contextlib.asynccontextmanager
 async def running_dispatcher(settings: DispatcherSettings) -> AsyncIterator[RunningDispatcher]:
     """Start the watch, the election, the dispatcher's role and the HTTP server; stop them in reverse on exit.
@@ -1094,6 +1226,10 @@ async def running_dispatcher(settings: DispatcherSettings) -> AsyncIterator[Runn
         podgroups = asyncio.create_task(supervise("podgroup-watch", lambda: watch_podgroups(api, dispatcher)),
                                         name="podgroup-watch")
         stack.push_async_callback(cancel_and_wait, podgroups)
+        gangs = asyncio.create_task(supervise("gang-counts", lambda: track_gangs(api, dispatcher,
+                                                                                 lambda: elector.is_leader)),
+                                    name="gang-counts")
+        stack.push_async_callback(cancel_and_wait, gangs)
         stack.push_async_callback(elector.release)
         election = asyncio.create_task(elector.run(), name="leader-election")
         stack.push_async_callback(cancel_and_wait, election)
