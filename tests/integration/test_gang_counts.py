@@ -1,0 +1,87 @@
+"""Gangs as scheduler-plugins' Coscheduling has them, against a real redis-server: members already bound count
+toward min-available, extra and replacement members go out singly once the gang started, and the PodGroup's
+status (phase, scheduled, running) is written from the members' counts."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import redis.asyncio
+
+from dispatcher.gangs import GangKey, PodGroupSpec
+from dispatcher.queue import WorkerInfo, WorkItem, WorkQueue, queue_key
+from dispatcher.service import Dispatcher
+from dispatcher.settings import DispatcherSettings
+
+pytestmark = pytest.mark.integration
+Json = dict[str, Any]
+KEY = GangKey("team", "train")
+
+
+@pytest.fixture
+async def queue(redis_url: str) -> AsyncIterator[WorkQueue]:
+    connection = redis.asyncio.Redis.from_url(redis_url, decode_responses=True)
+    await connection.flushdb()
+    yield WorkQueue(connection)
+    await connection.aclose()
+
+
+def member(n: int, *, node: str = "", phase: str = "Pending") -> Json:
+    return {
+        "metadata": {"name": f"train-{n}", "namespace": "team", "uid": f"uid-{n}",
+                     "labels": {"scheduling.x-k8s.io/pod-group": "train"}},
+        "spec": {"schedulerName": "hoss", "containers": [{"name": "c"}], **({"nodeName": node} if node else {})},
+        "status": {"phase": phase},
+    }
+
+
+async def sent_items(queue: WorkQueue) -> list[WorkItem]:
+    entries: Any = await queue.redis.xrange(queue_key("w"))
+    return [WorkItem.decode(fields) for _id, fields in entries]
+
+
+async def test_bound_members_count_so_a_replacement_goes_out_singly_and_the_podgroup_status_follows(
+    queue: WorkQueue,
+) -> None:
+    dispatcher = Dispatcher(queue=queue, settings=DispatcherSettings(identity="t"))
+    dispatcher.podgroups[KEY] = PodGroupSpec(min_member=4)
+    await queue.heartbeat(WorkerInfo(id="w", policies=["default"]), ttl_seconds=60)
+    apiserver = {n: member(n, node=f"n{n}", phase="Running") for n in range(4)}  # the gang ran, then one died
+    del apiserver[3]
+    apiserver[4] = member(4)  # its replacement
+    statuses: list[Json] = []
+
+    async def list_members(namespace: str, selector: str) -> list[Json]:
+        assert (namespace, selector) == ("team", "scheduling.x-k8s.io/pod-group=train")
+        return list(apiserver.values())
+
+    async def write_status(key: GangKey, status: Json) -> None:
+        assert key == KEY
+        statuses.append(status)
+
+    await dispatcher.on_list([apiserver[4]])
+    dispatcher.synced.set()
+    await dispatcher.tick()
+    assert await sent_items(queue) == [], "3 bound + 1 pending reach min-available 4, but are not counted yet"
+    assert dispatcher.waiting["uid-4"].reason == "GangIncomplete"
+
+    await dispatcher.refresh_gangs(list_members, write_status)
+    assert statuses[-1] == {"phase": "Pending", "scheduled": 3, "running": 3}
+    await dispatcher.tick()
+    [item] = await sent_items(queue)
+    assert item.gang == "team/train" and item.min_available == 1, "one more member completes the gang"
+    assert [m.uid for m in item.members] == ["uid-4"]
+
+    # The replacement is bound and runs; a fifth member (an extra) arrives once the gang has started.
+    await queue.redis.delete(queue_key("w"), "{hoss}:dispatched")
+    await dispatcher.on_event("DELETED", apiserver[4])
+    apiserver[4] = member(4, node="n4", phase="Running")
+    apiserver[5] = member(5)
+    await dispatcher.on_event("ADDED", apiserver[5])
+    await dispatcher.refresh_gangs(list_members, write_status)
+    assert statuses[-1] == {"phase": "Running", "scheduled": 4, "running": 4}
+    await dispatcher.tick()
+    [single] = await sent_items(queue)
+    assert (single.uid, single.members, single.pod != "") == ("uid-5", (), True), "an extra member goes singly"
