@@ -8,10 +8,11 @@ STAMP := $(VENV)/.stamp-install
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 
-.PHONY: test demo deps venv binaries lint unit integration e2e down clean
+.PHONY: test demo deps venv binaries lint unit integration e2e chaos down clean
 
+# The long chaos scenarios (marker `chaos`) are left out here; `make chaos` runs every scenario.
 test: deps binaries lint
-	$(BIN)/pytest -p no:cacheprovider tests/unit tests/integration tests/e2e $(PYTEST_ARGS)
+	$(BIN)/pytest -p no:cacheprovider -m "not chaos" tests/unit tests/integration tests/e2e $(PYTEST_ARGS)
 
 demo: deps binaries
 	$(BIN)/hoss demo
@@ -53,7 +54,10 @@ integration: deps venv
 	$(BIN)/pytest -p no:cacheprovider tests/integration $(PYTEST_ARGS)
 
 e2e: deps binaries
-	$(BIN)/pytest -p no:cacheprovider tests/e2e $(PYTEST_ARGS)
+	$(BIN)/pytest -p no:cacheprovider -m "not chaos" tests/e2e $(PYTEST_ARGS)
+
+chaos: deps binaries
+	$(BIN)/pytest -p no:cacheprovider -s tests/e2e/test_chaos.py $(PYTEST_ARGS)
 
 down: venv
 	$(BIN)/hoss local down

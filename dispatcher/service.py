@@ -1168,7 +1168,8 @@ async def track_gangs(api: client.ApiClient, dispatcher: Dispatcher, is_leader: 
 
     async def write_status(key: GangKey, status: Json) -> None:
         await request_json(custom.patch_namespaced_custom_object_status, group, version, key.namespace, plural,
-                           key.name, {"status": status}, _request_timeout=STATUS_TIMEOUT_SECONDS * 2)
+                           key.name, {"status": status}, _content_type="application/merge-patch+json",
+                           _request_timeout=STATUS_TIMEOUT_SECONDS * 2)
 
     while True:
         await asyncio.sleep(interval)

@@ -45,8 +45,8 @@ class DispatcherSettings(BaseModel):
     reclaim_interval_seconds: float = Field(default=1.0, gt=0)
     """How often the leader looks for dead workers, moves their work and retries pods waiting for a worker."""
     stall_seconds: float = Field(default=15.0, gt=0)
-    """A worker whose heartbeat lives but which has not read or decided anything this long after work was sent
-    to it is stuck: its work is taken back as a dead worker's is (it re-registers when it moves again)."""
+    """A worker whose heartbeat lives but which has decided nothing this long after work was sent to it is
+    stuck: its work is taken back as a dead worker's is (it re-registers when it moves again)."""
     no_worker_event_interval_seconds: float = Field(default=30.0, gt=0)
     """Least time between two NoWorkerForPolicy events about the same pod."""
     informer_lag_seconds: float = Field(default=5.0, ge=0)

@@ -130,3 +130,49 @@ def decode(encoded: bytes | str) -> Json:
     if not isinstance(value, dict) or value.get("v") != COMPACT_VERSION:
         raise ValueError(f"compact form of unknown version {value.get('v') if isinstance(value, dict) else value!r}")
     return value
+
+
+ANY_HOST_IP = "0.0.0.0"
+
+
+def host_ports(pod: Mapping[str, Any]) -> list[str]:
+    """The host ports a pod holds on its node, as kube-scheduler's NodePorts reads them (containers and restartable
+    init containers, hostPort > 0; protocol TCP and hostIP 0.0.0.0 when empty): ``['TCP/0.0.0.0/80', ...]``.
+    Lenient: malformed entries are skipped (the worker's parser refuses such a pod before it is placed)."""
+    spec = pod.get("spec")
+    if not isinstance(spec, dict):
+        return []
+    ports: list[str] = []
+    for kind in ("initContainers", "containers"):
+        containers = spec.get(kind)
+        for container in containers if isinstance(containers, list) else []:
+            if not isinstance(container, dict) or (kind == "initContainers"
+                                                   and container.get("restartPolicy") != "Always"):
+                continue
+            items = container.get("ports")
+            for port in items if isinstance(items, list) else []:
+                if not isinstance(port, dict):
+                    continue
+                number = port.get("hostPort")
+                if isinstance(number, int) and not isinstance(number, bool) and number > 0:
+                    protocol = port.get("protocol") if isinstance(port.get("protocol"), str) else ""
+                    ip = port.get("hostIP") if isinstance(port.get("hostIP"), str) else ""
+                    ports.append(f"{protocol or 'TCP'}/{ip or ANY_HOST_IP}/{number}")
+    return ports
+
+
+def pod_meta(pod: Mapping[str, Any]) -> tuple[str, str]:
+    """What the ledger keeps of a placed pod beyond its request: its host ports as the reserve scripts check them
+    ('TCP/0.0.0.0/80,UDP/10.0.0.1/53', '' for none), and its meta for the workers' pod index (JSON: namespace,
+    labels, host ports) -- what NodePorts, and later InterPodAffinity and PodTopologySpread, read of the pods
+    already on a node."""
+    metadata = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
+    assert isinstance(metadata, dict)
+    labels = metadata.get("labels")
+    ports = host_ports(pod)
+    meta: Json = {"namespace": metadata.get("namespace") or "default"}
+    if isinstance(labels, dict) and labels:
+        meta["labels"] = labels
+    if ports:
+        meta["ports"] = ports
+    return ",".join(ports), orjson.dumps(meta, option=orjson.OPT_SORT_KEYS).decode()

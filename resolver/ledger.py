@@ -27,11 +27,15 @@ Key layout (one hash tag, so every script's keys are in one slot and it runs on 
     {hoss}:node:<name>:assumed     set of uids with an assumed entry on the node
     {hoss}:node:<name>:bound       set of uids with a bound entry on the node
     {hoss}:pod:<uid>               hash node, pod, state (assumed|bound), owner, deadline (ms, assumed only),
-                                   r:<resource> -> request (base units)
+                                   r:<resource> -> request (base units), ports (host ports, if any), meta
+                                   (`resolver.compact.pod_meta`: namespace, labels, host ports; for workers)
+    {hoss}:node:<name>:ports       hash '<protocol>/<port>' and '<protocol>/<ip>/<port>' -> how many entries on
+                                   the node hold that host port; reserve and reserve_batch refuse a conflict
     {hoss}:assumed                 zset uid by deadline (ms)
     {hoss}:node:<name>:spec        the node's compact description (JSON, `resolver.compact.compact_node`)
-    {hoss}:changes                 stream of changes (used totals, node descriptions, removals, rebuilds) that
-                                   workers follow instead of re-reading nodes; see common.lua for the entries
+    {hoss}:changes                 stream of changes (used totals, pods placed and removed, node descriptions,
+                                   removals, rebuilds) that workers follow instead of re-reading nodes; see
+                                   common.lua for the entries
     {hoss}:podver                  hash uid -> digest or "gone": the dispatcher's word that a queued pod changed
                                    or left; a reservation of another version answers "stale"
 """
@@ -153,6 +157,10 @@ class BatchPod:
     digest: str
     candidates: Sequence[str]
     request: Mapping[str, int]
+    ports: str = ""
+    """Host ports (`resolver.compact.pod_meta`): the reservation is refused on a node where one is taken."""
+    meta: str = ""
+    """The pod's compact description for the workers' pod index (`resolver.compact.pod_meta`)."""
 
 
 @dataclass(frozen=True)
@@ -165,16 +173,21 @@ class LedgerLoad:
     last_change: str
     nodes: dict[str, tuple[str, ResourceVector]]
     """node -> (compact description JSON, '' when the sync has not written one; used totals)"""
+    pods: list[tuple[str, str, str]] = field(default_factory=list)
+    """Every pod entry as (uid, node, meta)."""
 
 
 @dataclass(frozen=True)
 class Change:
-    """One change-stream entry: ``kind`` u (used totals), s (node description), d (node gone), r (rebuilt)."""
+    """One change-stream entry: ``kind`` u (used totals, pods placed and removed), s (node description), d (node
+    gone), r (rebuilt)."""
 
     id: str
     kind: str
     items: list[tuple[str, str]]
-    """(node, used text | spec JSON | '') pairs; for r: [("epoch", epoch)]"""
+    """(node, used text | spec JSON | '') pairs; for r: [("epoch", epoch)]. A u entry then holds
+    ("p:<uid>", "<node>\n<meta>") for a pod that holds an entry after the call and ("x:<uid>", node) for one that
+    holds none any more (node names cannot contain ':')."""
 
 
 CHANGES_KEY: Final = f"{KEY_PREFIX}:changes"
@@ -201,6 +214,10 @@ class Placement:
     """namespace/name, for messages and logs"""
     node: str
     request: Mapping[str, int]
+    ports: str = ""
+    """Host ports the pod holds on the node (`resolver.compact.pod_meta`), checked by reserve."""
+    meta: str = ""
+    """The pod's compact description for the workers' pod index (`resolver.compact.pod_meta`)."""
 
 
 GangMember = Placement
@@ -314,7 +331,7 @@ class Ledger:
         args: list[str | int] = [owner, _ttl_ms(ttl_seconds), len(pods)]
         for item in pods:
             args.extend([item.uid, item.pod, item.digest, len(item.candidates), *item.candidates,
-                         *_vector_args(item.request)])
+                         *_vector_args(item.request), item.ports, item.meta])
         reply = await self._run("reserve_batch", args)
         refusal = _refusal(reply) if reply and _text(reply[0]) == "not_ready" else None
         if isinstance(refusal, LedgerNotReady):
@@ -477,7 +494,8 @@ class Ledger:
             name = cursor.text()
             spec = cursor.text()
             nodes[name] = (spec, parse_used(cursor.text()))
-        return LedgerLoad(ready=ready, epoch=epoch, last_change=last, nodes=nodes)
+        pods = [(cursor.text(), cursor.text(), cursor.text()) for _ in range(cursor.number())]
+        return LedgerLoad(ready=ready, epoch=epoch, last_change=last, nodes=nodes, pods=pods)
 
     async def changes(self, after: str, *, count: int = 2000, block_ms: int | None = None) -> list[Change]:
         """Change-stream entries after id `after` (at most `count`; waits up to `block_ms` for the first)."""
@@ -549,7 +567,8 @@ def _vector_args(vector: Mapping[str, int]) -> list[str | int]:
 
 
 def _placement_args(placement: Placement) -> list[str | int]:
-    return [placement.uid, placement.pod, placement.node, *_vector_args(placement.request)]
+    return [placement.uid, placement.pod, placement.node, *_vector_args(placement.request), placement.ports,
+            placement.meta]
 
 
 @functools.cache

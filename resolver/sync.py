@@ -58,6 +58,10 @@ class PodInfo:
     request: ResourceVector
     terminal: bool
     generation: int | None = None
+    ports: str = ""
+    """Host ports the pod holds on its node, as the ledger checks them (`resolver.compact.pod_meta`)."""
+    meta: str = ""
+    """namespace, labels and host ports for the workers' pod index (`resolver.compact.pod_meta`)."""
 
     @property
     def key(self) -> str:
@@ -76,6 +80,7 @@ def parse_pod(pod: Json, *, known: PodInfo | None = None) -> PodInfo:
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
     generation = metadata.get("generation")
+    ports, meta = compact.pod_meta(pod)
     reuse = (
         known is not None
         and generation is not None
@@ -91,6 +96,8 @@ def parse_pod(pod: Json, *, known: PodInfo | None = None) -> PodInfo:
         request=known.request if reuse and known is not None else pod_requests(pod),
         terminal=status.get("phase") in TERMINAL_PHASES,
         generation=generation if isinstance(generation, int) else None,
+        ports=ports,
+        meta=meta,
     )
 
 
@@ -123,7 +130,7 @@ class PodIndex:
 
     def bound(self) -> list[BoundPod]:
         return [
-            BoundPod(uid=p.uid, pod=p.key, node=p.node, request=p.request)
+            BoundPod(uid=p.uid, pod=p.key, node=p.node, request=p.request, ports=p.ports, meta=p.meta)
             for p in self.by_uid.values()
             if p.node and not p.terminal
         ]
@@ -323,7 +330,8 @@ class LedgerSync:
                 previous = self.pods.by_uid.get(uid)
                 self.pods.put(info)
                 if info.node and (previous is None or previous.node != info.node):
-                    binds.append(Placement(uid=uid, pod=info.key, node=info.node, request=info.request))
+                    binds.append(Placement(uid=uid, pod=info.key, node=info.node, request=info.request,
+                                           ports=info.ports, meta=info.meta))
             self.stats.pod_flushes += 1
             if not self.synced.is_set() or self._ledger_stale:
                 return  # the (next) rebuild writes the mirror, these changes included

@@ -9,6 +9,11 @@ rebuild (an ``r`` entry), when the stream was trimmed past the worker's position
 
 Entries carry totals, not increments, so applying one twice or after the worker's own local update is harmless:
 the latest entry is the ledger's truth at that moment.
+
+The feed also keeps the table's pod index (`NodeTable.pods`: which pods run or are reserved on each node, with
+their namespace, labels and host ports): the load brings every entry, and each ``u`` entry says which pods the
+call placed (``p:<uid>``) or removed (``x:<uid>``). NodePorts reads it; InterPodAffinity and PodTopologySpread
+will.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from collections.abc import Callable
 from resolver import compact
 from resolver.errors import LedgerUnavailable, ResolverError
 from resolver.ledger import Change, Ledger, parse_used
-from workers.nodes import NodeTable
+from workers.nodes import NodeTable, parse_placed
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +70,9 @@ class NodeFeed:
         for name in list(self.table.names):
             if name not in present:
                 self.table.remove_node(name)
+        self.table.clear_pods()
+        for uid, node, meta in snapshot.pods:
+            self.table.place_pod(parse_placed(uid, node, meta))
         self.position = snapshot.last_change
         self.epoch = snapshot.epoch
         self.reloads += 1
@@ -92,7 +100,13 @@ class NodeFeed:
             if change.kind == "r":
                 return True
             for name, value in change.items:
-                if change.kind == "u":
+                if change.kind == "u" and name[:2] == "p:":
+                    node, _, meta = value.partition("\n")
+                    self.table.place_pod(parse_placed(name[2:], node, meta))
+                elif change.kind == "u" and name[:2] == "x:":
+                    gone = self.table.remove_pod(name[2:])
+                    room = room or (gone is not None and bool(gone.ports))  # a host port was freed
+                elif change.kind == "u":
                     if name in self.table:
                         used = parse_used(value)
                         before = self.table.used_of(name)

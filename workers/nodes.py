@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import orjson
 from numpy.typing import NDArray
 
 from resolver.errors import NodeSpecError
@@ -35,6 +36,8 @@ from workers import payload
 from workers.errors import UnknownNodeError
 
 TAINT_EFFECTS = frozenset({"NoSchedule", "PreferNoSchedule", "NoExecute"})
+ANY_HOST_IP = "0.0.0.0"
+"""kube-scheduler's DefaultBindAllHostIP: an empty hostIP means every address of the node."""
 
 _MIN_CAPACITY = 64
 _ABSENT = -1
@@ -51,6 +54,64 @@ class Taint:
     def __str__(self) -> str:
         # kube-scheduler's spelling in "node(s) had untolerated taint {key: value}".
         return f"{{{self.key}: {self.value}}}"
+
+
+@dataclass(frozen=True, order=True)
+class HostPort:
+    """A host port a container asks for, sanitised as kube-scheduler does (protocol TCP, hostIP 0.0.0.0 when empty)."""
+
+    protocol: str
+    ip: str
+    port: int
+
+    def conflicts(self, other: HostPort) -> bool:
+        """kube-scheduler's ``HostPortInfo.CheckConflict``: same protocol and port, same IP or either is 0.0.0.0."""
+        if self.protocol != other.protocol or self.port != other.port:
+            return False
+        return self.ip == other.ip or ANY_HOST_IP in (self.ip, other.ip)
+
+    def __str__(self) -> str:
+        return f"{self.protocol}/{self.ip}/{self.port}"
+
+
+    @classmethod
+    def parse(cls, text: str) -> HostPort | None:
+        """'TCP/0.0.0.0/80' (as `resolver.compact.host_ports` writes it) -> HostPort; None when malformed."""
+        protocol, _, rest = text.partition("/")
+        ip, _, port = rest.rpartition("/")
+        return cls(protocol, ip, int(port)) if protocol and ip and port.isdigit() else None
+
+
+@dataclass(frozen=True)
+class PlacedPod:
+    """A pod that holds a ledger entry on a node (assumed or bound), as the workers' pod index keeps it."""
+
+    uid: str
+    node: str
+    namespace: str
+    labels: dict[str, str]
+    ports: tuple[HostPort, ...]
+
+
+def parse_placed(uid: str, node: str, meta: str) -> PlacedPod:
+    """A pod index entry from the ledger's meta (`resolver.compact.pod_meta`); lenient: a pod without meta (written
+    by an older resolver) or with an unreadable one has no labels and no ports."""
+    try:
+        value = orjson.loads(meta) if meta else {}
+    except orjson.JSONDecodeError:
+        value = {}
+    if not isinstance(value, dict):
+        value = {}
+    labels = value.get("labels")
+    ports = value.get("ports")
+    parsed = (HostPort.parse(p) for p in (ports if isinstance(ports, list) else []) if isinstance(p, str))
+    return PlacedPod(
+        uid=uid,
+        node=node,
+        namespace=str(value.get("namespace") or "default"),
+        labels={str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {},
+        ports=tuple(p for p in parsed if p is not None),
+    )
 
 
 @dataclass(frozen=True)
@@ -127,6 +188,12 @@ class NodeTable:
         self._label_codes: dict[str, NDArray[np.int32]] = {}
         self._label_values: dict[str, list[str]] = {}
         self._label_value_codes: dict[str, dict[str, int]] = {}
+        self.pods: dict[str, PlacedPod] = {}
+        """The pod index: every pod holding a ledger entry, by uid (fed by `workers.feed`)."""
+        self.pods_on: dict[str, set[str]] = {}
+        """Node name -> uids of the pods on it (nodes not in the table included: the index follows the ledger)."""
+        self._port_holders: dict[tuple[str, int], dict[tuple[str, str], int]] = {}
+        """(protocol, port) -> (node, ip) -> how many pods hold it."""
 
     def __len__(self) -> int:
         return len(self.names)
@@ -247,6 +314,8 @@ class NodeTable:
 
     def remove_node(self, name: str) -> bool:
         """Drop a node; the last row moves into its place. False when the node was not in the table."""
+        for uid in list(self.pods_on.get(name, ())):
+            self.remove_pod(uid)  # the ledger dropped the node's entries with it
         row = self.index.pop(name, None)
         if row is None:
             return False
@@ -292,6 +361,53 @@ class NodeTable:
     def sub_used(self, name: str, amount: Mapping[str, int]) -> None:
         """Take a pod's request off the node's usage (the reservation was released)."""
         self.add_used(name, {resource: -units for resource, units in amount.items()})
+
+    # The pod index.
+
+    def place_pod(self, pod: PlacedPod) -> None:
+        """Record that `pod` holds an entry on its node (replacing where it was before)."""
+        self.remove_pod(pod.uid)
+        self.pods[pod.uid] = pod
+        self.pods_on.setdefault(pod.node, set()).add(pod.uid)
+        for port in pod.ports:
+            holders = self._port_holders.setdefault((port.protocol, port.port), {})
+            holders[(pod.node, port.ip)] = holders.get((pod.node, port.ip), 0) + 1
+
+    def remove_pod(self, uid: str) -> PlacedPod | None:
+        """Forget a pod's entry; returns it, or None when the index did not hold it."""
+        pod = self.pods.pop(uid, None)
+        if pod is None:
+            return None
+        on_node = self.pods_on.get(pod.node)
+        if on_node is not None:
+            on_node.discard(uid)
+            if not on_node:
+                del self.pods_on[pod.node]
+        for port in pod.ports:
+            holders = self._port_holders.get((port.protocol, port.port), {})
+            left = holders.get((pod.node, port.ip), 0) - 1
+            if left > 0:
+                holders[(pod.node, port.ip)] = left
+            else:
+                holders.pop((pod.node, port.ip), None)
+                if not holders:
+                    self._port_holders.pop((port.protocol, port.port), None)
+        return pod
+
+    def clear_pods(self) -> None:
+        """Empty the pod index (before loading it again)."""
+        self.pods.clear()
+        self.pods_on.clear()
+        self._port_holders.clear()
+
+    def port_taken(self, port: HostPort) -> NDArray[np.bool_]:
+        """Rows of the nodes where a pod holds a host port that conflicts with `port` (kube-scheduler's rule)."""
+        taken = np.zeros(len(self), dtype=np.bool_)
+        for (node, ip), count in self._port_holders.get((port.protocol, port.port), {}).items():
+            row = self.index.get(node)
+            if count > 0 and row is not None and (ip == port.ip or ANY_HOST_IP in (ip, port.ip)):
+                taken[row] = True
+        return taken
 
     # Storage.
 

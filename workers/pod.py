@@ -18,7 +18,7 @@ from resolver.errors import PodSpecError, QuantityError
 from resolver.resources import ResourceVector, pod_requests
 from workers import payload
 from workers.errors import UnsupportedPodField
-from workers.nodes import TAINT_EFFECTS, Taint
+from workers.nodes import ANY_HOST_IP, TAINT_EFFECTS, HostPort, Taint
 
 POLICY_LABEL = "hoss.io/policy"
 POOL_LABEL = "hoss.io/pool"
@@ -28,9 +28,6 @@ LABEL_OPERATORS = frozenset({"In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"
 FIELD_OPERATORS = frozenset({"In", "NotIn"})
 NODE_NAME_FIELD = "metadata.name"
 TOLERATION_OPERATORS = frozenset({"Equal", "Exists"})
-
-ANY_HOST_IP = "0.0.0.0"
-"""kube-scheduler's DefaultBindAllHostIP: an empty hostIP means every address of the node."""
 
 _INTEGER = re.compile(r"[+-]?[0-9]+")
 _AFFINITY_FIELD = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
@@ -74,24 +71,6 @@ class Toleration:
         if self.key and self.key != taint.key:
             return False
         return self.operator == "Exists" or self.value == taint.value
-
-
-@dataclass(frozen=True, order=True)
-class HostPort:
-    """A host port a container asks for, sanitised as kube-scheduler does (protocol TCP, hostIP 0.0.0.0 when empty)."""
-
-    protocol: str
-    ip: str
-    port: int
-
-    def conflicts(self, other: HostPort) -> bool:
-        """kube-scheduler's ``HostPortInfo.CheckConflict``: same protocol and port, same IP or either is 0.0.0.0."""
-        if self.protocol != other.protocol or self.port != other.port:
-            return False
-        return self.ip == other.ip or ANY_HOST_IP in (self.ip, other.ip)
-
-    def __str__(self) -> str:
-        return f"{self.protocol}/{self.ip}/{self.port}"
 
 
 @dataclass(frozen=True)

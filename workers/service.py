@@ -73,7 +73,7 @@ from workers.extender import decide_with_extenders
 from workers.feed import NodeFeed
 from workers.framework import Evaluation, Placement, Profile, Unschedulable, choose, evaluate
 from workers.gang import place_gang
-from workers.nodes import NodeTable
+from workers.nodes import NodeTable, PlacedPod
 from workers.pod import PodView, check_supported, parse_pod
 from workers.profiles import load_profiles
 from workers.settings import WorkerSettings
@@ -176,6 +176,12 @@ def _parsed(raw: Json) -> tuple[PodView, bytes]:
     return view, shape
 
 
+def _meta(raw: Json) -> dict[str, str]:
+    """The ledger's ``ports`` and ``meta`` of a pod (`resolver.compact.pod_meta`) as keyword arguments."""
+    ports, meta = compact.pod_meta(raw)
+    return {"ports": ports, "meta": meta}
+
+
 def signature(work: Work) -> bytes:
     """What decides a pod's placement apart from its identity: policy and shape (namespace, labels, spec)."""
     return work.item.policy.encode() + b"\0" + (work.shape or _shape(work.raw))
@@ -238,7 +244,8 @@ class Worker:
         self._ack_ready = asyncio.Event()
         self.supervisor = Supervisor()
         self.progress = 0
-        """Items read plus batches decided: the heartbeat carries it so the dispatcher sees a stuck worker."""
+        """Batches decided: the heartbeat carries it so the dispatcher sees a worker whose scheduling is stuck
+        (reading alone is no progress: a reader whose decisions hang would otherwise look well)."""
         self.requeues = 0
         """Times this worker found its queue gone (declared dead, or Redis lost its data) and registered again."""
 
@@ -303,7 +310,6 @@ class Worker:
                 outage = None
             for message_id, item in batch:
                 self._push(parse_work(message_id, item))
-            self.progress += len(batch)
             self.metric_queue.set(len(self.ready) + len(self.retries))
 
     async def _register(self) -> None:
@@ -501,6 +507,9 @@ class Worker:
                 continue
             first = decision.candidates[0]
             self.nodes.add_used(first, pod.request)  # later pods of the batch see this placement
+            if pod.host_ports:  # ... and its host ports (the ledger's stream confirms or the results undo it)
+                self.nodes.place_pod(PlacedPod(uid=pod.uid, node=first, namespace=pod.namespace, labels=pod.labels,
+                                               ports=pod.host_ports))
             for _evaluation, touched in shared.values():
                 touched.add(first)
             decided.append((work, pod, decision))
@@ -508,12 +517,16 @@ class Worker:
             return
         results = await self.ledger.reserve_batch(
             [BatchPod(uid=pod.uid, pod=pod.key, digest=work.item.digest, candidates=decision.candidates,
-                      request=pod.request) for work, pod, decision in decided],
+                      request=pod.request, **_meta(work.raw)) for work, pod, decision in decided],
             owner=self.settings.id, ttl_seconds=self.settings.reservation_ttl_seconds,
         )
-        for _work, pod, decision in decided:
+        for index, (_work, pod, decision) in enumerate(decided):
             if decision.candidates[0] in self.nodes:
                 self.nodes.sub_used(decision.candidates[0], pod.request)
+            placed = self.nodes.pods.get(pod.uid) if pod.host_ports else None
+            if placed is not None and placed.node == decision.candidates[0] and not (
+                    isinstance(results, list) and results[index] == Reserved(placed.node)):
+                self.nodes.remove_pod(pod.uid)  # the tentative placement did not happen
         if isinstance(results, LedgerNotReady):
             for work, _pod, _decision in decided:
                 self._retry_later(work, soon=True)
@@ -624,8 +637,9 @@ class Worker:
             self._unschedulable(work, placement.message)
             return
         chosen = [v for v in views if v.uid in placement.assignments]
-        members = [GangPlacementMember(uid=v.uid, pod=v.key, node=placement.assignments[v.uid], request=v.request)
-                   for v in chosen]
+        raws = {view.uid: raw for view, raw in work.members}
+        members = [GangPlacementMember(uid=v.uid, pod=v.key, node=placement.assignments[v.uid], request=v.request,
+                                       **_meta(raws[v.uid])) for v in chosen]
         result = await self.ledger.reserve_gang(members=members, owner=self.settings.id,
                                                 ttl_seconds=self.settings.reservation_ttl_seconds)
         match result:

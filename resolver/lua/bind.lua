@@ -1,6 +1,6 @@
 -- bind: the apiserver says uid runs on node. Its entry becomes bound there with this request, whatever it was
 -- before and even if the node is overcommitted; a node not synced yet is registered without allocatable.
--- ARGV: prefix, then one placement (uid, pod, node, n, n resource/amount pairs).
+-- ARGV: prefix, then one placement (uid, pod, node, n, n resource/amount pairs, ports, meta).
 -- Reply: {'bound', previous node or '', previous state or ''} | NOT_READY
 if not is_ready() then
   return NOT_READY
@@ -12,7 +12,7 @@ if previous then
   owner = previous.owner or ''
 end
 redis.call('SADD', NODES, p.node)
-hold(p.uid, p.pod, p.node, p.request, 'bound', owner, nil)
+hold(p.uid, p.pod, p.node, p.request, 'bound', owner, nil, p.ports, p.meta)
 publish()
 if previous then
   return {'bound', previous.node, previous.state}

@@ -20,13 +20,26 @@ local NOT_READY = {'not_ready', 'the ledger has not been rebuilt since Redis sta
 -- The change stream: every script that changes a node's used totals, its description or the node set appends
 -- one entry, so workers follow the ledger as deltas instead of re-reading it. An entry is a flat list of
 -- field/value pairs whose first pair is ('t', kind):
---   t u  n:<node> <used> ... the nodes' used totals after the call ('cpu=100,memory=5,pods=1'; '' = nothing used)
+--   t u  n:<node> <used> ... the nodes' used totals after the call ('cpu=100,memory=5,pods=1'; '' = nothing used),
+--        then per pod whose entry the call placed or removed, its state after the call:
+--        p:<uid> '<node>\n<meta>'  the pod holds an entry on node (meta: its compact description, see hold)
+--        x:<uid> <node>            the pod holds no entry any more (node: where it was)
 --   t s  n:<node> <spec>     a node's compact description (JSON) was set; a 'u' entry for it follows
 --   t d  n:<node> ''         a node left the ledger
 -- (node fields carry the 'n:' prefix so that a node named 't' cannot clash with the kind)
 --   t r  epoch  <epoch>      the ledger was rebuilt: readers load it again
 local touched = {}
 local touched_list = {}
+-- Pods placed or removed by this call: uid -> {node, meta} (placed) or {node} (removed, meta nil); the last
+-- state wins, in the order the uids were first seen.
+local pod_events = {}
+local pod_event_list = {}
+local function pod_event(uid, node, meta)
+  if not pod_events[uid] then
+    table.insert(pod_event_list, uid)
+  end
+  pod_events[uid] = {node, meta}
+end
 local function touch(node)
   if not touched[node] then
     touched[node] = true
@@ -78,9 +91,81 @@ local function next_pairs()
   return list
 end
 
--- uid, pod (namespace/name), node, request pairs
+-- uid, pod (namespace/name), node, request pairs, host ports ('TCP/0.0.0.0/80,UDP/10.0.0.1/53' or ''), meta
+-- (the pod's compact description for the workers' pod index: JSON, or '')
 local function next_placement()
-  return {uid = next_arg(), pod = next_arg(), node = next_arg(), request = next_pairs()}
+  return {uid = next_arg(), pod = next_arg(), node = next_arg(), request = next_pairs(), ports = next_arg(),
+          meta = next_arg()}
+end
+
+-- Host ports: per node a hash of counts, '<protocol>/<port>' (held on any IP) and '<protocol>/<ip>/<port>'.
+-- kube-scheduler's rule: a port on 0.0.0.0 conflicts with the same protocol and port on any IP; a port on a
+-- specific IP conflicts with the same IP or 0.0.0.0.
+local ANY_IP = '0.0.0.0'
+local function split_ports(text)
+  local ports = {}
+  if text and text ~= '' then
+    for item in string.gmatch(text, '[^,]+') do
+      local protocol, ip, port = string.match(item, '^([^/]+)/(.+)/([0-9]+)$')
+      if protocol then
+        table.insert(ports, {protocol, ip, port})
+      end
+    end
+  end
+  return ports
+end
+
+local function ports_conflict(a, b)
+  return a[1] == b[1] and a[3] == b[3] and (a[2] == b[2] or a[2] == ANY_IP or b[2] == ANY_IP)
+end
+
+local function change_ports(node, text, delta)
+  local key = node_key(node, 'ports')
+  for _, p in ipairs(split_ports(text)) do
+    for _, field in ipairs({p[1] .. '/' .. p[3], p[1] .. '/' .. p[2] .. '/' .. p[3]}) do
+      if redis.call('HINCRBY', key, field, delta) <= 0 then
+        redis.call('HDEL', key, field)
+      end
+    end
+  end
+end
+
+-- The first wanted port ('TCP/0.0.0.0/80') that conflicts on node with the ports of its entries (not counting
+-- those of `current`, the pod's own entry, when it is on that node) or with `claimed` (a list of ports other
+-- placements of this call take there), or nil.
+local function port_conflict(node, text, current, claimed)
+  local wanted = split_ports(text)
+  if #wanted == 0 then
+    return nil
+  end
+  local own = {}
+  if current and current.node == node then
+    own = split_ports(current.ports)
+  end
+  local key = node_key(node, 'ports')
+  for _, w in ipairs(wanted) do
+    local held
+    if w[2] == ANY_IP then
+      held = tonumber(redis.call('HGET', key, w[1] .. '/' .. w[3]) or '0')
+    else
+      held = tonumber(redis.call('HGET', key, w[1] .. '/' .. w[2] .. '/' .. w[3]) or '0')
+        + tonumber(redis.call('HGET', key, w[1] .. '/' .. ANY_IP .. '/' .. w[3]) or '0')
+    end
+    for _, o in ipairs(own) do
+      if ports_conflict(w, o) then
+        held = held - 1
+      end
+    end
+    for _, c in ipairs(claimed or {}) do
+      if ports_conflict(w, c) then
+        held = held + 1
+      end
+    end
+    if held > 0 then
+      return w[1] .. '/' .. w[2] .. '/' .. w[3]
+    end
+  end
+  return nil
 end
 
 local function flat_append(reply, flat)
@@ -133,10 +218,21 @@ local function change_used(node, request, sign)
   end
 end
 
--- Writes the entry of uid (which must not exist) and adds its request to the node's used totals.
--- deadline (ms) only for state 'assumed'; bound entries never expire.
-local function hold(uid, pod, node, request, state, owner, deadline)
+-- Writes the entry of uid (which must not exist) and adds its request to the node's used totals and its host
+-- ports to the node's ports. deadline (ms) only for state 'assumed'; bound entries never expire. ports and meta
+-- ('' or nil: none) are kept in the entry; meta is published on the change stream for the workers' pod index.
+local function hold(uid, pod, node, request, state, owner, deadline, ports, meta)
   local fields = {'node', node, 'pod', pod, 'state', state, 'owner', owner}
+  if ports and ports ~= '' then
+    table.insert(fields, 'ports')
+    table.insert(fields, ports)
+    change_ports(node, ports, 1)
+  end
+  if meta and meta ~= '' then
+    table.insert(fields, 'meta')
+    table.insert(fields, meta)
+  end
+  pod_event(uid, node, meta or '')
   for _, item in ipairs(request) do
     table.insert(fields, 'r:' .. item[1])
     table.insert(fields, item[2])
@@ -154,6 +250,8 @@ end
 -- Removes an entry read by read_entry and gives its request back to its node.
 local function drop(entry)
   change_used(entry.node, entry.request, '-')
+  change_ports(entry.node, entry.ports, -1)
+  pod_event(entry.uid, entry.node, nil)
   redis.call('SREM', node_key(entry.node, entry.state), entry.uid)
   redis.call('ZREM', ASSUMED, entry.uid)
   redis.call('DEL', pod_key(entry.uid))
@@ -176,7 +274,7 @@ local function remove_node(node)
       table.insert(dropped, uid)
     end
   end
-  for _, part in ipairs({'alloc', 'used', 'labels', 'assumed', 'bound', 'spec'}) do
+  for _, part in ipairs({'alloc', 'used', 'labels', 'assumed', 'bound', 'spec', 'ports'}) do
     redis.call('DEL', node_key(node, part))
   end
   redis.call('SREM', NODES, node)
@@ -246,8 +344,20 @@ local function publish()
       table.insert(fields, used_text(node))
     end
   end
+  for _, uid in ipairs(pod_event_list) do
+    local event = pod_events[uid]
+    if event[2] then
+      table.insert(fields, 'p:' .. uid)
+      table.insert(fields, event[1] .. '\n' .. event[2])
+    else
+      table.insert(fields, 'x:' .. uid)
+      table.insert(fields, event[1])
+    end
+  end
   touched = {}
   touched_list = {}
+  pod_events = {}
+  pod_event_list = {}
   if #fields > 2 then
     add_change(fields)
   end

@@ -1,5 +1,6 @@
 -- confirm: the admission webhook allows a binding of uid to node.
--- ARGV: prefix, owner, ttl_ms, has_request (0|1), then one placement (uid, pod, node, n, n resource/amount pairs).
+-- ARGV: prefix, owner, ttl_ms, has_request (0|1), then one placement (uid, pod, node, n, n resource/amount pairs,
+-- ports, meta).
 -- Without a request (has_request 0, a hoss binding whose reservation holds it) a uid with no entry answers
 -- {'need_request'}: the caller looks the pod's request up and calls again with it.
 -- An entry on this node (assumed or bound) confirms it, refreshing an assumed entry's deadline; no entry (a
@@ -35,6 +36,6 @@ local conflict = check_fit({p})
 if conflict then
   return conflict
 end
-hold(p.uid, p.pod, p.node, p.request, 'assumed', owner, now_ms() + ttl_ms)
+hold(p.uid, p.pod, p.node, p.request, 'assumed', owner, now_ms() + ttl_ms, p.ports, p.meta)
 publish()
 return {'confirmed', p.node, 1}

@@ -1,7 +1,8 @@
 -- rebuild: replace nodes and bound entries with the apiserver's truth, keep assumed entries whose node is still
 -- listed and whose uid is not bound, recompute every used total, then set a fresh epoch and the ready flag.
 -- Runs whether or not the ledger is ready (it is how the ledger becomes ready).
--- ARGV: prefix, epoch, n, n nodes (name, a, a alloc pairs, l, l label pairs, spec JSON), b, b bound placements.
+-- ARGV: prefix, epoch, n, n nodes (name, a, a alloc pairs, l, l label pairs, spec JSON), b, b bound placements
+-- (as bind's).
 -- Appends a 'r' entry to the change stream: readers load the whole ledger again.
 -- A bound pod on a node that is not listed registers that node without allocatable, as bind does.
 -- Reply: {'rebuilt', epoch}
@@ -43,10 +44,11 @@ for _, p in ipairs(bound) do
   -- a uid listed twice: the last placement wins, as in bind
   drop_uid(p.uid)
   redis.call('SADD', NODES, p.node)
-  hold(p.uid, p.pod, p.node, p.request, 'bound', '', nil)
+  hold(p.uid, p.pod, p.node, p.request, 'bound', '', nil, p.ports, p.meta)
 end
 for _, entry in ipairs(kept) do
-  hold(entry.uid, entry.pod, entry.node, entry.request, 'assumed', entry.owner, tonumber(entry.deadline))
+  hold(entry.uid, entry.pod, entry.node, entry.request, 'assumed', entry.owner, tonumber(entry.deadline),
+       entry.ports, entry.meta)
 end
 redis.call('SET', EPOCH, epoch)
 redis.call('SET', READY, '1')

@@ -1,5 +1,7 @@
 -- reserve / reserve_gang: all placements become assumed entries of one owner, or nothing changes.
--- ARGV: prefix, owner, ttl_ms, count, then count placements (uid, pod, node, n, n resource/amount pairs).
+-- ARGV: prefix, owner, ttl_ms, count, then count placements (uid, pod, node, n, n resource/amount pairs,
+-- ports, meta). Host ports must be free on each node, counting the other placements of the call.
+-- A port conflict answers {'conflict', node, 'hostPort <protocol>/<ip>/<port>', 1, 0}.
 -- Per placement: assumed on the same node -> refreshed (request and owner replaced); assumed on another node ->
 -- moved; bound on the same node -> left as is; bound elsewhere -> refused.
 -- Reply: {'reserved'} | {'conflict', node, resource, wanted, free} | {'unknown_node', node}
@@ -29,12 +31,23 @@ local conflict = check_fit(placements)
 if conflict then
   return conflict
 end
+local claimed = {}
+for _, p in ipairs(placements) do
+  local port = port_conflict(p.node, p.ports, p.current, claimed[p.node])
+  if port then
+    return {'conflict', p.node, 'hostPort ' .. port, 1, 0}
+  end
+  claimed[p.node] = claimed[p.node] or {}
+  for _, item in ipairs(split_ports(p.ports)) do
+    table.insert(claimed[p.node], item)
+  end
+end
 local deadline = now_ms() + ttl_ms
 for _, p in ipairs(placements) do
   if p.current then
     drop(p.current)
   end
-  hold(p.uid, p.pod, p.node, p.request, 'assumed', owner, deadline)
+  hold(p.uid, p.pod, p.node, p.request, 'assumed', owner, deadline, p.ports, p.meta)
 end
 publish()
 return {'reserved'}

@@ -1,13 +1,16 @@
 -- reserve_batch: reserve many independent pods in one call, each on the first of its candidate nodes it fits.
 -- ARGV: prefix, owner, ttl_ms, count, then per pod: uid, pod (namespace/name), digest, c, c candidate nodes,
---       n, n resource/amount pairs.
+--       n, n resource/amount pairs, host ports, meta (as placements carry them: see next_placement).
 -- Per pod, in order (earlier pods' reservations count for later ones):
 --   the dispatcher marked the pod changed or gone since this version was queued ('{hoss}:podver' holds
 --     another digest)                                  -> stale, the marker
 --   bound already (the sync saw it bound)              -> bound, that node
---   else the first candidate that is a node and fits   -> reserved, that node (an assumed entry elsewhere moves)
+--   else the first candidate that is a node, fits and has the pod's host ports free
+--                                                      -> reserved, that node (an assumed entry elsewhere moves)
 --   else                                               -> conflict, the last candidate's misfit (node, resource,
---                                                         wanted, free), or unknown when no candidate is a node
+--                                                         wanted, free; a taken host port reads resource
+--                                                         'hostPort <protocol>/<ip>/<port>', wanted 1, free 0), or
+--                                                         unknown when no candidate is a node
 -- Reply: NOT_READY, or a flat list of count results of 5 items each:
 --   {'reserved', node, '', 0, 0} | {'bound', node, '', 0, 0} | {'stale', marker, '', 0, 0}
 --   | {'conflict', node, resource, wanted, free} | {'unknown', node, '', 0, 0}
@@ -34,6 +37,8 @@ for _ = 1, next_number() do
     candidates[i] = next_arg()
   end
   local request = next_pairs()
+  local ports = next_arg()
+  local meta = next_arg()
   local marker = redis.call('HGET', PODVER, uid)
   local entry = read_entry(uid)
   if marker and marker ~= version then
@@ -46,13 +51,17 @@ for _ = 1, next_number() do
       if redis.call('SISMEMBER', NODES, node) == 1 then
         local p = {uid = uid, pod = pod, node = node, request = request, current = entry}
         local conflict = check_fit({p})
+        local port = not conflict and port_conflict(node, ports, entry, nil)
+        if port then
+          conflict = {'conflict', node, 'hostPort ' .. port, 1, 0}
+        end
         if conflict then
           result = conflict
         else
           if entry then
             drop(entry)
           end
-          hold(uid, pod, node, request, 'assumed', owner, deadline)
+          hold(uid, pod, node, request, 'assumed', owner, deadline, ports, meta)
           result = {'reserved', node}
           break
         end

@@ -101,10 +101,10 @@ async def test_load_then_follow_the_change_stream(ledger: Ledger) -> None:
     await ledger.remove_node("n2")
     changes = await ledger.changes(loaded.last_change)
     assert [(c.kind, c.items) for c in changes] == [
-        ("u", [("n1", "cpu=700,pods=1")]),
+        ("u", [("n1", "cpu=700,pods=1"), ("p:a", "n1\n")]),
         ("s", [("n3", '{"n3":1}')]),
         ("u", [("n3", "")]),
-        ("u", [("n1", "")]),
+        ("u", [("n1", ""), ("x:a", "n1")]),
         ("d", [("n2", "")]),
     ]
     assert parse_used("cpu=700,pods=1") == {"cpu": 700, "pods": 1}
@@ -119,4 +119,4 @@ async def test_a_node_named_t_does_not_clash_with_the_kind(ledger: Ledger) -> No
     await ledger.sync_node(node="t", allocatable={"cpu": 1000, "pods": 10}, spec="{}")
     await ledger.reserve_batch([item("a", "t", cpu=10)], owner="w1", ttl_seconds=30)
     changes = await ledger.changes(loaded.last_change)
-    assert changes[-1].kind == "u" and changes[-1].items == [("t", "cpu=10,pods=1")]
+    assert changes[-1].kind == "u" and changes[-1].items == [("t", "cpu=10,pods=1"), ("p:a", "t\n")]

@@ -16,7 +16,7 @@ from workers.plugins.spread import LeastAllocated
 from workers.profiles import load_profiles, parse_profiles, profile_for
 
 POLICIES = Path(__file__).resolve().parents[2] / "configs" / "policies.yaml"
-FILTERS = ["NodeUnschedulable", "TaintToleration", "NodeAffinity", "NodePool", "NodeResourcesFit"]
+FILTERS = ["NodeUnschedulable", "TaintToleration", "NodeAffinity", "NodePorts", "NodePool", "NodeResourcesFit"]
 
 
 def test_shipped_policies_load_with_their_four_profiles() -> None:

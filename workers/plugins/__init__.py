@@ -1,12 +1,12 @@
 """Scheduler plugins by the name a profile in policies.yaml uses for them: the built-ins, and your own.
 
-Built-in filters: NodeUnschedulable, TaintToleration, NodeAffinity, NodeResourcesFit, NodePool. Built-in scores:
-LeastAllocated (spread), MostAllocated (bin-pack), GpuPacking, CpuOffGpuNodes, NodeAffinity (preferred terms) and
-TaintToleration (PreferNoSchedule taints). Each module of this package
-documents its plugin and args. A factory takes the plugin's ``args`` mapping from the profile and returns the
-plugin; it validates the args (with a pydantic model) and lets its `ValidationError` out, which
-`workers.profiles` turns into a `ProfileError` naming the profile, plugin and field. Filter and score plugins
-have separate registries: a profile lists each under its own key.
+Built-in filters: NodeUnschedulable, TaintToleration, NodeAffinity, NodePorts, NodeResourcesFit, NodePool.
+Built-in scores: LeastAllocated (spread), MostAllocated (bin-pack), GpuPacking, CpuOffGpuNodes, NodeAffinity
+(preferred terms) and TaintToleration (PreferNoSchedule taints). Each module of this package documents its plugin
+and args. A factory takes the plugin's ``args`` mapping from the profile and returns the plugin; it validates
+the args (with a pydantic model) and lets its `ValidationError` out, which `workers.profiles` turns into a
+`ProfileError` naming the profile, plugin and field. Filter and score plugins have separate registries: a
+profile lists each under its own key.
 
 Writing your own plugin
 =======================
@@ -64,6 +64,7 @@ from workers.plugins.binpack import MostAllocated
 from workers.plugins.fit import NodeResourcesFit
 from workers.plugins.gpu import CpuOffGpuNodes, GpuPacking
 from workers.plugins.pools import NodePool
+from workers.plugins.ports import NodePorts
 from workers.plugins.spread import LeastAllocated
 from workers.plugins.taints import NodeUnschedulable, TaintToleration
 
@@ -79,6 +80,7 @@ FILTERS: Mapping[str, FilterFactory] = {
     TaintToleration.name: TaintToleration.from_args,
     NodeUnschedulable.name: NodeUnschedulable.from_args,
     NodePool.name: NodePool.from_args,
+    NodePorts.name: NodePorts.from_args,
 }
 """Built-in filter plugin name -> factory."""
 
