@@ -1,0 +1,187 @@
+"""The pod spec as kube-scheduler reads it, on the real plane with four workers: fields hoss does not honour yet
+are refused by name, scheduling gates hold a pod back, node preferences and PreferNoSchedule taints are scored
+with kube-scheduler's weights, and host ports never collide on a node -- each test ends with the independent
+oversell check and no schedulable pod left pending."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from deploy.local.cluster import Cluster, Json, oversold_nodes, wait_until
+from deploy.local.plane import LocalPlane, Process
+from tests.e2e.hoss import hoss_pods, wait_all_bound, workers
+
+CAPACITY = {"cpu": "8", "memory": "32Gi", "pods": "110"}
+FOUR = [(f"spec-{i}", ["default"]) for i in range(4)]
+_sets = itertools.count()
+
+
+@asynccontextmanager
+async def node_set(cluster: Cluster, count: int, *, labels: dict[str, str] | None = None,
+                   taints: list[dict[str, str]] | None = None) -> AsyncIterator[list[str]]:
+    names = await cluster.create_nodes(count, prefix=f"spec{next(_sets)}", capacity=CAPACITY, labels=labels,
+                                       taints=taints or ())
+    try:
+        await cluster.wait_nodes_ready(names)
+        yield names
+    finally:
+        await cluster.delete_nodes(names)
+
+
+def pinned(pods: list[Json], key: str, value: str) -> list[Json]:
+    """Keep the pods on this test's nodes (other tests' nodes may exist on the shared plane)."""
+    for pod in pods:
+        pod["spec"]["nodeSelector"] = {key: value}
+    return pods
+
+
+async def scheduled_condition(cluster: Cluster, namespace: str, pod: str) -> tuple[str, str]:
+    raw = await cluster.core.read_namespaced_pod(pod, namespace)
+    for condition in raw.status.conditions or []:
+        if condition.type == "PodScheduled" and condition.status == "False":
+            return str(condition.reason or ""), str(condition.message or "")
+    return "", ""
+
+
+async def failed_scheduling(cluster: Cluster, namespace: str, pod: str) -> list[str]:
+    return [str(e.message) for e in await cluster.events_for(namespace, pod) if e.reason == "FailedScheduling"]
+
+
+async def check_not_oversold(cluster: Cluster, namespace: str) -> list[Json]:
+    pods = await cluster.raw_list("list_namespaced_pod", namespace)
+    assert oversold_nodes(await cluster.raw_list("list_node"), pods) == {}
+    return pods
+
+
+async def test_fields_hoss_does_not_honour_yet_are_refused_by_name_never_placed(
+    plane: LocalPlane, dispatcher: Process, cluster: Cluster, namespace: str
+) -> None:
+    async with node_set(cluster, 3, labels={"spec-set": "refused"}), workers(plane, FOUR):
+        plain, anti, spread, claim = (pinned(hoss_pods(name, 1), "spec-set", "refused")[0]
+                                      for name in ("plain", "anti", "spread", "claim"))
+        anti["spec"]["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"labelSelector": {"matchLabels": {"app": "x"}}, "topologyKey": "kubernetes.io/hostname"}]}}
+        spread["spec"]["topologySpreadConstraints"] = [
+            {"maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "DoNotSchedule",
+             "labelSelector": {"matchLabels": {"app": "x"}}}]
+        claim["spec"]["volumes"] = [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]
+        await cluster.create_pods([plain, anti, spread, claim], namespace=namespace)
+        expected = {
+            "anti-0000": "hoss does not support spec.affinity.podAntiAffinity yet",
+            "spread-0000": "hoss does not support spec.topologySpreadConstraints yet",
+            "claim-0000": "hoss does not support spec.volumes[0].persistentVolumeClaim yet",
+        }
+
+        async def refused() -> tuple[bool, str]:
+            seen = {pod: await scheduled_condition(cluster, namespace, pod) for pod in expected}
+            return all(seen[pod] == ("Unschedulable", message) for pod, message in expected.items()), str(seen)
+
+        await wait_until(refused, timeout=60, what="each refused field to be named in PodScheduled=False")
+        for pod, message in expected.items():
+            async def evented(pod: str = pod, message: str = message) -> tuple[bool, str]:
+                events = await failed_scheduling(cluster, namespace, pod)
+                return message in events, str(events)
+
+            await wait_until(evented, timeout=30, what=f"the FailedScheduling event of {pod}")
+        pods = await wait_all_bound(cluster, namespace, 1)
+        assert [p["metadata"]["name"] for p in pods if p["spec"].get("nodeName")] == ["plain-0000"]
+        await check_not_oversold(cluster, namespace)
+
+
+async def test_a_gated_pod_waits_without_retries_and_is_placed_once_its_gates_are_removed(
+    plane: LocalPlane, dispatcher: Process, cluster: Cluster, namespace: str
+) -> None:
+    async with node_set(cluster, 2, labels={"spec-set": "gated"}), workers(plane, FOUR):
+        [gated] = pinned(hoss_pods("gated", 1), "spec-set", "gated")
+        gated["spec"]["schedulingGates"] = [{"name": "example.com/quota"}]
+        await cluster.create_pods([gated, *pinned(hoss_pods("free", 4), "spec-set", "gated")], namespace=namespace)
+        await wait_all_bound(cluster, namespace, 4)
+        await asyncio.sleep(3)  # the time a worker would have retried it 15 times
+        assert (await scheduled_condition(cluster, namespace, "gated-0000"))[0] == "SchedulingGated"
+        assert await failed_scheduling(cluster, namespace, "gated-0000") == []
+        assert not (await cluster.core.read_namespaced_pod("gated-0000", namespace)).spec.node_name
+
+        await cluster.core.patch_namespaced_pod("gated-0000", namespace,
+                                                [{"op": "remove", "path": "/spec/schedulingGates"}])
+        await wait_all_bound(cluster, namespace, 5, timeout=30)
+        assert await failed_scheduling(cluster, namespace, "gated-0000") == []
+        await check_not_oversold(cluster, namespace)
+
+
+async def test_preferred_node_affinity_and_prefer_no_schedule_taints_steer_every_pod(
+    plane: LocalPlane, dispatcher: Process, cluster: Cluster, namespace: str
+) -> None:
+    soft_taint = {"key": "spot", "value": "true", "effect": "PreferNoSchedule"}
+    async with node_set(cluster, 4, labels={"spec-set": "prefer"}) as plain, \
+            node_set(cluster, 1, labels={"spec-set": "prefer", "disk": "ssd"}) as [ssd], \
+            node_set(cluster, 1, labels={"spec-set": "prefer"}, taints=[soft_taint]) as [spot], \
+            workers(plane, FOUR):
+        preferring = pinned(hoss_pods("ssd", 5), "spec-set", "prefer")
+        for pod in preferring:
+            pod["spec"]["affinity"] = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 100, "preference": {"matchExpressions": [
+                    {"key": "disk", "operator": "In", "values": ["ssd"]}]}}]}}
+        others = pinned(hoss_pods("any", 10), "spec-set", "prefer")
+        await cluster.create_pods([*preferring, *others], namespace=namespace)
+        pods = await wait_all_bound(cluster, namespace, 15)
+        where = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in pods}
+        assert {where[f"ssd-{i:04d}"] for i in range(5)} == {ssd}, where
+        assert spot not in where.values(), "a PreferNoSchedule taint keeps pods off while other nodes fit"
+        assert set(where.values()) <= {*plain, ssd}
+        await check_not_oversold(cluster, namespace)
+
+
+def with_host_port(pods: list[Json], port: int, host_ip: str = "") -> list[Json]:
+    for pod in pods:
+        entry: Json = {"containerPort": port, "hostPort": port}
+        if host_ip:
+            entry["hostIP"] = host_ip
+        pod["spec"]["containers"][0]["ports"] = [entry]
+    return pods
+
+
+async def test_four_workers_racing_never_put_two_pods_with_one_host_port_on_a_node(
+    plane: LocalPlane, dispatcher: Process, cluster: Cluster, namespace: str
+) -> None:
+    async with node_set(cluster, 6, labels={"spec-set": "ports"}) as names, workers(plane, FOUR):
+        burst = with_host_port(pinned(hoss_pods("web", 12), "spec-set", "ports"), 8080)
+        await cluster.create_pods(burst, namespace=namespace)
+        await wait_all_bound(cluster, namespace, 6, timeout=120)
+
+        async def six_refused() -> tuple[bool, str]:
+            messages = [(await scheduled_condition(cluster, namespace, p["metadata"]["name"]))[1]
+                        for p in await cluster.raw_list("list_namespaced_pod", namespace)
+                        if not p["spec"].get("nodeName")]
+            ok = len(messages) == 6 and all(
+                "6 node(s) didn't have free ports for the requested pod ports" in m for m in messages)
+            return ok, str(messages[:2])
+
+        await wait_until(six_refused, timeout=60, what="the six pods left over to say the ports are taken")
+        pods = await check_not_oversold(cluster, namespace)
+        per_node = Counter(p["spec"]["nodeName"] for p in pods if p["spec"].get("nodeName"))
+        assert per_node == dict.fromkeys(names, 1), per_node
+
+        # A specific hostIP conflicts with 0.0.0.0; another port does not.
+        await cluster.create_pods(with_host_port(pinned(hoss_pods("ip", 1), "spec-set", "ports"), 8080, "10.0.0.1")
+                                  + with_host_port(pinned(hoss_pods("other", 1), "spec-set", "ports"), 9090),
+                                  namespace=namespace)
+        await wait_all_bound(cluster, namespace, 7, timeout=60)
+        assert not (await cluster.core.read_namespaced_pod("ip-0000", namespace)).spec.node_name
+
+        # A bound pod leaves: its port is free again and one waiting pod takes it, soon and without a clash.
+        leaving = next(p for p in pods if p["spec"].get("nodeName"))
+        await cluster.core.delete_namespaced_pod(leaving["metadata"]["name"], namespace, grace_period_seconds=0)
+        await wait_all_bound(cluster, namespace, 7, timeout=60)  # 7 again: 6 with 8080 (one new) + other
+
+        async def replaced() -> tuple[bool, str]:
+            now = await cluster.raw_list("list_namespaced_pod", namespace)
+            taken = Counter(p["spec"]["nodeName"] for p in now if p["spec"].get("nodeName")
+                            and p["metadata"]["name"] != "other-0000")
+            return taken == dict.fromkeys(names, 1), str(taken)
+
+        await wait_until(replaced, timeout=60, what="the freed port to be taken by exactly one waiting pod")
+        await check_not_oversold(cluster, namespace)
