@@ -45,7 +45,10 @@ class ProgressBar:
 PIPELINE_CEILING: scenarios.ThroughputHook | None = None
 
 
-async def run_bench(*, plane: LocalPlane, quick: bool, json_path: Path, chart_path: Path) -> dict[str, Any]:
+async def run_bench(*, plane: LocalPlane, quick: bool, json_path: Path, chart_path: Path,
+                    plane_kept: bool = True) -> dict[str, Any]:
+    """Every scenario, each system alone; the plane is restored afterwards (``plane_kept`` False: the caller tears
+    it down, so the thousands of worker-core nodes are left for that)."""
     size = scenarios.QUICK if quick else scenarios.FULL
     progress = ProgressBar()
     started = time.monotonic()
@@ -68,11 +71,7 @@ async def run_bench(*, plane: LocalPlane, quick: bool, json_path: Path, chart_pa
             throughput = await scenarios.throughput_kube(bench, size)
             contention = {**scenarios.contention_header(size),
                           "2x kube-scheduler": await scenarios.contention_kube(bench, size)}
-            kube_core = await scenarios.core_scale_kube(bench, size)
-            # While the worker-core nodes are deleted in the background: GPU placement only (its pods ask for GPUs,
-            # which those nodes do not have); timed runs wait for settle().
             gpu = {**scenarios.gpu_header(size), **await scenarios.gpu_mix_kube(bench, size)}
-            await bench.settle()
             # hoss alone: the plane's kube-scheduler stopped, the resolver up with its webhook registered.
             bench.hoss_alone()
             throughput.update(await scenarios.throughput_hoss(bench, size, pipeline_ceiling=PIPELINE_CEILING))
@@ -80,13 +79,15 @@ async def run_bench(*, plane: LocalPlane, quick: bool, json_path: Path, chart_pa
             contention["hoss 4w + kube-scheduler, resolver"] = await scenarios.contention_hoss(bench, size)
             figures["contention"] = contention
             gpu.update(await scenarios.gpu_mix_hoss(bench, size, policies=_gpu_policies()))
+            figures["gpu_mix"] = gpu
             hoss_core = scenarios.core_scale(size, policies_file=POLICIES_FILE, progress=progress)
+            # kube-scheduler alone again, last: its worker-core scenario leaves thousands of nodes behind.
+            bench.kube_alone()
+            kube_core = await scenarios.core_scale_kube(bench, size, delete_nodes=plane_kept)
             figures["core_scale"] = {count: {**row, "kube_scheduler": kube_core.get(count)}
                                      for count, row in hoss_core.items()}
-            figures["gpu_mix"] = gpu
         finally:
             progress.close()
-            await bench.settle()
             try:
                 bench.restore()
             except PlaneError as error:  # never hide the run's own error behind this one

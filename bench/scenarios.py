@@ -119,21 +119,6 @@ class Bench:
         self.cluster = cluster
         self.progress = progress
         self.dispatcher: Process | None = None
-        self._background: list[asyncio.Task[None]] = []
-
-    def later(self, step: str, work: Awaitable[Any], *, seconds: float) -> None:
-        """Run ``work`` (a cleanup) in the background while scenarios that measure placement, not speed, go on;
-        ``settle`` waits for it."""
-        async def run() -> None:
-            await guarded(step, work, seconds=seconds)
-
-        self._background.append(asyncio.create_task(run()))
-
-    async def settle(self) -> None:
-        """Wait for the background cleanups: timed runs start on a quiet plane."""
-        background, self._background = self._background, []
-        for task in background:
-            await task
 
     # --- which system runs -----------------------------------------------------------------------------
 
@@ -245,8 +230,7 @@ class Bench:
                            f"{timeout:.0f} s; read {self.dispatcher.log}")
 
     def stop(self, processes: Sequence[Process]) -> None:
-        for process in processes:
-            self.plane.stop_process(process.name)
+        self.plane.stop_processes([process.name for process in processes])
 
     def close(self) -> None:
         if self.dispatcher is not None:
@@ -473,11 +457,12 @@ def kube_feasible_nodes_sought(nodes: int) -> int:
     return max(nodes * percentage // 100, 100)
 
 
-async def core_scale_kube(bench: Bench, size: Size) -> dict[str, Any]:
+async def core_scale_kube(bench: Bench, size: Size, *, delete_nodes: bool = True) -> dict[str, Any]:
     """kube-scheduler's own decision time over kwok nodes of each count (call with ``kube_alone``).
 
-    The nodes are created through the API (kwok makes them Ready), growing from one count to the next (and
-    deleted in the background afterwards: ``Bench.settle`` waits for that before the next timed run); the
+    The nodes are created through the API (kwok makes them Ready), growing from one count to the next, and
+    deleted afterwards unless ``delete_nodes`` is False (the last scenario on a plane about to be torn down: tens of
+    seconds of deletions would go for nothing); the
     plane's kube-scheduler (its default configuration, as users run it) then schedules ``kube_core_pods`` small
     pods, ten at a time, and the difference of its ``scheduler_scheduling_algorithm_duration_seconds`` histogram
     (filter + score + select host, per attempt) before and after gives its p50 (interpolated inside the bucket,
@@ -530,7 +515,8 @@ async def core_scale_kube(bench: Bench, size: Size) -> dict[str, Any]:
                 "all_nodes_ready_seconds": round(creation_seconds, 1),
             }
     finally:
-        bench.later("deleting the worker-core pods and nodes", _delete_core(bench, namespace, run), seconds=900)
+        if delete_nodes:
+            await guarded("deleting the worker-core pods and nodes", _delete_core(bench, namespace, run), seconds=900)
     return results
 
 

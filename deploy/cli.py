@@ -94,7 +94,7 @@ def _bench(args: argparse.Namespace) -> int:
     plane = LocalPlane(Path(args.dir) if args.dir else default_directory().parent / "bench")
     try:
         asyncio.run(run_bench(plane=plane, quick=args.quick, json_path=Path(args.json),
-                              chart_path=Path(args.chart)))
+                              chart_path=Path(args.chart), plane_kept=args.keep))
     finally:
         if not args.keep:
             plane.down()

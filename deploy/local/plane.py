@@ -13,6 +13,7 @@ so the RBAC in deploy/rbac.yaml, the same file a real cluster gets, is what the 
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import shutil
@@ -638,6 +639,20 @@ class LocalPlane:
         for process in [p for p in state.processes if p.name == name]:
             _terminate(process)
         state.processes = [p for p in state.processes if p.name != name]
+        self._save(state)
+
+    def stop_processes(self, names: Sequence[str]) -> None:
+        """Stop several recorded processes at once (each gets SIGTERM first, then each is waited for) and
+        forget them."""
+        state = self.state()
+        chosen = [p for p in state.processes if p.name in set(names)]
+        for process in chosen:
+            if _pid_alive(process.pid, process.binary):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGTERM)
+        for process in chosen:
+            _terminate(process)
+        state.processes = [p for p in state.processes if p.name not in set(names)]
         self._save(state)
 
     def restart_apiserver(self) -> Process:
