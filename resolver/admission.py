@@ -93,6 +93,38 @@ def parse_review(body: bytes) -> BindingRequest | OtherRequest:
         raise MalformedReview(f"body is not JSON: {error}") from error
     if not isinstance(raw, dict):
         raise MalformedReview(f"body must be a JSON object, got {type(raw).__name__}")
+    return _binding_as_sent(raw) or _parse_checked(raw)
+
+
+def _binding_as_sent(raw: Json) -> BindingRequest | None:
+    """The binding of a review shaped exactly as the apiserver sends one, read without per-field checks; None
+    for anything else (another resource, a missing or mistyped field), which `_parse_checked` then handles."""
+    try:
+        request = raw["request"]
+        resource = request["resource"]
+        binding = request["object"]
+        target = binding["target"]
+        metadata = binding["metadata"]
+        review_uid, node, pod, namespace = request["uid"], target["name"], request["name"], request["namespace"]
+        uid, username = metadata["uid"], request["userInfo"]["username"]
+        if not (
+            raw["apiVersion"] == API_VERSION and raw["kind"] == KIND
+            and resource["resource"] == "pods" and request.get("subResource") == "binding"
+            and resource.get("group") == "" and request["operation"] == "CREATE"
+            and target.get("kind") in (None, "", "Node")
+            and type(review_uid) is str and type(node) is str and type(pod) is str and type(namespace) is str
+            and type(uid) is str and type(username) is str and node and pod and namespace and uid
+        ):
+            return None
+    except (KeyError, TypeError):
+        return None
+    return BindingRequest(
+        review_uid=review_uid, namespace=namespace, pod=pod, pod_uid=uid, node=node, username=username
+    )
+
+
+def _parse_checked(raw: Json) -> BindingRequest | OtherRequest:
+    """Every field checked, for reviews the fast path does not take; raises MalformedReview naming the field."""
     api_version = raw.get("apiVersion")
     kind = raw.get("kind")
     if api_version != API_VERSION or kind != KIND:

@@ -38,7 +38,6 @@ from typing import Any
 
 import aiohttp
 import orjson
-from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from redis.asyncio import Redis
@@ -46,6 +45,7 @@ from redis.exceptions import RedisError
 
 from resolver import admission
 from resolver.errors import LedgerUnavailable, ResolverError
+from resolver.httpserver import HttpServer, Request, Response
 from resolver.kube import Json, KubeError, api_client, raise_if_cancelled
 from resolver.leader import KubeLeaseAPI, LeaderElector
 from resolver.ledger import (
@@ -58,7 +58,7 @@ from resolver.ledger import (
     NeedRequest,
     UnknownNode,
 )
-from resolver.resources import format_quantity
+from resolver.resources import ResourceVector, format_quantity
 from resolver.rest import KubeREST
 from resolver.settings import ResolverSettings, SettingsError, load_settings
 from resolver.sync import LedgerSync, PodIndex, PodInfo, parse_pod
@@ -71,6 +71,8 @@ LATENCY_WINDOW = 2048
 """How many recent reviews the p50/p99 latency is computed over."""
 POD_READ_TIMEOUT_SECONDS = 2.0
 """Deadline of the pod GET a binding without a reservation needs (the apiserver gives the webhook 5 s in all)."""
+LEDGER_CALL_TIMEOUT_SECONDS = 2.0
+"""Deadline of one ledger call made for a review; past it the binding is denied (fail closed)."""
 
 
 def verdict_for(result: ConfirmResult, *, binding: admission.BindingRequest) -> admission.Verdict:
@@ -212,9 +214,6 @@ class WebhookState:
         child.inc()
 
 
-STATE_KEY = web.AppKey("state", WebhookState)
-
-
 async def _pod_info(state: WebhookState, binding: admission.BindingRequest) -> PodInfo | None:
     """The pod's view for a binding without a reservation: from the sync's index of bound pods when this replica
     syncs and has it, else one GET from the apiserver. None when the pod is unknown (or another pod by that name)."""
@@ -234,11 +233,25 @@ async def _pod_info(state: WebhookState, binding: admission.BindingRequest) -> P
     return info
 
 
-def _unavailable(error: LedgerUnavailable) -> admission.Verdict:
+def _unavailable(error: LedgerUnavailable | TimeoutError) -> admission.Verdict:
+    why = str(error) if isinstance(error, LedgerUnavailable) else f"no answer within {LEDGER_CALL_TIMEOUT_SECONDS}s"
     return admission.Verdict(
         allowed=False, reason="ledger-unavailable", code=503,
-        message=f"hoss: the ledger is unreachable ({error}); binding denied, retry later",
+        message=f"hoss: the ledger is unreachable ({why}); binding denied, retry later",
     )
+
+
+async def _confirm(
+    state: WebhookState, binding: admission.BindingRequest, *, uid: str, pod: str,
+    request: ResourceVector | None, owner: str,
+) -> ConfirmResult:
+    # asyncio.timeout, not the Redis client's socket timeout: redis-py implements that with asyncio.wait_for, which
+    # costs a task per command and can swallow a cancellation on Python 3.11.
+    async with asyncio.timeout(LEDGER_CALL_TIMEOUT_SECONDS):
+        return await state.ledger.confirm(
+            uid=uid, pod=pod, node=binding.node, request=request, owner=owner,
+            ttl_seconds=state.settings.foreign_ttl_seconds,
+        )
 
 
 async def judge(state: WebhookState, binding: admission.BindingRequest) -> admission.Verdict:
@@ -250,11 +263,8 @@ async def judge(state: WebhookState, binding: admission.BindingRequest) -> admis
     if own and binding.pod_uid:
         # A hoss worker's binding: its reservation holds the request, so no pod lookup is needed.
         try:
-            result = await state.ledger.confirm(
-                uid=binding.pod_uid, pod=binding.pod_key, node=binding.node, request=None, owner=owner,
-                ttl_seconds=settings.foreign_ttl_seconds,
-            )
-        except LedgerUnavailable as error:
+            result = await _confirm(state, binding, uid=binding.pod_uid, pod=binding.pod_key, request=None, owner=owner)
+        except (LedgerUnavailable, TimeoutError) as error:
             return _unavailable(error)
         if not isinstance(result, NeedRequest):
             return verdict_for(result, binding=binding)
@@ -268,48 +278,28 @@ async def judge(state: WebhookState, binding: admission.BindingRequest) -> admis
             message=f"hoss: pod {binding.pod_key} is not known to the resolver yet; retry",
         )
     try:
-        result = await state.ledger.confirm(
-            uid=pod.uid,
-            pod=pod.key,
-            node=binding.node,
-            request=pod.request,
-            owner=owner,
-            ttl_seconds=settings.foreign_ttl_seconds,
-        )
-    except LedgerUnavailable as error:
+        result = await _confirm(state, binding, uid=pod.uid, pod=pod.key, request=pod.request, owner=owner)
+    except (LedgerUnavailable, TimeoutError) as error:
         return _unavailable(error)
     return verdict_for(result, binding=binding)
 
 
-def _json(body: object, *, status: int = 200) -> web.Response:
-    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
+JSON = "application/json"
+TEXT = "text/plain; charset=utf-8"
 
 
-async def _read_at_most(request: web.Request, limit: int) -> bytes:
-    """The body, or its first ``limit`` bytes when it is longer (a stream may arrive in many chunks)."""
-    length = request.content_length
-    if length is not None and length < limit:
-        return await request.read()
-    chunks: list[bytes] = []
-    size = 0
-    while size < limit:
-        chunk = await request.content.read(limit - size)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        size += len(chunk)
-    return b"".join(chunks)
+def _json(body: object, *, status: int = 200) -> Response:
+    return Response(status, orjson.dumps(body), JSON)
 
 
-async def validate_binding(request: web.Request) -> web.Response:
-    state = request.app[STATE_KEY]
+def _text(text: str, *, status: int = 200) -> Response:
+    return Response(status, text.encode(), TEXT)
+
+
+async def validate_binding(state: WebhookState, request: Request) -> Response:
     started = time.perf_counter()
-    limit = state.settings.max_body_bytes
-    body = await _read_at_most(request, limit + 1)
-    if len(body) > limit:
-        return _json({"error": f"AdmissionReview larger than {limit} bytes"}, status=400)
     try:
-        parsed = admission.parse_review(body)
+        parsed = admission.parse_review(request.body)
     except admission.MalformedReview as error:
         state.verdict_counts["malformed"] += 1
         return _json({"error": f"malformed AdmissionReview: {error}"}, status=400)
@@ -324,41 +314,38 @@ async def validate_binding(request: web.Request) -> web.Response:
             log.info("denied binding of %s to %s by %s: %s", parsed.pod_key, parsed.node, parsed.username,
                      verdict.message)
     state.count_verdict(verdict)
-    response = web.Response(
-        body=admission.review_response_bytes(parsed.review_uid, verdict), content_type="application/json"
-    )
+    response = Response(200, admission.review_response_bytes(parsed.review_uid, verdict), JSON)
     elapsed = time.perf_counter() - started
     state.latency.observe(elapsed)
     state.review_latency.add(elapsed)
     return response
 
 
-async def healthz(_request: web.Request) -> web.Response:
-    return web.Response(text="ok")
+async def healthz(_state: WebhookState, _request: Request) -> Response:
+    return _text("ok")
 
 
-async def readyz(request: web.Request) -> web.Response:
+async def readyz(state: WebhookState, _request: Request) -> Response:
     """Ready when the ledger is (its ready key is set): a replica that does not sync judges bindings too."""
-    state = request.app[STATE_KEY]
     try:
-        ready = await state.ledger.is_ready()
-    except LedgerUnavailable as error:
-        return web.Response(status=503, text=f"ledger unavailable: {error}")
-    return web.Response(text="ok") if ready else web.Response(status=503, text="ledger not ready")
+        async with asyncio.timeout(LEDGER_CALL_TIMEOUT_SECONDS):
+            ready = await state.ledger.is_ready()
+    except (LedgerUnavailable, TimeoutError) as error:
+        return _text(f"ledger unavailable: {error or 'no answer'}", status=503)
+    return _text("ok") if ready else _text("ledger not ready", status=503)
 
 
-async def metrics(request: web.Request) -> web.Response:
-    body = generate_latest(request.app[STATE_KEY].registry)
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+async def metrics(state: WebhookState, _request: Request) -> Response:
+    return Response(200, generate_latest(state.registry), CONTENT_TYPE_LATEST)
 
 
-async def status(request: web.Request) -> web.Response:
-    state = request.app[STATE_KEY]
+async def status(state: WebhookState, _request: Request) -> Response:
     try:
-        ready: bool | str = await state.ledger.is_ready()
-        epoch = await state.ledger.epoch()
-    except LedgerUnavailable as error:
-        ready, epoch = f"unavailable: {error}", None
+        async with asyncio.timeout(LEDGER_CALL_TIMEOUT_SECONDS):
+            ready: bool | str = await state.ledger.is_ready()
+            epoch = await state.ledger.epoch()
+    except (LedgerUnavailable, TimeoutError) as error:
+        ready, epoch = f"unavailable: {error or 'no answer'}", None
     sync = state.sync
     elector = state.elector
     return _json(
@@ -379,16 +366,24 @@ async def status(request: web.Request) -> web.Response:
     )
 
 
-def build_app(state: WebhookState) -> web.Application:
-    # The body limit is enforced in the handler (HTTP 400 with the reason); aiohttp's own limit sits above it.
-    app = web.Application(client_max_size=state.settings.max_body_bytes * 2)
-    app[STATE_KEY] = state
-    app.router.add_post("/validate-binding", validate_binding)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/status", status)
-    return app
+def build_server(state: WebhookState) -> HttpServer:
+    """The resolver's HTTP(S) endpoints: POST /validate-binding, GET /healthz, /readyz, /metrics, /status."""
+    routes: dict[tuple[str, str], Callable[[WebhookState, Request], Awaitable[Response]]] = {
+        ("POST", "/validate-binding"): validate_binding,
+        ("GET", "/healthz"): healthz,
+        ("GET", "/readyz"): readyz,
+        ("GET", "/metrics"): metrics,
+        ("GET", "/status"): status,
+    }
+    limit = state.settings.max_body_bytes
+
+    def too_large(_request: Request) -> Response:
+        return _json({"error": f"AdmissionReview larger than {limit} bytes"}, status=400)
+
+    return HttpServer(
+        {route: functools.partial(handler, state) for route, handler in routes.items()},
+        max_body_bytes=limit, too_large=too_large,
+    )
 
 
 def tls_context(cert_file: str, key_file: str) -> ssl.SSLContext:
@@ -487,8 +482,16 @@ async def running_resolver(settings: ResolverSettings) -> AsyncIterator[list[asy
 
     Yields the tasks whose end is fatal (the sync's role and the election)."""
     async with contextlib.AsyncExitStack() as stack:
+        # Two clients on the ledger: the sync's (redis-py defaults), and the webhook's without a socket timeout
+        # (each review bounds its call with asyncio.timeout instead; see _confirm), the cheaper per command.
         ledger = Ledger.from_url(settings.redis_url)
         stack.push_async_callback(ledger.close)
+        review_ledger = Ledger(
+            Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=None,
+                           socket_connect_timeout=LEDGER_CALL_TIMEOUT_SECONDS, socket_keepalive=True),
+            owns_client=True,
+        )
+        stack.push_async_callback(review_ledger.close)
         api = await api_client(settings.kubeconfig)
         stack.push_async_callback(api.close)
         # Pod reads for bindings without a reservation go over their own lean keep-alive client, so they never
@@ -509,13 +512,11 @@ async def running_resolver(settings: ResolverSettings) -> AsyncIterator[list[asy
         async def get_pod(namespace: str, name: str) -> Json:
             return await rest.get_pod(namespace, name, timeout=POD_READ_TIMEOUT_SECONDS)
 
-        state = WebhookState(settings=settings, ledger=ledger, get_pod=get_pod, elector=elector)
+        state = WebhookState(settings=settings, ledger=review_ledger, get_pod=get_pod, elector=elector)
         context = tls_context(settings.tls_cert_file, settings.tls_key_file)
-        runner = web.AppRunner(build_app(state), access_log=None)
-        await runner.setup()
-        stack.push_async_callback(runner.cleanup)
-        site = web.TCPSite(runner, settings.host, settings.port, ssl_context=context)
-        await site.start()
+        server = build_server(state)
+        await server.start(settings.host, settings.port, ssl_context=context)
+        stack.push_async_callback(server.close)
         stats_redis = Redis.from_url(settings.redis_url, decode_responses=True)
         stack.push_async_callback(stats_redis.aclose)
 

@@ -13,14 +13,13 @@ from typing import Any
 import aiohttp
 import fakeredis
 import pytest
-from aiohttp import web
 
 from deploy.local import pki
 from resolver.kube import KubeError
 from resolver.ledger import Ledger, Reserved
 from resolver.settings import ResolverSettings
 from resolver.sync import PodIndex, parse_pod
-from resolver.webhook import LatencyWindow, WebhookState, build_app, stats_fields, tls_context
+from resolver.webhook import LatencyWindow, WebhookState, build_server, stats_fields, tls_context
 
 WORKER = "system:serviceaccount:hoss-system:hoss-worker"
 NODE_ROOM = {"cpu": 2000, "memory": 8 << 30, "pods": 110}
@@ -97,15 +96,12 @@ async def start(tmp_path: Path, *, get_pod: PodReads | None = None, **settings: 
     for spec in (pod("small", "u-small", "500m"), pod("big", "u-big", "3"), pod("mine", "u-mine", "1")):
         pods.put(parse_pod(spec))
     state = WebhookState(settings=config, ledger=ledger, pods=pods, get_pod=get_pod)
-    runner = web.AppRunner(build_app(state))
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=tls_context(config.tls_cert_file, config.tls_key_file))
-    await site.start()
-    port = runner.addresses[0][1]
+    server = build_server(state)
+    port = await server.start("127.0.0.1", 0, ssl_context=tls_context(config.tls_cert_file, config.tls_key_file))
     client_tls = ssl.create_default_context(cafile=str(ca.cert))
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=client_tls)) as session:
         yield Webhook(f"https://127.0.0.1:{port}", session, ledger, redis, state)
-    await runner.cleanup()
+    await server.close()
     await redis.aclose()
 
 
