@@ -264,15 +264,30 @@ class WorkQueue:
 
     # --- worker side -------------------------------------------------------------------------------------
 
-    async def heartbeat(self, info: WorkerInfo, *, ttl_seconds: float) -> None:
+    async def heartbeat(self, info: WorkerInfo, *, ttl_seconds: float) -> bool:
+        """Beat; True when the previous beat was still there (False: it expired, or the dispatcher reclaimed this
+        worker, or Redis lost it: the worker may have been declared dead)."""
         info.heartbeat_unix = time.time()
         async with self._guard():
             pipe = self.redis.pipeline(transaction=True)
             fields: dict[Any, Any] = info.encode()
+            pipe.exists(worker_key(info.id))
             pipe.hset(worker_key(info.id), mapping=fields)
             pipe.pexpire(worker_key(info.id), int(ttl_seconds * 1000))
             pipe.sadd(WORKERS, info.id)
-            await pipe.execute()
+            replies = await pipe.execute()
+        return bool(replies[0])
+
+    async def has_group(self, worker_id: str) -> bool:
+        """Whether this worker's stream and consumer group exist (they vanish when it is declared dead)."""
+        async with self._guard():
+            try:
+                groups: Any = await self.redis.xinfo_groups(queue_key(worker_id))
+            except ResponseError as error:
+                if "no such key" in str(error).lower():
+                    return False
+                raise
+        return any(str(group.get("name")) == GROUP for group in groups)
 
     async def ensure_group(self, worker_id: str) -> None:
         try:

@@ -247,6 +247,9 @@ class Worker:
         """Batches decided: the heartbeat carries it so the dispatcher sees a worker whose scheduling is stuck
         (reading alone is no progress: a reader whose decisions hang would otherwise look well)."""
         self.requeues = 0
+        self._last_beat = time.monotonic()
+        self._suspect = False
+        """A beat found our heartbeat gone: we may have been declared dead."""
         """Times this worker found its queue gone (declared dead, or Redis lost its data) and registered again."""
 
     # --- bookkeeping -------------------------------------------------------------------------------------
@@ -311,6 +314,23 @@ class Worker:
             for message_id, item in batch:
                 self._push(parse_work(message_id, item))
             self.metric_queue.set(len(self.ready) + len(self.retries))
+
+    async def _lost_while_away(self) -> bool:
+        """After a gap longer than the heartbeat TTL (the process was paused or starved) or a beat that found its
+        key gone, check that our queue still exists before deciding what we hold: if the dispatcher declared us
+        dead, other workers have that work now (cheap: one XINFO after a gap, nothing otherwise)."""
+        if not self._suspect and time.monotonic() - self._last_beat <= self.settings.heartbeat_ttl_seconds:
+            return False
+        try:
+            present = await self.queue.has_group(self.settings.id)
+        except LedgerUnavailable:
+            return False  # Redis is away: the intake loop sees what happened when it answers
+        self._suspect = False
+        self._last_beat = time.monotonic()
+        if present:
+            return False
+        self._queue_lost("found missing after a pause")
+        return True
 
     async def _register(self) -> None:
         """Create this worker's consumer group (if missing), take back what was delivered to it and never
@@ -378,6 +398,8 @@ class Worker:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(0.5):
                         await self._ready_event.wait()
+                continue
+            if await self._lost_while_away():
                 continue
             batch = [self.ready.popleft() for _ in range(min(len(self.ready), self.settings.decide_batch))]
             self.progress += 1
@@ -759,7 +781,9 @@ class Worker:
         outage = False
         while not self.stopping.is_set():
             try:
-                await self.queue.heartbeat(self.info(), ttl_seconds=self.settings.heartbeat_ttl_seconds)
+                if not await self.queue.heartbeat(self.info(), ttl_seconds=self.settings.heartbeat_ttl_seconds):
+                    self._suspect = True
+                self._last_beat = time.monotonic()
             except LedgerUnavailable as error:
                 if not outage:
                     log.warning("cannot send heartbeat (retrying every beat until Redis answers): %s", error)

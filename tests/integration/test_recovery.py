@@ -118,3 +118,17 @@ async def test_a_worker_whose_queue_was_taken_away_mid_run_recreates_it_and_ever
         finished = await asyncio.gather(*workers)
     assert run.bound == 300
     assert finished[0].requeues >= 1, "w1 must have noticed its queue was gone"
+
+
+async def test_a_heartbeat_says_when_its_key_was_gone_and_has_group_sees_the_queue_vanish(
+    client: redis.asyncio.Redis,
+) -> None:
+    queue = WorkQueue(client)
+    info = WorkerInfo(id="w", policies=["default"])
+    assert not await queue.heartbeat(info, ttl_seconds=60), "the first beat finds no earlier one"
+    assert await queue.heartbeat(info, ttl_seconds=60)
+    await queue.ensure_group("w")
+    assert await queue.has_group("w")
+    await queue.reclaim("w")  # declared dead
+    assert not await queue.has_group("w")
+    assert not await queue.heartbeat(info, ttl_seconds=60), "the beat after a reclaim finds its key gone"
