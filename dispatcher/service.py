@@ -418,8 +418,8 @@ class Dispatcher:
         self._clock = clock
         self._wall = wall
         self._fresh: dict[str, None] = {}  # uids that became pending since the last dispatch, in arrival order
-        self._changed: dict[str, None] = {}
-        self._placed_since: dict[str, float] = {}  # uids bound by a worker but still pending here, since when  # dispatched uids whose compact form changed since it was sent
+        self._changed: dict[str, None] = {}  # dispatched uids whose compact form changed since it was sent
+        self._placed_since: dict[str, float] = {}  # uids bound by a worker but still pending here, since when
         self._wakeup = asyncio.Event()
         self._gone: set[str] = set()  # dispatched uids whose pods left the pending set, to forget in Redis
         self._absent_since: dict[str, float] = {}  # dispatched uids not seen pending, since when
