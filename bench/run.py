@@ -50,6 +50,7 @@ async def run_bench(*, plane: LocalPlane, quick: bool, json_path: Path, chart_pa
     """Every scenario, each system alone; the plane is restored afterwards (``plane_kept`` False: the caller tears
     it down, so the thousands of worker-core nodes are left for that)."""
     size = scenarios.QUICK if quick else scenarios.FULL
+    gpu_policies = _gpu_policies()  # a policies file hoss cannot read fails here, not minutes later
     progress = ProgressBar()
     started = time.monotonic()
     plane.up(progress=lambda message: progress(message, 0, 1))
@@ -78,7 +79,7 @@ async def run_bench(*, plane: LocalPlane, quick: bool, json_path: Path, chart_pa
             figures["throughput"] = throughput
             contention["hoss 4w + kube-scheduler, resolver"] = await scenarios.contention_hoss(bench, size)
             figures["contention"] = contention
-            gpu.update(await scenarios.gpu_mix_hoss(bench, size, policies=_gpu_policies()))
+            gpu.update(await scenarios.gpu_mix_hoss(bench, size, policies=gpu_policies))
             figures["gpu_mix"] = gpu
             hoss_core = scenarios.core_scale(size, policies_file=POLICIES_FILE, progress=progress)
             # kube-scheduler alone again, last: its worker-core scenario leaves thousands of nodes behind.
