@@ -432,11 +432,14 @@ class Worker:
         """Processing this pod raised (e.g. a plugin bug): say so on the pod once, and retry it with backoff."""
         item = work.item
         message = f"hoss failed while scheduling this pod: {type(error).__name__}: {error}"
-        log.error("pod %s: %s (retried with backoff)", item.key, message)
+        if self.last_message.get(item.uid) != message:  # logged once per pod and reason, like the event
+            log.error("pod %s: %s (retried with backoff)", item.key, message,
+                      exc_info=(type(error), error, error.__traceback__))
         self.count("errors")
         for member in self._members(item):
             if self.last_message.get(member.uid) != message:
                 self.last_message[member.uid] = message
+                self._condition(member.namespace, member.name, message, reason="SchedulerError")
                 self._record(pod_event(namespace=member.namespace, name=member.name, uid=member.uid,
                                        reason="FailedScheduling", message=message, component=self._component()))
         self._retry_later(work)
