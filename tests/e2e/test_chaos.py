@@ -1,5 +1,6 @@
 """Chaos on the real plane: hoss loses no pod when a worker is killed or paused past its heartbeat, the dispatcher
-leader is killed with a standby running, Redis restarts or is flushed, a node is deleted, or a plugin raises.
+leader is killed with a standby running, both dispatchers are killed and restarted, Redis restarts or is flushed,
+a node is deleted, or a plugin raises.
 
 Every scenario runs three workers and the same load: 150 small pods and a PodGroup gang, then (after the
 disruption) 150 more and a label gang. It ends with every schedulable pod bound, none bound twice (one Scheduled
@@ -153,7 +154,7 @@ async def chaos_run(
     plane: LocalPlane, cluster: Cluster, namespace: str, name: str,
     disrupt: Callable[[Run, list[Process]], Awaitable[None]], *,
     extra_args: Sequence[str] = (), policy: str | None = None, extra_pods: Sequence[Json] = (),
-    unschedulable: Sequence[str] = (),
+    unschedulable: Sequence[str] = (), after: Callable[[Run, list[Process]], Awaitable[None]] | None = None,
 ) -> Run:
     """The common load around one disruption; returns the run (pods as the apiserver has them at the end)."""
     prefix = f"chaos{next(_runs)}"
@@ -190,6 +191,8 @@ async def chaos_run(
             await check_outcome(plane, cluster, namespace, run, unschedulable=unschedulable)
             await wait_until(lambda: podgroup_scheduled(cluster, namespace, "train"), timeout=30,
                              what="the PodGroup's status to count every member scheduled")
+            if after is not None:
+                await after(run, started)
         return run
     finally:
         await cluster.delete_pods(namespace)
@@ -216,6 +219,8 @@ async def live_workers(plane: LocalPlane) -> set[str]:
 async def test_a_worker_paused_past_its_heartbeat_comes_back_registers_again_and_nothing_is_lost(
     plane: LocalPlane, dispatcher: Process, cluster: Cluster, namespace: str
 ) -> None:
+    resumed: list[int] = []
+
     async def pause(_run: Run, started: list[Process]) -> None:
         victim = started[0]
         os.kill(victim.pid, signal.SIGSTOP)
@@ -229,9 +234,17 @@ async def test_a_worker_paused_past_its_heartbeat_comes_back_registers_again_and
             return status["requeues"] >= 1, f"requeues {status['requeues']}"
 
         await wait_until(back, timeout=30, what="the resumed worker to find its queue gone and register again")
+        resumed.append(int((await asyncio.to_thread(worker_status, victim))["counters"].get("bound", 0)))
 
-    run = await chaos_run(plane, cluster, namespace, "worker SIGSTOP past the heartbeat TTL, then SIGCONT", pause)
-    assert run.pods
+    async def took_part(_run: Run, started: list[Process]) -> None:
+        async def counted() -> tuple[bool, str]:
+            bound = int((await asyncio.to_thread(worker_status, started[0]))["counters"].get("bound", 0))
+            return bound > resumed[0], f"bound {bound}, {resumed[0]} when it came back"
+
+        await wait_until(counted, timeout=15, what="the resumed worker to bind pods of the second wave")
+
+    await chaos_run(plane, cluster, namespace, "worker SIGSTOP past the heartbeat TTL, then SIGCONT", pause,
+                    after=took_part)
 
 
 async def test_flushall_mid_run_loses_no_pod(
@@ -290,6 +303,30 @@ async def test_the_dispatcher_leader_killed_with_a_standby_running_loses_no_pod(
             plane.stop_process("hoss-dispatcher")
             plane.start_dispatcher()  # the session's dispatcher, for the tests that follow
     assert killed and killed[0] in replicas
+
+
+@pytest.mark.chaos
+async def test_both_dispatchers_killed_and_restarted_mid_run_lose_no_pod(
+    plane: LocalPlane, dispatcher: Process, cluster: Cluster, namespace: str
+) -> None:
+    plane.start_dispatcher(name="hoss-dispatcher-standby")
+
+    async def restart_both(_run: Run, _started: list[Process]) -> None:
+        for name in ("hoss-dispatcher", "hoss-dispatcher-standby"):
+            running = plane.running(name)
+            assert running is not None, f"{name} must be running"
+            os.kill(running.pid, signal.SIGKILL)
+        await asyncio.sleep(1)
+        for name in ("hoss-dispatcher", "hoss-dispatcher-standby"):
+            plane.stop_process(name)  # reap it and forget it
+            await asyncio.to_thread(plane.start_dispatcher, name=name)
+
+    try:
+        await chaos_run(plane, cluster, namespace, "both dispatchers kill -9 and restarted", restart_both)
+    finally:
+        plane.stop_process("hoss-dispatcher-standby")
+        if plane.running("hoss-dispatcher") is None:
+            plane.start_dispatcher()  # the session's dispatcher, for the tests that follow
 
 
 @pytest.mark.chaos
