@@ -16,8 +16,7 @@ from workers.plugins.spread import LeastAllocated
 from workers.profiles import load_profiles, parse_profiles, profile_for
 
 POLICIES = Path(__file__).resolve().parents[2] / "configs" / "policies.yaml"
-FILTERS = ["NodeUnschedulable", "TaintToleration", "NodeAffinity", "NodePorts", "NodePool", "NodeResourcesFit",
-           "InterPodAffinity"]
+FILTERS = ["NodeUnschedulable", "TaintToleration", "NodeAffinity", "NodePorts", "NodePool", "NodeResourcesFit"]
 
 
 def test_shipped_policies_load_with_their_four_profiles() -> None:
@@ -94,7 +93,7 @@ def policies(**profile: Any) -> dict[str, Any]:
             policies(filters=[{"name": "NodeResourcesFit"}, {"name": "GpuMagic"}]),
             "GpuMagic",
             "filters[1].name",
-            "known filter plugins: InterPodAffinity, NodeAffinity",
+            "known filter plugins: NodeAffinity",
         ),
         (
             policies(filters=[{"name": "LeastAllocated"}]),
