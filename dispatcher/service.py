@@ -99,6 +99,8 @@ HANDBACK_BACKOFF_MAX_SECONDS = 300.0
 GANG_QUIET_ROUNDS = 5
 """A gang with no pending member is counted until its counts stood still this many rounds (members start)."""
 GANG_REFRESH_SECONDS = 2.0
+GANG_FOLLOWER_MEMORY_SECONDS = 600.0
+"""A follower forgets a changed gang with no pending member after this long (it counts what it knows on takeover)."""
 PLACED_PATIENCE = 10
 """A pod its worker bound but our watch still shows pending is sent again after this many informer lags."""
 STATUS_TIMEOUT_SECONDS = 5.0
@@ -777,8 +779,21 @@ class Dispatcher:
             quiet = 0 if changed else self._gang_quiet.get(key, 0) + 1
             self._gang_quiet[key] = quiet
             if key not in pending_gangs and quiet >= GANG_QUIET_ROUNDS:
-                self.gangs_dirty.pop(key, None)
-                self._gang_quiet.pop(key, None)
+                self.forget_gang(key)
+
+    def forget_gang(self, key: GangKey) -> None:
+        """Drop what we keep about a gang that settled (a new member counts it again, within a refresh)."""
+        for table in (self.gangs_dirty, self._gang_quiet, self.gang_counts, self._gang_selectors,
+                      self._podgroup_status):
+            table.pop(key, None)
+
+    def prune_gangs(self, *, older_than: float) -> None:
+        """As follower, forget gangs that changed long ago and have no pending member (the leader counts them)."""
+        pending_gangs = {key for pod in self.pending.values() if (key := self._gang(pod)) is not None}
+        now = self._clock()
+        for key, since in list(self.gangs_dirty.items()):
+            if key not in pending_gangs and now - since >= older_than:
+                self.forget_gang(key)
 
     def _plan_gangs(self, pods: Sequence[PendingPod]) -> tuple[list[PendingPod], list[WorkItem]]:
         """Pods outside gangs, and one item per gang that has min-available members pending; the members of a
@@ -1173,7 +1188,9 @@ async def track_gangs(api: client.ApiClient, dispatcher: Dispatcher, is_leader: 
 
     while True:
         await asyncio.sleep(interval)
-        if is_leader() and dispatcher.gangs_dirty:
+        if not is_leader():
+            dispatcher.prune_gangs(older_than=GANG_FOLLOWER_MEMORY_SECONDS)
+        elif dispatcher.gangs_dirty:
             await dispatcher.refresh_gangs(list_members, write_status)
 
 

@@ -85,3 +85,24 @@ async def test_bound_members_count_so_a_replacement_goes_out_singly_and_the_podg
     await dispatcher.tick()
     [single] = await sent_items(queue)
     assert (single.uid, single.members, single.pod != "") == ("uid-5", (), True), "an extra member goes singly"
+
+
+async def test_a_settled_gang_is_forgotten_and_a_follower_forgets_old_gangs(queue: WorkQueue) -> None:
+    now = [0.0]
+    dispatcher = Dispatcher(queue=queue, settings=DispatcherSettings(identity="t"), clock=lambda: now[0])
+    bound = member(0, node="n0", phase="Running")
+    await dispatcher.on_list([member(0)])
+    await dispatcher.on_event("DELETED", bound)  # bound: it left the pending set
+
+    async def list_members(_namespace: str, _selector: str) -> list[Json]:
+        return [bound]
+
+    for _ in range(6):
+        await dispatcher.refresh_gangs(list_members)
+    assert KEY not in dispatcher.gangs_dirty and KEY not in dispatcher.gang_counts
+
+    await dispatcher.on_event("ADDED", member(1))
+    await dispatcher.on_event("DELETED", member(1, node="n1"))
+    now[0] += 601
+    dispatcher.prune_gangs(older_than=600)
+    assert dispatcher.gangs_dirty == {}
