@@ -164,8 +164,8 @@ def host_ports(pod: Mapping[str, Any]) -> list[str]:
 def pod_meta(pod: Mapping[str, Any]) -> tuple[str, str]:
     """What the ledger keeps of a placed pod beyond its request: its host ports as the reserve scripts check them
     ('TCP/0.0.0.0/80,UDP/10.0.0.1/53', '' for none), and its meta for the workers' pod index (JSON: namespace,
-    labels, host ports) -- what NodePorts, and later InterPodAffinity and PodTopologySpread, read of the pods
-    already on a node."""
+    labels, host ports, required anti-affinity terms) -- what NodePorts and InterPodAffinity, and later
+    PodTopologySpread, read of the pods already on a node."""
     metadata = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
     assert isinstance(metadata, dict)
     labels = metadata.get("labels")
@@ -175,4 +175,13 @@ def pod_meta(pod: Mapping[str, Any]) -> tuple[str, str]:
         meta["labels"] = labels
     if ports:
         meta["ports"] = ports
+    spec = pod.get("spec") if isinstance(pod.get("spec"), dict) else {}
+    assert isinstance(spec, dict)
+    affinity = spec.get("affinity") if isinstance(spec.get("affinity"), dict) else {}
+    assert isinstance(affinity, dict)
+    anti = affinity.get("podAntiAffinity") if isinstance(affinity.get("podAntiAffinity"), dict) else {}
+    assert isinstance(anti, dict)
+    terms = anti.get("requiredDuringSchedulingIgnoredDuringExecution")
+    if isinstance(terms, list) and terms:
+        meta["anti"] = terms  # existing pods' anti-affinity holds against pods placed later
     return ",".join(ports), orjson.dumps(meta, option=orjson.OPT_SORT_KEYS).decode()

@@ -161,6 +161,11 @@ class BatchPod:
     """Host ports (`resolver.compact.pod_meta`): the reservation is refused on a node where one is taken."""
     meta: str = ""
     """The pod's compact description for the workers' pod index (`resolver.compact.pod_meta`)."""
+    inter_pod_keys: str = ""
+    """The topology keys of the pod's required inter-pod terms ('k1,k2'), whose domains are checked."""
+    position: str = ""
+    """The change-stream id the decision saw: refused on a node whose inter-pod domains changed since ('' = not
+    checked); see 'Inter-pod domains' in resolver/lua/common.lua."""
 
 
 @dataclass(frozen=True)
@@ -331,7 +336,7 @@ class Ledger:
         args: list[str | int] = [owner, _ttl_ms(ttl_seconds), len(pods)]
         for item in pods:
             args.extend([item.uid, item.pod, item.digest, len(item.candidates), *item.candidates,
-                         *_vector_args(item.request), item.ports, item.meta])
+                         *_vector_args(item.request), item.ports, item.meta, item.inter_pod_keys, item.position])
         reply = await self._run("reserve_batch", args)
         refusal = _refusal(reply) if reply and _text(reply[0]) == "not_ready" else None
         if isinstance(refusal, LedgerNotReady):

@@ -30,10 +30,11 @@ import numpy as np
 import orjson
 from numpy.typing import NDArray
 
-from resolver.errors import NodeSpecError
+from resolver.errors import NodeSpecError, ResolverError
 from resolver.resources import ResourceVector, node_allocatable
 from workers import payload
 from workers.errors import UnknownNodeError
+from workers.podterms import LabelSelector, PodAffinityTerm, parse_terms
 
 TAINT_EFFECTS = frozenset({"NoSchedule", "PreferNoSchedule", "NoExecute"})
 ANY_HOST_IP = "0.0.0.0"
@@ -91,6 +92,8 @@ class PlacedPod:
     namespace: str
     labels: dict[str, str]
     ports: tuple[HostPort, ...]
+    anti: tuple[PodAffinityTerm, ...] = ()
+    """Its required pod anti-affinity terms, which keep matching pods out of its topology domains."""
 
 
 def parse_placed(uid: str, node: str, meta: str) -> PlacedPod:
@@ -105,10 +108,16 @@ def parse_placed(uid: str, node: str, meta: str) -> PlacedPod:
     labels = value.get("labels")
     ports = value.get("ports")
     parsed = (HostPort.parse(p) for p in (ports if isinstance(ports, list) else []) if isinstance(p, str))
+    namespace = str(value.get("namespace") or "default")
+    try:
+        anti = parse_terms(value.get("anti"), field="anti", owner_namespace=namespace, lenient=True)
+    except ResolverError:
+        anti = ()  # unreadable terms of a pod already placed: nothing to hold against others
     return PlacedPod(
         uid=uid,
         node=node,
-        namespace=str(value.get("namespace") or "default"),
+        namespace=namespace,
+        anti=anti,
         labels={str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {},
         ports=tuple(p for p in parsed if p is not None),
     )
@@ -194,6 +203,10 @@ class NodeTable:
         """Node name -> uids of the pods on it (nodes not in the table included: the index follows the ledger)."""
         self._port_holders: dict[tuple[str, int], dict[tuple[str, str], int]] = {}
         """(protocol, port) -> (node, ip) -> how many pods hold it."""
+        self._by_label: dict[str, dict[str, set[str]]] = {}
+        """label key -> value -> uids of the indexed pods with that label (narrows selector matching)."""
+        self.anti_holders: dict[str, PlacedPod] = {}
+        """The indexed pods that have required anti-affinity terms, by uid."""
 
     def __len__(self) -> int:
         return len(self.names)
@@ -369,6 +382,10 @@ class NodeTable:
         self.remove_pod(pod.uid)
         self.pods[pod.uid] = pod
         self.pods_on.setdefault(pod.node, set()).add(pod.uid)
+        for key, value in pod.labels.items():
+            self._by_label.setdefault(key, {}).setdefault(value, set()).add(pod.uid)
+        if pod.anti:
+            self.anti_holders[pod.uid] = pod
         for port in pod.ports:
             holders = self._port_holders.setdefault((port.protocol, port.port), {})
             holders[(pod.node, port.ip)] = holders.get((pod.node, port.ip), 0) + 1
@@ -378,6 +395,16 @@ class NodeTable:
         pod = self.pods.pop(uid, None)
         if pod is None:
             return None
+        self.anti_holders.pop(uid, None)
+        for key, value in pod.labels.items():
+            values = self._by_label.get(key, {})
+            labelled = values.get(value)
+            if labelled is not None:
+                labelled.discard(uid)
+                if not labelled:
+                    del values[value]
+                    if not values:
+                        self._by_label.pop(key, None)
         on_node = self.pods_on.get(pod.node)
         if on_node is not None:
             on_node.discard(uid)
@@ -399,6 +426,22 @@ class NodeTable:
         self.pods.clear()
         self.pods_on.clear()
         self._port_holders.clear()
+        self._by_label.clear()
+        self.anti_holders.clear()
+
+    def pods_matching(self, selector: LabelSelector) -> list[PlacedPod]:
+        """The indexed pods whose labels satisfy `selector` (narrowed by its first In or Exists requirement)."""
+        candidates: set[str] | None = None
+        for requirement in selector.requirements:
+            if requirement.operator == "In":
+                values = self._by_label.get(requirement.key, {})
+                candidates = set().union(*(values.get(v, set()) for v in requirement.values))
+                break
+            if requirement.operator == "Exists":
+                candidates = set().union(*self._by_label.get(requirement.key, {}).values())
+                break
+        pods = self.pods.values() if candidates is None else (self.pods[uid] for uid in candidates)
+        return [pod for pod in pods if selector.matches(pod.labels)]
 
     def port_taken(self, port: HostPort) -> NDArray[np.bool_]:
         """Rows of the nodes where a pod holds a host port that conflicts with `port` (kube-scheduler's rule)."""

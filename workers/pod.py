@@ -19,6 +19,7 @@ from resolver.resources import ResourceVector, pod_requests
 from workers import payload
 from workers.errors import UnsupportedPodField
 from workers.nodes import ANY_HOST_IP, TAINT_EFFECTS, HostPort, Taint
+from workers.podterms import PodAffinityTerm, parse_terms
 
 POLICY_LABEL = "hoss.io/policy"
 POOL_LABEL = "hoss.io/pool"
@@ -108,6 +109,10 @@ class PodView:
     """Host ports of the containers (and restartable init containers), as NodePorts reads them."""
     scheduling_gates: tuple[str, ...] = ()
     """spec.schedulingGates names: while any is left the pod must not be scheduled."""
+    affinity_terms: tuple[PodAffinityTerm, ...] = ()
+    """Required pod affinity terms (InterPodAffinity): every one must find a matching pod in the node's domain."""
+    anti_affinity_terms: tuple[PodAffinityTerm, ...] = ()
+    """Required pod anti-affinity terms: no matching pod may run in the node's domain."""
 
     @property
     def key(self) -> str:
@@ -129,9 +134,16 @@ def parse_pod(pod: Mapping[str, Any]) -> PodView:
     node_affinity = payload.mapping(affinity.get("nodeAffinity"), field="spec.affinity.nodeAffinity", error=error)
     tolerations = payload.items(spec.get("tolerations"), field="spec.tolerations", error=error)
     gates = payload.items(spec.get("schedulingGates"), field="spec.schedulingGates", error=error)
+    namespace = payload.string(metadata.get("namespace"), field="metadata.namespace", error=error) or "default"
+    inter_pod = {
+        key: parse_terms(
+            payload.mapping(affinity.get(key), field=f"spec.affinity.{key}", error=error).get(REQUIRED),
+            field=f"spec.affinity.{key}.{REQUIRED}", owner_namespace=namespace)
+        for key in UNSUPPORTED_AFFINITY
+    }
     return PodView(
         uid=payload.string(metadata.get("uid"), field="metadata.uid", error=error, required=True),
-        namespace=payload.string(metadata.get("namespace"), field="metadata.namespace", error=error) or "default",
+        namespace=namespace,
         name=payload.string(metadata.get("name"), field="metadata.name", error=error, required=True),
         labels=labels,
         annotations=payload.string_map(metadata.get("annotations"), field="metadata.annotations", error=error),
@@ -149,6 +161,8 @@ def parse_pod(pod: Mapping[str, Any]) -> PodView:
         preferred_affinity=_preferred_affinity(
             node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution")),
         host_ports=_host_ports(spec),
+        affinity_terms=inter_pod["podAffinity"],
+        anti_affinity_terms=inter_pod["podAntiAffinity"],
         scheduling_gates=tuple(
             payload.string(payload.mapping(gate, field=f"spec.schedulingGates[{i}]", error=error,
                                            required=True).get("name"),
@@ -159,22 +173,25 @@ def parse_pod(pod: Mapping[str, Any]) -> PodView:
 
 
 UNSUPPORTED_AFFINITY = ("podAffinity", "podAntiAffinity")
+REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
 
 
 def check_supported(pod: Mapping[str, Any]) -> None:
     """Raise `UnsupportedPodField` naming the first field kube-scheduler's default plugins honour and hoss does not
     yet, so such a pod is refused loudly instead of being placed as if the field were absent.
 
-    Refused: inter-pod (anti-)affinity (InterPodAffinity), topologySpreadConstraints (PodTopologySpread), volumes
-    backed by storage the scheduler must check (VolumeBinding, VolumeZone, VolumeRestrictions, NodeVolumeLimits:
-    see `resolver.compact.VOLUME_SOURCES_NEEDING_STORAGE`) and resourceClaims (DynamicResources). Call it on a
-    pod `parse_pod` accepted.
+    Refused: preferred inter-pod (anti-)affinity (InterPodAffinity's score; required terms are honoured, a
+    non-empty namespaceSelector in them is refused by `parse_pod`), topologySpreadConstraints
+    (PodTopologySpread), volumes backed by storage the scheduler must check (VolumeBinding, VolumeZone,
+    VolumeRestrictions, NodeVolumeLimits: see `resolver.compact.VOLUME_SOURCES_NEEDING_STORAGE`) and
+    resourceClaims (DynamicResources). Call it on a pod `parse_pod` accepted.
     """
     spec = pod.get("spec") or {}
     affinity = spec.get("affinity") or {}
     for key in UNSUPPORTED_AFFINITY:
-        if affinity.get(key):
-            raise UnsupportedPodField(f"spec.affinity.{key}")
+        if (affinity.get(key) or {}).get(PREFERRED):
+            raise UnsupportedPodField(f"spec.affinity.{key}.{PREFERRED}")
     if spec.get("topologySpreadConstraints"):
         raise UnsupportedPodField("spec.topologySpreadConstraints")
     for position, volume in enumerate(spec.get("volumes") or []):

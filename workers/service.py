@@ -138,6 +138,7 @@ def parse_work(message_id: str, item: WorkItem) -> Work:
                 raw = compact.decode(member.pod)
                 work.members.append((parse_pod(raw), raw))
                 check_supported(raw)
+                _no_inter_pod_terms(work.members[-1][0])
         else:
             work.raw = compact.decode(item.pod)
             work.pod, work.shape = _parsed(work.raw)
@@ -180,6 +181,18 @@ def _meta(raw: Json) -> dict[str, str]:
     """The ledger's ``ports`` and ``meta`` of a pod (`resolver.compact.pod_meta`) as keyword arguments."""
     ports, meta = compact.pod_meta(raw)
     return {"ports": ports, "meta": meta}
+
+
+def _no_inter_pod_terms(member: PodView) -> None:
+    """Gangs are reserved all at once by a script that does not check inter-pod domains: refuse their terms."""
+    for key, terms in (("podAffinity", member.affinity_terms), ("podAntiAffinity", member.anti_affinity_terms)):
+        if terms:
+            raise UnsupportedPodField(f"spec.affinity.{key} in a gang member")
+
+
+def _inter_pod_keys(pod: PodView) -> str:
+    """The topology keys of the pod's required inter-pod terms, as reserve_batch takes them ('k1,k2')."""
+    return ",".join(sorted({term.topology_key for term in (*pod.affinity_terms, *pod.anti_affinity_terms)}))
 
 
 def signature(work: Work) -> bytes:
@@ -516,6 +529,9 @@ class Worker:
     async def _schedule_singles(self, batch: Sequence[Work]) -> None:
         decided: list[tuple[Work, PodView, Placement]] = []
         shared: dict[bytes, tuple[Evaluation, set[str]]] = {}
+        # The change-stream position these decisions see: the ledger refuses a pod where an inter-pod domain that
+        # matters to it changed after it (see 'Inter-pod domains' in resolver/lua/common.lua).
+        position = self.feed.position
         for work in batch:
             pod = work.pod
             assert pod is not None
@@ -532,9 +548,13 @@ class Worker:
                 continue
             first = decision.candidates[0]
             self.nodes.add_used(first, pod.request)  # later pods of the batch see this placement
-            if pod.host_ports:  # ... and its host ports (the ledger's stream confirms or the results undo it)
+            inter_pod = bool(pod.affinity_terms or pod.anti_affinity_terms)
+            if pod.host_ports or inter_pod:
+                # ... and its host ports and inter-pod terms (the ledger's stream confirms or the results undo it)
                 self.nodes.place_pod(PlacedPod(uid=pod.uid, node=first, namespace=pod.namespace, labels=pod.labels,
-                                               ports=pod.host_ports))
+                                               ports=pod.host_ports, anti=pod.anti_affinity_terms))
+            if inter_pod:
+                shared.clear()  # shared evaluations predate this pod: it may change other nodes' feasibility
             for _evaluation, touched in shared.values():
                 touched.add(first)
             decided.append((work, pod, decision))
@@ -542,13 +562,15 @@ class Worker:
             return
         results = await self.ledger.reserve_batch(
             [BatchPod(uid=pod.uid, pod=pod.key, digest=work.item.digest, candidates=decision.candidates,
-                      request=pod.request, **_meta(work.raw)) for work, pod, decision in decided],
+                      request=pod.request, **_meta(work.raw), inter_pod_keys=_inter_pod_keys(pod), position=position)
+             for work, pod, decision in decided],
             owner=self.settings.id, ttl_seconds=self.settings.reservation_ttl_seconds,
         )
         for index, (_work, pod, decision) in enumerate(decided):
             if decision.candidates[0] in self.nodes:
                 self.nodes.sub_used(decision.candidates[0], pod.request)
-            placed = self.nodes.pods.get(pod.uid) if pod.host_ports else None
+            tentative = pod.host_ports or pod.affinity_terms or pod.anti_affinity_terms
+            placed = self.nodes.pods.get(pod.uid) if tentative else None
             if placed is not None and placed.node == decision.candidates[0] and not (
                     isinstance(results, list) and results[index] == Reserved(placed.node)):
                 self.nodes.remove_pod(pod.uid)  # the tentative placement did not happen

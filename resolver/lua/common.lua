@@ -28,6 +28,28 @@ local NOT_READY = {'not_ready', 'the ledger has not been rebuilt since Redis sta
 --   t d  n:<node> ''         a node left the ledger
 -- (node fields carry the 'n:' prefix so that a node named 't' cannot clash with the kind)
 --   t r  epoch  <epoch>      the ledger was rebuilt: readers load it again
+-- Inter-pod domains: how two workers racing never break required pod (anti-)affinity.
+-- A worker decides a pod from its pod index, which is the change stream applied up to some position. The
+-- decision for pod P on node n can only be wrong if a pod was placed in or removed from one of n's topology
+-- domains that matter to P after that position: the domains of the topologyKeys of P's own inter-pod terms, and
+-- the domains where pods with required anti-affinity terms run (they may reject P). So the ledger keeps, per
+-- topology domain 'key=value' of the keys any term uses, the id of the last change-stream entry that placed or
+-- removed a pod there, and reserve_batch refuses P on n (a conflict, retried by the worker once its index has
+-- caught up) when such a domain changed after the position the worker decided on, or changes earlier in the
+-- same call (marked '~' until the entry is written). Optimistic and per domain: pods without inter-pod terms
+-- pay nothing unless their node's domain holds an anti-affinity pod, and workers never wait for each other.
+--   {hoss}:ipa:keys   set of topology keys some inter-pod term uses (tracked from the moment they are added)
+--   {hoss}:ipa:since  hash key -> the last change id when the key was added (a decision older than that is
+--                     refused: changes before it were not tracked)
+--   {hoss}:ipa:last   hash 'key=value' -> id of the last entry that placed or removed a pod in that domain
+--   {hoss}:ipa:anti   hash 'key=value' -> how many entries there hold pods with anti-affinity terms on that key
+local IPA_KEYS = PREFIX .. ':ipa:keys'
+local IPA_SINCE = PREFIX .. ':ipa:since'
+local IPA_LAST = PREFIX .. ':ipa:last'
+local IPA_ANTI = PREFIX .. ':ipa:anti'
+local IN_CALL = '~'
+local ipa_touched = {}
+
 local touched = {}
 local touched_list = {}
 -- Pods placed or removed by this call: uid -> {node, meta} (placed) or {node} (removed, meta nil); the last
@@ -218,6 +240,117 @@ local function change_used(node, request, sign)
   end
 end
 
+local function last_change_id()
+  local last = redis.call('XREVRANGE', CHANGES, '+', '-', 'COUNT', 1)
+  if #last > 0 then
+    return last[1][1]
+  end
+  return '0-0'
+end
+
+local function register_key(key)
+  if redis.call('SADD', IPA_KEYS, key) == 1 then
+    redis.call('HSET', IPA_SINCE, key, last_change_id())
+  end
+end
+
+-- The topology keys of the required anti-affinity terms in a pod's meta.
+local function anti_keys(meta)
+  local keys = {}
+  if not meta or meta == '' or not string.find(meta, '"anti"', 1, true) then
+    return keys
+  end
+  local ok, value = pcall(cjson.decode, meta)
+  if ok and type(value) == 'table' and type(value.anti) == 'table' then
+    for _, term in ipairs(value.anti) do
+      if type(term) == 'table' and type(term.topologyKey) == 'string' then
+        table.insert(keys, term.topologyKey)
+      end
+    end
+  end
+  return keys
+end
+
+local function domain_of(node, key)
+  local value = redis.call('HGET', node_key(node, 'labels'), key)
+  if value then
+    return key .. '=' .. value
+  end
+  return nil
+end
+
+-- A pod was placed on or removed from node: mark its tracked domains changed in this call, and count the
+-- anti-affinity pods there (delta +1 placed, -1 removed).
+local function domains_changed(node, meta, delta)
+  for _, key in ipairs(anti_keys(meta)) do
+    register_key(key)
+    local domain = domain_of(node, key)
+    if domain and redis.call('HINCRBY', IPA_ANTI, domain, delta) <= 0 then
+      redis.call('HDEL', IPA_ANTI, domain)
+    end
+  end
+  for _, key in ipairs(redis.call('SMEMBERS', IPA_KEYS)) do
+    local domain = domain_of(node, key)
+    if domain then
+      redis.call('HSET', IPA_LAST, domain, IN_CALL)
+      table.insert(ipa_touched, domain)
+    end
+  end
+end
+
+-- The domains this call changed now carry the id of the entry that records the change.
+local function settle_domains(id)
+  for _, domain in ipairs(ipa_touched) do
+    redis.call('HSET', IPA_LAST, domain, id)
+  end
+  ipa_touched = {}
+end
+
+local function id_after(a, b)
+  local am, as = string.match(a, '^(%d+)-(%d+)$')
+  local bm, bs = string.match(b, '^(%d+)-(%d+)$')
+  if not am or not bm then
+    return true
+  end
+  am, as, bm, bs = tonumber(am), tonumber(as), tonumber(bm), tonumber(bs)
+  return am > bm or (am == bm and as > bs)
+end
+
+-- The reason a decision made at change-stream position pos for a pod whose inter-pod terms use own_keys (a
+-- comma-separated list) can no longer be trusted on node, or nil. pos '' (a caller that does not say) skips.
+local function inter_pod_stale(node, own_keys, pos)
+  if not pos or pos == '' then
+    return nil
+  end
+  local keys = {}
+  for key in string.gmatch(own_keys or '', '[^,]+') do
+    register_key(key)
+    keys[key] = true
+  end
+  for _, key in ipairs(redis.call('SMEMBERS', IPA_KEYS)) do
+    if not keys[key] then
+      local domain = domain_of(node, key)
+      if domain and tonumber(redis.call('HGET', IPA_ANTI, domain) or '0') > 0 then
+        keys[key] = true
+      end
+    end
+  end
+  for key in pairs(keys) do
+    local since = redis.call('HGET', IPA_SINCE, key)
+    if since and id_after(since, pos) then
+      return 'inter-pod topology key ' .. key .. ' (newly tracked)'
+    end
+    local domain = domain_of(node, key)
+    if domain then
+      local last = redis.call('HGET', IPA_LAST, domain)
+      if last and (last == IN_CALL or id_after(last, pos)) then
+        return 'inter-pod domain ' .. domain
+      end
+    end
+  end
+  return nil
+end
+
 -- Writes the entry of uid (which must not exist) and adds its request to the node's used totals and its host
 -- ports to the node's ports. deadline (ms) only for state 'assumed'; bound entries never expire. ports and meta
 -- ('' or nil: none) are kept in the entry; meta is published on the change stream for the workers' pod index.
@@ -233,6 +366,7 @@ local function hold(uid, pod, node, request, state, owner, deadline, ports, meta
     table.insert(fields, meta)
   end
   pod_event(uid, node, meta or '')
+  domains_changed(node, meta, 1)
   for _, item in ipairs(request) do
     table.insert(fields, 'r:' .. item[1])
     table.insert(fields, item[2])
@@ -252,6 +386,7 @@ local function drop(entry)
   change_used(entry.node, entry.request, '-')
   change_ports(entry.node, entry.ports, -1)
   pod_event(entry.uid, entry.node, nil)
+  domains_changed(entry.node, entry.meta, -1)
   redis.call('SREM', node_key(entry.node, entry.state), entry.uid)
   redis.call('ZREM', ASSUMED, entry.uid)
   redis.call('DEL', pod_key(entry.uid))
@@ -329,7 +464,7 @@ local function used_text(node)
 end
 
 local function add_change(fields)
-  redis.call('XADD', CHANGES, 'MAXLEN', '~', CHANGES_MAXLEN, '*', unpack(fields))
+  return redis.call('XADD', CHANGES, 'MAXLEN', '~', CHANGES_MAXLEN, '*', unpack(fields))
 end
 
 -- Appends the used totals of every node this call touched (one entry); call before returning a change.
@@ -359,6 +494,6 @@ local function publish()
   pod_events = {}
   pod_event_list = {}
   if #fields > 2 then
-    add_change(fields)
+    settle_domains(add_change(fields))
   end
 end

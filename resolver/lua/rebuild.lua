@@ -54,5 +54,11 @@ redis.call('SET', EPOCH, epoch)
 redis.call('SET', READY, '1')
 touched = {}
 touched_list = {}
-add_change({'t', 'r', 'epoch', epoch})
+local rebuilt = add_change({'t', 'r', 'epoch', epoch})
+-- Workers load everything again after this entry: every tracked domain is settled as of it.
+ipa_touched = {}
+redis.call('DEL', IPA_LAST)
+for _, key in ipairs(redis.call('SMEMBERS', IPA_KEYS)) do
+  redis.call('HSET', IPA_SINCE, key, rebuilt)
+end
 return {'rebuilt', epoch}

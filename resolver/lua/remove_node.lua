@@ -7,5 +7,5 @@ local node = next_arg()
 for _, uid in ipairs(remove_node(node)) do
   table.insert(reply, uid)
 end
-add_change({'t', 'd', 'n:' .. node, ''})
+settle_domains(add_change({'t', 'd', 'n:' .. node, ''}))
 return reply

@@ -1,11 +1,13 @@
 -- reserve_batch: reserve many independent pods in one call, each on the first of its candidate nodes it fits.
 -- ARGV: prefix, owner, ttl_ms, count, then per pod: uid, pod (namespace/name), digest, c, c candidate nodes,
---       n, n resource/amount pairs, host ports, meta (as placements carry them: see next_placement).
+--       n, n resource/amount pairs, host ports, meta (as placements carry them: see next_placement),
+--       inter-pod topology keys ('k1,k2' or ''), change-stream position the decision saw ('' = not checked).
 -- Per pod, in order (earlier pods' reservations count for later ones):
 --   the dispatcher marked the pod changed or gone since this version was queued ('{hoss}:podver' holds
 --     another digest)                                  -> stale, the marker
 --   bound already (the sync saw it bound)              -> bound, that node
---   else the first candidate that is a node, fits and has the pod's host ports free
+--   else the first candidate that is a node, fits, has the pod's host ports free and whose inter-pod domains
+--     did not change since the decision (see 'Inter-pod domains' in common.lua)
 --                                                      -> reserved, that node (an assumed entry elsewhere moves)
 --   else                                               -> conflict, the last candidate's misfit (node, resource,
 --                                                         wanted, free; a taken host port reads resource
@@ -39,6 +41,8 @@ for _ = 1, next_number() do
   local request = next_pairs()
   local ports = next_arg()
   local meta = next_arg()
+  local inter_pod_keys = next_arg()
+  local position = next_arg()
   local marker = redis.call('HGET', PODVER, uid)
   local entry = read_entry(uid)
   if marker and marker ~= version then
@@ -54,6 +58,10 @@ for _ = 1, next_number() do
         local port = not conflict and port_conflict(node, ports, entry, nil)
         if port then
           conflict = {'conflict', node, 'hostPort ' .. port, 1, 0}
+        end
+        local stale = not conflict and inter_pod_stale(node, inter_pod_keys, position)
+        if stale then
+          conflict = {'conflict', node, stale, 1, 0}
         end
         if conflict then
           result = conflict

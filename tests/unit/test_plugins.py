@@ -342,8 +342,8 @@ def test_overfull_node_scores_the_extremes() -> None:
 def test_every_built_in_plugin_is_registered_under_its_kind() -> None:
     registry = load_registry()
 
-    assert sorted(FILTERS) == ["NodeAffinity", "NodePool", "NodePorts", "NodeResourcesFit", "NodeUnschedulable",
-                               "TaintToleration"]
+    assert sorted(FILTERS) == ["InterPodAffinity", "NodeAffinity", "NodePool", "NodePorts", "NodeResourcesFit",
+                               "NodeUnschedulable", "TaintToleration"]
     assert sorted(SCORES) == ["CpuOffGpuNodes", "GpuPacking", "LeastAllocated", "MostAllocated", "NodeAffinity",
                               "TaintToleration"]
     assert all(build({}).name == name for name, build in registry.filters.items())

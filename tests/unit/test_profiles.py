@@ -16,7 +16,8 @@ from workers.plugins.spread import LeastAllocated
 from workers.profiles import load_profiles, parse_profiles, profile_for
 
 POLICIES = Path(__file__).resolve().parents[2] / "configs" / "policies.yaml"
-FILTERS = ["NodeUnschedulable", "TaintToleration", "NodeAffinity", "NodePorts", "NodePool", "NodeResourcesFit"]
+FILTERS = ["NodeUnschedulable", "TaintToleration", "NodeAffinity", "NodePorts", "NodePool", "NodeResourcesFit",
+           "InterPodAffinity"]
 
 
 def test_shipped_policies_load_with_their_four_profiles() -> None:
@@ -93,7 +94,7 @@ def policies(**profile: Any) -> dict[str, Any]:
             policies(filters=[{"name": "NodeResourcesFit"}, {"name": "GpuMagic"}]),
             "GpuMagic",
             "filters[1].name",
-            "known filter plugins: NodeAffinity",
+            "known filter plugins: InterPodAffinity, NodeAffinity",
         ),
         (
             policies(filters=[{"name": "LeastAllocated"}]),

@@ -31,10 +31,10 @@ def refused_field(pod: Json) -> str | None:
 @pytest.mark.parametrize(
     ("spec", "field"),
     [
-        ({"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{}]}}},
-         "spec.affinity.podAntiAffinity"),
+        ({"affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{}]}}},
+         "spec.affinity.podAntiAffinity.preferredDuringSchedulingIgnoredDuringExecution"),
         ({"affinity": {"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{}]}}},
-         "spec.affinity.podAffinity"),
+         "spec.affinity.podAffinity.preferredDuringSchedulingIgnoredDuringExecution"),
         ({"topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule"}]},
          "spec.topologySpreadConstraints"),
         ({"volumes": [{"name": "cache", "emptyDir": {}}, {"name": "d", "persistentVolumeClaim": {"claimName": "d"}}]},

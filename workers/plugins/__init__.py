@@ -1,6 +1,7 @@
 """Scheduler plugins by the name a profile in policies.yaml uses for them: the built-ins, and your own.
 
-Built-in filters: NodeUnschedulable, TaintToleration, NodeAffinity, NodePorts, NodeResourcesFit, NodePool.
+Built-in filters: NodeUnschedulable, TaintToleration, NodeAffinity, NodePorts, NodeResourcesFit, NodePool,
+InterPodAffinity (required terms).
 Built-in scores: LeastAllocated (spread), MostAllocated (bin-pack), GpuPacking, CpuOffGpuNodes, NodeAffinity
 (preferred terms) and TaintToleration (PreferNoSchedule taints). Each module of this package documents its plugin
 and args. A factory takes the plugin's ``args`` mapping from the profile and returns the plugin; it validates
@@ -63,6 +64,7 @@ from workers.plugins.affinity import NodeAffinity
 from workers.plugins.binpack import MostAllocated
 from workers.plugins.fit import NodeResourcesFit
 from workers.plugins.gpu import CpuOffGpuNodes, GpuPacking
+from workers.plugins.interpod import InterPodAffinity
 from workers.plugins.pools import NodePool
 from workers.plugins.ports import NodePorts
 from workers.plugins.spread import LeastAllocated
@@ -81,6 +83,7 @@ FILTERS: Mapping[str, FilterFactory] = {
     NodeUnschedulable.name: NodeUnschedulable.from_args,
     NodePool.name: NodePool.from_args,
     NodePorts.name: NodePorts.from_args,
+    InterPodAffinity.name: InterPodAffinity.from_args,
 }
 """Built-in filter plugin name -> factory."""
 

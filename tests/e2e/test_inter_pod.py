@@ -1,0 +1,85 @@
+"""Required inter-pod affinity on the real plane with four workers racing: anti-affinity keeps one pod per domain
+however the workers interleave, affinity follows the pod it names; each test ends with the oversell check."""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+
+from deploy.local.cluster import Cluster, Json, oversold_nodes, wait_until
+from deploy.local.plane import LocalPlane, Process
+from tests.e2e.hoss import hoss_pods, wait_all_bound, workers
+from tests.e2e.test_pod_spec import node_set, pinned, scheduled_condition
+
+FOUR = [(f"ipa-{i}", ["default"]) for i in range(4)]
+HOST = "kubernetes.io/hostname"
+CAPACITY = {"cpu": "8", "memory": "32Gi", "pods": "110"}
+_sets = itertools.count()
+
+
+def anti_affine(pods: list[Json], app: str) -> list[Json]:
+    for pod in pods:
+        pod["metadata"].setdefault("labels", {})["app"] = app
+        pod["spec"]["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"labelSelector": {"matchLabels": {"app": app}}, "topologyKey": HOST}]}}
+    return pods
+
+
+async def test_40_anti_affine_pods_and_20_nodes_in_one_burst_end_one_per_node_and_20_pending(
+    plane: LocalPlane, dispatcher: Process, cluster: Cluster, namespace: str
+) -> None:
+    names = await cluster.create_nodes(20, prefix=f"ipa{next(_sets)}", capacity=CAPACITY,
+                                       labels={"spec-set": "anti-race"})
+    try:
+        async with workers(plane, FOUR):
+            await cluster.create_pods(anti_affine(pinned(hoss_pods("solo", 40), "spec-set", "anti-race"), "solo"),
+                                      namespace=namespace)
+            await wait_all_bound(cluster, namespace, 20, timeout=180)
+
+            async def twenty_refused() -> tuple[bool, str]:
+                pods = await cluster.raw_list("list_namespaced_pod", namespace)
+                waiting = [p["metadata"]["name"] for p in pods if not p["spec"].get("nodeName")]
+                messages = [(await scheduled_condition(cluster, namespace, name))[1] for name in waiting]
+                ok = len(waiting) == 20 and all(
+                    "20 node(s) didn't match pod anti-affinity rules" in m for m in messages)
+                return ok, f"{len(waiting)} waiting, e.g. {messages[:1]}"
+
+            await wait_until(twenty_refused, timeout=90, what="the 20 left over to give kube-scheduler's reason")
+            pods = await cluster.raw_list("list_namespaced_pod", namespace)
+            per_node = Counter(p["spec"]["nodeName"] for p in pods if p["spec"].get("nodeName"))
+            assert per_node == dict.fromkeys(names, 1), per_node
+            assert oversold_nodes(await cluster.raw_list("list_node"), pods) == {}
+    finally:
+        await cluster.delete_nodes(names)
+
+
+async def test_followers_join_the_node_of_the_pod_they_are_affine_to_and_others_keep_off_it(
+    plane: LocalPlane, dispatcher: Process, cluster: Cluster, namespace: str
+) -> None:
+    async with node_set(cluster, 5, labels={"spec-set": "follow"}), workers(plane, FOUR):
+        [db] = pinned(hoss_pods("db", 1, labels={"app": "db"}), "spec-set", "follow")
+        db["spec"]["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"labelSelector": {"matchLabels": {"app": "noisy"}}, "topologyKey": HOST}]}}
+        await cluster.create_pods([db], namespace=namespace)
+        [placed] = [p for p in await wait_all_bound(cluster, namespace, 1) if p["spec"].get("nodeName")]
+        db_node = placed["spec"]["nodeName"]
+        followers = pinned(hoss_pods("follower", 6), "spec-set", "follow")
+        for pod in followers:
+            pod["spec"]["affinity"] = {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                {"labelSelector": {"matchLabels": {"app": "db"}}, "topologyKey": HOST}]}}
+        noisy = pinned(hoss_pods("noisy", 6, labels={"app": "noisy"}), "spec-set", "follow")
+        orphans = pinned(hoss_pods("orphan", 1), "spec-set", "follow")
+        orphans[0]["spec"]["affinity"] = {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"labelSelector": {"matchLabels": {"app": "nobody"}}, "topologyKey": HOST}]}}
+        await cluster.create_pods([*followers, *noisy, *orphans], namespace=namespace)
+        pods = await wait_all_bound(cluster, namespace, 13)
+        where = {p["metadata"]["name"]: p["spec"].get("nodeName") for p in pods}
+        assert {where[f"follower-{i:04d}"] for i in range(6)} == {db_node}, where
+        assert db_node not in {where[f"noisy-{i:04d}"] for i in range(6)}, "the db pod's anti-affinity holds"
+
+        async def orphan_refused() -> tuple[bool, str]:
+            reason, message = await scheduled_condition(cluster, namespace, "orphan-0000")
+            return "node(s) didn't match pod affinity rules" in message, f"{reason}: {message}"
+
+        await wait_until(orphan_refused, timeout=60, what="a pod affine to no pod to say why it waits")
+        assert oversold_nodes(await cluster.raw_list("list_node"), pods) == {}

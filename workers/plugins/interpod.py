@@ -1,0 +1,103 @@
+"""InterPodAffinity (required terms): the pods already in a node's topology domains decide. Vectorised per domain.
+
+As kube-scheduler's filter, over the workers' pod index (`NodeTable.pods`, every pod holding a ledger entry,
+bound or reserved; see `workers.podterms` for how a term matches a pod):
+
+- affinity: for every required podAffinity term, the node must carry the term's topologyKey and its domain
+  (the nodes with the same value of that label) must hold a pod that matches *all* the pod's affinity terms.
+  When no pod in the cluster matches and the pod matches all its own terms (the first pod of a group that is
+  affine to itself), any node with every topology key passes. Else ``node(s) didn't match pod affinity rules``.
+- anti-affinity: for every required podAntiAffinity term, no pod matching it may be in the node's domain of the
+  term's topologyKey (a node without that label passes), else ``node(s) didn't match pod anti-affinity rules``.
+  A pod that matches its own anti-affinity term therefore spreads one per domain.
+- existing pods' anti-affinity: a pod already placed whose anti-affinity term matches the incoming pod keeps it
+  out of that pod's domain: ``node(s) didn't satisfy existing pods anti-affinity rules``.
+
+A node is reported under the first of these that rejects it, in this order, as kube-scheduler reports it. The
+cost is one numpy comparison per distinct (topologyKey, value) pair, plus a walk over the pods a selector can
+match (narrowed through the index's labels); pods without inter-pod terms pay one check of the anti-affinity
+holders. Races between workers are settled by the ledger: see `resolver/lua/common.lua` (inter-pod domains).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+from workers.framework import BoolArray, FilterResult, TakesNoArgs
+from workers.nodes import NodeTable, PlacedPod
+from workers.pod import PodView
+
+AFFINITY_MISMATCH = "node(s) didn't match pod affinity rules"
+ANTI_AFFINITY_MISMATCH = "node(s) didn't match pod anti-affinity rules"
+EXISTING_ANTI_AFFINITY = "node(s) didn't satisfy existing pods anti-affinity rules"
+
+
+def _in_domains(nodes: NodeTable, key: str, values: Iterable[str]) -> BoolArray:
+    """Rows whose label `key` has one of `values`."""
+    codes = [code for value in set(values) if (code := nodes.label_code(key, value)) is not None]
+    if not codes:
+        return np.zeros(len(nodes), dtype=np.bool_)
+    found: BoolArray = np.isin(nodes.label_codes(key), codes)
+    return found
+
+
+def _domain_values(nodes: NodeTable, pods: Iterable[PlacedPod], key: str) -> set[str]:
+    """The values of label `key` on the nodes of `pods` (pods on nodes not in the table, or without it, skipped)."""
+    values = set()
+    for pod in pods:
+        row = nodes.index.get(pod.node)
+        if row is not None and (value := nodes.labels[row].get(key)) is not None:
+            values.add(value)
+    return values
+
+
+class InterPodAffinity(TakesNoArgs):
+    """Filter: required pod affinity and anti-affinity, the pod's own and the existing pods'."""
+
+    name = "InterPodAffinity"
+
+    def filter(self, pod: PodView, nodes: NodeTable) -> FilterResult:
+        rows = len(nodes)
+        affinity = self._affinity(pod, nodes) if pod.affinity_terms else np.ones(rows, dtype=np.bool_)
+        anti = np.ones(rows, dtype=np.bool_)
+        for term in pod.anti_affinity_terms:
+            if term.selector is None:
+                continue
+            matching = [p for p in nodes.pods_matching(term.selector) if term.matches(p.namespace, p.labels)]
+            anti &= ~_in_domains(nodes, term.topology_key, _domain_values(nodes, matching, term.topology_key))
+        existing = np.ones(rows, dtype=np.bool_)
+        forbidden: dict[str, set[str]] = {}
+        for holder in nodes.anti_holders.values():
+            for term in holder.anti:
+                if term.matches(pod.namespace, pod.labels):
+                    forbidden.setdefault(term.topology_key, set()).update(
+                        _domain_values(nodes, [holder], term.topology_key))
+        for key, values in forbidden.items():
+            existing &= ~_in_domains(nodes, key, values)
+        reasons: dict[str, BoolArray] = {}
+        if not affinity.all():
+            reasons[AFFINITY_MISMATCH] = ~affinity
+        if not anti.all():
+            reasons[ANTI_AFFINITY_MISMATCH] = affinity & ~anti
+        if not existing.all():
+            reasons[EXISTING_ANTI_AFFINITY] = affinity & anti & ~existing
+        return FilterResult.from_reasons(rows, reasons)
+
+    @staticmethod
+    def _affinity(pod: PodView, nodes: NodeTable) -> BoolArray:
+        terms = pod.affinity_terms
+        has_keys = np.ones(len(nodes), dtype=np.bool_)
+        for term in terms:
+            has_keys &= nodes.label_codes(term.topology_key) >= 0
+        first = terms[0]
+        candidates = nodes.pods_matching(first.selector) if first.selector is not None else []
+        matching = [p for p in candidates if all(t.matches(p.namespace, p.labels) for t in terms)]
+        if not matching:
+            itself = all(t.matches(pod.namespace, pod.labels) for t in terms)
+            return has_keys if itself else np.zeros(len(nodes), dtype=np.bool_)
+        allowed = has_keys.copy()
+        for term in terms:
+            allowed &= _in_domains(nodes, term.topology_key, _domain_values(nodes, matching, term.topology_key))
+        return allowed
