@@ -301,6 +301,8 @@ def default_normalize(scores: FloatArray, feasible: BoolArray, *, reverse: bool 
     """kube-scheduler's ``helper.DefaultNormalizeScore(MaxNodeScore, reverse)`` over the feasible nodes: each score
     becomes ``100 * score // max`` (integer division, as in Go), ``100 -`` that when `reverse`; when the highest
     score is 0 every feasible node gets 0, or 100 when `reverse`. Other entries become 0."""
+    if not scores.any():  # the common case (no preference, no soft taint): no need to look at the feasible ones
+        return np.where(feasible, MAX_NODE_SCORE, 0.0) if reverse else np.zeros(scores.shape, dtype=np.float64)
     normalized = np.zeros(scores.shape, dtype=np.float64)
     values = scores[feasible]
     if values.size == 0:

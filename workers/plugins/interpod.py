@@ -60,6 +60,8 @@ class InterPodAffinity(TakesNoArgs):
 
     def filter(self, pod: PodView, nodes: NodeTable) -> FilterResult:
         rows = len(nodes)
+        if not (pod.affinity_terms or pod.anti_affinity_terms or nodes.anti_holders):
+            return FilterResult.from_reasons(rows, {})  # most pods: nothing to check
         affinity = self._affinity(pod, nodes) if pod.affinity_terms else np.ones(rows, dtype=np.bool_)
         anti = np.ones(rows, dtype=np.bool_)
         for term in pod.anti_affinity_terms:
