@@ -22,7 +22,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +62,8 @@ class PodInfo:
     """Host ports the pod holds on its node, as the ledger checks them (`resolver.compact.pod_meta`)."""
     meta: str = ""
     """namespace, labels and host ports for the workers' pod index (`resolver.compact.pod_meta`)."""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    """metadata.labels: a change (no new generation) rewrites the meta, which inter-pod affinity reads."""
 
     @property
     def key(self) -> str:
@@ -98,6 +100,7 @@ def parse_pod(pod: Json, *, known: PodInfo | None = None) -> PodInfo:
         generation=generation if isinstance(generation, int) else None,
         ports=ports,
         meta=meta,
+        labels=labels if isinstance(labels := metadata.get("labels"), dict) else {},
     )
 
 
@@ -298,6 +301,7 @@ class LedgerSync:
             and generation is not None
             and known.generation == generation
             and known.node == ((pod.get("spec") or {}).get("nodeName") or None)
+            and known.labels == (metadata.get("labels") or {})
         ):
             return  # a status update (most events): nothing the mirror or the ledger keeps has changed
         info = self._parse(pod)
@@ -329,7 +333,7 @@ class LedgerSync:
                     continue
                 previous = self.pods.by_uid.get(uid)
                 self.pods.put(info)
-                if info.node and (previous is None or previous.node != info.node):
+                if info.node and (previous is None or previous.node != info.node or previous.meta != info.meta):
                     binds.append(Placement(uid=uid, pod=info.key, node=info.node, request=info.request,
                                            ports=info.ports, meta=info.meta))
             self.stats.pod_flushes += 1

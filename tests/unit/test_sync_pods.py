@@ -4,6 +4,7 @@ latest event of a pod wins, a re-list supersedes queued events, and a failed wri
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -175,3 +176,15 @@ async def test_a_gone_pod_needs_no_request_and_a_status_update_costs_nothing(syn
     assert counting(sync).calls == [("bind_many", 1), ("release_many", 1)]
     assert await bound_uids(sync) == set()
     assert sync.stats.malformed_pods == 0
+
+
+async def test_a_label_change_rewrites_the_pods_meta_for_the_workers_index(sync: LedgerSync) -> None:
+    await sync._on_pod_event("ADDED", pod("a"))
+    await sync.flush_pods()
+    relabelled = pod("a")
+    relabelled["metadata"]["labels"] = {"app": "db"}  # labels change without a new generation
+    await sync._on_pod_event("MODIFIED", relabelled)
+    await sync.flush_pods()
+    assert counting(sync).calls == [("bind_many", 1), ("bind_many", 1)]
+    loaded = await sync.ledger.load()
+    assert [(uid, node, json.loads(meta)["labels"]) for uid, node, meta in loaded.pods] == [("a", "n1", {"app": "db"})]
