@@ -30,7 +30,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from workers.framework import BoolArray, Placement, Profile, Unschedulable, choose, evaluate, run_filters
-from workers.nodes import NodeTable, NodeView
+from workers.nodes import HostPort, NodeTable, NodeView
 from workers.pod import PodView
 
 DEFAULT_TOPOLOGY_KEY = "topology.hoss.io/leaf"
@@ -98,6 +98,7 @@ def place_gang(
         if isinstance(decision, Placement):
             node = decision.candidates[0]
             scratch.add_used(node, member.request)
+            scratch.claim_ports(node, member.host_ports)  # two members never share a host port on a node
             assignments[member.uid] = node
         elif first_miss is None:
             first_miss = decision
@@ -183,6 +184,19 @@ class ScratchUsage(NodeTable):
         # Sharing the base's arrays and lists is safe: nothing here writes them (see the overrides below).
         self.__dict__.update(base.__dict__)
         self._scratch_used = np.array(base.used, dtype=np.int64)
+        self._scratch_ports: list[tuple[str, HostPort]] = []
+
+    def claim_ports(self, name: str, ports: Sequence[HostPort]) -> None:
+        """Count `ports` as held on node `name` in this copy (the base's pod index is not touched)."""
+        self._scratch_ports.extend((name, port) for port in ports)
+
+    def port_taken(self, port: HostPort) -> NDArray[np.bool_]:
+        taken = super().port_taken(port)
+        for name, held in self._scratch_ports:
+            row = self.index.get(name)
+            if row is not None and held.conflicts(port):
+                taken[row] = True
+        return taken
 
     @property
     def used(self) -> NDArray[np.int64]:

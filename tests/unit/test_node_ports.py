@@ -13,6 +13,7 @@ from resolver.ledger import BatchPod, BoundPod, Ledger
 from tests.unit.kube_objects import Json, raw_node, raw_pod, table
 from workers.feed import NodeFeed
 from workers.framework import Profile, decide
+from workers.gang import place_gang
 from workers.nodes import HostPort, NodeTable, PlacedPod
 from workers.plugins.ports import PORTS_TAKEN, NodePorts
 from workers.pod import PodView, parse_pod
@@ -123,3 +124,17 @@ async def test_the_feed_loads_the_pod_index_and_follows_placements_and_removals(
     assert set(nodes.pods) == {"new"} and nodes.pods_on == {"b": {"new"}}
     assert passing(wanting({"containerPort": 81, "hostPort": 81}), nodes) == ["a"]
     assert passing(wanting({"containerPort": 80, "hostPort": 80}), nodes) == ["a", "b"]
+
+
+def test_gang_members_never_share_a_host_port_on_a_node() -> None:
+    nodes = table(raw_node("a"), raw_node("b"), raw_node("c"))
+    members = [parse_pod(with_ports(f"m{i}", {"containerPort": 80, "hostPort": 80})) for i in range(3)]
+    profile = Profile(name="p", filters=[NodePorts()], scores=[])
+    placed = place_gang(profile, members, nodes, rng=np.random.default_rng(0), min_available=3, topology_key=None,
+                        gang="team/g")
+    assert sorted(placed.assignments.values()) == ["a", "b", "c"]  # type: ignore[union-attr]
+    assert nodes.pods == {}, "the real pod index is untouched"
+    four = [*members, parse_pod(with_ports("m3", {"containerPort": 80, "hostPort": 80}))]
+    refused = place_gang(profile, four, nodes, rng=np.random.default_rng(0), min_available=4, topology_key=None,
+                         gang="team/g")
+    assert "didn't have free ports for the requested pod ports" in refused.message  # type: ignore[union-attr]
