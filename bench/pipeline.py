@@ -11,15 +11,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import shutil
 import signal
+import socket
+import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
+from bench.measure import CpuMeter
 from dispatcher.queue import WorkQueue
 from dispatcher.service import Dispatcher, cancel_and_wait
 from dispatcher.settings import DispatcherSettings
@@ -79,7 +85,8 @@ class PipelineRun:
         return self.bound / self.seconds if self.seconds > 0 else 0.0
 
 
-async def drive(redis: Redis, pods: Sequence[Json], *, expected_workers: int, timeout: float = 300.0) -> PipelineRun:
+async def drive(redis: Redis, pods: Sequence[Json], *, expected_workers: int, timeout: float = 300.0,
+                on_start: Callable[[], None] | None = None) -> PipelineRun:
     """Run a dispatcher over `pods` until every pod is bound by the sink (or the timeout)."""
     dispatcher = Dispatcher(queue=WorkQueue(redis), settings=DispatcherSettings(identity="bench-pipeline"))
     by_uid = {p["metadata"]["uid"]: p for p in pods}
@@ -96,6 +103,8 @@ async def drive(redis: Redis, pods: Sequence[Json], *, expected_workers: int, ti
     await dispatcher.on_list([])
     dispatcher.synced.set()
     lead = asyncio.create_task(dispatcher.lead())
+    if on_start is not None:
+        on_start()
     started = time.monotonic()
     bound = 0
     try:
@@ -162,3 +171,87 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# --- the benchmark scenario ----------------------------------------------------------------------------------
+
+PIPELINE_RUNS: tuple[tuple[str, int, bool], ...] = (
+    ("pipeline-1w", 1, False), ("pipeline-2w", 2, False), ("pipeline-4w", 4, False),
+    ("pipeline-1w-pinned", 1, True), ("pipeline-2w-pinned", 2, True),
+)
+"""(row, workers, pinned): pinned runs put worker i on core i (taskset), the dispatcher and Redis unpinned."""
+
+
+def _start(argv: list[str], work_dir: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(argv, cwd=work_dir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def pipeline_rows(*, nodes: int, pods: int, policies_file: str, work_dir: str,
+                        progress: Callable[[str, int, int], None]) -> dict[str, dict[str, Any]]:
+    """Every pipeline run on a redis-server of its own: pods/s and CPU ms per pod of each process."""
+    port = _free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    redis_process = _start([shutil.which("redis-server") or "redis-server", "--port", str(port), "--save", "",
+                            "--appendonly", "no", "--bind", "127.0.0.1"], work_dir)
+    redis = Redis.from_url(url, decode_responses=True)
+    rows: dict[str, dict[str, Any]] = {}
+    try:
+        for _ in range(100):
+            try:
+                await redis.ping()
+                break
+            except (OSError, RedisError):
+                await asyncio.sleep(0.05)
+        node_objects = [node_object(f"pn{i:05d}") for i in range(nodes)]
+        for row, count, pinned in PIPELINE_RUNS:
+            if pinned and (os.cpu_count() or 1) < count:
+                continue
+            progress(f"pipeline ceiling: {row} (binding replaced by a sink, no apiserver)", 0, pods)
+            await prepare_ledger(redis, node_objects)
+            workers = []
+            for i in range(count):
+                argv = [sys.executable, "-m", "bench.pipeline", "worker", f"pw{i}", url, policies_file]
+                if pinned:
+                    argv = ["taskset", "-c", str(i), *argv]
+                workers.append(_start(argv, work_dir))
+            try:
+                meter = CpuMeter({"redis-server": redis_process.pid, "dispatcher": os.getpid(),
+                                  **{f"hoss-worker-pw{i}": w.pid for i, w in enumerate(workers)}})
+                driving = asyncio.create_task(drive(redis, [pod_object(n) for n in range(pods)],
+                                                    expected_workers=count, timeout=300, on_start=meter.start))
+                run = await driving
+                spent = meter.stop()
+            finally:
+                for worker in workers:
+                    worker.terminate()
+                for worker in workers:
+                    try:
+                        worker.wait(timeout=15)
+                    except subprocess.TimeoutExpired:
+                        worker.kill()
+                        worker.wait()
+            scale = 1000 / pods
+            per_worker = {name.removeprefix("hoss-worker-"): round(s * scale, 3) for name, s in spent.items()
+                          if name.startswith("hoss-worker-")}
+            groups = {"dispatcher": spent.get("dispatcher", 0.0), "redis-server": spent.get("redis-server", 0.0),
+                      "workers": sum(s for name, s in spent.items() if name.startswith("hoss-worker-"))}
+            per_1000 = {group: round(seconds * scale, 3) for group, seconds in groups.items()}
+            per_1000["hoss-side"] = round(sum(groups.values()) * scale, 3)
+            per_1000["total"] = per_1000["hoss-side"]
+            rows[row] = {"pods": pods, "bound": run.bound, "pods_per_second": round(run.pods_per_second, 1),
+                         "workers": count, "pinned": pinned, "cpu_seconds": spent, "cpu_per_1000_pods": per_1000,
+                         "cpu_per_1000_pods_per_worker": per_worker,
+                         "note": "dispatcher + workers + ledger on a real redis-server; bindings into a sink, no "
+                                 "apiserver; 'dispatcher' is the bench process (dispatcher and driver)"}
+            progress("", run.bound, pods)
+    finally:
+        await redis.aclose()
+        redis_process.terminate()
+        redis_process.wait(timeout=15)
+    return rows

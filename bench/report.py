@@ -196,6 +196,16 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     pinned = _pinned_scaling(tput)
     add("hoss 2 workers pinned >= 1.8x 1 worker pinned", None if pinned is None else pinned >= 1.8,
         "n/a" if pinned is None else f"{pinned:.2f}x", ("hoss-1w-pinned", "hoss-2w-pinned"))
+    pipeline = {name: row for name, row in tput.items() if name.startswith("pipeline-")}
+    best = max(pipeline.items(), key=lambda item: item[1].get("pods_per_second") or 0.0, default=None)
+    add("pipeline ceiling >= 2,000 pods/s", None if best is None else best[1]["pods_per_second"] >= 2000,
+        "n/a" if best is None else f"{best[1]['pods_per_second']:.0f} pods/s ({best[0]})",
+        [best[0]] if best is not None else [])
+    one_pinned, two_pinned = (_row_value(tput, f"pipeline-{n}w-pinned", "pods_per_second") for n in (1, 2))
+    ratio = two_pinned / one_pinned if one_pinned and two_pinned is not None else None
+    add("pipeline: 2 workers pinned >= 1.8x 1 worker pinned", None if ratio is None else ratio >= 1.8,
+        "n/a" if ratio is None else f"{ratio:.2f}x ({two_pinned:.0f} vs {one_pinned:.0f} pods/s)",
+        ("pipeline-1w-pinned", "pipeline-2w-pinned"))
 
     core = scenarios.get("core_scale", {})
     for nodes in CORE_TARGET_NODES:

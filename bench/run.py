@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import datetime
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from bench import report, scenarios
+from bench import pipeline, report, scenarios
 from deploy.local import binaries
 from deploy.local.cluster import Cluster
 from deploy.local.plane import POLICIES_FILE, LocalPlane, PlaneError
@@ -37,12 +38,16 @@ class ProgressBar:
         print(file=sys.stderr)
 
 
-# Pipeline ceiling (not wired in yet): dispatcher + workers + ledger with the binding POST replaced by an
-# in-process sink, i.e. the most hoss itself can place per second without the apiserver (the harness is
-# bench/pipeline.py; its API for the benchmark is still being settled). Once it is, it is one function with this
-# signature, run while hoss runs alone, after the hoss rows, and reported as the throughput row
-# "pipeline-ceiling" (with CPU per process: Bench.meter).
-PIPELINE_CEILING: scenarios.ThroughputHook | None = None
+async def _pipeline_ceiling(bench: scenarios.Bench, size: scenarios.Size) -> dict[str, Any]:
+    """Dispatcher + workers + ledger with the binding replaced by a sink (bench/pipeline.py): hoss's own ceiling
+    per CPU-second, apart from the apiserver."""
+    return await pipeline.pipeline_rows(nodes=size.nodes, pods=max(size.pods, PIPELINE_MIN_PODS),
+                                        policies_file=str(POLICIES_FILE), work_dir=os.getcwd(),
+                                        progress=bench.progress)
+
+
+PIPELINE_MIN_PODS = 1000
+PIPELINE_CEILING: scenarios.ThroughputHook | None = _pipeline_ceiling
 
 
 async def run_bench(*, plane: LocalPlane, quick: bool, json_path: Path, chart_path: Path,

@@ -296,7 +296,8 @@ def small_pods(count: int, scheduler: str, prefix: str = "p") -> list[Json]:
 # --- 1. throughput -----------------------------------------------------------------------------------------
 
 THROUGHPUT_TIMEOUT = 600.0
-# One more hoss-side throughput row, run while hoss runs alone (after the hoss rows): see run.PIPELINE_CEILING.
+# More hoss-side throughput rows (name -> row), run while hoss runs alone, after the hoss rows: the pipeline
+# ceiling (bench/pipeline.py), see run.PIPELINE_CEILING.
 ThroughputHook = Callable[["Bench", Size], Awaitable[dict[str, Any]]]
 
 
@@ -336,7 +337,7 @@ async def throughput_hoss(bench: Bench, size: Size, *, pipeline_ceiling: Through
             bench.stop(processes)
             await bench.cleanup(namespace, nodes)
     if pipeline_ceiling is not None:
-        results["pipeline-ceiling"] = await pipeline_ceiling(bench, size)
+        results.update(await pipeline_ceiling(bench, size))
     return results
 
 

@@ -13,17 +13,31 @@ from typing import Any
 import pytest
 
 HOSS_RUNS = {"hoss-1w", "hoss-2w", "hoss-4w", "hoss-1w-pinned", "hoss-2w-pinned"}
-SYSTEMS = {"kube-scheduler", "apiserver-ceiling", "apiserver-ceiling+webhook", *HOSS_RUNS}
+PIPELINE_RUNS = {"pipeline-1w", "pipeline-2w", "pipeline-4w", "pipeline-1w-pinned", "pipeline-2w-pinned"}
+SYSTEMS = {"kube-scheduler", "apiserver-ceiling", "apiserver-ceiling+webhook", *HOSS_RUNS, *PIPELINE_RUNS}
 PROCESS_GROUPS = {"kube-apiserver", "etcd", "kwok", "kube-scheduler", "dispatcher", "workers", "resolver",
                   "redis-server", "bench"}
-TARGETS = 10
+TARGETS = 12
 
 
 def _finite(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def _check_pipeline_row(system: str, row: dict[str, Any]) -> None:
+    """Dispatcher + workers + ledger with the binding into a sink: no apiserver, so no latency or oversell."""
+    assert row["bound"] == row["pods"] and row["pods"] >= 1000, system
+    assert _finite(row["pods_per_second"]) and row["pods_per_second"] > 0, system
+    cpu = row["cpu_per_1000_pods"]
+    assert cpu["dispatcher"] > 0 and cpu["workers"] > 0 and cpu["redis-server"] > 0, (system, cpu)
+    assert math.isclose(cpu["hoss-side"], cpu["dispatcher"] + cpu["workers"] + cpu["redis-server"], abs_tol=0.01)
+    assert len(row["cpu_per_1000_pods_per_worker"]) == row["workers"], system
+
+
 def _check_throughput_row(system: str, row: dict[str, Any]) -> None:
+    if system.startswith("pipeline-"):
+        _check_pipeline_row(system, row)
+        return
     assert row["bound"] == row["pods"], system
     assert _finite(row["pods_per_second"]) and row["pods_per_second"] > 0, system
     assert row["oversold_nodes"] == 0, system
