@@ -234,6 +234,7 @@ class Worker:
         self.jitter = random.Random(settings.seed)
         self.ready: collections.deque[Work] = collections.deque()
         self._ready_event = asyncio.Event()
+        self._retry_added = asyncio.Event()
         self.retries: list[_Retry] = []
         self.backoff: dict[str, float] = {}
         self.conflict_rounds: dict[str, int] = {}
@@ -387,6 +388,7 @@ class Worker:
             self.backoff[uid] = delay
         delay *= 0.8 + 0.4 * self.jitter.random()
         heapq.heappush(self.retries, _Retry(time.monotonic() + delay, work))
+        self._retry_added.set()
         self.count("retries")
 
     def _wake_retries(self) -> None:
@@ -394,13 +396,19 @@ class Worker:
         now = time.monotonic()
         self.retries = [_Retry(min(r.due, now + 0.05), r.work) for r in self.retries]
         heapq.heapify(self.retries)
+        self._retry_added.set()
 
     async def _retry_loop(self) -> None:
+        """Move retries that are due to the ready queue; sleep until the next is due (or a retry is added)."""
         while not self.stopping.is_set():
             now = time.monotonic()
             while self.retries and self.retries[0].due <= now:
                 self._push(heapq.heappop(self.retries).work)
-            await asyncio.sleep(0.05)
+            wait = min(self.retries[0].due - now, 1.0) if self.retries else 1.0
+            self._retry_added.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(wait, 0.005)):
+                    await self._retry_added.wait()
 
     # --- scheduling --------------------------------------------------------------------------------------
 
