@@ -83,3 +83,42 @@ async def test_followers_join_the_node_of_the_pod_they_are_affine_to_and_others_
 
         await wait_until(orphan_refused, timeout=60, what="a pod affine to no pod to say why it waits")
         assert oversold_nodes(await cluster.raw_list("list_node"), pods) == {}
+
+
+async def test_kube_scheduler_and_hoss_given_the_same_pods_satisfy_the_same_constraints(
+    plane: LocalPlane, dispatcher: Process, cluster: Cluster, namespace: str
+) -> None:
+    """The same pod specs (anti-affinity on the hostname, a host port, affinity to a leader), once for
+    kube-scheduler and once for hoss, on the same ten nodes: both end with the same counts and reasons."""
+    async with node_set(cluster, 10, labels={"spec-set": "compare"}), workers(plane, FOUR):
+        outcomes = {}
+        for scheduler, prefix in (("default-scheduler", "k"), ("hoss", "h")):
+            pods = anti_affine(pinned(hoss_pods(f"{prefix}solo", 14), "spec-set", "compare"), f"{prefix}solo")
+            for pod in pods:
+                pod["spec"]["schedulerName"] = scheduler
+                pod["spec"]["containers"][0]["ports"] = [{"containerPort": 7000 + ord(prefix),
+                                                          "hostPort": 7000 + ord(prefix)}]
+            await cluster.create_pods(pods, namespace=namespace)
+
+            async def settled(prefix: str = prefix) -> tuple[bool, str]:
+                mine = [p for p in await cluster.raw_list("list_namespaced_pod", namespace)
+                        if p["metadata"]["name"].startswith(f"{prefix}solo")]
+                bound = [p for p in mine if p["spec"].get("nodeName")]
+                waiting = [p["metadata"]["name"] for p in mine if not p["spec"].get("nodeName")]
+                reasons = [(await scheduled_condition(cluster, namespace, name))[1] for name in waiting]
+                return len(bound) == 10 and all(reasons) and len(reasons) == 4, f"{len(bound)} bound, {reasons[:1]}"
+
+            await wait_until(settled, timeout=120, what=f"{scheduler} to settle its 14 pods")
+            mine = [p for p in await cluster.raw_list("list_namespaced_pod", namespace)
+                    if p["metadata"]["name"].startswith(f"{prefix}solo")]
+            per_node = Counter(p["spec"]["nodeName"] for p in mine if p["spec"].get("nodeName"))
+            waiting = [p["metadata"]["name"] for p in mine if not p["spec"].get("nodeName")]
+            reasons = {(await scheduled_condition(cluster, namespace, name))[1] for name in waiting}
+            outcomes[scheduler] = (sorted(per_node.values()), len(waiting),
+                                   # NodePorts runs before InterPodAffinity in both, and each node is reported
+                                   # under the first filter that rejects it
+                                   all("10 node(s) didn't have free ports for the requested pod ports" in r
+                                       for r in reasons))
+        assert outcomes["hoss"] == outcomes["default-scheduler"] == ([1] * 10, 4, True), outcomes
+        assert oversold_nodes(await cluster.raw_list("list_node"),
+                              await cluster.raw_list("list_namespaced_pod", namespace)) == {}
