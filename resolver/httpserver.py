@@ -93,6 +93,7 @@ class _Connection(asyncio.Protocol):
         assert isinstance(transport, asyncio.Transport)
         self._transport = transport
         self._server.connections.add(self)
+        self._server.accepted += 1
         loop = asyncio.get_running_loop()
         self._active_at = loop.time()
         self._idle = loop.call_at(self._active_at + self._server.idle_timeout_seconds, self._check_idle)
@@ -155,6 +156,7 @@ class _Connection(asyncio.Protocol):
             return
         request, keep_alive = parsed
         self._busy = True
+        self._server.requests += 1
         task = asyncio.get_running_loop().create_task(self._server.dispatch(request))
         self._server.handling.add(task)
         task.add_done_callback(self._server.handling.discard)
@@ -256,6 +258,10 @@ class HttpServer:
         self.max_buffer_bytes = max_header_bytes + max_body_bytes + 4
         self.too_large = too_large
         self.connections: set[_Connection] = set()
+        self.accepted = 0
+        """connections accepted so far"""
+        self.requests = 0
+        """requests answered so far"""
         self.handling: set[asyncio.Task[Response]] = set()
         self._server: asyncio.base_events.Server | None = None
 

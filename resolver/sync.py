@@ -8,8 +8,8 @@ which the informers keep equal to the apiserver; until then the ledger answers "
 
 The pod informer watches bound pods only (field selector ``spec.nodeName!=``): a pending pod holds nothing in
 the ledger but its reservation. Pod events are queued by uid (the latest event of a pod wins) and applied in
-bursts: every change queued so far goes to the mirror and then to the ledger in one ``release_many`` and one
-``bind_many`` call (per POD_WRITE_BATCH pods), so the watch never waits on Redis.
+bursts: what gathers within POD_FLUSH_LINGER_SECONDS goes to the mirror and then to the ledger in one
+``release_many`` and one ``bind_many`` call (per POD_WRITE_BATCH pods), so the watch never waits on Redis.
 
 Invariant: the in-memory mirror and the ledger are changed under one lock, so a rebuild never interleaves with
 an event and no change is lost between a snapshot and the rebuild.
@@ -42,6 +42,9 @@ BOUND_PODS_SELECTOR = "spec.nodeName!="
 a binding the webhook judged, and the rebuild needs only bound pods)."""
 POD_WRITE_BATCH = 256
 """Most pods written to the ledger in one script call (bind_many / release_many)."""
+POD_FLUSH_LINGER_SECONDS = 0.1
+"""How long pod events may gather before they are written: the bound state of a pod the webhook already holds
+resources for lags its binding by at most this much, and a burst costs one script call instead of many."""
 NodeRecord = tuple[ResourceVector, dict[str, str], str]
 """allocatable, labels, compact description (JSON) of a node, as the ledger keeps it"""
 
@@ -163,6 +166,7 @@ class LedgerSync:
         api: client.ApiClient,
         expire_interval_seconds: float = 1.0,
         watchdog_interval_seconds: float = 2.0,
+        pod_flush_linger_seconds: float = POD_FLUSH_LINGER_SECONDS,
     ) -> None:
         self.ledger = ledger
         self.core: Any = client.CoreV1Api(api)
@@ -172,6 +176,7 @@ class LedgerSync:
         self.synced = asyncio.Event()
         self._expire_interval = expire_interval_seconds
         self._watchdog_interval = watchdog_interval_seconds
+        self._pod_flush_linger = pod_flush_linger_seconds
         self._lock = asyncio.Lock()
         self._nodes_listed = asyncio.Event()
         self._pods_listed = asyncio.Event()
@@ -313,6 +318,8 @@ class LedgerSync:
     async def _pod_flush_loop(self) -> None:
         while True:
             await self._pods_changed.wait()
+            if self._pod_flush_linger > 0 and len(self._pod_changes) < POD_WRITE_BATCH:
+                await asyncio.sleep(self._pod_flush_linger)
             await self.flush_pods()
             raise_if_cancelled()
 

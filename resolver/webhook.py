@@ -175,6 +175,7 @@ class WebhookState:
     sync: LedgerSync | None = None
     get_pod: PodReader | None = None
     elector: LeaderElector | None = None
+    server: HttpServer | None = None
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     denials: collections.deque[Denial] = field(default_factory=lambda: collections.deque(maxlen=50))
     verdict_counts: collections.Counter[str] = field(default_factory=collections.Counter)
@@ -361,6 +362,10 @@ async def status(state: WebhookState, _request: Request) -> Response:
             "enforce": state.settings.enforce,
             "verdicts": dict(state.verdict_counts),
             "review_latency_ms": state.review_latency.summary_ms(),
+            "http": None if state.server is None else {
+                "connections_accepted": state.server.accepted, "connections_open": len(state.server.connections),
+                "requests": state.server.requests,
+            },
             "recent_denials": [d.__dict__ for d in reversed(state.denials)],
         }
     )
@@ -380,15 +385,20 @@ def build_server(state: WebhookState) -> HttpServer:
     def too_large(_request: Request) -> Response:
         return _json({"error": f"AdmissionReview larger than {limit} bytes"}, status=400)
 
-    return HttpServer(
+    server = HttpServer(
         {route: functools.partial(handler, state) for route, handler in routes.items()},
         max_body_bytes=limit, too_large=too_large,
     )
+    state.server = server
+    return server
 
 
 def tls_context(cert_file: str, key_file: str) -> ssl.SSLContext:
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(cert_file, key_file)
+    # No session tickets: the apiserver's webhook client keeps no session cache, so each new connection is a full
+    # handshake anyway, and issuing tickets nobody presents costs every handshake.
+    context.options |= ssl.OP_NO_TICKET
     return context
 
 
