@@ -63,15 +63,17 @@ async def test_fields_hoss_does_not_honour_yet_are_refused_by_name_never_placed(
     async with node_set(cluster, 3, labels={"spec-set": "refused"}), workers(plane, FOUR):
         plain, anti, spread, claim = (pinned(hoss_pods(name, 1), "spec-set", "refused")[0]
                                       for name in ("plain", "anti", "spread", "claim"))
-        anti["spec"]["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
-            {"labelSelector": {"matchLabels": {"app": "x"}}, "topologyKey": "kubernetes.io/hostname"}]}}
+        anti["spec"]["affinity"] = {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 10, "podAffinityTerm": {"labelSelector": {"matchLabels": {"app": "x"}},
+                                               "topologyKey": "kubernetes.io/hostname"}}]}}
         spread["spec"]["topologySpreadConstraints"] = [
             {"maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "DoNotSchedule",
              "labelSelector": {"matchLabels": {"app": "x"}}}]
         claim["spec"]["volumes"] = [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]
         await cluster.create_pods([plain, anti, spread, claim], namespace=namespace)
         expected = {
-            "anti-0000": "hoss does not support spec.affinity.podAntiAffinity yet",
+            "anti-0000": "hoss does not support "
+                         "spec.affinity.podAntiAffinity.preferredDuringSchedulingIgnoredDuringExecution yet",
             "spread-0000": "hoss does not support spec.topologySpreadConstraints yet",
             "claim-0000": "hoss does not support spec.volumes[0].persistentVolumeClaim yet",
         }
