@@ -803,7 +803,8 @@ class Dispatcher:
         items: list[WorkItem] = []
         for key in keys:
             members = sorted(
-                (p for p in self.pending.values() if self._gang(p) == key and p.uid not in self.dispatched),
+                (p for p in self.pending.values()
+                 if self._gang(p) == key and p.uid not in self.dispatched and not p.gated),  # gated: not yet
                 key=lambda p: p.name,
             )
             bound = self._bound_members(key)
