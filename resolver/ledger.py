@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Final, Literal, Self
 
+import orjson
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
@@ -333,11 +334,12 @@ class Ledger:
         """Reserve each pod on the first of its candidates it fits (independently, in order), in one call."""
         if not pods:
             return []
-        args: list[str | int] = [owner, _ttl_ms(ttl_seconds), len(pods)]
-        for item in pods:
-            args.extend([item.uid, item.pod, item.digest, len(item.candidates), *item.candidates,
-                         *_vector_args(item.request), item.ports, item.meta, item.inter_pod_keys, item.position])
-        reply = await self._run("reserve_batch", args)
+        encoded = orjson.dumps([
+            [item.uid, item.pod, item.digest, list(item.candidates), _vector_args(item.request)[1:], item.ports,
+             item.meta, item.inter_pod_keys, item.position]
+            for item in pods
+        ])
+        reply = await self._run("reserve_batch", [owner, _ttl_ms(ttl_seconds), encoded.decode()])
         refusal = _refusal(reply) if reply and _text(reply[0]) == "not_ready" else None
         if isinstance(refusal, LedgerNotReady):
             return refusal

@@ -1,7 +1,8 @@
 -- reserve_batch: reserve many independent pods in one call, each on the first of its candidate nodes it fits.
--- ARGV: prefix, owner, ttl_ms, count, then per pod: uid, pod (namespace/name), digest, c, c candidate nodes,
---       n, n resource/amount pairs, host ports, meta (as placements carry them: see next_placement),
---       inter-pod topology keys ('k1,k2' or ''), change-stream position the decision saw ('' = not checked).
+-- ARGV: prefix, owner, ttl_ms, then the pods as one JSON array (one argument is far cheaper for the client to
+--       send than thousands): [[uid, pod (namespace/name), digest, [candidate nodes], [resource, amount, ...],
+--       host ports, meta, inter-pod topology keys ('k1,k2'), change-stream position of the decision], ...] with amounts as decimal strings (kept exact); host ports and meta as placements
+--       carry them (see next_placement in common.lua).
 -- Per pod, in order (earlier pods' reservations count for later ones):
 --   the dispatcher marked the pod changed or gone since this version was queued ('{hoss}:podver' holds
 --     another digest)                                  -> stale, the marker
@@ -30,19 +31,19 @@ local function answer(kind, node, resource, wanted, free)
   table.insert(reply, wanted or 0)
   table.insert(reply, free or 0)
 end
-for _ = 1, next_number() do
-  local uid = next_arg()
-  local pod = next_arg()
-  local version = next_arg()
-  local candidates = {}
-  for i = 1, next_number() do
-    candidates[i] = next_arg()
+for _, item in ipairs(cjson.decode(next_arg())) do
+  local uid = item[1]
+  local pod = item[2]
+  local version = item[3]
+  local candidates = item[4]
+  local ports = item[6] or ''
+  local meta = item[7] or ''
+  local inter_pod_keys = item[8] or ''
+  local position = item[9] or ''
+  local request = {}
+  for i = 1, #item[5], 2 do
+    table.insert(request, {item[5][i], item[5][i + 1]})
   end
-  local request = next_pairs()
-  local ports = next_arg()
-  local meta = next_arg()
-  local inter_pod_keys = next_arg()
-  local position = next_arg()
   local marker = redis.call('HGET', PODVER, uid)
   local entry = read_entry(uid)
   if marker and marker ~= version then

@@ -72,6 +72,8 @@ def _results() -> dict[str, Any]:
                 "hoss-4w": _row(200, 1200, **{"hoss-side": 2.5, "resolver": 0.3}),
                 "hoss-1w-pinned": _row(100, 900),
                 "hoss-2w-pinned": _row(190, 900),
+                "pipeline-1w-pinned": _row(1000, 0),
+                "pipeline-2w-pinned": _row(1700, 0),
             },
             "contention": {"capacity_cpu": 8, "demand_cpu": 12, "2x kube-scheduler": {"placed": 9, "oversold_nodes": 3},
                            "hoss 4w + kube-scheduler, resolver": {"placed": 8, "oversold_nodes": 0}},
@@ -90,7 +92,7 @@ def _results() -> dict[str, Any]:
 
 def test_targets_are_judged_from_the_figures() -> None:
     found = {t["target"]: t for t in report.targets(_results())}
-    assert len(found) == 10
+    assert len(found) == 12
     assert found["hoss-1w pods/s >= 1.0x kube-scheduler"]["met"] is True
     assert found["hoss-4w pods/s >= 0.95x hoss-1w"]["met"] is False  # 200 / 220 = 0.91
     side = found["hoss-side CPU/pod (dispatcher+workers+redis) <= kube-scheduler's"]
@@ -98,6 +100,9 @@ def test_targets_are_judged_from_the_figures() -> None:
     assert found["resolver CPU/pod <= 0.5 ms"]["met"] is True
     assert found["apiserver ceiling with webhook >= 80% of without"]["met"] is False  # 75%
     assert found["hoss 2 workers pinned >= 1.8x 1 worker pinned"]["met"] is True
+    assert found["pipeline ceiling >= 2,000 pods/s"]["met"] is False and "pipeline-2w-pinned" in \
+        found["pipeline ceiling >= 2,000 pods/s"]["value"]
+    assert found["pipeline: 2 workers pinned >= 1.8x 1 worker pinned"]["met"] is False  # 1.70x
     assert found["decision p50 <= kube-scheduler's at 5000 nodes"]["met"] is None
     assert "too slow" in found["decision p50 <= kube-scheduler's at 5000 nodes"]["value"]
     assert found["decision p50 <= kube-scheduler's at 20000 nodes"]["met"] is None
