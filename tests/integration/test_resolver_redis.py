@@ -1,11 +1,19 @@
-"""The resolver's ledger clients on a real redis-server: commands packed by hiredis, every ledger operation the
-resolver makes, a client without a socket timeout, and "SCRIPT LOAD" split as redis-py splits it."""
+"""The resolver's ledger clients on a real redis-server: redis-py with commands packed by hiredis ("SCRIPT LOAD"
+split as redis-py splits it), and the webhook's pipelined client: every ledger call the webhook makes, many at
+once over one connection, a cancelled call, a lost connection and an error reply."""
 
 from __future__ import annotations
 
+import asyncio
+from typing import cast
+
+import pytest
+from redis.asyncio import Redis
 from redis.asyncio.connection import Connection
 
-from resolver.ledger import Confirmed, Ledger, NeedRequest, Placement, Reserved
+from resolver.errors import LedgerUnavailable
+from resolver.ledger import Confirmed, Conflict, Ledger, LedgerNotReady, NeedRequest, Placement, Reserved
+from resolver.redisclient import PipelinedRedis
 from resolver.webhook import HiredisPack, ledger_redis
 
 ROOM = {"cpu": 4000, "memory": 8 << 30, "pods": 110}
@@ -42,3 +50,56 @@ async def test_the_resolvers_ledger_operations_over_hiredis_packed_connections(r
             assert await ledger.is_ready()
         finally:
             await ledger.close()
+
+
+async def pipelined_ledger(redis_url: str) -> tuple[Ledger, PipelinedRedis]:
+    admin = ledger_redis(redis_url)
+    await admin.flushdb()
+    await Ledger(admin).rebuild(nodes=[("n1", ROOM, {})], bound=[])
+    await admin.script_flush()  # so the first call meets NOSCRIPT and loads the script
+    await admin.aclose()
+    client = PipelinedRedis(redis_url)
+    return Ledger(cast(Redis, client), owns_client=True), client
+
+
+async def test_the_webhooks_ledger_calls_over_one_pipelined_connection(redis_url: str) -> None:
+    ledger, _client = await pipelined_ledger(redis_url)
+    try:
+        assert await ledger.is_ready()
+        assert await ledger.epoch()
+        results = await asyncio.gather(*(
+            ledger.confirm(uid=f"u{i}", pod=f"ns/u{i}", node="n1", request={"cpu": 10, "pods": 1}, owner="w",
+                           ttl_seconds=30)
+            for i in range(200)
+        ))
+        assert results == [Confirmed(node="n1", foreign=True)] * 110 + [
+            Conflict(node="n1", resource="pods", wanted=1, free=0)] * 90
+        assert await ledger.confirm(uid="u0", pod="ns/u0", node="n1", request=None, owner="w",
+                                    ttl_seconds=30) == Confirmed(node="n1", foreign=False)
+        await ledger.mark_not_ready()
+        assert not await ledger.is_ready()
+        assert isinstance(await ledger.confirm(uid="x", pod="ns/x", node="n1", request=None, owner="w",
+                                               ttl_seconds=30), LedgerNotReady)
+    finally:
+        await ledger.close()
+
+
+async def test_a_cancelled_call_or_a_lost_connection_leaves_the_client_usable(redis_url: str) -> None:
+    ledger, client = await pipelined_ledger(redis_url)
+    admin = ledger_redis(redis_url)
+    try:
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.001):
+                await client.execute("BLPOP", "nothing-here", "0.05")
+        assert await client.execute("PING") == "PONG", "the late reply of the cancelled call is dropped"
+        waiting = asyncio.create_task(ledger._call(client.execute("BLPOP", "nothing-here", "2")))
+        await asyncio.sleep(0.1)
+        await admin.client_kill_filter(_type="normal", skipme=True)
+        with pytest.raises(LedgerUnavailable, match="connection to Redis lost"):
+            await waiting
+        assert await ledger.is_ready(), "the next call connects again"
+        with pytest.raises(LedgerUnavailable, match="ERR"):
+            await ledger._call(client.execute("NOSUCHCOMMAND"))
+    finally:
+        await admin.aclose()
+        await ledger.close()
