@@ -185,8 +185,19 @@ class Bench:
         await guarded("deleting the run's nodes", for_each(nodes, self._delete_node), seconds=180)
 
     async def delete_pods(self, namespace: str) -> None:
-        await request_json(self.cluster.core.delete_collection_namespaced_pod, namespace, grace_period_seconds=0,
-                           _request_timeout=170)
+        """Delete every pod of the namespace. Deleting thousands can outlast the apiserver's own 60 s request
+        limit (504, while the deletion goes on server-side): ask again until a call completes."""
+        while True:
+            try:
+                await request_json(self.cluster.core.delete_collection_namespaced_pod, namespace,
+                                   grace_period_seconds=0, _request_timeout=170)
+                return
+            except KubeError as error:
+                if error.status not in (429, 500, 503, 504):
+                    raise
+                print(f"\n[bench] deleting the pods of {namespace}: {error}; asking again", file=sys.stderr,
+                      flush=True)
+                await asyncio.sleep(1)
 
     async def _delete_node(self, name: str) -> None:
         try:
@@ -286,6 +297,9 @@ async def guarded(step: str, work: Awaitable[T], *, seconds: float) -> T | None:
         return await asyncio.wait_for(work, seconds)
     except TimeoutError:
         print(f"\n[bench] {step} did not finish within {seconds:.0f}s; going on", file=sys.stderr, flush=True)
+        return None
+    except KubeError as error:
+        print(f"\n[bench] {step} failed ({error}); going on", file=sys.stderr, flush=True)
         return None
 
 
