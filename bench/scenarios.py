@@ -191,13 +191,14 @@ class Bench:
             try:
                 await request_json(self.cluster.core.delete_collection_namespaced_pod, namespace,
                                    grace_period_seconds=0, _request_timeout=170)
-                return
             except KubeError as error:
                 if error.status not in (429, 500, 503, 504):
                     raise
                 print(f"\n[bench] deleting the pods of {namespace}: {error}; asking again", file=sys.stderr,
                       flush=True)
                 await asyncio.sleep(1)
+            else:
+                return
 
     async def _delete_node(self, name: str) -> None:
         try:
