@@ -90,8 +90,7 @@ class _Connection(asyncio.Protocol):
     # --- transport callbacks ---------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        self._transport = transport  # type: ignore[assignment]  # a stream transport (asyncio's, or uvloop's)
         self._server.connections.add(self)
         self._server.accepted += 1
         loop = asyncio.get_running_loop()

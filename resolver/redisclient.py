@@ -38,8 +38,7 @@ class _Protocol(asyncio.Protocol):
         self.closed = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = transport  # type: ignore[assignment]  # a stream transport, as created in _connect
 
     def data_received(self, data: bytes) -> None:
         self.reader.feed(data)
@@ -137,12 +136,14 @@ class PipelinedRedis:
             try:
                 async with asyncio.timeout(self._connect_timeout):
                     if "path" in options:
-                        _, protocol = await loop.create_unix_connection(_Protocol, options["path"])
+                        transport, protocol = await loop.create_unix_connection(_Protocol, options["path"])
                     else:
-                        _, protocol = await loop.create_connection(
+                        transport, protocol = await loop.create_connection(
                             _Protocol, options.get("host", "localhost"), int(options.get("port", 6379)),
                             ssl=self._ssl_context() if self._tls else None,
                         )
+                    # Some loops (uvloop) call connection_made only after create_connection has returned.
+                    protocol.transport = transport
                     self._protocol = protocol
                     if options.get("password"):
                         username = options.get("username")
