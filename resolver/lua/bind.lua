@@ -5,14 +5,7 @@
 if not is_ready() then
   return NOT_READY
 end
-local p = next_placement()
-local previous = drop_uid(p.uid)
-local owner = ''
-if previous then
-  owner = previous.owner or ''
-end
-redis.call('SADD', NODES, p.node)
-hold(p.uid, p.pod, p.node, p.request, 'bound', owner, nil, p.ports, p.meta)
+local previous = bind_placement(next_placement())
 publish()
 if previous then
   return {'bound', previous.node, previous.state}

@@ -6,14 +6,7 @@ if not is_ready() then
 end
 local count = next_number()
 for _ = 1, count do
-  local p = next_placement()
-  local previous = drop_uid(p.uid)
-  local owner = ''
-  if previous then
-    owner = previous.owner or ''
-  end
-  redis.call('SADD', NODES, p.node)
-  hold(p.uid, p.pod, p.node, p.request, 'bound', owner, nil, p.ports, p.meta)
+  bind_placement(next_placement())
 end
 publish()
 return {'bound', count}

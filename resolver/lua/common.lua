@@ -497,3 +497,17 @@ local function publish()
     settle_domains(add_change(fields))
   end
 end
+
+-- The apiserver says p.uid runs on p.node: its entry becomes bound there with this request, whatever it was
+-- before and even if the node is overcommitted (a node not synced yet is registered without allocatable).
+-- Returns the entry it replaced, or nil. Used by bind and bind_many.
+local function bind_placement(p)
+  local previous = drop_uid(p.uid)
+  local owner = ''
+  if previous then
+    owner = previous.owner or ''
+  end
+  redis.call('SADD', NODES, p.node)
+  hold(p.uid, p.pod, p.node, p.request, 'bound', owner, nil, p.ports, p.meta)
+  return previous
+end

@@ -85,3 +85,12 @@ async def ledger(redis_url: str) -> AsyncIterator[Ledger]:
         await client.flushdb()
     async with Ledger.from_url(redis_url) as fresh:
         yield fresh
+
+
+@pytest.fixture
+async def client(redis_url: str) -> AsyncIterator[redis.asyncio.Redis]:
+    """A client on the session's redis-server (decode_responses), flushed before the test."""
+    connection = redis.asyncio.Redis.from_url(redis_url, decode_responses=True)
+    await connection.flushdb()
+    yield connection
+    await connection.aclose()

@@ -12,7 +12,7 @@ import copy
 import json
 import random
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -40,14 +40,6 @@ pytestmark = pytest.mark.integration
 Json = dict[str, Any]
 ALIVE_SECONDS = 60.0
 DYING_SECONDS = 0.4
-
-
-@pytest.fixture
-async def client(redis_url: str) -> AsyncIterator[redis.asyncio.Redis]:
-    connection = redis.asyncio.Redis.from_url(redis_url, decode_responses=True)
-    await connection.flushdb()
-    yield connection
-    await connection.aclose()
 
 
 @pytest.fixture

@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 
 from dispatcher.queue import WorkQueue, queue_key
-from tests.integration.test_dispatcher_flow import beat, client, make_dispatcher, pending_pod, queue, stream_uids
+from tests.integration.test_dispatcher_flow import beat, make_dispatcher, pending_pod, queue, stream_uids
 
 pytestmark = pytest.mark.integration
-__all__ = ["client", "queue"]  # fixtures
+__all__ = ["queue"]  # fixture (client comes from conftest)
 
 
 async def test_a_gated_pod_is_held_back_until_its_gates_are_removed(queue: WorkQueue) -> None:

@@ -6,7 +6,6 @@ Workers watch nothing: pods arrive in their work items, nodes come from the ledg
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio
@@ -18,14 +17,6 @@ from resolver.ledger import Ledger
 from resolver.resources import node_allocatable
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-async def client(redis_url: str) -> AsyncIterator[redis.asyncio.Redis]:
-    connection = redis.asyncio.Redis.from_url(redis_url, decode_responses=True)
-    await connection.flushdb()
-    yield connection
-    await connection.aclose()
 
 
 async def test_two_workers_place_every_pod_without_overselling_and_share_the_work(

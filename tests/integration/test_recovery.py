@@ -4,7 +4,6 @@ passed over, acknowledgements never drop another worker's pods, and Redis failur
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio
@@ -18,14 +17,6 @@ from dispatcher.settings import DispatcherSettings
 from resolver.errors import LedgerUnavailable
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-async def client(redis_url: str) -> AsyncIterator[redis.asyncio.Redis]:
-    connection = redis.asyncio.Redis.from_url(redis_url, decode_responses=True)
-    await connection.flushdb()
-    yield connection
-    await connection.aclose()
 
 
 def test_redis_failures_are_classified_as_outage_lost_queue_or_bug() -> None:
