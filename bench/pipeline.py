@@ -26,8 +26,8 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from bench.measure import CpuMeter
+from dispatcher.core import Dispatcher, cancel_and_wait
 from dispatcher.queue import WorkQueue
-from dispatcher.service import Dispatcher, cancel_and_wait
 from dispatcher.settings import DispatcherSettings
 from resolver import compact
 from resolver.ledger import BoundPod, Ledger

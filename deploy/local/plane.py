@@ -564,7 +564,7 @@ class LocalPlane:
             state,
             name,
             [
-                sys.executable, "-m", "dispatcher.service",
+                sys.executable, "-m", "dispatcher.main",
                 f"--kubeconfig={self.kubeconfig('hoss-dispatcher')}",
                 f"--redis-url={state.redis_url}",
                 "--host=127.0.0.1",
@@ -572,7 +572,7 @@ class LocalPlane:
                 f"--identity={name}",
             ],
             port=port,
-            binary="dispatcher.service",
+            binary="dispatcher.main",
         )
 
     def start_worker(

@@ -20,17 +20,11 @@ import pytest
 import redis.asyncio
 from aiohttp import web
 
+from dispatcher.core import Dispatcher, cancel_and_wait, no_worker_message, run_roles
+from dispatcher.intake import PendingPod
 from dispatcher.leader import LeaderElector
 from dispatcher.queue import WorkerInfo, WorkItem, WorkQueue, queue_key
-from dispatcher.service import (
-    Dispatcher,
-    PendingPod,
-    ServiceState,
-    build_app,
-    cancel_and_wait,
-    no_worker_message,
-    run_roles,
-)
+from dispatcher.server import ServiceState, build_app
 from dispatcher.settings import DispatcherSettings
 from dispatcher.status import SystemStatus
 from resolver.ledger import Ledger

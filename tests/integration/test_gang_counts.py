@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import redis.asyncio
 
+from dispatcher.core import Dispatcher
 from dispatcher.gangs import GangKey, PodGroupSpec
 from dispatcher.queue import WorkerInfo, WorkItem, WorkQueue, queue_key
-from dispatcher.service import Dispatcher
 from dispatcher.settings import DispatcherSettings
 
 pytestmark = pytest.mark.integration

@@ -11,8 +11,8 @@ from redis.exceptions import BusyLoadingError, ConnectionError, OutOfMemoryError
 
 from bench.pipeline import drive, node_object, pod_object, prepare_ledger, run_worker, worker_settings
 from deploy.local.plane import POLICIES_FILE
+from dispatcher.core import Dispatcher
 from dispatcher.queue import DISPATCHED, QueueLost, WorkerInfo, WorkItem, WorkQueue, classify, queue_key
-from dispatcher.service import Dispatcher
 from dispatcher.settings import DispatcherSettings
 from resolver.errors import LedgerUnavailable
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from dispatcher.gangs import GangKey, PodGroupSpec
-from dispatcher.service import parse_pending_pod
+from dispatcher.intake import parse_pending_pod
 from dispatcher.status import (
     GPU_RESOURCE,
     PENDING_SHOWN,

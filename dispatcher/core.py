@@ -1,4 +1,4 @@
-"""hoss-dispatcher: pending-pod intake, routing to workers, reclaim of dead workers' work, and the /status server.
+"""The dispatch core: the `Dispatcher` (pending-pod views, leader rounds, gang holding, reclaim) and its roles.
 
 A watch on unbound pods (field selector ``spec.nodeName=``) keeps `Dispatcher.pending`. The leader sends every
 pending pod that is not in the dispatched map to the least-loaded live worker serving its policy (one
@@ -20,26 +20,15 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import dataclasses
-import datetime
-import functools
-import importlib.resources
 import logging
 import random
-import signal
-import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import aiohttp
-from aiohttp import web
-from kubernetes_asyncio import client
-from prometheus_client import generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from dispatcher.gangs import (
@@ -50,43 +39,36 @@ from dispatcher.gangs import (
     gang_of,
     gang_state,
     member_selector,
-    parse_podgroup,
     podgroup_phase,
 )
-from dispatcher.leader import KubeLeaseAPI, LeaderElector
+from dispatcher.intake import (
+    PendingPod,
+    dispatch_order,
+    item_uids,
+    left_by_deletion,
+    parse_pending_pod,
+    plan_work_items,
+    pod_uid,
+    single_item,
+)
+from dispatcher.leader import LeaderElector
 from dispatcher.queue import BOUND_PREFIX, GangMember, WorkerInfo, WorkItem, WorkQueue
-from dispatcher.routing import choose_worker, policy_of
+from dispatcher.routing import choose_worker
 from dispatcher.settings import DispatcherSettings
 from dispatcher.status import (
-    RESOLVER_STATS_MATCH,
     BoundRate,
     DispatcherMetrics,
     GangStatus,
     PendingStatus,
     QueueStatus,
-    SystemStatus,
     ThroughputStatus,
     WaitingPod,
-    build_status,
     gang_view,
     pending_view,
-    resolver_instance,
 )
-from resolver import compact
 from resolver.errors import LedgerUnavailable, PodSpecError
 from resolver.events import pod_event, post_event, set_unschedulable
-from resolver.kube import (
-    InformerHandlers,
-    Json,
-    KubeError,
-    api_client,
-    list_objects,
-    request_json,
-    run_informer,
-)
-from resolver.ledger import Ledger, LedgerSnapshot
-from resolver.settings import SettingsError, load_settings
-from resolver.supervise import Supervisor
+from resolver.kube import InformerHandlers, Json, KubeError
 
 log = logging.getLogger(__name__)
 
@@ -94,170 +76,12 @@ COMPONENT = "hoss-dispatcher"
 NO_WORKER_REASON = "NoWorkerForPolicy"
 GANG_WAITING_REASON = "GangIncomplete"
 GANG_TIMEOUT_REASON = "GangTimeout"
-TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 HANDBACK_BACKOFF_MAX_SECONDS = 300.0
 GANG_QUIET_ROUNDS = 5
 """A gang with no pending member is counted until its counts stood still this many rounds (members start)."""
-GANG_REFRESH_SECONDS = 2.0
-GANG_FOLLOWER_MEMORY_SECONDS = 600.0
-"""A follower forgets a changed gang with no pending member after this long (it counts what it knows on takeover)."""
 PLACED_PATIENCE = 10
 """A pod its worker bound but our watch still shows pending is sent again after this many informer lags."""
 STATUS_TIMEOUT_SECONDS = 5.0
-
-
-# --- pure core ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PendingPod:
-    """An unbound pod the dispatcher must place."""
-
-    uid: str
-    namespace: str
-    name: str
-    policy: str
-    seen_at: float
-    """Monotonic time the dispatcher first saw the pod pending."""
-    labels: Mapping[str, str] = field(default_factory=dict)
-    annotations: Mapping[str, str] = field(default_factory=dict)
-    created_unix: float | None = None
-    """metadata.creationTimestamp as unix time (None when absent or unreadable); for /status."""
-    unschedulable_reason: str | None = None
-    """Reason of the pod's PodScheduled=False condition, if it has one; for /status."""
-    unschedulable_message: str | None = None
-    """Message of the pod's PodScheduled=False condition, if it has one; for /status."""
-    compact: str = ""
-    """The pod's compact form (JSON, `resolver.compact`): what its work item carries to the worker."""
-    digest: str = ""
-    """The version of `compact`; a change while the pod is queued sends the new version after the old."""
-    priority: int = 0
-    """spec.priority: higher is dispatched first (then the oldest), as kube-scheduler's PrioritySort orders."""
-    gated: bool = False
-    """spec.schedulingGates is not empty: never dispatched (the apiserver set PodScheduled=False, reason
-    SchedulingGated); the MODIFIED event that removes the last gate dispatches it at once."""
-
-    @property
-    def key(self) -> str:
-        return f"{self.namespace}/{self.name}"
-
-
-def _required_text(value: object, *, field: str) -> str:
-    if not isinstance(value, str) or not value:
-        raise PodSpecError(field=field, reason=f"expected a non-empty string, got {value!r}")
-    return value
-
-
-def _string_map(value: object, *, field: str) -> dict[str, str]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
-        raise PodSpecError(field=field, reason="expected a map of strings")
-    return dict(value)
-
-
-def pod_uid(raw: Json) -> str:
-    """The uid of a raw pod; raises `PodSpecError` when it has none."""
-    metadata = raw.get("metadata")
-    if not isinstance(metadata, dict):
-        raise PodSpecError(field="metadata", reason="missing")
-    return _required_text(metadata.get("uid"), field="metadata.uid")
-
-
-def _created_unix(metadata: Json) -> float | None:
-    value = metadata.get("creationTimestamp")
-    if not isinstance(value, str):
-        return None
-    try:
-        return datetime.datetime.fromisoformat(value).timestamp()
-    except ValueError:
-        return None
-
-
-def _unschedulable(status: Json) -> tuple[str | None, str | None]:
-    """Reason and message of the PodScheduled=False condition (informational: a malformed one reads as absent)."""
-    conditions = status.get("conditions")
-    for condition in conditions if isinstance(conditions, list) else []:
-        if isinstance(condition, dict) and condition.get("type") == "PodScheduled" \
-                and condition.get("status") == "False":
-            reason, message = condition.get("reason"), condition.get("message")
-            return (reason if isinstance(reason, str) and reason else None,
-                    message if isinstance(message, str) and message else None)
-    return None, None
-
-
-def parse_pending_pod(
-    raw: Json, *, scheduler_names: Collection[str], default_policy: str, seen_at: float
-) -> PendingPod | None:
-    """The pod when the dispatcher should place it (one of our scheduler names, unbound, not being deleted, not
-    finished), else None. Raises `PodSpecError` naming the field of a malformed pod."""
-    uid = pod_uid(raw)
-    metadata: Json = raw["metadata"]
-    spec = raw.get("spec") or {}
-    status = raw.get("status") or {}
-    if not isinstance(spec, dict):
-        raise PodSpecError(field="spec", reason="expected an object")
-    if not isinstance(status, dict):
-        raise PodSpecError(field="status", reason="expected an object")
-    if spec.get("schedulerName", "default-scheduler") not in scheduler_names:
-        return None
-    if spec.get("nodeName") or metadata.get("deletionTimestamp") or status.get("phase") in TERMINAL_PHASES:
-        return None
-    unschedulable = _unschedulable(status)
-    encoded = compact.encode(compact.compact_pod(raw))
-    priority = spec.get("priority")
-    return PendingPod(
-        uid=uid,
-        namespace=_required_text(metadata.get("namespace"), field="metadata.namespace"),
-        name=_required_text(metadata.get("name"), field="metadata.name"),
-        policy=policy_of(raw, default=default_policy),
-        seen_at=seen_at,
-        labels=_string_map(metadata.get("labels"), field="metadata.labels"),
-        annotations=_string_map(metadata.get("annotations"), field="metadata.annotations"),
-        created_unix=_created_unix(metadata),
-        unschedulable_reason=unschedulable[0],
-        unschedulable_message=unschedulable[1],
-        compact=encoded.decode(),
-        digest=compact.digest(encoded),
-        priority=priority if isinstance(priority, int) and not isinstance(priority, bool) else 0,
-        gated=bool(spec.get("schedulingGates")),
-    )
-
-
-def left_by_deletion(raw: Json) -> bool:
-    """True when a pod that left the pending set was deleted or finished rather than bound.
-
-    A watch with a field selector reports a pod that stopped matching as DELETED with its *previous* content,
-    so a bound pod and an unscheduled pod deleted at once look alike there; both count as gone-after-dispatch.
-    """
-    metadata = raw.get("metadata") or {}
-    status = raw.get("status") or {}
-    return bool(metadata.get("deletionTimestamp")) or status.get("phase") in TERMINAL_PHASES
-
-
-def item_uids(item: WorkItem) -> list[str]:
-    """The pod uids an item carries (every gang member, or the one pod), as the queue records them."""
-    return [member.uid for member in item.members] or [item.uid]
-
-
-def plan_work_items(pods: Sequence[PendingPod], *, attempts: Mapping[str, int]) -> list[WorkItem]:
-    """The work items for a batch of pods that need a worker, in the order given.
-
-    This is the seam for gangs: members of one pod group will become one item here (``gang``, ``members``,
-    ``min_available``). Until then every pod is its own item.
-    """
-    return [single_item(pod, attempt=attempts.get(pod.uid, 0)) for pod in pods]
-
-
-def single_item(pod: PendingPod, *, attempt: int) -> WorkItem:
-    """The work item of one pod, carrying its compact form and version."""
-    return WorkItem(uid=pod.uid, namespace=pod.namespace, name=pod.name, policy=pod.policy, attempt=attempt,
-                    pod=pod.compact, digest=pod.digest)
-
-
-def dispatch_order(pod: PendingPod) -> tuple[int, float]:
-    """Higher priority first, then the pod seen pending first (kube-scheduler's PrioritySort)."""
-    return (-pod.priority, pod.seen_at)
 
 
 class Assignments(dict[str, str]):
@@ -302,15 +126,6 @@ def handback_delay(handbacks: int, *, lag_seconds: float) -> float:
         return 0.0
     return float(min(lag_seconds * 2 ** (handbacks - 1), HANDBACK_BACKOFF_MAX_SECONDS))
 
-
-def pending_pods_selector(scheduler_names: Sequence[str]) -> str:
-    """Unbound pods; with one scheduler name the apiserver filters on it too (a field selector has no 'in')."""
-    if len(scheduler_names) == 1:
-        return f"spec.nodeName=,spec.schedulerName={scheduler_names[0]}"
-    return "spec.nodeName="
-
-
-# --- the dispatcher ----------------------------------------------------------------------------------------
 
 
 class Notifier(Protocol):
@@ -988,317 +803,3 @@ async def run_roles(dispatcher: Dispatcher, elector: LeaderElector) -> None:
             await cancel_and_wait(role, change)
         if role in done:
             role.result()  # a role only ends by crashing: let the service see it
-
-
-# --- HTTP: /, /status, /metrics, /healthz ------------------------------------------------------------------
-
-
-@dataclass
-class ServiceState:
-    settings: DispatcherSettings
-    dispatcher: Dispatcher
-    elector: LeaderElector
-    redis: Redis
-    ledger: Ledger
-    supervisor: Supervisor = field(default_factory=Supervisor)
-    """Runs the informers and the roles: restarts one that raised, and names a failing or dead one in /healthz."""
-
-
-STATE_KEY = web.AppKey("state", ServiceState)
-
-
-async def read_resolver_stats(redis: Redis) -> dict[str, dict[str, str]]:
-    """Every resolver instance's stats hash, by instance name."""
-    keys = sorted([str(key) async for key in redis.scan_iter(match=RESOLVER_STATS_MATCH, count=100)])
-    if not keys:
-        return {}
-    pipe = redis.pipeline(transaction=False)
-    for key in keys:
-        pipe.hgetall(key)
-    replies = await pipe.execute()
-    return {resolver_instance(key): dict(reply) for key, reply in zip(keys, replies, strict=True) if reply}
-
-
-async def gather_status(state: ServiceState) -> SystemStatus:
-    """The inputs of /status from Redis and memory; an unreachable Redis empties its sections, never fails."""
-    dispatcher = state.dispatcher
-    now = time.time()
-    live: list[WorkerInfo] = []
-    dead: set[str] = set()
-    dispatched: dict[str, str] | None = None
-    snapshot: LedgerSnapshot | None = None
-    stats: dict[str, dict[str, str]] | None = None
-    redis_error: str | None = None
-    try:
-        async with asyncio.timeout(STATUS_TIMEOUT_SECONDS):
-            read_live, read_dead = await dispatcher.queue.workers()
-            read_dispatched = await dispatcher.queue.dispatched()
-            read_snapshot = await state.ledger.snapshot()
-            read_stats = await read_resolver_stats(state.redis)
-    except TimeoutError:
-        redis_error = f"no answer within {STATUS_TIMEOUT_SECONDS:.0f}s"
-    except (LedgerUnavailable, RedisError) as error:
-        redis_error = str(error) or type(error).__name__
-    else:
-        live, dead, dispatched, snapshot, stats = read_live, read_dead, read_dispatched, read_snapshot, read_stats
-    return build_status(
-        identity=state.settings.identity,
-        leader=state.elector.is_leader,
-        leader_identity=state.elector.holder,
-        redis_error=redis_error,
-        queues=dispatcher.queue_status(dispatched),
-        throughput=dispatcher.throughput(),
-        live=live,
-        dead=dead,
-        dispatched=dispatched,
-        snapshot=snapshot,
-        resolver_stats=stats,
-        pending=dispatcher.pending_status(dispatched),
-        gangs=dispatcher.gang_status(dispatched),
-        now_unix=now,
-    )
-
-
-async def status(request: web.Request) -> web.Response:
-    document = await gather_status(request.app[STATE_KEY])
-    return web.Response(text=document.model_dump_json(), content_type="application/json")
-
-
-async def status_schema(_request: web.Request) -> web.Response:
-    return web.json_response(SystemStatus.model_json_schema())
-
-
-DASHBOARD_FILES = {
-    "index.html": "text/html",
-    "dashboard.js": "text/javascript",
-    "dashboard.css": "text/css",
-}
-"""The operator dashboard: static files in dispatcher/dashboard/ (package data) that render /status."""
-DASHBOARD_KEY = web.AppKey("dashboard", dict[str, bytes])
-DASHBOARD_HEADERS = {
-    # Everything the page needs comes from this server; pod names and messages are rendered as text, never markup.
-    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'",
-    "X-Content-Type-Options": "nosniff",
-    "Cache-Control": "no-cache",
-}
-
-
-def load_dashboard() -> dict[str, bytes]:
-    """The dashboard's files, read once at start-up (a missing one fails the start, not a request)."""
-    folder = importlib.resources.files("dispatcher").joinpath("dashboard")
-    return {name: folder.joinpath(name).read_bytes() for name in DASHBOARD_FILES}
-
-
-async def dashboard(request: web.Request) -> web.Response:
-    name = request.match_info.get("name", "index.html")
-    if name not in DASHBOARD_FILES:
-        raise web.HTTPNotFound()
-    return web.Response(
-        body=request.app[DASHBOARD_KEY][name], content_type=DASHBOARD_FILES[name], charset="utf-8",
-        headers=DASHBOARD_HEADERS,
-    )
-
-
-async def metrics(request: web.Request) -> web.Response:
-    body = generate_latest(request.app[STATE_KEY].dispatcher.metrics.registry)
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-
-async def healthz(request: web.Request) -> web.Response:
-    unwell = request.app[STATE_KEY].supervisor.health()
-    if unwell:
-        return web.Response(status=500, text="".join(f"loop {name} {why}\n" for name, why in unwell.items()))
-    return web.Response(text="ok")
-
-
-def build_app(state: ServiceState) -> web.Application:
-    app = web.Application()
-    app[STATE_KEY] = state
-    app[DASHBOARD_KEY] = load_dashboard()
-    app.router.add_get("/", dashboard)
-    app.router.add_get("/dashboard/{name}", dashboard)
-    app.router.add_get("/status", status)
-    app.router.add_get("/status/schema", status_schema)
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/healthz", healthz)
-    return app
-
-
-# --- the service -------------------------------------------------------------------------------------------
-
-
-@dataclass
-class RunningDispatcher:
-    state: ServiceState
-    runner: web.AppRunner
-    tasks: list[asyncio.Task[None]]
-
-
-PODGROUP_API = ("scheduling.x-k8s.io", "v1alpha1", "podgroups")
-
-
-async def watch_podgroups(api: client.ApiClient, dispatcher: Dispatcher, *, recheck_seconds: float = 60.0) -> None:
-    """Mirror scheduler-plugins PodGroups (minMember, scheduleTimeoutSeconds) when the CRD is installed; check
-    again now and then when it is not, so installing it later works without a restart."""
-    custom: Any = client.CustomObjectsApi(api)
-    group, version, plural = PODGROUP_API
-    call = functools.partial(custom.list_cluster_custom_object, group, version, plural)
-
-    async def on_list(items: list[Json]) -> None:
-        dispatcher.podgroups = dict(p for p in map(parse_podgroup, items) if p is not None)
-        dispatcher.wake()
-
-    async def on_event(kind: str, obj: Json) -> None:
-        parsed = parse_podgroup(obj)
-        if parsed is None:
-            return
-        if kind == "DELETED":
-            dispatcher.podgroups.pop(parsed[0], None)
-        else:
-            dispatcher.podgroups[parsed[0]] = parsed[1]
-        dispatcher.wake()
-
-    while True:
-        try:
-            await list_objects(call, limit=1)
-        except KubeError as error:
-            if error.status != 404:
-                log.warning("cannot list PodGroups: %s", error)
-            await asyncio.sleep(recheck_seconds)
-            continue
-        log.info("PodGroup CRD found: gangs may name a PodGroup (scheduling.x-k8s.io/pod-group)")
-        await run_informer("podgroups", call, InformerHandlers(on_list=on_list, on_event=on_event))
-
-
-async def track_gangs(api: client.ApiClient, dispatcher: Dispatcher, is_leader: Callable[[], bool], *,
-                      interval: float = GANG_REFRESH_SECONDS) -> None:
-    """As leader, count the members of gangs that changed and write their PodGroups' status (`refresh_gangs`)."""
-    core: Any = client.CoreV1Api(api)
-    custom: Any = client.CustomObjectsApi(api)
-    group, version, plural = PODGROUP_API
-
-    async def list_members(namespace: str, selector: str) -> list[Json]:
-        body = await request_json(core.list_namespaced_pod, namespace, label_selector=selector,
-                                  _request_timeout=STATUS_TIMEOUT_SECONDS * 2)
-        return list(body.get("items") or [])
-
-    async def write_status(key: GangKey, status: Json) -> None:
-        await request_json(custom.patch_namespaced_custom_object_status, group, version, key.namespace, plural,
-                           key.name, {"status": status}, _content_type="application/merge-patch+json",
-                           _request_timeout=STATUS_TIMEOUT_SECONDS * 2)
-
-    while True:
-        await asyncio.sleep(interval)
-        if not is_leader():
-            dispatcher.prune_gangs(older_than=GANG_FOLLOWER_MEMORY_SECONDS)
-        elif dispatcher.gangs_dirty:
-            await dispatcher.refresh_gangs(list_members, write_status)
-
-
-@contextlib.asynccontextmanager
-async def running_dispatcher(settings: DispatcherSettings) -> AsyncIterator[RunningDispatcher]:
-    """Start the watch, the election, the dispatcher's role and the HTTP server; stop them in reverse on exit.
-
-    On exit the dispatcher stops sending first, then the Lease is released (empty holder), so a standby replica
-    takes over at its next check instead of after the lease duration.
-    """
-    async with contextlib.AsyncExitStack() as stack:
-        redis = Redis.from_url(
-            settings.redis_url, decode_responses=True, socket_connect_timeout=2.0, socket_timeout=5.0,
-            health_check_interval=30,
-        )
-        stack.push_async_callback(redis.aclose)
-        api = await api_client(settings.kubeconfig)
-        stack.push_async_callback(api.close)
-        core = client.CoreV1Api(api)
-        elector = LeaderElector(
-            KubeLeaseAPI(
-                api, name=settings.lease_name, namespace=settings.lease_namespace,
-                request_timeout=settings.renew_deadline_seconds,
-            ),
-            identity=settings.identity,
-            lease_duration_seconds=settings.lease_duration_seconds,
-            renew_deadline_seconds=settings.renew_deadline_seconds,
-            renew_interval_seconds=settings.renew_interval_seconds,
-        )
-        queue = WorkQueue(redis)
-        dispatcher = Dispatcher(
-            queue=queue, settings=settings, notifier=KubeNotifier(core), is_leader=lambda: elector.is_leader
-        )
-        dispatcher.metrics.leader.set_function(lambda: float(elector.is_leader))
-        state = ServiceState(
-            settings=settings, dispatcher=dispatcher, elector=elector, redis=redis, ledger=Ledger(redis)
-        )
-        runner = web.AppRunner(build_app(state), access_log=None)
-        await runner.setup()
-        stack.push_async_callback(runner.cleanup)
-        await web.TCPSite(runner, settings.host, settings.port).start()
-        supervise = state.supervisor.run
-        informer = asyncio.create_task(
-            supervise("pending-pod-watch", lambda: run_informer(
-                "pending-pods", core.list_pod_for_all_namespaces, dispatcher.handlers(), synced=dispatcher.synced,
-                field_selector=pending_pods_selector(settings.scheduler_names),
-            )),
-            name="pending-pod-watch",
-        )
-        stack.push_async_callback(cancel_and_wait, informer)
-        podgroups = asyncio.create_task(supervise("podgroup-watch", lambda: watch_podgroups(api, dispatcher)),
-                                        name="podgroup-watch")
-        stack.push_async_callback(cancel_and_wait, podgroups)
-        gangs = asyncio.create_task(supervise("gang-counts", lambda: track_gangs(api, dispatcher,
-                                                                                 lambda: elector.is_leader)),
-                                    name="gang-counts")
-        stack.push_async_callback(cancel_and_wait, gangs)
-        stack.push_async_callback(elector.release)
-        election = asyncio.create_task(elector.run(), name="leader-election")
-        stack.push_async_callback(cancel_and_wait, election)
-        roles = asyncio.create_task(supervise("dispatch", lambda: run_roles(dispatcher, elector)), name="dispatch")
-        stack.push_async_callback(cancel_and_wait, roles)
-        async def until_a_loop_is_dead() -> None:
-            await state.supervisor.fatal.wait()
-
-        fatal = asyncio.create_task(until_a_loop_is_dead(), name="supervisor")
-        stack.push_async_callback(cancel_and_wait, fatal)
-        log.info(
-            "hoss-dispatcher %s serving http on %s; schedulers %s; Lease %s/%s",
-            settings.identity, ", ".join(f"{host}:{port}" for host, port, *_ in runner.addresses),
-            ",".join(settings.scheduler_names), settings.lease_namespace, settings.lease_name,
-        )
-        yield RunningDispatcher(state=state, runner=runner, tasks=[informer, election, roles, fatal])
-
-
-async def serve(settings: DispatcherSettings) -> int:
-    """Run until SIGTERM or SIGINT (exit 0) or until a part of the service fails (exit 1)."""
-    loop = asyncio.get_running_loop()
-    stopping = asyncio.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stopping.set)
-    async with running_dispatcher(settings) as service:
-        stop = asyncio.create_task(stopping.wait())
-        done, _ = await asyncio.wait([stop, *service.tasks], return_when=asyncio.FIRST_COMPLETED)
-        stop.cancel()
-        failed = [task for task in service.tasks if task in done]
-        for task in failed:
-            error = None if task.cancelled() else task.exception()
-            log.error("%s stopped unexpectedly; shutting down", task.get_name(), exc_info=error)
-        if not failed:
-            log.info("stopping (signal)")
-    return 1 if failed else 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        settings = load_settings(
-            DispatcherSettings, argv, prog="hoss-dispatcher",
-            description="hoss dispatcher: sends pending pods to scheduler workers by policy and load, reclaims the "
-            "work of dead workers, serves /status and /metrics; leader-elected on a Lease",
-        )
-    except SettingsError as error:
-        print(error, file=sys.stderr)
-        return 2
-    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return asyncio.run(serve(settings))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

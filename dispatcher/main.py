@@ -1,0 +1,146 @@
+"""hoss-dispatcher's process: wire Redis, the apiserver, the election, the watches and HTTP; run until stopped."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+from aiohttp import web
+from kubernetes_asyncio import client
+from redis.asyncio import Redis
+
+from dispatcher.core import Dispatcher, KubeNotifier, cancel_and_wait, run_roles
+from dispatcher.intake import pending_pods_selector
+from dispatcher.leader import KubeLeaseAPI, LeaderElector
+from dispatcher.podgroups import track_gangs, watch_podgroups
+from dispatcher.queue import WorkQueue
+from dispatcher.server import ServiceState, build_app
+from dispatcher.settings import DispatcherSettings
+from resolver.kube import api_client, run_informer
+from resolver.ledger import Ledger
+from resolver.settings import SettingsError, load_settings
+
+log = logging.getLogger(__name__)
+
+
+
+@dataclass
+class RunningDispatcher:
+    state: ServiceState
+    runner: web.AppRunner
+    tasks: list[asyncio.Task[None]]
+
+
+
+@contextlib.asynccontextmanager
+async def running_dispatcher(settings: DispatcherSettings) -> AsyncIterator[RunningDispatcher]:
+    """Start the watch, the election, the dispatcher's role and the HTTP server; stop them in reverse on exit.
+
+    On exit the dispatcher stops sending first, then the Lease is released (empty holder), so a standby replica
+    takes over at its next check instead of after the lease duration.
+    """
+    async with contextlib.AsyncExitStack() as stack:
+        redis = Redis.from_url(
+            settings.redis_url, decode_responses=True, socket_connect_timeout=2.0, socket_timeout=5.0,
+            health_check_interval=30,
+        )
+        stack.push_async_callback(redis.aclose)
+        api = await api_client(settings.kubeconfig)
+        stack.push_async_callback(api.close)
+        core = client.CoreV1Api(api)
+        elector = LeaderElector(
+            KubeLeaseAPI(
+                api, name=settings.lease_name, namespace=settings.lease_namespace,
+                request_timeout=settings.renew_deadline_seconds,
+            ),
+            identity=settings.identity,
+            lease_duration_seconds=settings.lease_duration_seconds,
+            renew_deadline_seconds=settings.renew_deadline_seconds,
+            renew_interval_seconds=settings.renew_interval_seconds,
+        )
+        queue = WorkQueue(redis)
+        dispatcher = Dispatcher(
+            queue=queue, settings=settings, notifier=KubeNotifier(core), is_leader=lambda: elector.is_leader
+        )
+        dispatcher.metrics.leader.set_function(lambda: float(elector.is_leader))
+        state = ServiceState(
+            settings=settings, dispatcher=dispatcher, elector=elector, redis=redis, ledger=Ledger(redis)
+        )
+        runner = web.AppRunner(build_app(state), access_log=None)
+        await runner.setup()
+        stack.push_async_callback(runner.cleanup)
+        await web.TCPSite(runner, settings.host, settings.port).start()
+        supervise = state.supervisor.run
+        informer = asyncio.create_task(
+            supervise("pending-pod-watch", lambda: run_informer(
+                "pending-pods", core.list_pod_for_all_namespaces, dispatcher.handlers(), synced=dispatcher.synced,
+                field_selector=pending_pods_selector(settings.scheduler_names),
+            )),
+            name="pending-pod-watch",
+        )
+        stack.push_async_callback(cancel_and_wait, informer)
+        podgroups = asyncio.create_task(supervise("podgroup-watch", lambda: watch_podgroups(api, dispatcher)),
+                                        name="podgroup-watch")
+        stack.push_async_callback(cancel_and_wait, podgroups)
+        gangs = asyncio.create_task(supervise("gang-counts", lambda: track_gangs(api, dispatcher,
+                                                                                 lambda: elector.is_leader)),
+                                    name="gang-counts")
+        stack.push_async_callback(cancel_and_wait, gangs)
+        stack.push_async_callback(elector.release)
+        election = asyncio.create_task(elector.run(), name="leader-election")
+        stack.push_async_callback(cancel_and_wait, election)
+        roles = asyncio.create_task(supervise("dispatch", lambda: run_roles(dispatcher, elector)), name="dispatch")
+        stack.push_async_callback(cancel_and_wait, roles)
+        async def until_a_loop_is_dead() -> None:
+            await state.supervisor.fatal.wait()
+
+        fatal = asyncio.create_task(until_a_loop_is_dead(), name="supervisor")
+        stack.push_async_callback(cancel_and_wait, fatal)
+        log.info(
+            "hoss-dispatcher %s serving http on %s; schedulers %s; Lease %s/%s",
+            settings.identity, ", ".join(f"{host}:{port}" for host, port, *_ in runner.addresses),
+            ",".join(settings.scheduler_names), settings.lease_namespace, settings.lease_name,
+        )
+        yield RunningDispatcher(state=state, runner=runner, tasks=[informer, election, roles, fatal])
+
+
+async def serve(settings: DispatcherSettings) -> int:
+    """Run until SIGTERM or SIGINT (exit 0) or until a part of the service fails (exit 1)."""
+    loop = asyncio.get_running_loop()
+    stopping = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stopping.set)
+    async with running_dispatcher(settings) as service:
+        stop = asyncio.create_task(stopping.wait())
+        done, _ = await asyncio.wait([stop, *service.tasks], return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        failed = [task for task in service.tasks if task in done]
+        for task in failed:
+            error = None if task.cancelled() else task.exception()
+            log.error("%s stopped unexpectedly; shutting down", task.get_name(), exc_info=error)
+        if not failed:
+            log.info("stopping (signal)")
+    return 1 if failed else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        settings = load_settings(
+            DispatcherSettings, argv, prog="hoss-dispatcher",
+            description="hoss dispatcher: sends pending pods to scheduler workers by policy and load, reclaims the "
+            "work of dead workers, serves /status and /metrics; leader-elected on a Lease",
+        )
+    except SettingsError as error:
+        print(error, file=sys.stderr)
+        return 2
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return asyncio.run(serve(settings))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

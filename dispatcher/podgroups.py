@@ -1,0 +1,81 @@
+"""scheduler-plugins PodGroups: mirror them; as leader, count gang members and write PodGroup status."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes_asyncio import client
+
+from dispatcher.core import STATUS_TIMEOUT_SECONDS, Dispatcher
+from dispatcher.gangs import GangKey, parse_podgroup
+from resolver.kube import InformerHandlers, Json, KubeError, list_objects, request_json, run_informer
+
+log = logging.getLogger(__name__)
+
+GANG_REFRESH_SECONDS = 2.0
+GANG_FOLLOWER_MEMORY_SECONDS = 600.0
+"""A follower forgets a changed gang with no pending member after this long (it counts what it knows on takeover)."""
+
+PODGROUP_API = ("scheduling.x-k8s.io", "v1alpha1", "podgroups")
+
+
+async def watch_podgroups(api: client.ApiClient, dispatcher: Dispatcher, *, recheck_seconds: float = 60.0) -> None:
+    """Mirror scheduler-plugins PodGroups (minMember, scheduleTimeoutSeconds) when the CRD is installed; check
+    again now and then when it is not, so installing it later works without a restart."""
+    custom: Any = client.CustomObjectsApi(api)
+    group, version, plural = PODGROUP_API
+    call = functools.partial(custom.list_cluster_custom_object, group, version, plural)
+
+    async def on_list(items: list[Json]) -> None:
+        dispatcher.podgroups = dict(p for p in map(parse_podgroup, items) if p is not None)
+        dispatcher.wake()
+
+    async def on_event(kind: str, obj: Json) -> None:
+        parsed = parse_podgroup(obj)
+        if parsed is None:
+            return
+        if kind == "DELETED":
+            dispatcher.podgroups.pop(parsed[0], None)
+        else:
+            dispatcher.podgroups[parsed[0]] = parsed[1]
+        dispatcher.wake()
+
+    while True:
+        try:
+            await list_objects(call, limit=1)
+        except KubeError as error:
+            if error.status != 404:
+                log.warning("cannot list PodGroups: %s", error)
+            await asyncio.sleep(recheck_seconds)
+            continue
+        log.info("PodGroup CRD found: gangs may name a PodGroup (scheduling.x-k8s.io/pod-group)")
+        await run_informer("podgroups", call, InformerHandlers(on_list=on_list, on_event=on_event))
+
+
+async def track_gangs(api: client.ApiClient, dispatcher: Dispatcher, is_leader: Callable[[], bool], *,
+                      interval: float = GANG_REFRESH_SECONDS) -> None:
+    """As leader, count the members of gangs that changed and write their PodGroups' status (`refresh_gangs`)."""
+    core: Any = client.CoreV1Api(api)
+    custom: Any = client.CustomObjectsApi(api)
+    group, version, plural = PODGROUP_API
+
+    async def list_members(namespace: str, selector: str) -> list[Json]:
+        body = await request_json(core.list_namespaced_pod, namespace, label_selector=selector,
+                                  _request_timeout=STATUS_TIMEOUT_SECONDS * 2)
+        return list(body.get("items") or [])
+
+    async def write_status(key: GangKey, status: Json) -> None:
+        await request_json(custom.patch_namespaced_custom_object_status, group, version, key.namespace, plural,
+                           key.name, {"status": status}, _content_type="application/merge-patch+json",
+                           _request_timeout=STATUS_TIMEOUT_SECONDS * 2)
+
+    while True:
+        await asyncio.sleep(interval)
+        if not is_leader():
+            dispatcher.prune_gangs(older_than=GANG_FOLLOWER_MEMORY_SECONDS)
+        elif dispatcher.gangs_dirty:
+            await dispatcher.refresh_gangs(list_members, write_status)
