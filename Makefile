@@ -38,7 +38,8 @@ deps: venv
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; }
 	@command -v chromium >/dev/null || { echo "chromium is still missing"; exit 1; }
 
-# Builds kube-apiserver, kube-scheduler, kubectl, etcd and kwok once into the cache (see README); reuses them after.
+# Builds kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd and kwok once into the cache (see
+# README); reuses them after.
 binaries: venv
 	$(BIN)/hoss local build
 

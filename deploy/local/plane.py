@@ -1,11 +1,14 @@
-"""The local control plane: real etcd, kube-apiserver, kube-scheduler, kwok and redis-server on loopback.
+"""The local control plane: real etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok and redis-server
+on loopback.
 
 Everything a plane needs lives in one state directory: certificates, one kubeconfig per identity, logs, pid
 records and ``state.json`` (ports and processes). etcd keeps its data on tmpfs (/dev/shm) when there is one.
 Processes run in their own sessions, so a plane outlives the ``hoss local up`` that started it; ``down`` stops
 every process it recorded and removes the etcd data.
 
-Identities: ``admin`` (system:masters), ``kube-scheduler`` (system:kube-scheduler), ``kwok`` (plays the kubelets),
+Identities: ``admin`` (system:masters), ``kube-scheduler`` (system:kube-scheduler), ``kube-controller-manager``
+(system:kube-controller-manager; each controller then acts as its own ServiceAccount in kube-system, through
+TokenRequest, as kubeadm runs it), ``kwok`` (plays the kubelets),
 and one per hoss component whose user name is its ServiceAccount's (``system:serviceaccount:hoss-system:<name>``),
 so the RBAC in deploy/rbac.yaml, the same file a real cluster gets, is what the local plane enforces.
 """
@@ -41,7 +44,12 @@ POLICIES_FILE = DEPLOY_DIR.parent / "configs" / "policies.yaml"
 KWOK_STAGES = Path(__file__).resolve().parent / "kwok" / "stages.yaml"
 HOSS_NAMESPACE = "hoss-system"
 HOSS_COMPONENTS = ("hoss-dispatcher", "hoss-worker", "hoss-resolver")
-IDENTITIES = ("admin", "kube-scheduler", "kwok", *HOSS_COMPONENTS)
+IDENTITIES = ("admin", "kube-scheduler", "kube-controller-manager", "kwok", *HOSS_COMPONENTS)
+CONTROLLERS = ("replicaset", "deployment", "job", "disruption", "namespace", "garbagecollector", "serviceaccount")
+"""The kube-controller-manager controllers the local plane runs: workloads whose evicted pods come back (ReplicaSet,
+Deployment, Job), PodDisruptionBudget status (disruption), namespaces that finish deleting (namespace, and the
+garbage collector for owner references), and each namespace's default ServiceAccount. Nothing else (no node
+lifecycle: kwok plays the kubelets; no endpoints, no certificates), which keeps its idle CPU small."""
 HEALTH_TIMEOUT_SECONDS = 90.0
 
 # Children started by this Python process, kept so that they are reaped when stopped (and so that a Popen
@@ -225,6 +233,8 @@ class LocalPlane:
             self._start_apiserver(state, paths["kube-apiserver"])
             progress("applying RBAC for the hoss components (deploy/rbac.yaml)")
             self.kubectl("apply", "-f", str(RBAC_MANIFEST))
+            progress("starting kube-controller-manager (" + ",".join(CONTROLLERS) + ")")
+            self._start_controller_manager(state, paths["kube-controller-manager"])
             progress("starting kwok (fake kubelets)")
             self._start_kwok(state, paths["kwok"])
             if scheduler:
@@ -257,6 +267,7 @@ class LocalPlane:
         subjects: dict[str, tuple[str, tuple[str, ...]]] = {
             "admin": ("hoss-admin", ("system:masters",)),
             "kube-scheduler": ("system:kube-scheduler", ()),
+            "kube-controller-manager": ("system:kube-controller-manager", ()),
             "kwok": ("kwok", ("system:masters",)),
         }
         for component in HOSS_COMPONENTS:
@@ -421,6 +432,36 @@ class LocalPlane:
                 "--v=1",
             ],
             port=state.apiserver_port,
+        )
+
+    def _start_controller_manager(self, state: PlaneState, controller_manager: Path) -> None:
+        """kube-controller-manager with `CONTROLLERS`, few workers each and no leader election (one per plane)."""
+        kubeconfig = self.kubeconfig("kube-controller-manager")
+        port = _free_port()
+        self._spawn(
+            state,
+            "kube-controller-manager",
+            [
+                str(controller_manager),
+                f"--kubeconfig={kubeconfig}",
+                f"--authentication-kubeconfig={kubeconfig}",
+                f"--authorization-kubeconfig={kubeconfig}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={port}",
+                "--leader-elect=false",
+                "--use-service-account-credentials=true",
+                f"--root-ca-file={self.pki_dir / 'ca.crt'}",
+                f"--controllers={','.join(CONTROLLERS)}",
+                "--concurrent-replicaset-syncs=2",
+                "--concurrent-deployment-syncs=2",
+                "--concurrent-job-syncs=2",
+                "--concurrent-namespace-syncs=2",
+                "--concurrent-gc-syncs=2",
+                "--kube-api-qps=100",
+                "--kube-api-burst=200",
+                "--v=1",
+            ],
+            port=port,
         )
 
     def _start_kwok(self, state: PlaneState, kwok: Path) -> None:

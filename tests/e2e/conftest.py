@@ -17,7 +17,8 @@ PODGROUP_CRD = Path(__file__).resolve().parents[2] / "deploy" / "crds" / "podgro
 
 @pytest.fixture(scope="session")
 def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalPlane]:
-    """A real etcd + kube-apiserver + kube-scheduler + kwok + redis-server, started once for the session."""
+    """A real etcd + kube-apiserver + kube-controller-manager + kube-scheduler + kwok + redis-server, started once
+    for the session."""
     local = LocalPlane(tmp_path_factory.mktemp("plane"))
     try:
         local.up()
@@ -33,12 +34,14 @@ async def cluster(plane: LocalPlane) -> AsyncIterator[Cluster]:
 
 
 @pytest.fixture
-async def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> AsyncIterator[str]:
-    """A namespace of the test's own; its pods are deleted afterwards (there is no namespace controller)."""
+async def namespace(cluster: Cluster, plane: LocalPlane, request: pytest.FixtureRequest) -> AsyncIterator[str]:
+    """A namespace of the test's own; its pods are deleted afterwards, then the namespace itself (the plane's
+    kube-controller-manager finishes deleting it, with any workload the test left)."""
     name = f"t{next(_namespaces)}-{request.node.name[:40].lower().replace('_', '-')}".rstrip("-")
     await cluster.ensure_namespace(name)
     yield name
     await cluster.delete_pods(name)
+    plane.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found")
 
 
 @pytest.fixture(scope="session")

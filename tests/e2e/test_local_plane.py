@@ -1,8 +1,10 @@
-"""The local control plane is real: kwok nodes turn Ready, kube-scheduler binds, kwok runs the pods."""
+"""The local control plane is real: kwok nodes turn Ready, kube-scheduler binds, kwok runs the pods, and
+kube-controller-manager keeps workloads, PodDisruptionBudgets and namespaces as a real cluster does."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
@@ -77,7 +79,7 @@ def test_up_twice_keeps_the_same_processes_and_down_leaves_nothing_running(tmp_p
         assert [p.pid for p in again.processes] == [p.pid for p in first_state.processes]
     finally:
         stopped = second.down()
-    assert set(stopped) == {"etcd", "kube-apiserver", "kwok", "redis-server"}
+    assert set(stopped) == {"etcd", "kube-apiserver", "kube-controller-manager", "kwok", "redis-server"}
     for process in first_state.processes:
         assert not Path(f"/proc/{process.pid}").exists() or b"Z" in _state_of(process.pid)
     assert second.status() == {}
@@ -86,3 +88,57 @@ def test_up_twice_keeps_the_same_processes_and_down_leaves_nothing_running(tmp_p
 
 def _state_of(pid: int) -> bytes:
     return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[-1].split()[0]
+
+
+async def test_controller_manager_recreates_replicaset_pods_counts_budgets_and_finishes_namespaces(
+    plane: LocalPlane, cluster: Cluster, namespace: str
+) -> None:
+    """A deleted pod of a ReplicaSet comes back (a new uid), a PodDisruptionBudget gets its status from the
+    disruption controller, and a deleted namespace goes away with what it held."""
+    replicaset = {
+        "apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": "web", "namespace": namespace},
+        "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "web"}},
+                 "template": {"metadata": {"labels": {"app": "web"}},
+                              "spec": {"schedulerName": "no-such-scheduler",
+                                       "containers": [{"name": "c", "image": "x"}]}}},
+    }
+    budget = {
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "web", "namespace": namespace},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "web"}}},
+    }
+    manifest = plane.directory / f"{namespace}-workload.json"
+    manifest.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": [replicaset, budget]}))
+    plane.kubectl("apply", "-f", str(manifest))
+
+    async def two_pods() -> tuple[bool, str]:
+        pods = await cluster.pods(namespace, label_selector="app=web")
+        return len(pods) == 2, f"{len(pods)} pods"
+
+    await wait_until(two_pods, timeout=60, what="the ReplicaSet's 2 pods")
+    first = {pod.metadata.uid for pod in await cluster.pods(namespace, label_selector="app=web")}
+    victim = (await cluster.pods(namespace, label_selector="app=web"))[0].metadata.name
+    await cluster.core.delete_namespaced_pod(victim, namespace, grace_period_seconds=0)
+
+    async def replaced() -> tuple[bool, str]:
+        uids = {pod.metadata.uid for pod in await cluster.pods(namespace, label_selector="app=web")}
+        return len(uids) == 2 and len(uids - first) == 1, f"uids {sorted(uids)} (first {sorted(first)})"
+
+    await wait_until(replaced, timeout=60, what="the ReplicaSet to recreate its deleted pod")
+
+    async def budget_status() -> tuple[bool, str]:
+        status = json.loads(plane.kubectl("get", "pdb", "web", "-n", namespace, "-o", "json")).get("status") or {}
+        # Both pods are Pending (no such scheduler): none is healthy, so no disruption is allowed.
+        return status.get("expectedPods") == 2 and status.get("disruptionsAllowed") == 0, str(status)
+
+    await wait_until(budget_status, timeout=60, what="the disruption controller to count the budget's pods")
+
+    gone = f"{namespace}-gone"
+    await cluster.ensure_namespace(gone)
+    plane.kubectl("create", "configmap", "left", "-n", gone)
+    plane.kubectl("delete", "namespace", gone, "--wait=false")
+
+    async def namespace_deleted() -> tuple[bool, str]:
+        out = plane.kubectl("get", "namespace", gone, "--ignore-not-found", "-o", "name")
+        return out.strip() == "", out.strip() or "gone"
+
+    await wait_until(namespace_deleted, timeout=90, what=f"namespace {gone} to finish deleting")
