@@ -9,7 +9,30 @@ import urllib.request
 
 from deploy.local.plane import LocalPlane, PlaneError
 from dispatcher.status import SystemStatus
-from resolver.resources import format_quantity
+
+_BYTE_RESOURCES = frozenset({"memory", "ephemeral-storage", "storage"})
+GIB = 1 << 30
+MIB = 1 << 20
+
+
+def _number(value: float) -> str:
+    """At most two decimals, thousands separated, no trailing zeros: 1,001.75 / 2,560 / 0.5 (and <0.01, never a
+    misleading 0, for an amount too small to show)."""
+    if 0 < value < 0.005:
+        return "<0.01"
+    text = f"{value:,.2f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def readable_totals(resource: str, used: int, alloc: int) -> tuple[str, str, str]:
+    """``used`` and ``alloc`` (base units: milli-CPU, bytes, counts) in one unit a person reads at a glance,
+    and that unit: CPU in cores, memory and storage in GiB (MiB when the larger is under 1 GiB), others counted."""
+    if resource == "cpu":
+        return _number(used / 1000), _number(alloc / 1000), "cores"
+    if resource in _BYTE_RESOURCES or resource.startswith("hugepages-"):
+        size, unit = (GIB, "GiB") if max(used, alloc) >= GIB else (MIB, "MiB")
+        return _number(used / size), _number(alloc / size), unit
+    return _number(used), _number(alloc), ""
 
 
 def dispatcher_url(plane: LocalPlane) -> str:
@@ -55,8 +78,8 @@ def render(status: SystemStatus, *, url: str) -> str:
                      f"{ledger.bound} bound and {ledger.assumed} assumed entries")
         for resource, total in sorted(ledger.resources.items()):
             share = 100 * total.used / total.alloc if total.alloc else 0.0
-            used, alloc = format_quantity(resource, total.used), format_quantity(resource, total.alloc)
-            lines.append(f"    {resource:<20} {used:>12} / {alloc:<12} ({share:.0f}% used)")
+            used, alloc, unit = readable_totals(resource, total.used, total.alloc)
+            lines.append(f"    {resource:<20} {used:>12} / {alloc:<12} {unit:<6} ({share:.0f}% used)")
     if status.resolver is not None:
         resolver = status.resolver
         verdicts = ", ".join(f"{reason} {count}" for reason, count in sorted(resolver.verdicts.items())) or "none"
