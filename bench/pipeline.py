@@ -32,8 +32,8 @@ from dispatcher.settings import DispatcherSettings
 from resolver import compact
 from resolver.ledger import BoundPod, Ledger
 from resolver.resources import node_allocatable, pod_requests
+from workers.core import Worker
 from workers.pod import PodView
-from workers.service import Worker
 from workers.settings import WorkerSettings
 
 BOUND_KEY = "{hoss}:bench:bound"

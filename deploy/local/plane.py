@@ -636,7 +636,7 @@ class LocalPlane:
             f"hoss-worker-{worker_id}",
             [
                 *pin,
-                sys.executable, "-m", "workers.service",
+                sys.executable, "-m", "workers.main",
                 f"--id={worker_id}",
                 f"--policies={','.join(policies)}",
                 f"--policies-file={POLICIES_FILE}",
@@ -647,7 +647,7 @@ class LocalPlane:
                 *extra_args,
             ],
             port=port,
-            binary="workers.service",
+            binary="workers.main",
             wait=wait,
         )
 

@@ -8,9 +8,9 @@ from dispatcher.queue import WorkItem
 from resolver import compact
 from tests.unit.kube_objects import Json, raw_pod
 from workers.errors import UnsupportedPodField
+from workers.intake import parse_work
 from workers.nodes import HostPort
 from workers.pod import check_supported, parse_pod
-from workers.service import parse_work
 
 
 def with_spec(**spec: object) -> Json:

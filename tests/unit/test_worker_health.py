@@ -6,8 +6,9 @@ import fakeredis
 from aiohttp.test_utils import TestClient, TestServer
 
 from deploy.local.plane import POLICIES_FILE
+from workers.core import Worker
 from workers.pod import PodView
-from workers.service import Worker, build_app
+from workers.server import build_app
 from workers.settings import WorkerSettings
 
 

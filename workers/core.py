@@ -1,4 +1,4 @@
-"""``hoss-worker``: read work from the dispatcher, decide, reserve in the ledger, bind.
+"""The worker core: read work from the dispatcher, decide, reserve in the ledger, bind.
 
 A worker watches nothing on the apiserver. Its node table comes from the ledger (`workers.feed`: one load, then
 the ledger's change stream), and each work item carries its pod in compact form (`resolver.compact`). The
@@ -32,8 +32,6 @@ import dataclasses
 import heapq
 import logging
 import random
-import signal
-import sys
 import time
 from collections.abc import Awaitable, Coroutine, Sequence
 from dataclasses import dataclass, field
@@ -41,16 +39,13 @@ from typing import Any, Protocol
 
 import aiohttp
 import numpy as np
-import orjson
-from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from redis.asyncio import Redis
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from dispatcher.queue import GONE, GangMember, QueueLost, WorkerInfo, WorkItem, WorkQueue
 from resolver import compact
-from resolver.errors import LedgerNotReadyError, LedgerUnavailable, ResolverError
+from resolver.errors import LedgerNotReadyError, LedgerUnavailable
 from resolver.events import EventSink, pod_event, scheduled_event, set_unschedulable
 from resolver.kube import Json, KubeError
 from resolver.ledger import (
@@ -66,21 +61,23 @@ from resolver.ledger import (
 )
 from resolver.ledger import GangMember as GangPlacementMember
 from resolver.rest import KubeREST
-from resolver.settings import SettingsError, load_settings
+from resolver.settings import SettingsError
 from resolver.supervise import Supervisor
-from workers.errors import UnsupportedPodField
 from workers.extender import decide_with_extenders
 from workers.feed import NodeFeed
 from workers.framework import Evaluation, Placement, Profile, Unschedulable, choose, evaluate
 from workers.gang import place_gang
+from workers.intake import Work, inter_pod_keys, ledger_meta, parse_work, signature
 from workers.nodes import NodeTable, PlacedPod
-from workers.pod import PodView, check_supported, parse_pod
+from workers.pod import PodView
 from workers.profiles import load_profiles
 from workers.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 
 COUNTERS = ("bound", "conflicts", "denied", "unschedulable", "malformed", "retries", "gone", "stale", "errors")
+
+
 CONFLICT_ROUNDS = 3
 """Batches in a row a pod may lose to conflicts before it backs off like an unschedulable pod."""
 
@@ -101,103 +98,10 @@ class RestBinder:
         await self.rest.create_binding(pod.namespace, pod.name, pod.uid, node)
 
 
-@dataclass
-class Work:
-    """A work item with its pod parsed: ``pod`` (a single pod), ``members`` (a gang) or ``problem``."""
-
-    message_id: str
-    item: WorkItem
-    pod: PodView | None = None
-    raw: Json = field(default_factory=dict)
-    members: list[tuple[PodView, Json]] = field(default_factory=list)
-    problem: str = ""
-    unsupported: bool = False
-    """``problem`` names a field hoss does not honour yet: the pod is unschedulable (retried with backoff, so a
-    new version of the pod is looked at), not malformed."""
-    shape: bytes = b""
-    """The pod's namespace, labels and spec as canonical JSON (pods of one shape decide alike)."""
-    fetch: bool = False
-    """The item carries no pod (queued by a dispatcher older than compact work items): read it once."""
-
-
 @dataclass(order=True)
 class _Retry:
     due: float
     work: Work = field(compare=False)
-
-
-def parse_work(message_id: str, item: WorkItem) -> Work:
-    """The item's pod(s) parsed from their compact form; a problem names the bad field. Pure."""
-    work = Work(message_id=message_id, item=item)
-    if not item.pod and (not item.members or not all(m.pod for m in item.members)):
-        work.fetch = True
-        return work
-    try:
-        if item.members:
-            for member in item.members:
-                raw = compact.decode(member.pod)
-                work.members.append((parse_pod(raw), raw))
-                check_supported(raw)
-                _no_inter_pod_terms(work.members[-1][0])
-        else:
-            work.raw = compact.decode(item.pod)
-            work.pod, work.shape = _parsed(work.raw)
-    except UnsupportedPodField as error:
-        work.problem, work.unsupported = str(error), True
-    except (ResolverError, ValueError) as error:
-        work.problem = f"hoss cannot schedule this pod: {error}"
-    return work
-
-
-_TEMPLATES: dict[bytes, PodView] = {}
-_TEMPLATES_MAX = 4096
-
-
-def _shape(raw: Json) -> bytes:
-    metadata = raw.get("metadata") or {}
-    return orjson.dumps([metadata.get("namespace"), metadata.get("labels"), raw.get("spec")],
-                        option=orjson.OPT_SORT_KEYS)
-
-
-def _parsed(raw: Json) -> tuple[PodView, bytes]:
-    """The pod's view and its shape (namespace, labels, spec). Pods of one shape (the replicas of a Job or a
-    Deployment) are parsed and checked once: the view of the next is the first's with its own identity."""
-    shape = _shape(raw)
-    template = _TEMPLATES.get(shape)
-    metadata = raw.get("metadata") or {}
-    uid, name, annotations = metadata.get("uid"), metadata.get("name"), metadata.get("annotations") or {}
-    if template is not None and isinstance(uid, str) and uid and isinstance(name, str) and name \
-            and isinstance(annotations, dict) and all(isinstance(v, str) for v in annotations.values()):
-        return dataclasses.replace(template, uid=uid, name=name, annotations=dict(annotations)), shape
-    view = parse_pod(raw)
-    check_supported(raw)
-    if len(_TEMPLATES) >= _TEMPLATES_MAX:
-        _TEMPLATES.clear()
-    _TEMPLATES[shape] = view
-    return view, shape
-
-
-def _meta(raw: Json) -> dict[str, str]:
-    """The ledger's ``ports`` and ``meta`` of a pod (`resolver.compact.pod_meta`) as keyword arguments."""
-    ports, meta = compact.pod_meta(raw)
-    return {"ports": ports, "meta": meta}
-
-
-def _no_inter_pod_terms(member: PodView) -> None:
-    """Gangs are reserved all at once by a script that does not check inter-pod domains: refuse their terms."""
-    for key, terms in (("podAffinity", member.affinity_terms), ("podAntiAffinity", member.anti_affinity_terms)):
-        if terms:
-            raise UnsupportedPodField(f"spec.affinity.{key} in a gang member")
-
-
-def _inter_pod_keys(pod: PodView) -> str:
-    """The topology keys of the pod's required inter-pod terms, as reserve_batch takes them ('k1,k2')."""
-    return ",".join(sorted({term.topology_key for term in (*pod.affinity_terms, *pod.anti_affinity_terms)}))
-
-
-def signature(work: Work) -> bytes:
-    """What decides a pod's placement apart from its identity: policy and shape (namespace, labels, spec)."""
-    return work.item.policy.encode() + b"\0" + (work.shape or _shape(work.raw))
 
 
 class Worker:
@@ -570,7 +474,8 @@ class Worker:
             return
         results = await self.ledger.reserve_batch(
             [BatchPod(uid=pod.uid, pod=pod.key, digest=work.item.digest, candidates=decision.candidates,
-                      request=pod.request, **_meta(work.raw), inter_pod_keys=_inter_pod_keys(pod), position=position)
+                      request=pod.request, **ledger_meta(work.raw), inter_pod_keys=inter_pod_keys(pod),
+                      position=position)
              for work, pod, decision in decided],
             owner=self.settings.id, ttl_seconds=self.settings.reservation_ttl_seconds,
         )
@@ -694,7 +599,7 @@ class Worker:
         chosen = [v for v in views if v.uid in placement.assignments]
         raws = {view.uid: raw for view, raw in work.members}
         members = [GangPlacementMember(uid=v.uid, pod=v.key, node=placement.assignments[v.uid], request=v.request,
-                                       **_meta(raws[v.uid])) for v in chosen]
+                                       **ledger_meta(raws[v.uid])) for v in chosen]
         result = await self.ledger.reserve_gang(members=members, owner=self.settings.id,
                                                 ttl_seconds=self.settings.reservation_ttl_seconds)
         match result:
@@ -875,71 +780,3 @@ async def _first(*waits: Awaitable[Any]) -> None:
     for task in pending:
         task.cancel()
     await asyncio.gather(*pending, return_exceptions=True)
-
-
-def build_app(worker: Worker) -> web.Application:
-    app = web.Application()
-
-    async def healthz(_request: web.Request) -> web.Response:
-        unwell = worker.supervisor.health()
-        if unwell:
-            return web.Response(status=500, text="".join(f"loop {name} {why}\n" for name, why in unwell.items()))
-        return web.Response(text="ok")
-
-    async def metrics(_request: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(worker.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-    async def status(_request: web.Request) -> web.Response:
-        info = worker.info()
-        events = worker.events
-        return web.json_response({"id": info.id, "policies": info.policies, "queue_depth": info.queue_depth,
-                                  "in_flight": info.in_flight, "nodes": len(worker.nodes.names),
-                                  "counters": info.counters, "progress": info.progress,
-                                  "requeues": worker.requeues, "unhealthy": worker.supervisor.health(),
-                                  "feed": {"position": worker.feed.position, "epoch": worker.feed.epoch,
-                                           "applied": worker.feed.applied, "reloads": worker.feed.reloads},
-                                  "events": None if events is None else {
-                                      "posted": events.posted, "failed": events.failed,
-                                      "dropped": events.dropped, "queued": events.queued}})
-
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", healthz)
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/status", status)
-    return app
-
-
-async def serve(settings: WorkerSettings) -> int:
-    """Run until SIGTERM or SIGINT (0) or until a loop is dead (1)."""
-    rest = await KubeREST.connect(settings.kubeconfig)
-    redis = Redis.from_url(settings.redis_url, decode_responses=True)
-    worker = Worker(settings, redis=redis, rest=rest)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, worker.stopping.set)
-    runner = web.AppRunner(build_app(worker), access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, settings.host, settings.port).start()
-    try:
-        await worker.run()
-    finally:
-        await runner.cleanup()
-        await redis.aclose()
-        await rest.close()
-    return 1 if worker.supervisor.fatal.is_set() else 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        settings = load_settings(WorkerSettings, argv, prog="hoss-worker",
-                                 description="hoss scheduler worker: decide, reserve in the ledger, bind")
-        logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        code = asyncio.run(serve(settings))
-    except SettingsError as error:
-        print(error, file=sys.stderr)
-        return 2
-    return code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

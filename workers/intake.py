@@ -1,0 +1,110 @@
+"""Work items as a worker reads them: each item's pod(s) parsed once (pods of one shape share a parse)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import orjson
+
+from dispatcher.queue import WorkItem
+from resolver import compact
+from resolver.errors import ResolverError
+from resolver.kube import Json
+from workers.errors import UnsupportedPodField
+from workers.pod import PodView, check_supported, parse_pod
+
+
+@dataclass
+class Work:
+    """A work item with its pod parsed: ``pod`` (a single pod), ``members`` (a gang) or ``problem``."""
+
+    message_id: str
+    item: WorkItem
+    pod: PodView | None = None
+    raw: Json = field(default_factory=dict)
+    members: list[tuple[PodView, Json]] = field(default_factory=list)
+    problem: str = ""
+    unsupported: bool = False
+    """``problem`` names a field hoss does not honour yet: the pod is unschedulable (retried with backoff, so a
+    new version of the pod is looked at), not malformed."""
+    shape: bytes = b""
+    """The pod's namespace, labels and spec as canonical JSON (pods of one shape decide alike)."""
+    fetch: bool = False
+    """The item carries no pod (queued by a dispatcher older than compact work items): read it once."""
+
+
+def parse_work(message_id: str, item: WorkItem) -> Work:
+    """The item's pod(s) parsed from their compact form; a problem names the bad field. Pure."""
+    work = Work(message_id=message_id, item=item)
+    if not item.pod and (not item.members or not all(m.pod for m in item.members)):
+        work.fetch = True
+        return work
+    try:
+        if item.members:
+            for member in item.members:
+                raw = compact.decode(member.pod)
+                work.members.append((parse_pod(raw), raw))
+                check_supported(raw)
+                _no_inter_pod_terms(work.members[-1][0])
+        else:
+            work.raw = compact.decode(item.pod)
+            work.pod, work.shape = _parsed(work.raw)
+    except UnsupportedPodField as error:
+        work.problem, work.unsupported = str(error), True
+    except (ResolverError, ValueError) as error:
+        work.problem = f"hoss cannot schedule this pod: {error}"
+    return work
+
+
+_TEMPLATES: dict[bytes, PodView] = {}
+
+
+_TEMPLATES_MAX = 4096
+
+
+def _shape(raw: Json) -> bytes:
+    metadata = raw.get("metadata") or {}
+    return orjson.dumps([metadata.get("namespace"), metadata.get("labels"), raw.get("spec")],
+                        option=orjson.OPT_SORT_KEYS)
+
+
+def _parsed(raw: Json) -> tuple[PodView, bytes]:
+    """The pod's view and its shape (namespace, labels, spec). Pods of one shape (the replicas of a Job or a
+    Deployment) are parsed and checked once: the view of the next is the first's with its own identity."""
+    shape = _shape(raw)
+    template = _TEMPLATES.get(shape)
+    metadata = raw.get("metadata") or {}
+    uid, name, annotations = metadata.get("uid"), metadata.get("name"), metadata.get("annotations") or {}
+    if template is not None and isinstance(uid, str) and uid and isinstance(name, str) and name \
+            and isinstance(annotations, dict) and all(isinstance(v, str) for v in annotations.values()):
+        return dataclasses.replace(template, uid=uid, name=name, annotations=dict(annotations)), shape
+    view = parse_pod(raw)
+    check_supported(raw)
+    if len(_TEMPLATES) >= _TEMPLATES_MAX:
+        _TEMPLATES.clear()
+    _TEMPLATES[shape] = view
+    return view, shape
+
+
+def ledger_meta(raw: Json) -> dict[str, str]:
+    """The ledger's ``ports`` and ``meta`` of a pod (`resolver.compact.pod_meta`) as keyword arguments."""
+    ports, meta = compact.pod_meta(raw)
+    return {"ports": ports, "meta": meta}
+
+
+def _no_inter_pod_terms(member: PodView) -> None:
+    """Gangs are reserved all at once by a script that does not check inter-pod domains: refuse their terms."""
+    for key, terms in (("podAffinity", member.affinity_terms), ("podAntiAffinity", member.anti_affinity_terms)):
+        if terms:
+            raise UnsupportedPodField(f"spec.affinity.{key} in a gang member")
+
+
+def inter_pod_keys(pod: PodView) -> str:
+    """The topology keys of the pod's required inter-pod terms, as reserve_batch takes them ('k1,k2')."""
+    return ",".join(sorted({term.topology_key for term in (*pod.affinity_terms, *pod.anti_affinity_terms)}))
+
+
+def signature(work: Work) -> bytes:
+    """What decides a pod's placement apart from its identity: policy and shape (namespace, labels, spec)."""
+    return work.item.policy.encode() + b"\0" + (work.shape or _shape(work.raw))

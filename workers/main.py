@@ -1,0 +1,54 @@
+"""hoss-worker's process: connect to the apiserver and Redis, serve HTTP, run the worker until stopped."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+from aiohttp import web
+from redis.asyncio import Redis
+
+from resolver.rest import KubeREST
+from resolver.settings import SettingsError, load_settings
+from workers.core import Worker
+from workers.server import build_app
+from workers.settings import WorkerSettings
+
+
+async def serve(settings: WorkerSettings) -> int:
+    """Run until SIGTERM or SIGINT (0) or until a loop is dead (1)."""
+    rest = await KubeREST.connect(settings.kubeconfig)
+    redis = Redis.from_url(settings.redis_url, decode_responses=True)
+    worker = Worker(settings, redis=redis, rest=rest)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, worker.stopping.set)
+    runner = web.AppRunner(build_app(worker), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, settings.host, settings.port).start()
+    try:
+        await worker.run()
+    finally:
+        await runner.cleanup()
+        await redis.aclose()
+        await rest.close()
+    return 1 if worker.supervisor.fatal.is_set() else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        settings = load_settings(WorkerSettings, argv, prog="hoss-worker",
+                                 description="hoss scheduler worker: decide, reserve in the ledger, bind")
+        logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        code = asyncio.run(serve(settings))
+    except SettingsError as error:
+        print(error, file=sys.stderr)
+        return 2
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
