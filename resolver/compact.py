@@ -161,22 +161,33 @@ def host_ports(pod: Mapping[str, Any]) -> list[str]:
     return ports
 
 
-def pod_meta(pod: Mapping[str, Any]) -> tuple[str, str]:
+def pod_meta(pod: Mapping[str, Any], *, request: Mapping[str, int] | None = None) -> tuple[str, str]:
     """What the ledger keeps of a placed pod beyond its request: its host ports as the reserve scripts check them
     ('TCP/0.0.0.0/80,UDP/10.0.0.1/53', '' for none), and its meta for the workers' pod index (JSON: namespace,
-    labels, host ports, required anti-affinity terms) -- what NodePorts and InterPodAffinity, and later
-    PodTopologySpread, read of the pods already on a node."""
+    name, labels, host ports, required anti-affinity terms, and for preemption spec.priority (left out when 0),
+    the effective `request` when given, and metadata.creationTimestamp) -- what NodePorts, InterPodAffinity and
+    DefaultPreemption, and later PodTopologySpread, read of the pods already on a node. The scripts read the
+    priority too: room held for a preempting pod is kept from pods of lower priority."""
     metadata = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
     assert isinstance(metadata, dict)
     labels = metadata.get("labels")
     ports = host_ports(pod)
     meta: Json = {"namespace": metadata.get("namespace") or "default"}
+    if isinstance(metadata.get("name"), str) and metadata["name"]:
+        meta["name"] = metadata["name"]
     if isinstance(labels, dict) and labels:
         meta["labels"] = labels
     if ports:
         meta["ports"] = ports
     spec = pod.get("spec") if isinstance(pod.get("spec"), dict) else {}
     assert isinstance(spec, dict)
+    priority = spec.get("priority")
+    if isinstance(priority, int) and not isinstance(priority, bool) and priority:
+        meta["priority"] = priority
+    if request:
+        meta["request"] = dict(request)
+    if isinstance(metadata.get("creationTimestamp"), str) and metadata["creationTimestamp"]:
+        meta["created"] = metadata["creationTimestamp"]
     affinity = spec.get("affinity") if isinstance(spec.get("affinity"), dict) else {}
     assert isinstance(affinity, dict)
     anti = affinity.get("podAntiAffinity") if isinstance(affinity.get("podAntiAffinity"), dict) else {}

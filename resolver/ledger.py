@@ -38,6 +38,9 @@ Key layout (one hash tag, so every script's keys are in one slot and it runs on 
                                    common.lua for the entries
     {hoss}:podver                  hash uid -> digest or "gone": the dispatcher's word that a queued pod changed
                                    or left; a reservation of another version answers "stale"
+    {hoss}:nominated               hash uid -> JSON (node, priority, deadline, request): room held for a preempting
+                                   pod; new entries of lower priority must fit beside it (common.lua, Nominations)
+    {hoss}:node:<name>:nominated   set of the uids nominated to the node
 """
 
 from __future__ import annotations
@@ -167,6 +170,16 @@ class BatchPod:
     position: str = ""
     """The change-stream id the decision saw: refused on a node whose inter-pod domains changed since ('' = not
     checked); see 'Inter-pod domains' in resolver/lua/common.lua."""
+
+
+@dataclass(frozen=True)
+class Nomination:
+    """Room held on `node` for a preempting pod (see 'Nominations' in resolver/lua/common.lua)."""
+
+    uid: str
+    node: str
+    priority: int
+    request: ResourceVector
 
 
 @dataclass(frozen=True)
@@ -346,13 +359,16 @@ class Ledger:
         return [decode_batch_result(reply[i:i + 5]) for i in range(0, len(reply), 5)]
 
     async def confirm(
-        self, *, uid: str, pod: str, node: str, request: Mapping[str, int] | None, owner: str, ttl_seconds: float
+        self, *, uid: str, pod: str, node: str, request: Mapping[str, int] | None, owner: str, ttl_seconds: float,
+        meta: str = "",
     ) -> ConfirmResult:
         """Allow a binding of `uid` to `node`: its own reservation, or a foreign one that fits (held for `owner`).
 
-        Without a `request` only an existing entry can confirm; no entry answers `NeedRequest`.
+        Without a `request` only an existing entry can confirm; no entry answers `NeedRequest`. `meta`
+        (`resolver.compact.pod_meta`) is kept in a new entry; its priority decides which nominations it must leave
+        room for.
         """
-        placement = Placement(uid=uid, pod=pod, node=node, request=request or {})
+        placement = Placement(uid=uid, pod=pod, node=node, request=request or {}, meta=meta)
         has_request = 0 if request is None else 1
         result = decode_confirm_reply(
             await self._run("confirm", [owner, _ttl_ms(ttl_seconds), has_request, *_placement_args(placement)])
@@ -360,6 +376,26 @@ class Ledger:
         if isinstance(result, Confirmed) and result.foreign:
             logger.info("confirmed foreign binding of %s to %s for %s", pod, node, owner)
         return result
+
+    # -- nominations (preemption) ----------------------------------------------------------------------------
+
+    async def nominate(self, *, uid: str, node: str, priority: int, request: Mapping[str, int],
+                       ttl_seconds: float) -> str:
+        """Hold room on `node` for the preempting pod `uid` for `ttl_seconds` (replacing its earlier nomination).
+
+        Returns "nominated", "assumed" or "bound" (the pod holds an entry already: nothing is held), or
+        "unknown_node"."""
+        reply = _ready_or_raise(await self._run(
+            "nominate", [uid, node, int(priority), _ttl_ms(ttl_seconds), *_vector_args(request)]))
+        return _text(reply[0])
+
+    async def unnominate(self, uid: str) -> bool:
+        """End the nomination of `uid`; False when it had none."""
+        return int(_ready_or_raise(await self._run("unnominate", [uid]))[1]) == 1
+
+    async def nominations(self) -> dict[str, Nomination]:
+        """The nominations in force, by uid."""
+        return decode_nominations(_ready_or_raise(await self._run("nominations", []))[1:])
 
     # -- the apiserver's truth -------------------------------------------------------------------------------
 
@@ -730,3 +766,18 @@ def decode_change(entry_id: str, fields: object) -> Change:
         raise LedgerUnavailable(f"change {entry_id} has no kind: {pairs[:2]!r}")
     items = [(key[2:] if key.startswith("n:") else key, value) for key, value in pairs[1:]]
     return Change(id=entry_id, kind=pairs[0][1], items=items)
+
+
+def decode_nominations(flat: Sequence[object]) -> dict[str, Nomination]:
+    """uid/JSON pairs (nominations.lua) as Nominations; an unreadable one is left out."""
+    result: dict[str, Nomination] = {}
+    for i in range(0, len(flat) - 1, 2):
+        uid = _text(flat[i])
+        try:
+            value = orjson.loads(_text(flat[i + 1]))
+            request = {str(k): int(v) for k, v in dict(value.get("request") or {}).items()}
+            result[uid] = Nomination(uid=uid, node=str(value["node"]), priority=int(value.get("priority") or 0),
+                                     request=request)
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
+            logger.warning("nomination of %s is unreadable: %r", uid, flat[i + 1])
+    return result

@@ -64,7 +64,8 @@ class PodInfo:
     ports: str = ""
     """Host ports the pod holds on its node, as the ledger checks them (`resolver.compact.pod_meta`)."""
     meta: str = ""
-    """namespace, labels and host ports for the workers' pod index (`resolver.compact.pod_meta`)."""
+    """namespace, name, labels, host ports, priority and request for the workers' pod index
+    (`resolver.compact.pod_meta`)."""
     labels: Mapping[str, str] = field(default_factory=dict)
     """metadata.labels: a change (no new generation) rewrites the meta, which inter-pod affinity reads."""
 
@@ -85,20 +86,21 @@ def parse_pod(pod: Json, *, known: PodInfo | None = None) -> PodInfo:
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
     generation = metadata.get("generation")
-    ports, meta = compact.pod_meta(pod)
     reuse = (
         known is not None
         and generation is not None
         and known.generation == generation
         and known.uid == str(metadata.get("uid", ""))
     )
+    request = known.request if reuse and known is not None else pod_requests(pod)
+    ports, meta = compact.pod_meta(pod, request=request)
     return PodInfo(
         uid=str(metadata.get("uid", "")),
         namespace=str(metadata.get("namespace", "")),
         name=str(metadata.get("name", "")),
         node=spec.get("nodeName") or None,
         scheduler_name=str(spec.get("schedulerName") or "default-scheduler"),
-        request=known.request if reuse and known is not None else pod_requests(pod),
+        request=request,
         terminal=status.get("phase") in TERMINAL_PHASES,
         generation=generation if isinstance(generation, int) else None,
         ports=ports,

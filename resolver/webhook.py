@@ -246,14 +246,14 @@ def _unavailable(error: LedgerUnavailable | TimeoutError) -> admission.Verdict:
 
 async def _confirm(
     state: WebhookState, binding: admission.BindingRequest, *, uid: str, pod: str,
-    request: ResourceVector | None, owner: str,
+    request: ResourceVector | None, owner: str, meta: str = "",
 ) -> ConfirmResult:
     # asyncio.timeout, not the Redis client's socket timeout: redis-py implements that with asyncio.wait_for, which
     # costs a task per command and can swallow a cancellation on Python 3.11.
     async with asyncio.timeout(LEDGER_CALL_TIMEOUT_SECONDS):
         return await state.ledger.confirm(
             uid=uid, pod=pod, node=binding.node, request=request, owner=owner,
-            ttl_seconds=state.settings.foreign_ttl_seconds,
+            ttl_seconds=state.settings.foreign_ttl_seconds, meta=meta,
         )
 
 
@@ -281,7 +281,9 @@ async def judge(state: WebhookState, binding: admission.BindingRequest) -> admis
             message=f"hoss: pod {binding.pod_key} is not known to the resolver yet; retry",
         )
     try:
-        result = await _confirm(state, binding, uid=pod.uid, pod=pod.key, request=pod.request, owner=owner)
+        # The meta carries the pod's priority: room held for a preempting pod of higher priority stays free.
+        result = await _confirm(state, binding, uid=pod.uid, pod=pod.key, request=pod.request, owner=owner,
+                                meta=pod.meta)
     except (LedgerUnavailable, TimeoutError) as error:
         return _unavailable(error)
     return verdict_for(result, binding=binding)

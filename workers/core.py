@@ -70,6 +70,7 @@ from workers.gang import place_gang
 from workers.intake import Work, inter_pod_keys, ledger_meta, parse_work, signature
 from workers.nodes import NodeTable, PlacedPod
 from workers.pod import PodView
+from workers.preempt import Preemptor, eligible
 from workers.profiles import load_profiles
 from workers.settings import WorkerSettings
 
@@ -121,6 +122,10 @@ class Worker:
             binder = RestBinder(rest)
         self.binder = binder
         self.events = EventSink(rest, per_second=settings.events_per_second) if rest is not None else None
+        self.preemptor = None if rest is None else Preemptor(
+            rest, Ledger(redis), record=self._record, component=f"hoss-worker/{settings.id}",
+            hold_seconds=settings.preemption_hold_seconds)
+        """Preemption for unschedulable pods of priority > 0 (`workers.preempt`); None without an apiserver."""
         self.queue = WorkQueue(redis)
         self.ledger = Ledger(redis)
         profiles, default = load_profiles(settings.policies_file)
@@ -440,6 +445,7 @@ class Worker:
 
     async def _schedule_singles(self, batch: Sequence[Work]) -> None:
         decided: list[tuple[Work, PodView, Placement]] = []
+        preempting: list[tuple[Work, PodView, Profile, str]] = []
         shared: dict[bytes, tuple[Evaluation, set[str]]] = {}
         # The change-stream position these decisions see: the ledger refuses a pod where an inter-pod domain that
         # matters to it changed after it (see 'Inter-pod domains' in resolver/lua/common.lua).
@@ -456,7 +462,10 @@ class Worker:
                 self._failed(work, error)
                 continue
             if isinstance(decision, Unschedulable):
-                self._unschedulable(work, decision.message)
+                if self.preemptor is not None and eligible(pod):
+                    preempting.append((work, pod, profile, decision.message))
+                else:
+                    self._unschedulable(work, decision.message)
                 continue
             first = decision.candidates[0]
             self.nodes.add_used(first, pod.request)  # later pods of the batch see this placement
@@ -470,11 +479,17 @@ class Worker:
             for _evaluation, touched in shared.values():
                 touched.add(first)
             decided.append((work, pod, decision))
-        if not decided:
-            return
+        if decided:
+            await self._reserve_decided(decided, position)
+        for work, pod, profile, message in preempting:
+            # After the batch's reservations, so that the table counts them (`workers.preempt`).
+            assert self.preemptor is not None
+            self._unschedulable(work, await self.preemptor.attempt(profile, pod, work.raw, self.nodes, message))
+
+    async def _reserve_decided(self, decided: Sequence[tuple[Work, PodView, Placement]], position: str) -> None:
         results = await self.ledger.reserve_batch(
             [BatchPod(uid=pod.uid, pod=pod.key, digest=work.item.digest, candidates=decision.candidates,
-                      request=pod.request, **ledger_meta(work.raw), inter_pod_keys=inter_pod_keys(pod),
+                      request=pod.request, **ledger_meta(work.raw, pod.request), inter_pod_keys=inter_pod_keys(pod),
                       position=position)
              for work, pod, decision in decided],
             owner=self.settings.id, ttl_seconds=self.settings.reservation_ttl_seconds,
@@ -599,7 +614,7 @@ class Worker:
         chosen = [v for v in views if v.uid in placement.assignments]
         raws = {view.uid: raw for view, raw in work.members}
         members = [GangPlacementMember(uid=v.uid, pod=v.key, node=placement.assignments[v.uid], request=v.request,
-                                       **ledger_meta(raws[v.uid])) for v in chosen]
+                                       **ledger_meta(raws[v.uid], v.request)) for v in chosen]
         result = await self.ledger.reserve_gang(members=members, owner=self.settings.id,
                                                 ttl_seconds=self.settings.reservation_ttl_seconds)
         match result:
@@ -690,6 +705,8 @@ class Worker:
         ``bound`` tells the dispatcher the pods are bound (it waits for its watch to agree before forgetting)."""
         item = work.item
         uids = ([m.uid for m in item.members] or [item.uid]) if forget else []
+        if self.preemptor is not None:
+            self.preemptor.forget(item.uid)
         if bound:
             uids = [f"+{uid}" for uid in uids]
         self.conflict_rounds.pop(item.uid, None)

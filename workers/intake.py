@@ -11,6 +11,7 @@ from dispatcher.queue import WorkItem
 from resolver import compact
 from resolver.errors import ResolverError
 from resolver.kube import Json
+from resolver.resources import ResourceVector
 from workers.errors import UnsupportedPodField
 from workers.pod import PodView, check_supported, parse_pod
 
@@ -87,9 +88,10 @@ def _parsed(raw: Json) -> tuple[PodView, bytes]:
     return view, shape
 
 
-def ledger_meta(raw: Json) -> dict[str, str]:
-    """The ledger's ``ports`` and ``meta`` of a pod (`resolver.compact.pod_meta`) as keyword arguments."""
-    ports, meta = compact.pod_meta(raw)
+def ledger_meta(raw: Json, request: ResourceVector | None = None) -> dict[str, str]:
+    """The ledger's ``ports`` and ``meta`` of a pod (`resolver.compact.pod_meta`; `request` is its effective request,
+    which preemption reads) as keyword arguments."""
+    ports, meta = compact.pod_meta(raw, request=request)
     return {"ports": ports, "meta": meta}
 
 

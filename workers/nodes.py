@@ -23,7 +23,7 @@ changes only through its methods.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -94,6 +94,14 @@ class PlacedPod:
     ports: tuple[HostPort, ...]
     anti: tuple[PodAffinityTerm, ...] = ()
     """Its required pod anti-affinity terms, which keep matching pods out of its topology domains."""
+    name: str = ""
+    """metadata.name ('' when its meta predates it): preemption evicts the pod by name."""
+    priority: int = 0
+    """spec.priority: only pods of lower priority than a preempting pod may be its victims."""
+    request: ResourceVector = field(default_factory=dict)
+    """Its effective request ({} when its meta predates it): the room its eviction frees."""
+    created: str = ""
+    """metadata.creationTimestamp (RFC 3339, compares as text); preemption's stand-in for the start time."""
 
 
 def parse_placed(uid: str, node: str, meta: str) -> PlacedPod:
@@ -113,6 +121,8 @@ def parse_placed(uid: str, node: str, meta: str) -> PlacedPod:
         anti = parse_terms(value.get("anti"), field="anti", owner_namespace=namespace, lenient=True)
     except ResolverError:
         anti = ()  # unreadable terms of a pod already placed: nothing to hold against others
+    priority = value.get("priority")
+    request = value.get("request")
     return PlacedPod(
         uid=uid,
         node=node,
@@ -120,6 +130,11 @@ def parse_placed(uid: str, node: str, meta: str) -> PlacedPod:
         anti=anti,
         labels={str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {},
         ports=tuple(p for p in parsed if p is not None),
+        name=str(value.get("name") or ""),
+        priority=priority if isinstance(priority, int) and not isinstance(priority, bool) else 0,
+        request={str(k): v for k, v in request.items() if isinstance(v, int) and not isinstance(v, bool)}
+        if isinstance(request, dict) else {},
+        created=str(value.get("created") or ""),
     )
 
 

@@ -97,6 +97,11 @@ def parse_terms(raw: object, *, field: str, owner_namespace: str, lenient: bool 
     return tuple(terms)
 
 
+def label_selector(raw: object, *, field: str) -> LabelSelector:
+    """A metav1.LabelSelector at `field` (e.g. a PodDisruptionBudget's); raises `PodSpecError` naming a bad field."""
+    return _selector(raw, field=field)
+
+
 def _selector(raw: object, *, field: str) -> LabelSelector:
     selector = payload.mapping(raw, field=field, error=PodSpecError, required=True)
     requirements = [

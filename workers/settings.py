@@ -48,6 +48,10 @@ class WorkerSettings(BaseModel):
     """First retry delay of an unschedulable pod."""
     backoff_max_seconds: float = Field(default=60.0, gt=0)
     """Longest retry delay of an unschedulable pod."""
+    preemption_hold_seconds: float = Field(default=60.0, gt=0)
+    """How long room stays held for a preempting pod while its victims leave (renewed when it preempts again):
+    longer than the default 30 s termination grace period of a victim, plus the time for its removal to reach the
+    ledger and the pod to be retried. A hold never keeps a bound pod's room; it only keeps lower-priority pods out."""
     decide_batch: int = Field(default=64, ge=1, le=4096)
     """Most pods decided before their reservations go to the ledger in one call."""
     scheduled_events: bool = True

@@ -511,3 +511,118 @@ local function bind_placement(p)
   hold(p.uid, p.pod, p.node, p.request, 'bound', owner, nil, p.ports, p.meta)
   return previous
 end
+
+-- Nominations: room held on a node for a preempting pod while the pods it evicts leave (workers/preempt.py).
+--   {hoss}:nominated            hash uid -> JSON {node, priority, deadline (ms, Redis clock), request: {resource:
+--                               amount (decimal string)}}
+--   {hoss}:node:<n>:nominated   set of the uids nominated to node n
+-- A new entry for pod P on node n (reserve_batch, reserve, or a foreign binding through confirm) must fit beside
+-- the room held on n for the other nominated pods whose priority is at least P's: kube-scheduler counts such
+-- nominated pods as if they ran when it filters P, and ignores those of lower priority (P may take their room,
+-- and they preempt again). A nomination never changes `used` and never touches an entry: it only narrows what a
+-- new entry may take, so it cannot free or double-count room a bound pod uses. It ends when its pod reserves
+-- (anywhere), when the dispatcher marked the pod gone, when a worker drops it, or at its deadline.
+local NOMINATED = PREFIX .. ':nominated'
+local any_nominated = nil
+
+local function read_nomination(uid)
+  local raw = redis.call('HGET', NOMINATED, uid)
+  if not raw then
+    return nil
+  end
+  local ok, value = pcall(cjson.decode, raw)
+  if not ok or type(value) ~= 'table' then
+    return {node = '', priority = 0, deadline = 0, request = {}}
+  end
+  return value
+end
+
+local function drop_nomination(uid)
+  local nomination = read_nomination(uid)
+  if not nomination then
+    return false
+  end
+  redis.call('HDEL', NOMINATED, uid)
+  if type(nomination.node) == 'string' and nomination.node ~= '' then
+    redis.call('SREM', node_key(nomination.node, 'nominated'), uid)
+  end
+  return true
+end
+
+-- The priority a placement's meta carries (`resolver.compact.pod_meta`: absent means 0).
+local function meta_priority(meta)
+  if not meta or meta == '' or not string.find(meta, '"priority"', 1, true) then
+    return 0
+  end
+  local ok, value = pcall(cjson.decode, meta)
+  if ok and type(value) == 'table' and tonumber(value.priority) then
+    return tonumber(value.priority)
+  end
+  return 0
+end
+
+-- Per resource, the room held on node for nominated pods other than uid with priority >= priority; drops the
+-- expired nominations it meets.
+local function held_for_others(node, uid, priority)
+  local held = {}
+  local key = node_key(node, 'nominated')
+  local uids = redis.call('SMEMBERS', key)
+  if #uids == 0 then
+    return held
+  end
+  local now = now_ms()
+  for _, other in ipairs(uids) do
+    if other ~= uid then
+      local nomination = read_nomination(other)
+      if not nomination or nomination.node ~= node or (tonumber(nomination.deadline) or 0) <= now then
+        redis.call('SREM', key, other)
+        if nomination and nomination.node == node then
+          redis.call('HDEL', NOMINATED, other)
+        end
+      elseif (tonumber(nomination.priority) or 0) >= priority then
+        for resource, amount in pairs(type(nomination.request) == 'table' and nomination.request or {}) do
+          held[resource] = (held[resource] or 0) + (tonumber(amount) or 0)
+        end
+      end
+    end
+  end
+  return held
+end
+
+-- A conflict when `request` (of pod uid with that meta; `current` its entry, whose request on this node is given
+-- back) does not fit on node beside the room held there for others (see above), or nil. `extra`, when given,
+-- is what other placements of the same call add to node (per resource).
+local function nominated_conflict(node, uid, meta, request, current, extra)
+  if any_nominated == nil then
+    any_nominated = redis.call('HLEN', NOMINATED) > 0
+  end
+  if not any_nominated then
+    return nil
+  end
+  local held = held_for_others(node, uid, meta_priority(meta))
+  if next(held) == nil then
+    return nil
+  end
+  for _, item in ipairs(request) do
+    local resource, wanted = item[1], tonumber(item[2])
+    local h = held[resource] or 0
+    if h > 0 and wanted > 0 then
+      local alloc = tonumber(redis.call('HGET', node_key(node, 'alloc'), resource)) or 0
+      local used = tonumber(redis.call('HGET', node_key(node, 'used'), resource)) or 0
+      local back = 0
+      if current and current.node == node then
+        for _, mine in ipairs(current.request) do
+          if mine[1] == resource then
+            back = tonumber(mine[2])
+          end
+        end
+      end
+      local others = (extra or {})[resource] or 0
+      local free = alloc - used + back - h - others
+      if wanted > free then
+        return {'conflict', node, resource .. ' (held for a preempting pod)', wanted + others, free + others}
+      end
+    end
+  end
+  return nil
+end

@@ -4,7 +4,9 @@
 -- Without a request (has_request 0, a hoss binding whose reservation holds it) a uid with no entry answers
 -- {'need_request'}: the caller looks the pod's request up and calls again with it.
 -- An entry on this node (assumed or bound) confirms it, refreshing an assumed entry's deadline; no entry (a
--- foreign scheduler's binding) is fit-checked and held as assumed for owner; an entry elsewhere is refused.
+-- foreign scheduler's binding) is fit-checked (beside the room held for preempting pods of at least its priority,
+-- read from its meta; see 'Nominations' in common.lua) and held as assumed for owner; an entry elsewhere is
+-- refused.
 -- Reply: {'confirmed', node, foreign (0|1)} | {'conflict', ...} | {'unknown_node', node}
 --        | {'held_elsewhere', node, state} | {'need_request'} | NOT_READY
 if not is_ready() then
@@ -32,7 +34,7 @@ end
 if has_request == 0 then
   return {'need_request'}
 end
-local conflict = check_fit({p})
+local conflict = check_fit({p}) or nominated_conflict(p.node, p.uid, p.meta, p.request, nil)
 if conflict then
   return conflict
 end

@@ -1,6 +1,7 @@
 -- reserve / reserve_gang: all placements become assumed entries of one owner, or nothing changes.
 -- ARGV: prefix, owner, ttl_ms, count, then count placements (uid, pod, node, n, n resource/amount pairs,
--- ports, meta). Host ports must be free on each node, counting the other placements of the call.
+-- ports, meta). Host ports must be free on each node, counting the other placements of the call, and the room
+-- held there for preempting pods of at least the placement's priority must stay free.
 -- A port conflict answers {'conflict', node, 'hostPort <protocol>/<ip>/<port>', 1, 0}.
 -- Per placement: assumed on the same node -> refreshed (request and owner replaced); assumed on another node ->
 -- moved; bound on the same node -> left as is; bound elsewhere -> refused.
@@ -30,6 +31,18 @@ end
 local conflict = check_fit(placements)
 if conflict then
   return conflict
+end
+-- Room held for preempting pods of at least a member's priority stays theirs (see 'Nominations' in common.lua).
+local adding = {}
+for _, p in ipairs(placements) do
+  local held = nominated_conflict(p.node, p.uid, p.meta, p.request, p.current, adding[p.node])
+  if held then
+    return held
+  end
+  adding[p.node] = adding[p.node] or {}
+  for _, item in ipairs(p.request) do
+    adding[p.node][item[1]] = (adding[p.node][item[1]] or 0) + tonumber(item[2])
+  end
 end
 local claimed = {}
 for _, p in ipairs(placements) do

@@ -7,9 +7,11 @@
 --   the dispatcher marked the pod changed or gone since this version was queued ('{hoss}:podver' holds
 --     another digest)                                  -> stale, the marker
 --   bound already (the sync saw it bound)              -> bound, that node
---   else the first candidate that is a node, fits, has the pod's host ports free and whose inter-pod domains
---     did not change since the decision (see 'Inter-pod domains' in common.lua)
---                                                      -> reserved, that node (an assumed entry elsewhere moves)
+--   else the first candidate that is a node, fits, has the pod's host ports free, whose inter-pod domains
+--     did not change since the decision (see 'Inter-pod domains' in common.lua) and where the room held for
+--     preempting pods of at least the pod's priority (from its meta) stays free (see 'Nominations')
+--                                                      -> reserved, that node (an assumed entry elsewhere moves;
+--                                                         the pod's own nomination ends)
 --   else                                               -> conflict, the last candidate's misfit (node, resource,
 --                                                         wanted, free; a taken host port reads resource
 --                                                         'hostPort <protocol>/<ip>/<port>', wanted 1, free 0), or
@@ -47,6 +49,9 @@ for _, item in ipairs(cjson.decode(next_arg())) do
   local marker = redis.call('HGET', PODVER, uid)
   local entry = read_entry(uid)
   if marker and marker ~= version then
+    if marker == 'gone' then
+      drop_nomination(uid)
+    end
     answer('stale', marker)
   elseif entry and entry.state == 'bound' then
     answer('bound', entry.node)
@@ -64,6 +69,9 @@ for _, item in ipairs(cjson.decode(next_arg())) do
         if stale then
           conflict = {'conflict', node, stale, 1, 0}
         end
+        if not conflict then
+          conflict = nominated_conflict(node, uid, meta, request, entry)
+        end
         if conflict then
           result = conflict
         else
@@ -71,6 +79,7 @@ for _, item in ipairs(cjson.decode(next_arg())) do
             drop(entry)
           end
           hold(uid, pod, node, request, 'assumed', owner, deadline, ports, meta)
+          drop_nomination(uid)
           result = {'reserved', node}
           break
         end

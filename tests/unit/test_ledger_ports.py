@@ -39,9 +39,9 @@ def test_pod_meta_keeps_namespace_labels_and_sanitised_host_ports() -> None:
                                        {"containerPort": 53, "hostPort": 53, "protocol": "UDP", "hostIP": "10.0.0.1"},
                                        {"containerPort": 9090}, labels={"app": "web"}))
     assert ports == "TCP/0.0.0.0/8080,UDP/10.0.0.1/53"
-    assert json.loads(meta) == {"namespace": "team", "labels": {"app": "web"},
+    assert json.loads(meta) == {"namespace": "team", "name": "web", "labels": {"app": "web"},
                                 "ports": ["TCP/0.0.0.0/8080", "UDP/10.0.0.1/53"]}
-    assert compact.pod_meta(raw("plain")) == ("", '{"namespace":"team"}')
+    assert compact.pod_meta(raw("plain")) == ("", '{"name":"plain","namespace":"team"}')
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,164 @@
+"""Preemption's victim selection and node choice (workers/preempt.py) against hand-worked cases, on a real node
+table and the default profile of configs/policies.yaml."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from resolver.ledger import Nomination
+from tests.unit.kube_objects import raw_node, raw_pod, table
+from workers.framework import Profile
+from workers.nodes import NodeTable, PlacedPod
+from workers.pod import PodView, parse_pod
+from workers.podterms import label_selector
+from workers.preempt import (
+    Budget,
+    Candidate,
+    candidates,
+    parse_budget,
+    pick,
+    preemption_policy,
+    select_victims,
+    split_by_budgets,
+)
+from workers.profiles import load_profiles
+
+NODE = {"cpu": "4", "memory": "16Gi", "pods": "110"}
+POLICIES = Path(__file__).resolve().parents[2] / "configs" / "policies.yaml"
+
+
+@pytest.fixture(scope="module")
+def profile() -> Profile:
+    profiles, default = load_profiles(POLICIES)
+    return profiles[default]
+
+
+def place(nodes: NodeTable, name: str, node: str, *, cpu: int, priority: int, labels: dict[str, str] | None = None,
+          created: str = "2026-01-01T00:00:00Z") -> PlacedPod:
+    pod = PlacedPod(uid=f"uid-{name}", node=node, namespace="team", labels=labels or {"app": name}, ports=(),
+                    name=name, priority=priority, request={"cpu": cpu, "pods": 1}, created=created)
+    nodes.place_pod(pod)
+    nodes.add_used(node, pod.request)
+    return pod
+
+
+def preemptor(cpu: str, priority: int = 100, **spec: object) -> PodView:
+    raw = raw_pod("urgent", {"cpu": cpu})
+    raw["spec"]["priority"] = priority
+    raw["spec"].update(spec)
+    return parse_pod(raw)
+
+
+def budget(app: str, allowed: int) -> Budget:
+    return Budget(namespace="team", name=app, selector=label_selector({"matchLabels": {"app": app}}, field="s"),
+                  disruptions_allowed=allowed)
+
+
+def names(candidate: Candidate | None) -> list[str]:
+    assert candidate is not None
+    return [victim.name for victim in candidate.victims]
+
+
+def test_only_the_victims_needed_are_evicted_the_rest_are_reprieved() -> None:
+    nodes = table(raw_node("n1", NODE))
+    place(nodes, "a", "n1", cpu=1000, priority=5, created="2026-01-01T00:00:00Z")
+    place(nodes, "b", "n1", cpu=1000, priority=5, created="2026-01-02T00:00:00Z")
+    place(nodes, "c", "n1", cpu=2000, priority=5, created="2026-01-03T00:00:00Z")
+    # 2 cpu are wanted: all three removed frees 4; a (oldest) back leaves 3, b back leaves 2, c back leaves 0.
+    assert names(select_victims(preemptor("2"), "n1", nodes, [])) == ["c"]
+    # Wanting 3: a back leaves 3, b back would leave 2 (too little: victim), c back would leave 1 (victim).
+    assert names(select_victims(preemptor("3"), "n1", nodes, [])) == ["b", "c"]
+
+
+def test_pods_of_equal_or_higher_priority_are_never_victims() -> None:
+    nodes = table(raw_node("n1", NODE))
+    place(nodes, "peer", "n1", cpu=2000, priority=100)
+    place(nodes, "boss", "n1", cpu=1000, priority=1000)
+    place(nodes, "low", "n1", cpu=1000, priority=1)
+    assert select_victims(preemptor("2"), "n1", nodes, []) is None  # evicting 'low' frees only 1 cpu
+    assert names(select_victims(preemptor("1"), "n1", nodes, [])) == ["low"]
+
+
+def test_a_budget_violation_is_counted_and_pods_it_protects_are_reprieved_first() -> None:
+    nodes = table(raw_node("n1", NODE))
+    place(nodes, "db", "n1", cpu=2000, priority=1, labels={"app": "db"}, created="2026-01-05T00:00:00Z")
+    place(nodes, "web", "n1", cpu=2000, priority=1, labels={"app": "web"}, created="2026-01-01T00:00:00Z")
+    # web is more important (older), but db's budget allows no disruption: db is reprieved first.
+    chosen = select_victims(preemptor("2"), "n1", nodes, [budget("db", 0)])
+    assert chosen is not None and names(chosen) == ["web"] and chosen.violations == 0
+    # Needing both, the eviction of db is a violation.
+    chosen = select_victims(preemptor("4"), "n1", nodes, [budget("db", 0)])
+    assert chosen is not None and sorted(names(chosen)) == ["db", "web"] and chosen.violations == 1
+
+
+def test_budgets_are_counted_down_across_the_pods_they_match() -> None:
+    pods = [PlacedPod(uid=f"u{i}", node="n1", namespace="team", labels={"app": "db"}, ports=(), name=f"db-{i}")
+            for i in range(3)]
+    other = PlacedPod(uid="o", node="n1", namespace="other", labels={"app": "db"}, ports=(), name="db-x")
+    violating, fine = split_by_budgets([*pods, other], [budget("db", 1)])
+    assert [p.name for p in fine] == ["db-0", "db-x"]  # another namespace's pod is not the budget's
+    assert [p.name for p in violating] == ["db-1", "db-2"]
+    empty = parse_budget({"metadata": {"name": "all", "namespace": "team"}, "spec": {"selector": {}},
+                          "status": {"disruptionsAllowed": 0}})
+    assert split_by_budgets(pods, [empty]) == ([], pods)  # an empty selector protects nothing here
+
+
+def test_the_node_with_fewer_budget_violations_wins_over_fewer_victims(profile: Profile) -> None:
+    nodes = table(raw_node("n1", NODE), raw_node("n2", NODE))
+    place(nodes, "db", "n1", cpu=4000, priority=1, labels={"app": "db"})
+    place(nodes, "web-0", "n2", cpu=2000, priority=1, labels={"app": "web"})
+    place(nodes, "web-1", "n2", cpu=2000, priority=1, labels={"app": "web"})
+    found = candidates(profile, preemptor("4"), nodes, [budget("db", 0)])
+    assert {c.node: c.violations for c in found} == {"n1": 1, "n2": 0}
+    chosen = pick(found)
+    assert chosen is not None and chosen.node == "n2" and sorted(names(chosen)) == ["web-0", "web-1"]
+
+
+def test_node_choice_follows_kube_schedulers_order() -> None:
+    def candidate(node: str, *victims: tuple[int, str]) -> Candidate:
+        return Candidate(node=node, violations=0, victims=tuple(
+            PlacedPod(uid=f"{node}-{i}", node=node, namespace="team", labels={}, ports=(), priority=priority,
+                      created=created) for i, (priority, created) in enumerate(victims)))
+
+    day1, day2 = "2026-01-01T00:00:00Z", "2026-01-02T00:00:00Z"
+    # The lowest highest-victim priority first, even with more victims.
+    assert pick([candidate("a", (10, day1)), candidate("b", (5, day1), (5, day1), (5, day1))]).node == "b"  # type: ignore[union-attr]
+    # Then the smallest sum of (shifted) priorities: fewer victims of the same priority.
+    assert pick([candidate("a", (5, day1), (5, day1)), candidate("b", (5, day1), (1, day1))]).node == "b"  # type: ignore[union-attr]
+    assert pick([candidate("a", (5, day1), (5, day1)), candidate("b", (5, day1))]).node == "b"  # type: ignore[union-attr]
+    # Then the latest start of the highest-priority victims.
+    assert pick([candidate("a", (5, day1)), candidate("b", (5, day2))]).node == "b"  # type: ignore[union-attr]
+    assert pick([]) is None
+
+
+def test_nodes_the_pod_cannot_use_anyway_are_no_candidates(profile: Profile) -> None:
+    tainted = raw_node("n2", NODE, taints=[{"key": "gpu", "value": "yes", "effect": "NoSchedule"}])
+    nodes = table(raw_node("n1", NODE), tainted)
+    place(nodes, "a", "n1", cpu=4000, priority=1)
+    place(nodes, "b", "n2", cpu=1000, priority=1)
+    found = candidates(profile, preemptor("4"), nodes, [])
+    assert [c.node for c in found] == ["n1"]
+    # The what-if evaluation leaves the table as it was.
+    assert nodes.used_of("n1") == {"cpu": 4000, "pods": 1} and nodes.used_of("n2") == {"cpu": 1000, "pods": 1}
+
+
+def test_room_held_for_another_preemptor_of_at_least_this_priority_counts_as_taken() -> None:
+    nodes = table(raw_node("n1", NODE))
+    place(nodes, "a", "n1", cpu=2000, priority=1)
+    place(nodes, "b", "n1", cpu=2000, priority=1)
+    higher = Nomination(uid="other", node="n1", priority=500, request={"cpu": 2000, "pods": 1})
+    lower = Nomination(uid="other", node="n1", priority=50, request={"cpu": 2000, "pods": 1})
+    own = Nomination(uid="uid-urgent", node="n1", priority=100, request={"cpu": 2000, "pods": 1})
+    assert sorted(names(select_victims(preemptor("2"), "n1", nodes, [], [higher]))) == ["a", "b"]
+    assert names(select_victims(preemptor("2"), "n1", nodes, [], [lower])) == ["b"]
+    assert names(select_victims(preemptor("2"), "n1", nodes, [], [own])) == ["b"]  # its own hold is not in the way
+    assert select_victims(preemptor("3"), "n1", nodes, [], [higher]) is None
+
+
+def test_preemption_policy_is_read_from_the_spec() -> None:
+    assert preemption_policy(raw_pod("p")) == "PreemptLowerPriority"
+    never = raw_pod("p")
+    never["spec"]["preemptionPolicy"] = "Never"
+    assert preemption_policy(never) == "Never"

@@ -1,0 +1,371 @@
+"""Preemption, as kube-scheduler's DefaultPreemption does it, for a pod that fits nowhere.
+
+The common path pays nothing: a worker calls this only for a pod it found unschedulable, that is no gang member
+and has ``spec.priority > 0`` (so the pods of a cluster without PriorityClasses never preempt; a pod of priority
+0 would only find victims of negative priority, which hoss does not look for).
+
+The pure part (no I/O), kube-scheduler's rules over the worker's node table and pod index:
+
+- Candidate nodes: the nodes where the pod passes every filter of its profile once every pod of lower priority on
+  them is gone (the filters run once over all nodes with those pods' requests taken off).
+- Victims on a node (``SelectVictimsOnNode``): all lower-priority pods are removed; if the pod then fits (beside
+  the room held for other nominated pods of at least its priority), pods are reprieved one by one, most important
+  first (higher priority, then older), those whose eviction would violate a PodDisruptionBudget first; a pod
+  stays a victim only if the preemptor no longer fits with it back.
+- PodDisruptionBudget violations (``filterPodsWithPDBViolation``): per node, each matching budget's
+  ``status.disruptionsAllowed`` is counted down by the pods that match it; a pod that takes one below zero
+  violates it. A budget with an empty selector matches nothing here, as in kube-scheduler.
+- The node (``pickOneNodeForPreemption``): fewest PDB violations, then the lowest highest-victim priority, the
+  smallest sum of priorities (each shifted by 2^31, so that fewer victims count less), the fewest victims, the
+  latest start of the highest-priority victims (the ledger's stand-in for status.startTime is
+  metadata.creationTimestamp), then the first.
+
+The I/O part (`Preemptor`): reads PodDisruptionBudgets (one list, kept a few seconds, only when a pod
+preempts: the worker watches nothing), the nominations in the ledger, holds room on the chosen node for the
+preemptor (``Ledger.nominate``: no other worker's reservation and no foreign binding of lower priority may take
+it), sets ``status.nominatedNodeName``, evicts the victims through the Eviction API (which refuses one a budget
+protects: the pod then waits) with a ``Preempted`` event on each, and words the preemptor's FailedScheduling
+message. While its victims are leaving, a pod does not preempt again; once they are gone and it still fits
+nowhere (its room was taken by a pod of higher priority), it looks again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import aiohttp
+import numpy as np
+
+from resolver.errors import LedgerNotReadyError, LedgerUnavailable, PodSpecError, ResolverError
+from resolver.events import pod_event
+from resolver.kube import Json, KubeError
+from resolver.ledger import Ledger, Nomination
+from resolver.resources import ResourceVector
+from resolver.rest import KubeREST, segment
+from workers.framework import Profile, evaluate
+from workers.nodes import NodeTable, PlacedPod
+from workers.pod import PodView
+from workers.podterms import LabelSelector, label_selector
+
+log = logging.getLogger(__name__)
+
+NEVER = "Never"
+PRIORITY_SHIFT = 2**31
+"""kube-scheduler sums victim priorities shifted by MaxInt32 + 1, so every victim adds a positive amount."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A PodDisruptionBudget as preemption reads it."""
+
+    namespace: str
+    name: str
+    selector: LabelSelector | None
+    """None: the budget matches no pod (an empty or missing selector, as kube-scheduler's preemption reads it)."""
+    disruptions_allowed: int
+    disrupted: frozenset[str] = frozenset()
+    """status.disruptedPods: pods whose eviction the apiserver already counted."""
+
+    def matches(self, pod: PlacedPod) -> bool:
+        return (self.selector is not None and bool(pod.labels) and pod.namespace == self.namespace
+                and self.selector.matches(pod.labels))
+
+
+def parse_budget(raw: Mapping[str, object]) -> Budget:
+    """A PodDisruptionBudget (policy/v1 JSON); raises `PodSpecError` naming a bad field."""
+    metadata = raw.get("metadata") if isinstance(raw.get("metadata"), dict) else {}
+    spec = raw.get("spec") if isinstance(raw.get("spec"), dict) else {}
+    status = raw.get("status") if isinstance(raw.get("status"), dict) else {}
+    assert isinstance(metadata, dict) and isinstance(spec, dict) and isinstance(status, dict)
+    namespace, name = str(metadata.get("namespace") or "default"), str(metadata.get("name") or "")
+    selector_raw = spec.get("selector")
+    selector = None
+    if isinstance(selector_raw, dict) and (selector_raw.get("matchLabels") or selector_raw.get("matchExpressions")):
+        selector = label_selector(selector_raw, field=f"poddisruptionbudget {namespace}/{name} spec.selector")
+    allowed = status.get("disruptionsAllowed", 0)
+    if isinstance(allowed, bool) or not isinstance(allowed, int):
+        raise PodSpecError(field=f"poddisruptionbudget {namespace}/{name} status.disruptionsAllowed",
+                           reason=f"expected an integer, got {allowed!r}")
+    disrupted = status.get("disruptedPods")
+    return Budget(namespace=namespace, name=name, selector=selector, disruptions_allowed=allowed,
+                  disrupted=frozenset(disrupted) if isinstance(disrupted, dict) else frozenset())
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A node where evicting `victims` (most important first) lets the pod fit."""
+
+    node: str
+    victims: tuple[PlacedPod, ...]
+    violations: int
+    """How many victims' evictions violate a PodDisruptionBudget."""
+
+
+def _importance(pod: PlacedPod) -> tuple[int, str, str]:
+    """Sort key, most important first: higher priority, then the older (an empty timestamp is 'now'), then by uid
+    (kube-scheduler keeps its node's pod order there; a fixed order keeps the choice reproducible)."""
+    return -pod.priority, pod.created or "~", pod.uid
+
+
+def _fits(request: Mapping[str, int], free: Mapping[str, int]) -> bool:
+    return all(amount <= free.get(resource, 0) for resource, amount in request.items() if amount > 0)
+
+
+def _held(holds: Iterable[Nomination], node: str, uid: str, priority: int) -> ResourceVector:
+    """Room held on node for nominated pods other than uid of at least `priority` (they count as running)."""
+    held: ResourceVector = {}
+    for hold in holds:
+        if hold.node == node and hold.uid != uid and hold.priority >= priority:
+            for resource, amount in hold.request.items():
+                held[resource] = held.get(resource, 0) + amount
+    return held
+
+
+def split_by_budgets(pods: Sequence[PlacedPod], budgets: Sequence[Budget]) -> tuple[list[PlacedPod], list[PlacedPod]]:
+    """(violating, not violating), each in the given order: kube-scheduler's filterPodsWithPDBViolation."""
+    allowed = [budget.disruptions_allowed for budget in budgets]
+    violating: list[PlacedPod] = []
+    fine: list[PlacedPod] = []
+    for pod in pods:
+        violated = False
+        for index, budget in enumerate(budgets):
+            if not budget.matches(pod) or pod.name in budget.disrupted:
+                continue
+            allowed[index] -= 1
+            if allowed[index] < 0:
+                violated = True
+        (violating if violated else fine).append(pod)
+    return violating, fine
+
+
+def select_victims(pod: PodView, node: str, table: NodeTable, budgets: Sequence[Budget],
+                   holds: Iterable[Nomination] = ()) -> Candidate | None:
+    """The fewest victims on `node` that make room for `pod` (kube-scheduler's SelectVictimsOnNode, resources
+    only: the caller checked the other filters); None when even evicting every lower-priority pod is not enough."""
+    lower = sorted((p for uid in table.pods_on.get(node, ()) if (p := table.pods[uid]).priority < pod.priority),
+                   key=_importance)
+    if not lower:
+        return None
+    alloc = dict(zip(table.resources, table.alloc[table.row(node)].tolist(), strict=True))
+    used = table.used_of(node)
+    held = _held(holds, node, pod.uid, pod.priority)
+    free = {r: alloc.get(r, 0) - used.get(r, 0) - held.get(r, 0) for r in set(alloc) | set(used) | set(held)}
+    for victim in lower:
+        for resource, amount in victim.request.items():
+            free[resource] = free.get(resource, 0) + amount
+    if not _fits(pod.request, free):
+        return None
+    victims: list[PlacedPod] = []
+
+    def reprieve(victim: PlacedPod) -> bool:
+        back = {r: free.get(r, 0) - victim.request.get(r, 0) for r in set(free) | set(victim.request)}
+        if _fits(pod.request, back):
+            free.clear()
+            free.update(back)
+            return True
+        victims.append(victim)
+        return False
+
+    violating, fine = split_by_budgets(lower, budgets)
+    violations = sum(1 for victim in violating if not reprieve(victim))
+    for victim in fine:
+        reprieve(victim)
+    if not victims:
+        return None  # it fits without evicting anyone: not a preemption (the room is the worker's to take)
+    return Candidate(node=node, victims=tuple(sorted(victims, key=_importance)), violations=violations)
+
+
+def _earliest_start(victims: Sequence[PlacedPod]) -> str:
+    """The earliest start among the highest-priority victims (an empty timestamp counts as now)."""
+    top = max(v.priority for v in victims)
+    return min((v.created or "~") for v in victims if v.priority == top)
+
+
+def pick(candidates: Sequence[Candidate]) -> Candidate | None:
+    """kube-scheduler's pickOneNodeForPreemption over `candidates` (in node order for the final tie)."""
+    left = list(candidates)
+    if not left:
+        return None
+    criteria: list[Callable[[Candidate], object]] = [
+        lambda c: c.violations,
+        lambda c: max(v.priority for v in c.victims),
+        lambda c: sum(v.priority + PRIORITY_SHIFT for v in c.victims),
+        lambda c: len(c.victims),
+    ]
+    for key in criteria:
+        best = min(key(c) for c in left)  # type: ignore[type-var]
+        left = [c for c in left if key(c) == best]
+        if len(left) == 1:
+            return left[0]
+    latest = max(_earliest_start(c.victims) for c in left)
+    return next(c for c in left if _earliest_start(c.victims) == latest)
+
+
+def candidates(profile: Profile, pod: PodView, table: NodeTable, budgets: Sequence[Budget],
+               holds: Iterable[Nomination] = ()) -> list[Candidate]:
+    """Every node where preemption can make room for `pod`, with its victims (see the module docstring)."""
+    lower: dict[str, ResourceVector] = {}
+    for placed in table.pods.values():
+        if placed.priority < pod.priority and placed.node in table and placed.request:
+            freed = lower.setdefault(placed.node, {})
+            for resource, amount in placed.request.items():
+                freed[resource] = freed.get(resource, 0) + amount
+    if not lower:
+        return []
+    saved = {node: table.used_of(node) for node in lower}
+    try:
+        # What if every lower-priority pod were gone: which nodes would pass every filter? Synchronous, so no other
+        # task of the worker sees the table in this state.
+        for node, freed in lower.items():
+            table.sub_used(node, freed)
+        feasible = evaluate(profile, pod, table).feasible
+        names = [table.names[row] for row in np.flatnonzero(feasible)]
+    finally:
+        for node, used in saved.items():
+            table.set_used(node, used)
+    holds = list(holds)
+    found = []
+    for node in names:
+        if node in lower:
+            candidate = select_victims(pod, node, table, budgets, holds)
+            if candidate is not None:
+                found.append(candidate)
+    return found
+
+
+def preemption_policy(raw: Mapping[str, object]) -> str:
+    spec = raw.get("spec")
+    policy = spec.get("preemptionPolicy") if isinstance(spec, dict) else None
+    return policy if isinstance(policy, str) and policy else "PreemptLowerPriority"
+
+
+def eligible(pod: PodView) -> bool:
+    """Whether the worker should look at preemption at all for this unschedulable pod (cheap, no I/O)."""
+    return pod.priority > 0
+
+
+@dataclass
+class _InProgress:
+    node: str
+    victims: frozenset[str]
+    until: float
+
+
+class Preemptor:
+    """Runs preemption for a worker: budgets, nominations, evictions, events (see the module docstring)."""
+
+    def __init__(self, rest: KubeREST, ledger: Ledger, *, record: Callable[[Json], None], component: str,
+                 hold_seconds: float, budgets_ttl_seconds: float = 5.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.rest = rest
+        self.ledger = ledger
+        self.record = record
+        self.component = component
+        self.hold_seconds = hold_seconds
+        self.budgets_ttl_seconds = budgets_ttl_seconds
+        self.clock = clock
+        self._budgets: list[Budget] = []
+        self._budgets_at = -1e18
+        self.in_progress: dict[str, _InProgress] = {}
+        self.preempted = 0
+        """Pods this worker evicted."""
+
+    async def budgets(self) -> list[Budget]:
+        """Every PodDisruptionBudget, listed at most once per `budgets_ttl_seconds`."""
+        if self.clock() - self._budgets_at < self.budgets_ttl_seconds:
+            return self._budgets
+        body = await self.rest.request("GET", "/apis/policy/v1/poddisruptionbudgets")
+        parsed = []
+        for item in body.get("items") or []:
+            try:
+                parsed.append(parse_budget(item))
+            except ResolverError as error:
+                log.warning("ignoring a PodDisruptionBudget: %s", error)
+        self._budgets, self._budgets_at = parsed, self.clock()
+        return parsed
+
+    def forget(self, uid: str) -> None:
+        """The pod was placed or is gone: its preemption is over (the ledger ended its nomination)."""
+        self.in_progress.pop(uid, None)
+
+    async def attempt(self, profile: Profile, pod: PodView, raw: Mapping[str, object], table: NodeTable,
+                      message: str) -> str:
+        """Preempt for `pod`, which fits nowhere (`message` says why); returns its FailedScheduling message."""
+        if preemption_policy(raw) == NEVER:
+            return f"{message} preemption: not eligible due to preemptionPolicy=Never."
+        waiting = self.in_progress.get(pod.uid)
+        if waiting is not None and self.clock() < waiting.until:
+            left = sorted(uid for uid in waiting.victims if table.pods.get(uid, None) is not None
+                          and table.pods[uid].node == waiting.node)
+            if left:
+                return (f"{message} preemption: in progress on node {waiting.node}: waiting for {len(left)} "
+                        f"evicted pod(s) to leave; the room is held for this pod.")
+        try:
+            return await self._preempt(profile, pod, table, message)
+        except (LedgerUnavailable, LedgerNotReadyError, KubeError, aiohttp.ClientError, OSError,
+                TimeoutError) as error:
+            log.warning("preemption for %s failed: %s", pod.key, error)
+            return f"{message} preemption: failed: {error}"
+
+    async def _preempt(self, profile: Profile, pod: PodView, table: NodeTable, message: str) -> str:
+        holds = await self.ledger.nominations()
+        budgets = await self.budgets()
+        found = candidates(profile, pod, table, budgets, holds.values())
+        chosen = pick(found)
+        if chosen is None:
+            self.in_progress.pop(pod.uid, None)
+            if pod.uid in holds:
+                await self.ledger.unnominate(pod.uid)
+            return (f"{message} preemption: 0/{len(table)} nodes are available: no preemption victims found "
+                    f"for incoming pod.")
+        outcome = await self.ledger.nominate(uid=pod.uid, node=chosen.node, priority=pod.priority,
+                                             request=pod.request, ttl_seconds=self.hold_seconds)
+        if outcome != "nominated":
+            return f"{message} preemption: not started ({outcome} on {chosen.node})."
+        await self._set_nominated(pod, chosen.node)
+        refused: list[str] = []
+        for victim in chosen.victims:
+            why = await self._evict(victim, pod, chosen.node)
+            if why:
+                refused.append(f"{victim.namespace}/{victim.name or victim.uid}: {why}")
+        if refused:
+            # A budget (or the apiserver) kept a victim: give the room back; the pod tries again after its backoff.
+            await self.ledger.unnominate(pod.uid)
+            self.in_progress.pop(pod.uid, None)
+            return (f"{message} preemption: eviction on node {chosen.node} refused for "
+                    f"{'; '.join(refused)}; the pod waits.")
+        self.in_progress[pod.uid] = _InProgress(node=chosen.node, victims=frozenset(v.uid for v in chosen.victims),
+                                                until=self.clock() + self.hold_seconds)
+        names = ", ".join(f"{v.namespace}/{v.name or v.uid}" for v in chosen.victims)
+        return (f"{message} preemption: in progress on node {chosen.node}: evicted {len(chosen.victims)} "
+                f"lower-priority pod(s) ({names}); the room is held for this pod.")
+
+    async def _set_nominated(self, pod: PodView, node: str) -> None:
+        try:
+            await self.rest.patch_pod_status(pod.namespace, pod.name, {"status": {"nominatedNodeName": node}})
+        except (KubeError, aiohttp.ClientError, OSError, TimeoutError) as error:
+            log.warning("cannot set status.nominatedNodeName of %s: %s", pod.key, error)
+
+    async def _evict(self, victim: PlacedPod, preemptor: PodView, node: str) -> str:
+        """Evict one victim; '' when it is evicted or gone, else why not."""
+        if not victim.name:
+            return "its name is unknown to the ledger (written by an older hoss)"
+        body = {"apiVersion": "policy/v1", "kind": "Eviction",
+                "metadata": {"name": victim.name, "namespace": victim.namespace},
+                "deleteOptions": {"preconditions": {"uid": victim.uid}}}
+        path = f"/api/v1/namespaces/{segment(victim.namespace)}/pods/{segment(victim.name)}/eviction"
+        try:
+            await self.rest.request("POST", path, body=body)
+        except KubeError as error:
+            if error.status in (404, 409):
+                return ""  # gone already, or replaced (uid precondition): nothing of it is left to evict
+            return str(error)
+        self.preempted += 1
+        log.info("preempted %s/%s on %s for %s", victim.namespace, victim.name, node, preemptor.key)
+        self.record(pod_event(namespace=victim.namespace, name=victim.name, uid=victim.uid, reason="Preempted",
+                              message=f"Preempted by {preemptor.key} on node {node}", component=self.component,
+                              warning=False, action="Preempting"))
+        return ""
