@@ -450,7 +450,9 @@ class Worker:
         # The change-stream position these decisions see: the ledger refuses a pod where an inter-pod domain that
         # matters to it changed after it (see 'Inter-pod domains' in resolver/lua/common.lua).
         position = self.feed.position
-        for work in batch:
+        # Higher priority first, as kube-scheduler's queue pops them (stable: arrival order otherwise), so that a
+        # retried preemptor is not beaten to its room by lower-priority pods of the same batch.
+        for work in sorted(batch, key=lambda w: -(w.pod.priority if w.pod is not None else 0)):
             pod = work.pod
             assert pod is not None
             profile = self.profiles.get(work.item.policy) or self.profiles[self.default_profile]
@@ -609,7 +611,10 @@ class Worker:
         placement = place_gang(profile, views, self.nodes, rng=self.rng, min_available=need,
                                topology_key=profile.topology_key, gang=item.gang)
         if isinstance(placement, Unschedulable):
-            self._unschedulable(work, placement.message)
+            message = placement.message
+            if any(view.priority > 0 for view in views):
+                message += " preemption: not attempted: hoss does not preempt for gangs yet."
+            self._unschedulable(work, message)
             return
         chosen = [v for v in views if v.uid in placement.assignments]
         raws = {view.uid: raw for view, raw in work.members}

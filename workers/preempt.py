@@ -311,6 +311,9 @@ class Preemptor:
             return f"{message} preemption: failed: {error}"
 
     async def _preempt(self, profile: Profile, pod: PodView, table: NodeTable, message: str) -> str:
+        if evaluate(profile, pod, table).feasible.any():
+            # Room appeared since the decision (pods of the same batch that took it were refused): no eviction.
+            return f"{message} preemption: not needed: a node has room now; retrying."
         holds = await self.ledger.nominations()
         budgets = await self.budgets()
         found = candidates(profile, pod, table, budgets, holds.values())
