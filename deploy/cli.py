@@ -134,7 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "~/.local/state/hoss/local)")
         return sub
 
-    local = commands.add_parser("local", help="a real local control plane (etcd, kube-apiserver, kwok, redis)")
+    local = commands.add_parser(
+        "local", help="a real local control plane (etcd, kube-apiserver, kube-controller-manager, kwok, redis)")
     local_commands = local.add_subparsers(dest="local_command", required=True)
     up = with_dir(local_commands.add_parser("up", help="start the plane (idempotent) and print shell exports"))
     up.add_argument("--apiserver-port", type=int, help="fixed kube-apiserver port (default: a free one)")
