@@ -22,11 +22,12 @@ The pure part (no I/O), kube-scheduler's rules over the worker's node table and 
 
 The I/O part (`Preemptor`): reads PodDisruptionBudgets (one list, kept a few seconds, only when a pod
 preempts: the worker watches nothing), the nominations in the ledger, holds room on the chosen node for the
-preemptor (``Ledger.nominate``: no other worker's reservation and no foreign binding of lower priority may take
-it), sets ``status.nominatedNodeName``, evicts the victims through the Eviction API (which refuses one a budget
-protects: the pod then waits) with a ``Preempted`` event on each, and words the preemptor's FailedScheduling
-message. While its victims are leaving, a pod does not preempt again; once they are gone and it still fits
-nowhere (its room was taken by a pod of higher priority), it looks again.
+preemptor (``Ledger.nominate``: no other worker's reservation and no foreign binding of lower or equal priority
+may take it), evicts the victims through the Eviction API (which refuses one a budget protects: the hold is
+dropped and the pod waits for its backoff) with a ``Preempted`` event on each, then sets
+``status.nominatedNodeName``, and words the preemptor's FailedScheduling message. While its victims are leaving,
+a pod does not preempt again; once they are gone and it still fits nowhere (its room was taken by a pod of higher
+priority), it looks again.
 """
 
 from __future__ import annotations
@@ -328,7 +329,6 @@ class Preemptor:
                                              request=pod.request, ttl_seconds=self.hold_seconds)
         if outcome != "nominated":
             return f"{message} preemption: not started ({outcome} on {chosen.node})."
-        await self._set_nominated(pod, chosen.node)
         refused: list[str] = []
         for victim in chosen.victims:
             why = await self._evict(victim, pod, chosen.node)
@@ -340,6 +340,8 @@ class Preemptor:
             self.in_progress.pop(pod.uid, None)
             return (f"{message} preemption: eviction on node {chosen.node} refused for "
                     f"{'; '.join(refused)}; the pod waits.")
+        # Like kube-scheduler, the nomination shows once the victims are on their way out.
+        await self._set_nominated(pod, chosen.node)
         self.in_progress[pod.uid] = _InProgress(node=chosen.node, victims=frozenset(v.uid for v in chosen.victims),
                                                 until=self.clock() + self.hold_seconds)
         names = ", ".join(f"{v.namespace}/{v.name or v.uid}" for v in chosen.victims)

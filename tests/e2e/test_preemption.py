@@ -267,3 +267,33 @@ async def test_a_pod_whose_preemption_policy_is_never_waits_and_evicts_nothing(
     assert {a: {p["metadata"]["uid"] for p in ps} for a, ps in after.items() if a != "patient"} == \
         {a: {p["metadata"]["uid"] for p in ps} for a, ps in before.items()}
     await assert_nothing_oversold_and_nothing_schedulable_pending(cluster, namespace)
+
+
+async def test_when_every_choice_would_break_a_budget_the_eviction_is_refused_and_the_preemptor_waits(
+    plane: LocalPlane, cluster: Cluster, namespace: str, layout: dict[str, str]
+) -> None:
+    budgets = [{"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": app},
+                "spec": {"minAvailable": count, "selector": {"matchLabels": {"app": app}}}}
+               for app, count in (("low-a", 4), ("mid-b", 4), ("low-c", 2))]
+    apply(plane, namespace, "budgets", budgets)
+
+    async def counted() -> tuple[bool, str]:
+        listed = json.loads(plane.kubectl("get", "pdb", "-n", namespace, "-o", "json"))["items"]
+        statuses = {item["metadata"]["name"]: item.get("status") or {} for item in listed}
+        done = len(statuses) == 3 and all(s.get("currentHealthy") == s.get("desiredHealthy")
+                                          and s.get("disruptionsAllowed") == 0 for s in statuses.values())
+        return done, str(statuses)
+
+    await wait_until(counted, timeout=60, what="the disruption controller to count the three budgets")
+    before = await pods_by_app(cluster, namespace)
+    await cluster.create_pods([pod("urgent", cpu="2", priority_class=f"{namespace}-high")], namespace=namespace)
+    # Fewest violations: c (one victim, one violation); the Eviction API refuses it (429), so nothing is evicted.
+    await event_for(cluster, namespace, "urgent", "FailedScheduling",
+                    f"preemption: eviction on node {layout['c']} refused")
+    urgent = await cluster.core.read_namespaced_pod("urgent", namespace)
+    assert not urgent.spec.node_name and not urgent.status.nominated_node_name
+    assert await reasons(cluster, namespace, "Preempted") == []
+    after = await pods_by_app(cluster, namespace)
+    assert {a: {p["metadata"]["uid"] for p in ps} for a, ps in after.items() if a != "urgent"} == \
+        {a: {p["metadata"]["uid"] for p in ps} for a, ps in before.items()}
+    await assert_nothing_oversold_and_nothing_schedulable_pending(cluster, namespace)
