@@ -261,12 +261,14 @@ class WorkQueue:
         self._mark_gone = redis.register_script(_MARK_GONE)
         self._resend_changed = redis.register_script(_RESEND_CHANGED)
         self._ack = redis.register_script(_ACK)
+        self.registered_workers = 1
+        """Workers registered at the last heartbeat this process sent (workers share the binding budget by it)."""
 
     # --- worker side -------------------------------------------------------------------------------------
 
     async def heartbeat(self, info: WorkerInfo, *, ttl_seconds: float) -> bool:
         """Beat; True when the previous beat was still there (False: it expired, or the dispatcher reclaimed this
-        worker, or Redis lost it: the worker may have been declared dead)."""
+        worker, or Redis lost it: the worker may have been declared dead). Notes ``registered_workers``."""
         info.heartbeat_unix = time.time()
         async with self._guard():
             pipe = self.redis.pipeline(transaction=True)
@@ -275,7 +277,9 @@ class WorkQueue:
             pipe.hset(worker_key(info.id), mapping=fields)
             pipe.pexpire(worker_key(info.id), int(ttl_seconds * 1000))
             pipe.sadd(WORKERS, info.id)
+            pipe.scard(WORKERS)
             replies = await pipe.execute()
+        self.registered_workers = int(replies[4])
         return bool(replies[0])
 
     async def has_group(self, worker_id: str) -> bool:

@@ -63,6 +63,8 @@ from resolver.ledger import GangMember as GangPlacementMember
 from resolver.rest import KubeREST
 from resolver.settings import SettingsError
 from resolver.supervise import Supervisor
+from workers import bindlimit
+from workers.bindlimit import BindLimit
 from workers.extender import decide_with_extenders
 from workers.feed import NodeFeed
 from workers.framework import Evaluation, Placement, Profile, Unschedulable, choose, evaluate
@@ -148,7 +150,7 @@ class Worker:
         self.backoff: dict[str, float] = {}
         self.conflict_rounds: dict[str, int] = {}
         self.last_message: dict[str, str] = {}
-        self.binds = asyncio.Semaphore(settings.max_binds_in_flight)
+        self.binds = BindLimit(bindlimit.share(settings.binds_in_flight_budget, 1, settings.max_binds_in_flight))
         self.in_flight = 0
         self.started = time.time()
         self.stopping = asyncio.Event()
@@ -187,7 +189,7 @@ class Worker:
             policies=list(self.settings.policies),
             queue_depth=len(self.ready) + len(self.retries),
             in_flight=self.in_flight,
-            capacity=self.settings.max_binds_in_flight,
+            capacity=self.binds.limit,
             started_unix=self.started,
             counters=dict(self.counters),
             progress=self.progress,
@@ -743,6 +745,8 @@ class Worker:
             try:
                 if not await self.queue.heartbeat(self.info(), ttl_seconds=self.settings.heartbeat_ttl_seconds):
                     self._suspect = True
+                self.binds.resize(bindlimit.share(self.settings.binds_in_flight_budget,
+                                                  self.queue.registered_workers, self.settings.max_binds_in_flight))
                 self._last_beat = time.monotonic()
             except LedgerUnavailable as error:
                 if not outage:

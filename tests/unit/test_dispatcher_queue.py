@@ -79,6 +79,7 @@ async def test_reclaim_returns_delivered_unacked_and_undelivered_items_and_delet
 async def test_a_worker_that_stops_beating_is_dead(queue: WorkQueue) -> None:
     await queue.heartbeat(WorkerInfo(id="quiet", policies=["default"]), ttl_seconds=0.3)
     await queue.heartbeat(WorkerInfo(id="steady", policies=["default"]), ttl_seconds=30)
+    assert queue.registered_workers == 2, "each beat learns how many workers share the binding budget"
     live, dead = await queue.workers()
     assert sorted(w.id for w in live) == ["quiet", "steady"]
     assert dead == set()

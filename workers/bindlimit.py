@@ -1,0 +1,74 @@
+"""How many bindings a worker posts at once: a share of one budget for all workers, resized as workers come and go.
+
+Every binding the apiserver accepts is judged by the resolver's webhook, and the apiserver reaches the webhook over
+HTTP/1.1 with at most 25 idle keep-alive connections per webhook host (client-go's transport). When more bindings
+are in flight than that, the apiserver opens a new TLS connection for each extra one and closes it afterwards: a
+full handshake on both sides for every such pod. Measured on the local plane with 2 workers and 1,500 pods: 64
+bindings in flight per worker made the apiserver open 610 connections (0.41 per pod) and the resolver spend 1.70 ms
+of CPU per pod; 16 per worker made 2 connections and 1.26 ms per pod.
+
+So the workers share one budget (``binds_in_flight_budget``, 24 by default): each takes budget ÷ registered
+workers, at least ``MIN_SHARE`` and at most ``max_binds_in_flight``. The number of registered workers comes with
+each heartbeat, so the share follows scale-up and scale-down within a beat.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+from types import TracebackType
+
+MIN_SHARE = 2
+
+
+def share(budget: int, workers: int, cap: int) -> int:
+    """One worker's limit: ``budget`` split over ``workers`` (0 budget: no sharing, ``cap`` alone)."""
+    if budget <= 0:
+        return cap
+    return max(MIN_SHARE, min(cap, budget // max(1, workers)))
+
+
+class BindLimit:
+    """An async context manager like a semaphore whose limit may change while callers wait (first come, first
+    served; a lowered limit lets the bindings in flight finish and admits no new one until below it)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.active = 0
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    def resize(self, limit: int) -> None:
+        self.limit = limit
+        self._wake()
+
+    def _wake(self) -> None:
+        while self._waiters and self.active < self.limit:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                self.active += 1  # the slot is handed over with the wake-up
+
+    async def __aenter__(self) -> None:
+        if self.active < self.limit and not self._waiters:
+            self.active += 1
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self._release()  # handed a slot, then cancelled before using it: give it back
+            else:
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
+            raise
+
+    async def __aexit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                        traceback: TracebackType | None) -> None:
+        self._release()
+
+    def _release(self) -> None:
+        self.active -= 1
+        self._wake()
