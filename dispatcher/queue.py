@@ -38,6 +38,7 @@ from redis.exceptions import (
 )
 
 from resolver.errors import LedgerUnavailable, ResolverError
+from resolver.ledger import NOMINATED_KEY
 
 PREFIX = "{hoss}"
 GROUP = "hoss"
@@ -48,8 +49,9 @@ BOUND_PREFIX = "bound:"
 """A dispatched entry ``bound:<worker>``: that worker bound the pod; the dispatcher waits for its watch to agree."""
 GONE = "gone"
 
-# Marks dispatched pods that left the pending set; a pod its worker already acknowledged needs no mark.
-# KEYS: dispatched, podver. ARGV: uids. Reply: how many were marked.
+# Marks dispatched pods that left the pending set; a pod its worker already acknowledged needs no mark. Room held
+# for such a pod as a preemptor is given up at once (the ledger drops its node's set entry when it next reads it).
+# KEYS: dispatched, podver, nominated. ARGV: uids. Reply: how many were marked.
 _MARK_GONE = """
 local marked = 0
 for _, uid in ipairs(ARGV) do
@@ -58,6 +60,7 @@ for _, uid in ipairs(ARGV) do
     if string.sub(owner, 1, 6) ~= 'bound:' then
       redis.call('HSET', KEYS[2], uid, 'gone')
     end
+    redis.call('HDEL', KEYS[3], uid)
     redis.call('HDEL', KEYS[1], uid)
     marked = marked + 1
   end
@@ -379,7 +382,7 @@ class WorkQueue:
         if not uids:
             return 0
         async with self._guard():
-            return int(await self._mark_gone(keys=[DISPATCHED, PODVER], args=list(uids)))
+            return int(await self._mark_gone(keys=[DISPATCHED, PODVER, NOMINATED_KEY], args=list(uids)))
 
     async def resend_changed(self, worker_id: str, item: WorkItem) -> bool:
         """Queue the new version of a changed pod behind the old one on the worker that holds it; False when

@@ -67,6 +67,9 @@ logger = logging.getLogger(__name__)
 KEY_PREFIX: Final = "{hoss}"
 READY_KEY: Final = f"{KEY_PREFIX}:ready"
 EPOCH_KEY: Final = f"{KEY_PREFIX}:epoch"
+NOMINATED_KEY: Final = f"{KEY_PREFIX}:nominated"
+"""Room held for preempting pods (see 'Nominations' in resolver/lua/common.lua); the dispatcher ends the
+nomination of a pod that left the pending set."""
 
 EntryState = Literal["assumed", "bound"]
 

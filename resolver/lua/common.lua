@@ -521,7 +521,8 @@ end
 -- nominated pods as if they ran when it filters P, and ignores those of lower priority (P may take their room,
 -- and they preempt again). A nomination never changes `used` and never touches an entry: it only narrows what a
 -- new entry may take, so it cannot free or double-count room a bound pod uses. It ends when its pod reserves
--- (anywhere), when the dispatcher marked the pod gone, when a worker drops it, or at its deadline.
+-- (anywhere), when the dispatcher sees the pod leave the pending set (dispatcher/queue.py, mark gone), when a
+-- worker drops it, or at its deadline.
 local NOMINATED = PREFIX .. ':nominated'
 local any_nominated = nil
 

@@ -9,6 +9,7 @@ import fakeredis
 import pytest
 
 from dispatcher.queue import DISPATCHED, GangMember, WorkerInfo, WorkItem, WorkQueue, queue_key, worker_key
+from resolver.ledger import Ledger
 
 
 @pytest.fixture
@@ -108,3 +109,14 @@ async def test_forget_drops_uids_from_the_dispatched_map(queue: WorkQueue) -> No
     await queue.forget(["uid-1"])
     await queue.forget([])
     assert await queue.redis.hgetall(DISPATCHED) == {"uid-2": "a"}
+
+
+async def test_a_pod_that_leaves_the_pending_set_gives_up_the_room_held_for_it(queue: WorkQueue) -> None:
+    ledger = Ledger(queue.redis)
+    await ledger.rebuild(nodes=[("n1", {"cpu": 4000, "pods": 110}, {}, "")], bound=[])
+    await queue.ensure_group("a")
+    await queue.enqueue("a", item(1))
+    await ledger.nominate(uid="uid-1", node="n1", priority=100, request={"cpu": 4000, "pods": 1}, ttl_seconds=60)
+    await ledger.nominate(uid="uid-9", node="n1", priority=100, request={"cpu": 1, "pods": 1}, ttl_seconds=60)
+    assert await queue.mark_gone(["uid-1"]) == 1
+    assert set(await ledger.nominations()) == {"uid-9"}
