@@ -52,6 +52,53 @@ def _check_throughput_row(system: str, row: dict[str, Any]) -> None:
     assert math.isclose(cpu["hoss-side"], cpu["dispatcher"] + cpu["workers"] + cpu["redis-server"], abs_tol=0.01)
 
 
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def check_contention(contention: dict[str, Any]) -> None:
+    """Demand above capacity (else nothing could be oversold); hoss with the resolver oversells nothing and so
+    places no more than fits; unguarded kube-schedulers place something (their oversold nodes are reported)."""
+    assert contention["demand_cpu"] > contention["capacity_cpu"] > 0, contention
+    for system in ("2x kube-scheduler", "hoss 4w + kube-scheduler, resolver"):
+        row = contention[system]
+        assert 0 < row["placed"] <= row["pods"], system
+        assert _count(row["oversold_nodes"]), system
+    hoss = contention["hoss 4w + kube-scheduler, resolver"]
+    assert hoss["oversold_nodes"] == 0
+    per_pod = contention["demand_cpu"] / hoss["pods"]
+    assert hoss["placed"] * per_pod <= contention["capacity_cpu"], hoss
+
+
+PACKING = ("kube-scheduler MostAllocated", "hoss (gpu policy)", "hoss (binpack policy)")
+
+
+def check_gpu_mix(gpu: dict[str, Any]) -> None:
+    """Every figure a count that adds up; every packing system leaves at least the whole nodes and at most the
+    stranded GPUs of kube-scheduler's default (spreading) profile, and hoss's gpu policy does no worse than
+    kube-scheduler configured for bin-packing (MostAllocated) or hoss's own binpack policy."""
+    systems = {k for k, v in gpu.items() if isinstance(v, dict)}
+    assert systems == {"kube-scheduler", *PACKING}
+    assert gpu["gpu_nodes"] > 0 and gpu["gpus_requested"] > 0
+    for system in systems:
+        row = gpu[system]
+        assert all(_count(row[k]) for k in ("pods", "placed", "fully_free_gpu_nodes", "partly_used_gpu_nodes",
+                                            "stranded_gpus", "oversold_nodes")), (system, row)
+        assert 0 < row["placed"] <= row["pods"], system
+        assert row["oversold_nodes"] == 0, system
+        assert row["fully_free_gpu_nodes"] + row["partly_used_gpu_nodes"] <= gpu["gpu_nodes"], system
+        assert row["stranded_gpus"] <= 8 * row["partly_used_gpu_nodes"], system
+    spread = gpu["kube-scheduler"]
+    for system in PACKING:
+        assert gpu[system]["placed"] == gpu[system]["pods"], system
+        assert gpu[system]["fully_free_gpu_nodes"] >= spread["fully_free_gpu_nodes"], system
+        assert gpu[system]["stranded_gpus"] <= spread["stranded_gpus"], system
+    ours = gpu["hoss (gpu policy)"]
+    for rival in ("kube-scheduler MostAllocated", "hoss (binpack policy)"):
+        assert ours["fully_free_gpu_nodes"] >= gpu[rival]["fully_free_gpu_nodes"], (rival, gpu)
+        assert ours["stranded_gpus"] <= gpu[rival]["stranded_gpus"], (rival, gpu)
+
+
 @pytest.mark.timeout(900)
 def test_quick_bench_reports_every_scenario_and_figure(tmp_path: Path) -> None:
     result = subprocess.run(
@@ -83,11 +130,7 @@ def test_quick_bench_reports_every_scenario_and_figure(tmp_path: Path) -> None:
     assert throughput["apiserver-ceiling"]["cpu_per_1000_pods"]["resolver"] == 0
     assert throughput["apiserver-ceiling+webhook"]["cpu_per_1000_pods"]["resolver"] > 0
 
-    contention = figures["scenarios"]["contention"]
-    for system in ("2x kube-scheduler", "hoss 4w + kube-scheduler, resolver"):
-        assert contention[system]["placed"] > 0, system
-        assert contention[system]["oversold_nodes"] >= 0, system
-    assert contention["hoss 4w + kube-scheduler, resolver"]["oversold_nodes"] == 0
+    check_contention(figures["scenarios"]["contention"])
 
     core = figures["scenarios"]["core_scale"]
     assert set(core) == {"1000", "5000"}
@@ -102,13 +145,7 @@ def test_quick_bench_reports_every_scenario_and_figure(tmp_path: Path) -> None:
         else:
             assert kube_core["reason"].startswith("not measured: "), nodes
 
-    gpu = figures["scenarios"]["gpu_mix"]
-    systems = {k for k, v in gpu.items() if isinstance(v, dict)}
-    assert systems == {"kube-scheduler", "kube-scheduler MostAllocated", "hoss (gpu policy)", "hoss (binpack policy)"}
-    for system in systems:
-        assert gpu[system]["placed"] > 0, system
-        assert gpu[system]["oversold_nodes"] == 0, system
-        assert gpu[system]["fully_free_gpu_nodes"] + gpu[system]["partly_used_gpu_nodes"] <= gpu["gpu_nodes"]
+    check_gpu_mix(figures["scenarios"]["gpu_mix"])
 
     targets = figures["targets"]
     assert len(targets) == TARGETS

@@ -16,7 +16,7 @@ import yaml
 from aiohttp import web
 from kubernetes_asyncio import client
 
-from deploy.local.cluster import Cluster, Json, wait_until
+from deploy.local.cluster import Cluster, Json, oversold_nodes, wait_until
 from deploy.local.plane import POLICIES_FILE, LocalPlane, Process
 from tests.e2e.hoss import hoss_pods, wait_all_bound, workers
 from tests.unit.test_entry_point_plugins import install_dist_info
@@ -101,7 +101,17 @@ async def test_min_available_below_the_group_size_binds_at_least_that_many_at_on
             return count >= 5, f"{count} bound"
 
         await wait_until(enough, timeout=60, what="at least min-available members to be bound")
-        assert len(await bound_pods(cluster, namespace)) == 6  # everything that fits, all in one reservation
+        await wait_all_bound(cluster, namespace, 6)  # everything that fits, all in one reservation
+        bound = await bound_pods(cluster, namespace)
+        remaining = sorted({f"elastic-{i:04d}" for i in range(8)} - {p["metadata"]["name"] for p in bound})
+        assert len(remaining) == 2
+        # The two that did not fit stay unbound (no room: the three nodes are full), and are placed as soon as
+        # room appears: the gang has started, so they go one by one.
+        assert oversold_nodes(await cluster.raw_list("list_node"), bound) == {}
+        async with node_set(cluster, 1, capacity) as extra:
+            pods = await wait_all_bound(cluster, namespace, 8, timeout=150)
+        late = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in pods if p["metadata"]["name"] in remaining}
+        assert late == dict.fromkeys(remaining, extra[0]), late
         await cluster.delete_pods(namespace)
 
 
@@ -175,14 +185,19 @@ async def place_gpu_stream(plane: LocalPlane, cluster: Cluster, namespace: str, 
         return {"fully_free_gpu_nodes": free_nodes, "stranded_gpus": stranded}
 
 
-async def test_gpu_policy_leaves_more_whole_gpu_nodes_free_than_spread(
+async def test_gpu_policy_leaves_more_whole_gpu_nodes_than_spread_and_no_fewer_than_binpack(
     plane: LocalPlane, dispatcher: Process, cluster: Cluster, namespace: str
 ) -> None:
     packed = await place_gpu_stream(plane, cluster, namespace, "gpu")
     spread = await place_gpu_stream(plane, cluster, namespace, "default")
-    print(f"same 12 GPU pods on 8 8-GPU nodes: gpu policy {packed}, default spread {spread}")
+    binpack = await place_gpu_stream(plane, cluster, namespace, "binpack")
+    print(f"same 12 GPU pods on 8 8-GPU nodes: gpu policy {packed}, binpack (MostAllocated) {binpack}, "
+          f"default spread {spread}")
     assert packed["fully_free_gpu_nodes"] > spread["fully_free_gpu_nodes"]
     assert packed["stranded_gpus"] < spread["stranded_gpus"]
+    # Against generic bin-packing (MostAllocated on cpu, memory and GPUs), GPU packing is at least as good.
+    assert packed["fully_free_gpu_nodes"] >= binpack["fully_free_gpu_nodes"]
+    assert packed["stranded_gpus"] <= binpack["stranded_gpus"]
 
 
 # --- node pools --------------------------------------------------------------------------------------------------
@@ -230,11 +245,16 @@ async def test_entry_point_plugin_installed_for_the_worker_changes_placement(
     extra = [policies_file(tmp_path, {"profiles": [profile]})]
     capacity = {"cpu": "16", "memory": "64Gi", "pods": "110"}
     async with node_set(cluster, 4, capacity) as plain, node_set(cluster, 2, capacity, disktype="ssd") as ssd, \
-            workers(plane, [("plugin-1", ["ssd-first"])], extra_args=extra):
+            workers(plane, [("plugin-1", ["ssd-first", "default"])], extra_args=extra):
         await cluster.create_pods(hoss_pods("ssd", 10, policy="ssd-first"), namespace=namespace)
         pods = await wait_all_bound(cluster, namespace, 10)
-    assert {p["spec"]["nodeName"] for p in pods} <= set(ssd), "the plugin's score must win"
-    assert plain
+        assert {p["spec"]["nodeName"] for p in pods} <= set(ssd), "the plugin's score must win"
+        # The control: the same pods without the plugin (the default profile, LeastAllocated) go to the plain
+        # nodes, which are emptier, so it was the plugin, not a filter, that kept them off those nodes.
+        await cluster.create_pods(hoss_pods("control", 10, policy="default"), namespace=namespace)
+        pods = await wait_all_bound(cluster, namespace, 20)
+    control = {p["spec"]["nodeName"] for p in pods if p["metadata"]["name"].startswith("control-")}
+    assert control and control <= set(plain), control
 
 
 class Extender:

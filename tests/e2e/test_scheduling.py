@@ -5,12 +5,13 @@ from __future__ import annotations
 import itertools
 import os
 import signal
+from collections import Counter
 from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
 
-from deploy.local.cluster import Cluster, oversold_nodes, wait_until
+from deploy.local.cluster import Cluster, Json, oversold_nodes, wait_until
 from deploy.local.plane import LocalPlane, Process
 from dispatcher.queue import WorkQueue
 from resolver.ledger import Ledger
@@ -38,25 +39,49 @@ async def nodes(cluster: Cluster, request: pytest.FixtureRequest) -> AsyncIterat
     await cluster.delete_nodes(names)
 
 
-async def test_three_workers_bind_300_pods_on_30_nodes_without_overselling_and_all_take_part(
+async def test_three_workers_fill_30_nodes_with_300_pods_asking_more_than_fits_and_oversell_none(
     plane: LocalPlane, dispatcher: Process, cluster: Cluster, namespace: str, nodes: list[str]
 ) -> None:
+    # 300 pods of one core on 30 nodes of 8 cores: 240 fit, 60 must wait. Demand above capacity is what makes
+    # overselling possible, so it is what this test must have.
+    capacity = len(nodes) * 8
     layout = [("share-1", ["default"]), ("share-2", ["default"]), ("share-3", ["default"])]
     async with workers(plane, layout):
-        await cluster.create_pods(hoss_pods("share", 300), namespace=namespace)
-        pods = await wait_all_bound(cluster, namespace, 300)
-        assert {p["spec"]["nodeName"] for p in pods} <= set(nodes)
+        await cluster.create_pods(hoss_pods("share", 300, cpu="1"), namespace=namespace)
+        await wait_all_bound(cluster, namespace, capacity)
+
+        async def rest_refused() -> tuple[bool, str]:
+            pods = await cluster.raw_list("list_namespaced_pod", namespace)
+            waiting = [p for p in pods if not p["spec"].get("nodeName")]
+            told = [p for p in waiting if "Insufficient cpu" in scheduled_message(p)]
+            return len(told) == 300 - capacity, f"{len(waiting)} waiting, {len(told)} saying Insufficient cpu"
+
+        await wait_until(rest_refused, timeout=120, what="the pods that do not fit to say why")
+        pods = await cluster.raw_list("list_namespaced_pod", namespace)
+        bound = [p for p in pods if p["spec"].get("nodeName")]
+        assert len(bound) == capacity
+        assert {p["spec"]["nodeName"] for p in bound} <= set(nodes)
         assert oversold_nodes(await cluster.raw_list("list_node"), pods) == {}
+        assert Counter(p["spec"]["nodeName"] for p in bound) == dict.fromkeys(nodes, 8), "every node exactly full"
         bound_by: dict[str, int] = {}
 
         async def counted() -> tuple[bool, str]:
             # Heartbeats carry the counters once a second: wait for the ones sent after the last binding.
             counters = await worker_counters(plane)
             bound_by.update({wid: counters.get(wid, {}).get("bound", 0) for wid, _ in layout})
-            return sum(bound_by.values()) >= 300, str(bound_by)
+            return sum(bound_by.values()) >= capacity, str(bound_by)
 
         await wait_until(counted, timeout=15, what="the workers' heartbeats to count every binding")
+    assert sum(bound_by.values()) == capacity, bound_by
     assert all(n > 0 for n in bound_by.values()), bound_by
+
+
+def scheduled_message(pod: Json) -> str:
+    """The message of the pod's PodScheduled=False condition ('' without one)."""
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+            return str(condition.get("message") or "")
+    return ""
 
 
 async def test_a_worker_killed_mid_run_loses_no_pod_and_its_reservations_are_released(

@@ -145,19 +145,27 @@ def place_gpu_stream(profile: Profile) -> NodeTable:
     return nodes
 
 
-def test_gpu_profile_leaves_more_whole_gpu_nodes_free_than_spread(capsys: pytest.CaptureFixture[str]) -> None:
+def test_gpu_profile_leaves_more_whole_gpu_nodes_than_spread_and_no_fewer_than_binpack(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     profiles, _ = load_profiles(POLICIES)
 
     packed = gpu_fragmentation(place_gpu_stream(profiles["gpu"]))
     spread = gpu_fragmentation(place_gpu_stream(profiles["default"]))
+    binpack = gpu_fragmentation(place_gpu_stream(profiles["binpack"]))
 
     with capsys.disabled():
         print(
             f"\nGPU stream on 16x8 GPUs: fully free nodes gpu={packed['fully_free_nodes']} "
             f"default={spread['fully_free_nodes']}; stranded GPUs gpu={packed['stranded_gpus']} "
-            f"default={spread['stranded_gpus']}"
+            f"default={spread['stranded_gpus']}; binpack: fully free {binpack['fully_free_nodes']}, stranded "
+            f"{binpack['stranded_gpus']}"
         )
     assert packed["fully_free_nodes"] > spread["fully_free_nodes"]
     assert packed["stranded_gpus"] < spread["stranded_gpus"]
     # 80 GPUs need at least 10 nodes, so 6 free is the best possible; packing gets close.
     assert packed["fully_free_nodes"] >= 5
+    # Generic bin-packing (MostAllocated on cpu, memory and GPUs) does as well on a stream of GPU pods alone;
+    # the gpu profile must never do worse.
+    assert packed["fully_free_nodes"] >= binpack["fully_free_nodes"]
+    assert packed["stranded_gpus"] <= binpack["stranded_gpus"]
