@@ -8,7 +8,7 @@ STAMP := $(VENV)/.stamp-install
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 
-.PHONY: test demo deps venv binaries lint unit integration e2e chaos down clean
+.PHONY: test demo deps venv binaries lint unit integration e2e chaos down clean clean-all
 
 # The long chaos scenarios (marker `chaos`) are left out here; `make chaos` runs every scenario.
 test: deps binaries lint
@@ -65,3 +65,10 @@ down: venv
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+
+# Everything the two commands left on the machine: the local plane (stopped) and its state directory, the
+# control-plane binaries hoss built, Go's build and module caches (`go clean -cache -modcache`: shared with any
+# other Go work of this user), then what `make clean` removes.
+clean-all:
+	if [ -x $(BIN)/hoss ]; then $(BIN)/hoss local clean --go-cache; else echo "no $(BIN)/hoss: local plane and caches left as they are"; fi
+	$(MAKE) clean

@@ -13,6 +13,7 @@ from deploy import certs
 from deploy import status as status_view
 from deploy.demo import run_demo
 from deploy.local import binaries
+from deploy.local.clean import clean
 from deploy.local.plane import LocalPlane, PlaneError, default_directory
 
 
@@ -42,6 +43,13 @@ def _local_up(args: argparse.Namespace) -> int:
 def _local_down(args: argparse.Namespace) -> int:
     stopped = _plane(args).down()
     _say(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
+    return 0
+
+
+def _local_clean(args: argparse.Namespace) -> int:
+    removed = clean(_plane(args), go_caches=args.go_cache, progress=_say)
+    if not removed:
+        _say("nothing to remove")
     return 0
 
 
@@ -149,6 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
     with_dir(local_commands.add_parser("status", help="show the plane's processes and health")).set_defaults(
         run=_local_status
     )
+    clean_command = with_dir(local_commands.add_parser(
+        "clean", help="stop the plane; remove its state directory and the control-plane binaries hoss built"))
+    clean_command.add_argument("--go-cache", action="store_true",
+                               help="also run `go clean -cache -modcache` (Go's build and module caches, which the "
+                               "build filled; shared with any other Go work of this user)")
+    clean_command.set_defaults(run=_local_clean)
     build = local_commands.add_parser("build", help="build (or find) the control-plane binaries")
     build.add_argument("--force", action="store_true", help="rebuild even when binaries are present")
     build.set_defaults(run=_local_build)

@@ -1,0 +1,62 @@
+"""`hoss local clean` removes the plane's state, the binaries hoss built and, on request, Go's caches; and
+nothing that is not its own."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from deploy.cli import main
+from deploy.local import binaries
+
+pytestmark = pytest.mark.skipif(shutil.which("go") is None, reason="needs the Go toolchain (go clean)")
+
+
+@pytest.fixture
+def places(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
+    plane = tmp_path / "plane"
+    (plane / "pki").mkdir(parents=True)
+    (plane / "logs").mkdir()
+    (plane / "pki" / "ca.key").write_text("key")
+    bins = tmp_path / "bin"
+    bins.mkdir()
+    for binary in binaries.BINARIES:
+        (bins / binary.name).write_text("#!/bin/sh\n")
+    gocache, modcache = tmp_path / "gocache", tmp_path / "gomod"
+    (modcache / "example.com" / "m@v1").mkdir(parents=True)
+    (modcache / "example.com" / "m@v1" / "go.mod").write_text("module example.com/m\n")
+    gocache.mkdir()
+    monkeypatch.setenv("HOSS_K8S_BIN_DIR", str(bins))
+    monkeypatch.setenv("GOCACHE", str(gocache))
+    monkeypatch.setenv("GOMODCACHE", str(modcache))
+    monkeypatch.setenv("GOFLAGS", "-modcacherw")
+    return {"plane": plane, "bin": bins, "gocache": gocache, "modcache": modcache}
+
+
+def test_clean_removes_state_and_binaries_and_keeps_go_caches_unless_asked(places: dict[str, Path]) -> None:
+    assert main(["local", "clean", "--dir", str(places["plane"])]) == 0
+    assert not places["plane"].exists()
+    assert not places["bin"].exists()
+    assert places["modcache"].exists()
+
+
+def test_clean_with_go_cache_removes_gos_caches_too(places: dict[str, Path]) -> None:
+    assert main(["local", "clean", "--dir", str(places["plane"]), "--go-cache"]) == 0
+    assert not places["plane"].exists() and not places["bin"].exists()
+    assert not places["modcache"].exists()
+
+
+def test_clean_leaves_other_files_in_a_users_binary_directory(places: dict[str, Path]) -> None:
+    (places["bin"] / "my-tool").write_text("mine")
+    assert main(["local", "clean", "--dir", str(places["plane"])]) == 0
+    assert [p.name for p in places["bin"].iterdir()] == ["my-tool"]
+
+
+def test_clean_refuses_a_directory_that_is_not_a_plane(tmp_path: Path, places: dict[str, Path]) -> None:
+    other = tmp_path / "photos"
+    other.mkdir()
+    (other / "cat.jpg").write_text("meow")
+    assert main(["local", "clean", "--dir", str(other)]) == 2
+    assert (other / "cat.jpg").exists()
