@@ -46,8 +46,14 @@ def _local_down(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_plane(args: argparse.Namespace) -> LocalPlane:
+    # A plane of its own, so that a running demo's workers do not take the benchmark's pods.
+    return LocalPlane(Path(args.dir) if args.dir else default_directory().parent / "bench")
+
+
 def _local_clean(args: argparse.Namespace) -> int:
-    removed = clean(_plane(args), go_caches=args.go_cache, progress=_say)
+    planes = [_plane(args)] if args.dir else [_plane(args), _bench_plane(args)]
+    removed = clean(planes, go_caches=args.go_cache, progress=_say)
     if not removed:
         _say("nothing to remove")
     return 0
@@ -98,8 +104,7 @@ def _status(args: argparse.Namespace) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     binaries.build_missing()
-    # A plane of its own, so that a running demo's workers do not take the benchmark's pods.
-    plane = LocalPlane(Path(args.dir) if args.dir else default_directory().parent / "bench")
+    plane = _bench_plane(args)
     try:
         asyncio.run(run_bench(plane=plane, quick=args.quick, json_path=Path(args.json),
                               chart_path=Path(args.chart), plane_kept=args.keep))
@@ -158,7 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
         run=_local_status
     )
     clean_command = with_dir(local_commands.add_parser(
-        "clean", help="stop the plane; remove its state directory and the control-plane binaries hoss built"))
+        "clean", help="stop the plane (and the benchmark's, without --dir); remove their state directories and the "
+        "control-plane binaries hoss built"))
     clean_command.add_argument("--go-cache", action="store_true",
                                help="also run `go clean -cache -modcache` (Go's build and module caches, which the "
                                "build filled; shared with any other Go work of this user)")

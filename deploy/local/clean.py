@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import shutil
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from deploy.local import binaries
@@ -54,9 +55,10 @@ def remove_go_caches() -> str | None:
     return "Go build cache and module cache (go clean -cache -modcache)"
 
 
-def clean(plane: LocalPlane, *, go_caches: bool, progress: Callable[[str], None]) -> list[str]:
-    """Everything removed, in order: the plane's state, the built binaries, and (``go_caches``) Go's caches."""
-    steps = [lambda: remove_plane_state(plane), remove_binaries]
+def clean(planes: Sequence[LocalPlane], *, go_caches: bool, progress: Callable[[str], None]) -> list[str]:
+    """Everything removed, in order: each plane's state, the built binaries, and (``go_caches``) Go's caches."""
+    steps: list[Callable[[], str | None]] = [functools.partial(remove_plane_state, plane) for plane in planes]
+    steps.append(remove_binaries)
     if go_caches:
         steps.append(remove_go_caches)
     removed = []

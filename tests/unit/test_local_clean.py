@@ -60,3 +60,15 @@ def test_clean_refuses_a_directory_that_is_not_a_plane(tmp_path: Path, places: d
     (other / "cat.jpg").write_text("meow")
     assert main(["local", "clean", "--dir", str(other)]) == 2
     assert (other / "cat.jpg").exists()
+
+
+def test_clean_without_dir_removes_the_demo_and_the_bench_planes(
+    tmp_path: Path, places: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = tmp_path / "state"
+    for name in ("local", "bench"):
+        (state / name / "logs").mkdir(parents=True)
+    monkeypatch.setenv("HOSS_LOCAL_DIR", str(state / "local"))
+    assert main(["local", "clean"]) == 0
+    assert not (state / "local").exists() and not (state / "bench").exists()
+    assert state.exists()

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pytest
 from pydantic import BaseModel
 
+from deploy.cli import build_parser
 from dispatcher.settings import DispatcherSettings
 from resolver.settings import ResolverSettings
 from workers.settings import WorkerSettings
@@ -24,3 +26,25 @@ def test_every_setting_is_in_the_readme_with_its_flag_and_env(model: type[BaseMo
 def test_readme_shows_the_two_commands() -> None:
     assert "make demo" in README
     assert "make test" in README
+
+
+def _options(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> list[tuple[str, str]]:
+    """(command, option) for every option of every subcommand of the `hoss` CLI."""
+    found = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found += _options(sub, (*path, name))
+        else:
+            found += [(" ".join(path), option) for option in action.option_strings if option.startswith("--")
+                      and option != "--help"]
+    return found
+
+
+def test_every_cli_command_and_option_is_in_the_readme() -> None:
+    options = _options(build_parser())
+    assert len(options) > 20
+    for command, option in options:
+        assert f"`hoss {command}`" in README, command
+        row = next(line for line in README.splitlines() if line.startswith(f"| `hoss {command}` |"))
+        assert f"`{option}" in row, (command, option)
