@@ -1,9 +1,12 @@
-"""AdmissionReview v1 for bindings: parse a review into a typed request, and build the verdicts. Pure, no I/O.
+"""AdmissionReview v1 for bindings and pod writes: parse a review into a typed request, and build the verdicts.
+Pure, no I/O.
 
 A binding reaches the webhook in two forms: the ``pods/binding`` subresource (resource ``pods``, subResource
 ``binding``; what kube-scheduler and hoss workers post) and the legacy ``bindings`` resource. Both carry a
 ``Binding`` object: metadata.name is the pod, metadata.uid the pod's uid when the binder set it, target.name
-the node.
+the node. A pod may also land on a node without a binding: created with ``spec.nodeName`` set (resource
+``pods``, CREATE), and a bound pod's requests may grow by an in-place resize (``pods/resize``, UPDATE); both parse
+into a `PodWriteRequest` carrying the pod. ``request.dryRun`` is kept: a dry run must leave no trace.
 
 This is the webhook's hot path, so the body is parsed with orjson and only the fields the verdict needs are read
 (apiVersion/kind; request.uid, resource.{group,resource}, subResource, operation, namespace, name,
@@ -42,6 +45,27 @@ class BindingRequest:
     pod_uid: str | None
     node: str
     username: str
+    dry_run: bool = False
+
+    @property
+    def pod_key(self) -> str:
+        return f"{self.namespace}/{self.pod}"
+
+
+@dataclass(frozen=True, slots=True)
+class PodWriteRequest:
+    """A pod created with spec.nodeName (``operation`` "create") or an in-place resize of a pod (``operation``
+    "resize"): the pod as it will be stored, and for a resize the pod before."""
+
+    review_uid: str
+    namespace: str
+    pod: str
+    node: str
+    username: str
+    operation: str
+    object: Json
+    old_object: Json | None = None
+    dry_run: bool = False
 
     @property
     def pod_key(self) -> str:
@@ -85,7 +109,7 @@ def _string(parent: Json, key: str, path: str, *, required: bool = False) -> str
     return value
 
 
-def parse_review(body: bytes) -> BindingRequest | OtherRequest:
+def parse_review(body: bytes) -> BindingRequest | PodWriteRequest | OtherRequest:
     """Parse a raw AdmissionReview body; raise MalformedReview naming the field that is wrong and its value."""
     try:
         raw = orjson.loads(body)
@@ -111,7 +135,7 @@ def _binding_as_sent(raw: Json) -> BindingRequest | None:
             raw["apiVersion"] == API_VERSION and raw["kind"] == KIND
             and resource["resource"] == "pods" and request.get("subResource") == "binding"
             and resource.get("group") == "" and request["operation"] == "CREATE"
-            and target.get("kind") in (None, "", "Node")
+            and target.get("kind") in (None, "", "Node") and not request.get("dryRun")
             and type(review_uid) is str and type(node) is str and type(pod) is str and type(namespace) is str
             and type(uid) is str and type(username) is str and node and pod and namespace and uid
         ):
@@ -123,7 +147,40 @@ def _binding_as_sent(raw: Json) -> BindingRequest | None:
     )
 
 
-def _parse_checked(raw: Json) -> BindingRequest | OtherRequest:
+def _dry_run(request: Json) -> bool:
+    value = request.get("dryRun")
+    if value is not None and not isinstance(value, bool):
+        raise MalformedReview(f"request.dryRun: expected a boolean, got {_shown(value)}")
+    return bool(value)
+
+
+def _pod_write(request: Json, review_uid: str, operation: str) -> PodWriteRequest | OtherRequest:
+    """A pod CREATE (judged only with spec.nodeName set) or a pods/resize UPDATE."""
+    pod = request.get("object")
+    if not isinstance(pod, dict):
+        raise MalformedReview(f"request.object: expected a Pod, got {_shown(pod)}")
+    metadata = _object(pod, "metadata", "request.object.metadata")
+    spec = _object(pod, "spec", "request.object.spec")
+    node = _string(spec, "nodeName", "request.object.spec.nodeName")
+    kind = "create" if operation == "CREATE" else "resize"
+    if not node:
+        return OtherRequest(review_uid=review_uid, what=f"{operation} pods without spec.nodeName")
+    name = _string(request, "name", "request.name") or _string(metadata, "name", "request.object.metadata.name")
+    namespace = _string(request, "namespace", "request.namespace") or _string(
+        metadata, "namespace", "request.object.metadata.namespace"
+    )
+    old = request.get("oldObject")
+    if kind == "resize" and not isinstance(old, dict):
+        raise MalformedReview(f"request.oldObject: expected the Pod before the resize, got {_shown(old)}")
+    user = _object(request, "userInfo", "request.userInfo")
+    return PodWriteRequest(
+        review_uid=review_uid, namespace=namespace or "default", pod=name, node=node,
+        username=_string(user, "username", "request.userInfo.username"), operation=kind, object=pod,
+        old_object=old if isinstance(old, dict) else None, dry_run=_dry_run(request),
+    )
+
+
+def _parse_checked(raw: Json) -> BindingRequest | PodWriteRequest | OtherRequest:
     """Every field checked, for reviews the fast path does not take; raises MalformedReview naming the field."""
     api_version = raw.get("apiVersion")
     kind = raw.get("kind")
@@ -141,6 +198,10 @@ def _parse_checked(raw: Json) -> BindingRequest | OtherRequest:
     is_binding = group == "" and (
         (resource_name == "pods" and sub_resource == "binding") or resource_name == "bindings"
     )
+    if group == "" and resource_name == "pods" and (
+        (sub_resource == "" and operation == "CREATE") or (sub_resource == "resize" and operation == "UPDATE")
+    ):
+        return _pod_write(request, review_uid, operation)
     if not is_binding or operation != "CREATE":
         what = f"{operation} {resource_name}/{sub_resource}".rstrip("/")
         return OtherRequest(review_uid=review_uid, what=what)
@@ -170,6 +231,7 @@ def _parse_checked(raw: Json) -> BindingRequest | OtherRequest:
         pod_uid=uid or None,
         node=node,
         username=_string(user, "username", "request.userInfo.username"),
+        dry_run=_dry_run(request),
     )
 
 

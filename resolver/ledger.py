@@ -11,8 +11,12 @@ Invariants, kept by the scripts alone (clients never write these keys):
 - After any reserve, reserve_gang or confirm, ``used[r] <= alloc[r]`` for every resource the call added to; a
   resource a node does not list has 0 allocatable. Only ``bind`` (the apiserver's truth) and a shrinking
   ``sync_node`` can leave a node overcommitted, and then nothing is admitted that grows the excess.
-- Assumed entries carry a deadline on the Redis server's clock and are dropped by ``expire`` once it passed;
-  bound entries never expire.
+- Entries are in one of three states. ``assumed``: a worker's reservation, with a deadline on the Redis server's
+  clock after which ``expire`` drops it; its worker may release it (``release_assumed``, ``release_owner``) or a
+  later reservation of the same pod may move it. ``admitted``: the webhook allowed a binding of the pod, or its
+  creation with spec.nodeName; it never expires, never moves and no worker releases it: it stays counted until
+  the sync sees the pod bound (it becomes ``bound``) or proves by a GET that the write failed or the pod is gone
+  (``verify_due`` / ``drop_admitted``). ``bound``: the apiserver's truth, written only by the sync.
 - Every write except ``rebuild`` refuses to run while ``{hoss}:ready`` is missing (Redis restarted empty or was
   flushed): the ledger fails closed until it is rebuilt from the apiserver.
 
@@ -25,13 +29,20 @@ Key layout (one hash tag, so every script's keys are in one slot and it runs on 
     {hoss}:node:<name>:used        hash resource -> sum of the requests of its entries (zero fields removed)
     {hoss}:node:<name>:labels      hash label -> value
     {hoss}:node:<name>:assumed     set of uids with an assumed entry on the node
+    {hoss}:node:<name>:admitted    set of uids with an admitted entry on the node
     {hoss}:node:<name>:bound       set of uids with a bound entry on the node
-    {hoss}:pod:<uid>               hash node, pod, state (assumed|bound), owner, deadline (ms, assumed only),
+    {hoss}:pod:<uid>               hash node, pod, state (assumed|admitted|bound), owner, deadline (ms, assumed
+                                   only), admitted (ms), via (binding|create|resize) and answered (admitted only),
                                    r:<resource> -> request (base units), ports (host ports, if any), meta
                                    (`resolver.compact.pod_meta`: namespace, labels, host ports; for workers)
     {hoss}:node:<name>:ports       hash '<protocol>/<port>' and '<protocol>/<ip>/<port>' -> how many entries on
                                    the node hold that host port; reserve and reserve_batch refuse a conflict
     {hoss}:assumed                 zset uid by deadline (ms)
+    {hoss}:verify                  zset uid of admitted entries by when the sync looks at them again (ms)
+    {hoss}:stats                   hash overcommits (bound entries the apiserver put on a node without room),
+                                   audit_drift (entries the audit repaired), stale_ledger (stale copies of
+                                   the ledger detected), each with last_<counter>
+    {hoss}:stamp                   counter the syncing replica increments on every watchdog tick (see tick)
     {hoss}:node:<name>:spec        the node's compact description (JSON, `resolver.compact.compact_node`)
     {hoss}:changes                 stream of changes (used totals, pods placed and removed, node descriptions,
                                    removals, rebuilds) that workers follow instead of re-reading nodes; see
@@ -71,7 +82,11 @@ NOMINATED_KEY: Final = f"{KEY_PREFIX}:nominated"
 """Room held for preempting pods (see 'Nominations' in resolver/lua/common.lua); the dispatcher ends the
 nomination of a pod that left the pending set."""
 
-EntryState = Literal["assumed", "bound"]
+EntryState = Literal["assumed", "admitted", "bound"]
+STATS_KEY: Final = f"{KEY_PREFIX}:stats"
+STAMP_KEY: Final = f"{KEY_PREFIX}:stamp"
+Via = Literal["binding", "create", "resize"]
+"""What the webhook admitted: a binding, the creation of a pod with spec.nodeName, or an in-place resize."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +101,39 @@ class GangReserved:
     """Every member of the gang holds an entry on its node."""
 
     uids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Overcommit:
+    """The sync bound a pod on a node that had no room for it (the apiserver's truth, recorded and counted)."""
+
+    pod: str
+    node: str
+    what: str
+    """e.g. 'cpu used 5000 of 4000'"""
+
+
+@dataclass(frozen=True)
+class AdmittedEntry:
+    """An admitted entry the sync should check: does the pod run on the node, or did the admitted write fail?"""
+
+    uid: str
+    node: str
+    pod: str
+    """namespace/name"""
+    via: str
+    admitted_ms: int
+    """Redis time of the (last) admission"""
+    answered: bool
+    """the binder saw the apiserver answer its binding with an error: the write is over"""
+
+
+@dataclass(frozen=True)
+class VerifyBatch:
+    """`Ledger.verify_due`: the Redis time of the read and the entries due."""
+
+    now_ms: int
+    entries: list[AdmittedEntry]
 
 
 @dataclass(frozen=True)
@@ -257,6 +305,8 @@ class NodeSnapshot:
     bound: int
     """number of bound entries on the node"""
     labels: dict[str, str] = field(default_factory=dict)
+    admitted: int = 0
+    """number of admitted entries on the node (the webhook allowed them; not bound yet as far as the sync saw)"""
 
     @property
     def free(self) -> ResourceVector:
@@ -362,19 +412,23 @@ class Ledger:
         return [decode_batch_result(reply[i:i + 5]) for i in range(0, len(reply), 5)]
 
     async def confirm(
-        self, *, uid: str, pod: str, node: str, request: Mapping[str, int] | None, owner: str, ttl_seconds: float,
-        meta: str = "",
+        self, *, uid: str, pod: str, node: str, request: Mapping[str, int] | None, owner: str,
+        verify_after_seconds: float, dry_run: bool = False, via: Via = "binding", ports: str = "", meta: str = "",
     ) -> ConfirmResult:
-        """Allow a binding of `uid` to `node`: its own reservation, or a foreign one that fits (held for `owner`).
+        """Allow a binding of `uid` to `node` (or the creation of a pod on it, `via` "create"): its own
+        reservation, or a foreign one that fits. Either way the entry becomes ``admitted`` (held for `owner` when
+        new): it stays counted until the sync sees the pod bound or proves the write failed, which it first looks
+        at `verify_after_seconds` later. `dry_run`: the same answer, nothing written.
 
         Without a `request` only an existing entry can confirm; no entry answers `NeedRequest`. `meta`
         (`resolver.compact.pod_meta`) is kept in a new entry; its priority decides which nominations it must leave
         room for.
         """
-        placement = Placement(uid=uid, pod=pod, node=node, request=request or {}, meta=meta)
+        placement = Placement(uid=uid, pod=pod, node=node, request=request or {}, ports=ports, meta=meta)
         has_request = 0 if request is None else 1
         result = decode_confirm_reply(
-            await self._run("confirm", [owner, _ttl_ms(ttl_seconds), has_request, *_placement_args(placement)])
+            await self._run("confirm", [owner, _ttl_ms(verify_after_seconds), has_request, int(dry_run), via,
+                                        *_placement_args(placement)])
         )
         if isinstance(result, Confirmed) and result.foreign:
             logger.info("confirmed foreign binding of %s to %s for %s", pod, node, owner)
@@ -400,6 +454,18 @@ class Ledger:
         """The nominations in force, by uid."""
         return decode_nominations(_ready_or_raise(await self._run("nominations", []))[1:])
 
+    async def resize(
+        self, *, uid: str, pod: str, node: str, request: Mapping[str, int], owner: str,
+        verify_after_seconds: float, dry_run: bool = False,
+    ) -> ConfirmResult:
+        """Judge an in-place resize of `uid` on `node` to `request`: its entry takes the new request when the
+        growth fits (an entry that did not exist yet is held as admitted). `dry_run`: the answer only."""
+        placement = Placement(uid=uid, pod=pod, node=node, request=request)
+        return decode_confirm_reply(
+            await self._run("resize", [owner, _ttl_ms(verify_after_seconds), int(dry_run),
+                                       *_placement_args(placement)])
+        )
+
     # -- the apiserver's truth -------------------------------------------------------------------------------
 
     async def bind(self, *, uid: str, pod: str, node: str, request: Mapping[str, int]) -> None:
@@ -412,14 +478,16 @@ class Ledger:
         elif previous_node != node:
             logger.warning("bound %s to %s, moved from its %s entry on %s", pod, node, previous_state, previous_node)
 
-    async def bind_many(self, placements: Sequence[Placement]) -> None:
-        """`bind` for many pods in one call (a uid listed twice ends on its last placement)."""
+    async def bind_many(self, placements: Sequence[Placement]) -> list[Overcommit]:
+        """`bind` for many pods in one call (a uid listed twice ends on its last placement). Returns the
+        placements that overcommitted their node (counted in ``{hoss}:stats`` too)."""
         if not placements:
-            return
+            return []
         args: list[str | int] = [len(placements)]
         for placement in placements:
             args.extend(_placement_args(placement))
-        _ready_or_raise(await self._run("bind_many", args))
+        reply = _texts(_ready_or_raise(await self._run("bind_many", args))[2:])
+        return [Overcommit(pod=reply[i], node=reply[i + 1], what=reply[i + 2]) for i in range(0, len(reply), 3)]
 
     async def release_many(self, uids: Sequence[str]) -> int:
         """`release` for many uids in one call; returns how many had an entry."""
@@ -429,16 +497,19 @@ class Ledger:
 
     async def release(self, uid: str) -> bool:
         """Drop the entry of `uid` wherever it is (pod deleted or finished); False when there was none."""
-        reply = _ready_or_raise(await self._run("release", [uid, "", ""]))
+        reply = _ready_or_raise(await self._run("release", [uid, "", "", 0]))
         return int(reply[1]) == 1
 
-    async def release_assumed(self, *, uid: str, node: str) -> bool:
-        """Drop the reservation of `uid` on `node` (its binding failed); a bound entry or one elsewhere stays.
+    async def release_assumed(self, *, uid: str, node: str, answered: bool = False) -> bool:
+        """Drop the reservation of `uid` on `node` (its binding failed); an admitted or bound entry, or one
+        elsewhere, stays.
 
-        A binding that timed out may still have succeeded, and the sync may have bound the entry meanwhile:
-        dropping that would let the node be oversold. False when nothing was dropped.
+        A binding the webhook admitted may have succeeded even when its binder saw an error (a timeout, a reset
+        connection, a 409 for a duplicate): dropping it would let the node be oversold, so only the sync drops an
+        admitted entry, on proof. `answered`: the apiserver answered the binding with an error, so the write is
+        over; an admitted entry is then checked by the sync at once. False when nothing was dropped.
         """
-        reply = _ready_or_raise(await self._run("release", [uid, node, "assumed"]))
+        reply = _ready_or_raise(await self._run("release", [uid, node, "assumed", int(answered)]))
         return int(reply[1]) == 1
 
     async def release_owner(self, owner: str) -> int:
@@ -454,6 +525,50 @@ class Ledger:
         if uids:
             logger.warning("expired %d reservations: %s", len(uids), ", ".join(uids))
         return uids
+
+    async def verify_due(self, *, limit: int = 256, retry_seconds: float = 5.0) -> VerifyBatch:
+        """The admitted entries whose check is due, at most `limit`; each comes round again `retry_seconds`
+        later unless `drop_admitted` or a bind settles it first."""
+        cursor = _Cursor(_ready_or_raise(await self._run("verify_due", [limit, _ttl_ms(retry_seconds)])))
+        now = cursor.number()
+        entries = []
+        for _ in range(cursor.number()):
+            uid, node, pod, via, admitted = (cursor.text() for _ in range(5))
+            entries.append(AdmittedEntry(uid=uid, node=node, pod=pod, via=via, admitted_ms=int(admitted),
+                                         answered=cursor.number() == 1))
+        return VerifyBatch(now_ms=now, entries=entries)
+
+    async def drop_admitted(self, entry: AdmittedEntry) -> bool:
+        """Drop `entry` on proof that its write failed or its pod is gone, if it is still that admitted entry."""
+        reply = _ready_or_raise(await self._run("drop_admitted", [entry.uid, entry.node, entry.admitted_ms]))
+        dropped = int(reply[1]) == 1
+        if dropped:
+            logger.info("dropped the admitted entry of %s on %s: its %s did not happen", entry.pod, entry.node,
+                        entry.via)
+        return dropped
+
+    async def stats(self) -> dict[str, str]:
+        """The counters in ``{hoss}:stats`` (overcommits, audit_drift and the last of each)."""
+        reply: Any = await self._call(self._redis.hgetall(STATS_KEY))
+        return {_text(k): _text(v) for k, v in (reply or {}).items()}
+
+    async def count(self, counter: str, found: int, what: str) -> None:
+        """Add `found` to the counter `counter` in ``{hoss}:stats`` and keep `what` under ``last_<counter>``."""
+        pipe = self._redis.pipeline(transaction=True)
+        pipe.hincrby(STATS_KEY, counter, found)
+        pipe.hset(STATS_KEY, f"last_{counter}", what[:1000])
+        await self._call(pipe.execute())
+
+    async def tick(self) -> tuple[str | None, int]:
+        """The epoch and the next value of the sync's stamp (``{hoss}:stamp``, incremented by every call), read
+        together. The syncing replica expects each stamp to be one more than the last: a Redis that comes back
+        from an older copy (a restart from a snapshot, a failover to a lagging replica) answers a smaller one, or
+        another epoch, and is rebuilt instead of trusted."""
+        pipe = self._redis.pipeline(transaction=True)
+        pipe.get(EPOCH_KEY)
+        pipe.incr(STAMP_KEY)
+        epoch, stamp = await self._call(pipe.execute())
+        return (None if epoch is None else _text(epoch)), int(stamp)
 
     async def sync_node(
         self, *, node: str, allocatable: Mapping[str, int], labels: Mapping[str, str] | None = None,
@@ -673,6 +788,8 @@ def _state(value: str) -> EntryState:
         return "assumed"
     if value == "bound":
         return "bound"
+    if value == "admitted":
+        return "admitted"
     raise LedgerUnavailable(f"ledger entry has unknown state {value!r}")
 
 
@@ -713,13 +830,10 @@ def decode_snapshot_reply(reply: Sequence[object]) -> LedgerSnapshot:
     nodes: dict[str, NodeSnapshot] = {}
     for _ in range(cursor.number()):
         name = cursor.text()
-        nodes[name] = NodeSnapshot(
-            alloc=cursor.vector(),
-            used=cursor.vector(),
-            assumed=cursor.number(),
-            bound=cursor.number(),
-            labels=cursor.pairs(),
-        )
+        alloc, used, assumed, bound = cursor.vector(), cursor.vector(), cursor.number(), cursor.number()
+        admitted = cursor.number()
+        nodes[name] = NodeSnapshot(alloc=alloc, used=used, assumed=assumed, bound=bound, labels=cursor.pairs(),
+                                   admitted=admitted)
     return LedgerSnapshot(ready=ready, epoch=epoch, nodes=nodes)
 
 

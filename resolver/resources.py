@@ -169,16 +169,31 @@ def pod_requests(pod: Mapping[str, Any]) -> ResourceVector:
     started before it. Per resource, the pod needs the larger of the two phases. Pod-level
     ``spec.resources.requests`` replace the aggregate for the resources they name, then ``spec.overhead`` is
     added. ``pods`` is always 1; resources requested at 0 are left out.
+
+    In-place resize, as kube-scheduler counts it (``UseStatusResources``): a container (or sidecar) whose status
+    reports resources needs the larger of its spec requests, its ``allocatedResources`` and its actuated
+    ``resources.requests``; while the pod's ``PodResizePending`` condition says ``Infeasible``, the spec's
+    requests are left out (the kubelet will not grant them). A pod without such status counts its spec.
     """
     spec = _mapping(pod.get("spec"), field="spec", error=PodSpecError)
     containers = _list(spec.get("containers"), field="spec.containers")
     if not containers:
         raise PodSpecError(field="spec.containers", reason="must list at least one container")
+    statuses = _status_requests(pod.get("status"))
+    infeasible = bool(statuses) and _resize_infeasible(pod.get("status"))
+
+    def effective(container: object, field: str) -> _Quantities:
+        request = _container_requests(container, field=field)
+        name = container.get("name") if isinstance(container, Mapping) else None
+        status = statuses.get(name) if isinstance(name, str) else None
+        if status is None:
+            return request
+        return _maximum({} if infeasible else request, status)
 
     # Sums and maxima are taken on exact quantities and rounded once, as kube-scheduler does.
     running: _Quantities = {}
     for index, container in enumerate(containers):
-        running = add(running, _container_requests(container, field=f"spec.containers[{index}]"))
+        running = add(running, effective(container, f"spec.containers[{index}]"))
 
     sidecars: _Quantities = {}
     init_peak: _Quantities = {}
@@ -186,6 +201,7 @@ def pod_requests(pod: Mapping[str, Any]) -> ResourceVector:
         field = f"spec.initContainers[{index}]"
         request = _container_requests(container, field=field)
         if _restart_policy(container, field=field) == _SIDECAR_RESTART_POLICY:
+            request = effective(container, field)
             running = add(running, request)
             sidecars = add(sidecars, request)
             step = sidecars
@@ -220,6 +236,57 @@ def node_allocatable(node: Mapping[str, Any]) -> ResourceVector:
 def _container_requests(container: object, *, field: str) -> _Quantities:
     resources = _mapping(container, field=field, error=PodSpecError).get("resources")
     return _requests_of(resources, field=f"{field}.resources")
+
+
+def _status_requests(status: object) -> dict[str, _Quantities]:
+    """Container name -> the larger of its ``allocatedResources`` and actuated ``resources.requests``, for the
+    containers and init containers whose status reports ``resources`` (kube-scheduler reads a status only then)."""
+    if not isinstance(status, Mapping):
+        return {}
+    found: dict[str, _Quantities] = {}
+    for key in ("containerStatuses", "initContainerStatuses"):
+        for index, item in enumerate(_list(status.get(key), field=f"status.{key}")):
+            field = f"status.{key}[{index}]"
+            entry = _mapping(item, field=field, error=PodSpecError)
+            name = entry.get("name")
+            resources = entry.get("resources")
+            if not isinstance(name, str) or resources is None:
+                continue
+            actuated = _quantities(_mapping(resources, field=f"{field}.resources", error=PodSpecError)
+                                   .get("requests"), field=f"{field}.resources.requests", error=PodSpecError)
+            allocated = _quantities(entry.get("allocatedResources"), field=f"{field}.allocatedResources",
+                                    error=PodSpecError)
+            found[name] = _maximum(actuated, allocated)
+    return found
+
+
+def _resize_infeasible(status: object) -> bool:
+    """The pod's PodResizePending condition says Infeasible (kube-scheduler then ignores the spec's requests)."""
+    if not isinstance(status, Mapping):
+        return False
+    for condition in _list(status.get("conditions"), field="status.conditions"):
+        if isinstance(condition, Mapping) and condition.get("type") == "PodResizePending":
+            return condition.get("reason") == "Infeasible"
+    return False
+
+
+def status_resources_key(pod: Mapping[str, Any]) -> str:
+    """A cheap fingerprint of what `pod_requests` reads from the status (container resources and allocated
+    resources, the resize condition): the sync recomputes a pod's request when it changes."""
+    status = pod.get("status")
+    if not isinstance(status, Mapping):
+        return ""
+    parts: list[str] = []
+    for key in ("containerStatuses", "initContainerStatuses"):
+        items = status.get(key)
+        for item in items if isinstance(items, list) else []:
+            if isinstance(item, Mapping) and (item.get("resources") is not None or item.get("allocatedResources")):
+                parts.append(f"{item.get('name')}:{item.get('resources')}:{item.get('allocatedResources')}")
+    conditions = status.get("conditions")
+    for condition in conditions if isinstance(conditions, list) else []:
+        if isinstance(condition, Mapping) and condition.get("type") == "PodResizePending":
+            parts.append(f"resize:{condition.get('reason')}")
+    return "|".join(parts)
 
 
 def _requests_of(resources: object, *, field: str) -> _Quantities:

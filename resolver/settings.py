@@ -113,8 +113,16 @@ class ResolverSettings(BaseModel):
         default_factory=lambda: ["system:serviceaccount:hoss-system:hoss-worker"]
     )
     """User names whose bindings are hoss's own (comma-separated in env and flags)."""
-    foreign_ttl_seconds: float = Field(default=60.0, gt=0)
-    """How long an allowed foreign binding holds its resources before the sync must have seen it bound."""
+    verify_after_seconds: float = Field(default=2.0, gt=0)
+    """How long after the webhook admits a binding (or a pod created on a node) the syncing replica first GETs the
+    pod to see whether the write happened; the entry stays counted until the sync sees the pod bound or has proof
+    the write failed."""
+    write_timeout_seconds: float = Field(default=60.0, gt=0)
+    """How long after its admission a write is surely over when nobody saw its answer: the apiserver's
+    --request-timeout (default 1m). An admitted entry whose pod is still unbound this long after is dropped."""
+    audit_interval_seconds: float = Field(default=60.0, gt=0)
+    """How often the syncing replica compares the ledger's bound entries with the apiserver's pods, repairs drift
+    (a rebuild) and counts it (hoss_ledger_audit_drift in /metrics, /status, a warning in the log)."""
     max_body_bytes: int = Field(default=1 << 20, ge=1024)
     """Largest AdmissionReview accepted; larger bodies get HTTP 400."""
     expire_interval_seconds: float = Field(default=1.0, gt=0)

@@ -13,6 +13,13 @@ bursts: what gathers within POD_FLUSH_LINGER_SECONDS goes to the mirror and then
 
 Invariant: the in-memory mirror and the ledger are changed under one lock, so a rebuild never interleaves with
 an event and no change is lost between a snapshot and the rebuild.
+
+Admitted entries (the webhook allowed a binding or a pod created on a node) are checked by GET of the pod
+(`verify_admitted`): the entry is dropped only on proof that the write never happened (the pod is gone or bound
+elsewhere, or it is unbound once the write is surely over) and otherwise stays counted until the pod shows up
+bound. A periodic audit compares the ledger's bound entries and nodes with the mirror and rebuilds on drift, and
+the watchdog notices a Redis that came back from an older copy (another epoch, or a stamp that went back).
+A node deleted from the apiserver keeps the entries of the pods that still name it, as a rebuild would.
 """
 
 from __future__ import annotations
@@ -24,15 +31,15 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from kubernetes_asyncio import client
 
 from resolver import compact
 from resolver.errors import LedgerNotReadyError, LedgerUnavailable, ResolverError
-from resolver.kube import InformerHandlers, Json, raise_if_cancelled, run_informer
-from resolver.ledger import BoundPod, Ledger, Placement
-from resolver.resources import ResourceVector, node_allocatable, pod_requests
+from resolver.kube import InformerHandlers, Json, KubeError, raise_if_cancelled, request_json, run_informer
+from resolver.ledger import AdmittedEntry, BoundPod, Ledger, Overcommit, Placement
+from resolver.resources import ResourceVector, node_allocatable, pod_requests, status_resources_key
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +52,10 @@ POD_WRITE_BATCH = 256
 POD_FLUSH_LINGER_SECONDS = 0.1
 """How long pod events may gather before they are written: the bound state of a pod the webhook already holds
 resources for lags its binding by at most this much, and a burst costs one script call instead of many."""
+VERIFY_BATCH = 64
+"""Most admitted entries checked per round of the verify loop."""
+VERIFY_RETRY_SECONDS = 2.0
+"""An admitted entry not settled by a check is checked again this much later."""
 NodeRecord = tuple[ResourceVector, dict[str, str], str]
 """allocatable, labels, compact description (JSON) of a node, as the ledger keeps it"""
 
@@ -68,6 +79,9 @@ class PodInfo:
     (`resolver.compact.pod_meta`)."""
     labels: Mapping[str, str] = field(default_factory=dict)
     """metadata.labels: a change (no new generation) rewrites the meta, which inter-pod affinity reads."""
+    status_key: str = ""
+    """`resolver.resources.status_resources_key`: a change (an in-place resize the kubelet allocated or actuated,
+    no new generation) recomputes the request."""
 
     @property
     def key(self) -> str:
@@ -86,11 +100,13 @@ def parse_pod(pod: Json, *, known: PodInfo | None = None) -> PodInfo:
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
     generation = metadata.get("generation")
+    status_key = status_resources_key(pod)
     reuse = (
         known is not None
         and generation is not None
         and known.generation == generation
         and known.uid == str(metadata.get("uid", ""))
+        and known.status_key == status_key
     )
     request = known.request if reuse and known is not None else pod_requests(pod)
     ports, meta = compact.pod_meta(pod, request=request)
@@ -106,6 +122,7 @@ def parse_pod(pod: Json, *, known: PodInfo | None = None) -> PodInfo:
         ports=ports,
         meta=meta,
         labels=labels if isinstance(labels := metadata.get("labels"), dict) else {},
+        status_key=status_key,
     )
 
 
@@ -152,6 +169,16 @@ class SyncStats:
     pod_events: int = 0
     expired: int = 0
     malformed_pods: int = 0
+    overcommits: int = 0
+    """bound pods the sync recorded on a node without room for them (each logged as a warning)"""
+    admitted_checked: int = 0
+    admitted_dropped: int = 0
+    """admitted entries dropped on proof that their write failed or the pod is gone"""
+    audits: int = 0
+    audit_drift: int = 0
+    """ledger entries or nodes the audit found unequal to the apiserver (and repaired by a rebuild)"""
+    stale_ledger: int = 0
+    """times Redis came back with an older copy of the ledger (another epoch, or a stamp that went back)"""
     pod_flushes: int = 0
     """batches of pod events applied to the mirror and the ledger together"""
     ledger_pod_writes: int = 0
@@ -169,6 +196,9 @@ class LedgerSync:
         expire_interval_seconds: float = 1.0,
         watchdog_interval_seconds: float = 2.0,
         pod_flush_linger_seconds: float = POD_FLUSH_LINGER_SECONDS,
+        verify_interval_seconds: float = 1.0,
+        write_timeout_seconds: float = 60.0,
+        audit_interval_seconds: float = 60.0,
     ) -> None:
         self.ledger = ledger
         self.core: Any = client.CoreV1Api(api)
@@ -188,6 +218,12 @@ class LedgerSync:
         self._pods_changed = asyncio.Event()
         self._ledger_stale = False
         """a pod write failed (Redis unreachable): the watchdog rebuilds the ledger from the mirror"""
+        self._verify_interval = verify_interval_seconds
+        self._write_timeout_ms = round(write_timeout_seconds * 1000)
+        self._audit_interval = audit_interval_seconds
+        self._epoch: str | None = None
+        self._stamp: int | None = None
+        """the epoch this sync last rebuilt, and the last stamp it read (see Ledger.tick)"""
 
     async def run(self) -> None:
         """Run until cancelled."""
@@ -215,12 +251,16 @@ class LedgerSync:
             await self.rebuild()
             group.create_task(self._expire_loop())
             group.create_task(self._watchdog_loop())
+            group.create_task(self._verify_loop())
+            group.create_task(self._audit_loop())
 
     async def rebuild(self) -> None:
         """Replace the ledger's contents with the mirror of the apiserver; the ledger is ready afterwards."""
         async with self._lock:
             nodes = [(name, alloc, labels, spec) for name, (alloc, labels, spec) in self.nodes.items()]
             epoch = await self.ledger.rebuild(nodes=nodes, bound=self.pods.bound())
+            self._epoch = epoch
+            self._stamp = (await self.ledger.tick())[1]
         self.stats.rebuilds += 1
         self.stats.last_rebuild_unix = time.time()
         self.synced.set()
@@ -255,6 +295,14 @@ class LedgerSync:
                     self.nodes.pop(name, None)
                     if self.synced.is_set():
                         await self._apply(self.ledger.remove_node(name))
+                        # As the rebuild does: pods that still name the node stay counted on it (registered
+                        # without allocatable, so nothing more is admitted there) until they go; a node
+                        # re-created under the name finds them.
+                        standing = [p for p in self.pods.bound() if p.node == name]
+                        if standing:
+                            log.warning("node %s deleted while %d pods still name it; they stay counted", name,
+                                        len(standing))
+                            await self._apply(self._bind(standing))
                     return
                 previous = self.nodes.get(name)
                 self.nodes[name] = record
@@ -309,6 +357,7 @@ class LedgerSync:
             and known.generation == generation
             and known.node == ((pod.get("spec") or {}).get("nodeName") or None)
             and known.labels == (metadata.get("labels") or {})
+            and known.status_key == status_resources_key(pod)
         ):
             return  # a status update (most events): nothing the mirror or the ledger keeps has changed
         info = self._parse(pod)
@@ -342,7 +391,8 @@ class LedgerSync:
                     continue
                 previous = self.pods.by_uid.get(uid)
                 self.pods.put(info)
-                if info.node and (previous is None or previous.node != info.node or previous.meta != info.meta):
+                if info.node and (previous is None or previous.node != info.node or previous.meta != info.meta
+                                  or previous.request != info.request):
                     binds.append(Placement(uid=uid, pod=info.key, node=info.node, request=info.request,
                                            ports=info.ports, meta=info.meta))
             self.stats.pod_flushes += 1
@@ -351,13 +401,21 @@ class LedgerSync:
             writes: list[Callable[[], Awaitable[object]]] = [
                 *(functools.partial(self.ledger.release_many, releases[i:i + POD_WRITE_BATCH])
                   for i in range(0, len(releases), POD_WRITE_BATCH)),
-                *(functools.partial(self.ledger.bind_many, binds[i:i + POD_WRITE_BATCH])
+                *(functools.partial(self._bind, binds[i:i + POD_WRITE_BATCH])
                   for i in range(0, len(binds), POD_WRITE_BATCH)),
             ]
             for write in writes:
                 if self._ledger_stale:
                     break
                 await self._apply_pods(write())
+
+    async def _bind(self, placements: list[Placement]) -> None:
+        """bind_many, counting and logging every overcommit the apiserver's truth caused (never silent)."""
+        overcommits: list[Overcommit] = await self.ledger.bind_many(placements)
+        for over in overcommits:
+            self.stats.overcommits += 1
+            log.warning("overcommit: %s is bound to node %s, which has no room for it (%s)", over.pod, over.node,
+                        over.what)
 
     async def _apply_pods(self, change: Awaitable[object]) -> None:
         """One batched pod write. Not ready: skipped, the watchdog's rebuild writes the mirror. Unreachable: the
@@ -406,6 +464,11 @@ class LedgerSync:
                     log.warning("pod changes could not be written; rebuilding the ledger from the apiserver mirror")
                 elif not await self.ledger.is_ready():
                     log.warning("ledger is not ready (Redis lost its data?); rebuilding from the apiserver mirror")
+                elif (why := await self._older_copy()) is not None:
+                    self.stats.stale_ledger += 1
+                    log.warning("Redis holds an older copy of the ledger (%s); rebuilding from the apiserver mirror",
+                                why)
+                    await self.ledger.count("stale_ledger", 1, why)
                 else:
                     continue
                 self._ledger_stale = False
@@ -413,6 +476,125 @@ class LedgerSync:
             except (LedgerUnavailable, LedgerNotReadyError) as error:
                 self._ledger_stale = self._ledger_stale or stale
                 log.warning("ledger unavailable: %s", error)
+
+
+    async def _older_copy(self) -> str | None:
+        """Why Redis holds another copy of the ledger than the one this sync keeps, or None. Every tick bumps the
+        stamp; a Redis restarted from a snapshot or failed over to a lagging replica answers another epoch or a
+        stamp that is not the next one."""
+        async with self._lock:
+            epoch, stamp = await self.ledger.tick()
+            expected, self._stamp = self._stamp, stamp
+            if self._epoch is not None and epoch != self._epoch:
+                return f"epoch {epoch}, rebuilt as {self._epoch}"
+            if expected is not None and stamp != expected + 1:
+                return f"stamp {stamp} after {expected}"
+            return None
+
+    async def _verify_loop(self) -> None:
+        while True:
+            raise_if_cancelled()
+            await asyncio.sleep(self._verify_interval)
+            try:
+                await self.verify_admitted()
+            except (LedgerUnavailable, LedgerNotReadyError) as error:
+                log.debug("cannot check admitted entries: %s", error)
+
+    async def verify_admitted(self) -> int:
+        """Check the admitted entries that are due: GET each pod and drop the entry on proof its write failed.
+        Returns how many were dropped."""
+        batch = await self.ledger.verify_due(limit=VERIFY_BATCH, retry_seconds=VERIFY_RETRY_SECONDS)
+        dropped = 0
+        for entry in batch.entries:
+            namespace, _, name = entry.pod.partition("/")
+            try:
+                pod: Json | None = await request_json(self.core.read_namespaced_pod, name, namespace,
+                                                      _request_timeout=10)
+            except KubeError as error:
+                if error.status != 404:
+                    log.warning("cannot check admitted %s: %s", entry.pod, error)
+                    continue
+                pod = None
+            except (OSError, TimeoutError) as error:
+                log.warning("cannot check admitted %s: %s", entry.pod, error)
+                continue
+            self.stats.admitted_checked += 1
+            verdict = admitted_verdict(entry, pod, now_ms=batch.now_ms, write_timeout_ms=self._write_timeout_ms)
+            if verdict != "keep" and await self.ledger.drop_admitted(entry):
+                dropped += 1
+                self.stats.admitted_dropped += 1
+                log.info("admitted %s of %s on %s dropped: %s", entry.via, entry.pod, entry.node, verdict)
+        return dropped
+
+    async def _audit_loop(self) -> None:
+        while True:
+            raise_if_cancelled()
+            await asyncio.sleep(self._audit_interval)
+            try:
+                await self.audit()
+            except (LedgerUnavailable, LedgerNotReadyError) as error:
+                log.warning("cannot audit the ledger: %s", error)
+
+    async def audit(self) -> list[str]:
+        """Compare the ledger's nodes and bound entries with the mirror of the apiserver; on drift, count it
+        (``{hoss}:stats`` audit_drift, /metrics, /status), log a warning and rebuild. Returns what differed."""
+        async with self._lock:
+            if not self.synced.is_set() or self._ledger_stale or self._pod_changes:
+                return []  # changes in flight: the next round compares
+            snapshot = await self.ledger.snapshot()
+            entries = await self.ledger.entries()
+            expected = {p.uid: p for p in self.pods.bound()}
+            drift: list[str] = []
+            for name, (alloc, _labels, _spec) in self.nodes.items():
+                node = snapshot.nodes.get(name)
+                if node is None or node.alloc != alloc:
+                    drift.append(f"node {name}: allocatable {None if node is None else node.alloc}, not {alloc}")
+            seen = set()
+            for entry in entries:
+                want = expected.get(entry.uid)
+                if want is None:
+                    if entry.state == "bound":
+                        drift.append(f"{entry.pod} bound on {entry.node} in the ledger, not in the apiserver")
+                    continue
+                seen.add(entry.uid)
+                if entry.state != "bound" or entry.node != want.node or entry.request != dict(want.request):
+                    drift.append(f"{want.pod} on {want.node} {dict(want.request)}: ledger has {entry.state} on "
+                                 f"{entry.node} {entry.request}")
+            drift.extend(f"{p.pod} bound on {p.node} missing from the ledger"
+                         for uid, p in expected.items() if uid not in seen)
+            self.stats.audits += 1
+        if drift:
+            self.stats.audit_drift += len(drift)
+            log.warning("ledger audit: %d differences from the apiserver, rebuilding: %s", len(drift),
+                        "; ".join(drift[:5]))
+            await self.ledger.count("audit_drift", len(drift), "; ".join(drift[:5]))
+            await self.rebuild()
+        return drift
+
+
+def admitted_verdict(
+    entry: AdmittedEntry, pod: Json | None, *, now_ms: int, write_timeout_ms: int
+) -> Literal["keep", "pod gone", "bound elsewhere", "write failed"]:
+    """What a GET of the pod (None: 404) proves about an admitted entry. Pure.
+
+    The entry stays ("keep") unless the admitted write can no longer happen: the pod is bound to another node
+    (a pod is bound once), the pod with that uid is gone (for a binding: it needs that pod), or the pod is still
+    unbound (or, for a creation, not there) once the write is surely over: its binder saw the apiserver's
+    answer, or `write_timeout_ms` passed since the admission. A pod bound to the entry's node keeps it: the sync
+    turns it into a bound entry when its watch delivers the pod.
+    """
+    metadata = (pod or {}).get("metadata") or {}
+    same = pod is not None and metadata.get("uid") == entry.uid
+    if same:
+        node = ((pod or {}).get("spec") or {}).get("nodeName") or ""
+        if node == entry.node:
+            return "keep"
+        if node:
+            return "bound elsewhere"
+    elif entry.via != "create":
+        return "pod gone"
+    over = entry.answered or now_ms - entry.admitted_ms >= write_timeout_ms
+    return "write failed" if over else "keep"
 
 
 @contextlib.contextmanager

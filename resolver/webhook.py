@@ -50,6 +50,7 @@ from resolver.httpserver import HttpServer, Request, Response
 from resolver.kube import Json, KubeError, api_client, raise_if_cancelled
 from resolver.leader import KubeLeaseAPI, LeaderElector
 from resolver.ledger import (
+    STATS_KEY,
     Confirmed,
     ConfirmResult,
     Conflict,
@@ -165,6 +166,14 @@ class LatencyWindow:
         }
 
 
+LEDGER_COUNTERS = {
+    "overcommits": "Bound pods the sync recorded on a node that had no room for them (cluster-wide, since the "
+                   "ledger was created)",
+    "audit_drift": "Ledger entries or nodes the periodic audit found unequal to the apiserver, and repaired",
+    "stale_ledger": "Times Redis came back holding an older copy of the ledger (detected and rebuilt)",
+}
+
+
 @dataclass
 class WebhookState:
     """Everything the handlers share: settings, ledger, the sync while this replica runs it, metrics and recent
@@ -182,6 +191,8 @@ class WebhookState:
     denials: collections.deque[Denial] = field(default_factory=lambda: collections.deque(maxlen=50))
     verdict_counts: collections.Counter[str] = field(default_factory=collections.Counter)
     review_latency: LatencyWindow = field(default_factory=LatencyWindow)
+    ledger_stats: dict[str, str] = field(default_factory=dict)
+    """``{hoss}:stats`` as last read (overcommits, audit_drift, stale_ledger), refreshed by publish_stats"""
 
     def __post_init__(self) -> None:
         self.hoss_usernames = frozenset(self.settings.hoss_usernames)
@@ -203,7 +214,17 @@ class WebhookState:
             "hoss_resolver_sync_leader", "1 while this replica holds the Lease and runs the ledger sync",
             registry=self.registry,
         ).set_function(lambda: float(self.sync is not None))
+        for counter, what in LEDGER_COUNTERS.items():
+            Gauge(f"hoss_ledger_{counter}", what, registry=self.registry).set_function(
+                functools.partial(self._ledger_counter, counter)
+            )
         self._verdict_children: dict[tuple[bool, str], Any] = {}
+
+    def _ledger_counter(self, counter: str) -> float:
+        try:
+            return float(self.ledger_stats.get(counter, 0))
+        except ValueError:
+            return math.nan
 
     def _latency_quantile(self, q: float) -> float:
         return self.review_latency.quantiles(q)[0]
@@ -219,9 +240,12 @@ class WebhookState:
 
 async def _pod_info(state: WebhookState, binding: admission.BindingRequest) -> PodInfo | None:
     """The pod's view for a binding without a reservation: from the sync's index of bound pods when this replica
-    syncs and has it, else one GET from the apiserver. None when the pod is unknown (or another pod by that name)."""
+    syncs and has it, else one GET from the apiserver. None when the pod is unknown (or another pod by that name).
+
+    A binding without a uid is looked up by GET only: by name, the index may still hold a deleted pod of that
+    name (its DELETED event not applied yet), whose request and uid are not the live pod's."""
     index = state.sync.pods if state.sync is not None else state.pods
-    found = index.find(uid=binding.pod_uid, key=binding.pod_key)
+    found = index.find(uid=binding.pod_uid, key=binding.pod_key) if binding.pod_uid else None
     if found is not None or state.get_pod is None:
         return found
     try:
@@ -253,7 +277,7 @@ async def _confirm(
     async with asyncio.timeout(LEDGER_CALL_TIMEOUT_SECONDS):
         return await state.ledger.confirm(
             uid=uid, pod=pod, node=binding.node, request=request, owner=owner,
-            ttl_seconds=state.settings.foreign_ttl_seconds, meta=meta,
+            verify_after_seconds=state.settings.verify_after_seconds, dry_run=binding.dry_run, meta=meta,
         )
 
 
@@ -289,6 +313,62 @@ async def judge(state: WebhookState, binding: admission.BindingRequest) -> admis
     return verdict_for(result, binding=binding)
 
 
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+
+
+async def judge_pod_write(state: WebhookState, write: admission.PodWriteRequest) -> admission.Verdict:
+    """A pod created with spec.nodeName, or an in-place resize: the same atomic check as a binding, with the
+    request read from the pod in the review (no lookup)."""
+    own = write.username in state.hoss_usernames
+    if state.settings.enforce == "hoss-only" and not own:
+        return admission.Verdict(allowed=True, reason="not-enforced")
+    metadata = write.object.get("metadata") or {}
+    annotations = metadata.get("annotations") or {}
+    if isinstance(annotations, dict) and MIRROR_ANNOTATION in annotations:
+        # A static pod's mirror: the kubelet runs the pod whatever the apiserver says, so refusing the mirror would
+        # only hide it from the ledger. The sync counts it (an overcommit is counted and logged).
+        return admission.Verdict(allowed=True, reason="mirror-pod")
+    binding = admission.BindingRequest(
+        review_uid=write.review_uid, namespace=write.namespace, pod=write.pod, pod_uid=None, node=write.node,
+        username=write.username, dry_run=write.dry_run,
+    )
+    try:
+        info = parse_pod(write.object)
+    except ResolverError as error:
+        return admission.Verdict(allowed=False, reason="malformed-pod", code=400, message=f"hoss: {error}")
+    if not info.uid:
+        return admission.Verdict(allowed=False, reason="malformed-pod", code=400,
+                                 message=f"hoss: pod {write.pod_key}: metadata.uid is missing")
+    owner = write.username if own else f"foreign:{write.username}"
+    try:
+        async with asyncio.timeout(LEDGER_CALL_TIMEOUT_SECONDS):
+            if write.operation == "create":
+                result = await state.ledger.confirm(
+                    uid=info.uid, pod=info.key, node=write.node, request=info.request, owner=owner,
+                    verify_after_seconds=state.settings.verify_after_seconds, dry_run=write.dry_run, via="create",
+                    ports=info.ports, meta=info.meta,
+                )
+            else:
+                old = parse_pod(write.old_object) if write.old_object is not None else None
+                if old is not None and all(info.request.get(r, 0) <= old.request.get(r, 0) for r in info.request):
+                    # Nothing grows: the sync applies the smaller request once the kubelet allocated it.
+                    return admission.Verdict(allowed=True, reason="resize-not-growing")
+                result = await state.ledger.resize(
+                    uid=info.uid, pod=info.key, node=write.node, request=info.request, owner=owner,
+                    verify_after_seconds=state.settings.verify_after_seconds, dry_run=write.dry_run,
+                )
+    except (LedgerUnavailable, TimeoutError) as error:
+        return _unavailable(error)
+    except ResolverError as error:
+        return admission.Verdict(allowed=False, reason="malformed-pod", code=400, message=f"hoss: {error}")
+    return verdict_for(result, binding=binding)
+
+
+FAIL_OPEN_REASONS = frozenset({"ledger-not-ready", "ledger-unavailable", "unknown-node"})
+"""Verdicts the system entry (/validate-system) turns into an allow: the ledger cannot judge, and refusing would
+keep hoss's own pods, Redis or CoreDNS from starting (the deadlock the exemption exists for)."""
+
+
 JSON = "application/json"
 TEXT = "text/plain; charset=utf-8"
 
@@ -301,7 +381,7 @@ def _text(text: str, *, status: int = 200) -> Response:
     return Response(status, text.encode(), TEXT)
 
 
-async def validate_binding(state: WebhookState, request: Request) -> Response:
+async def validate_binding(state: WebhookState, request: Request, *, fail_open: bool = False) -> Response:
     started = time.perf_counter()
     try:
         parsed = admission.parse_review(request.body)
@@ -311,7 +391,15 @@ async def validate_binding(state: WebhookState, request: Request) -> Response:
     if isinstance(parsed, admission.OtherRequest):
         verdict = admission.Verdict(allowed=True, reason="not-a-binding")
     else:
-        verdict = await judge(state, parsed)
+        if isinstance(parsed, admission.PodWriteRequest):
+            verdict = await judge_pod_write(state, parsed)
+        else:
+            verdict = await judge(state, parsed)
+        if fail_open and not verdict.allowed and verdict.reason in FAIL_OPEN_REASONS:
+            log.warning("allowed %s of %s to %s unjudged (system namespace, fail open): %s",
+                        "binding" if isinstance(parsed, admission.BindingRequest) else parsed.operation,
+                        parsed.pod_key, parsed.node, verdict.message)
+            verdict = admission.Verdict(allowed=True, reason="system-unjudged")
         if not verdict.allowed:
             state.denials.append(
                 Denial(time.time(), parsed.pod_key, parsed.node, parsed.username, verdict.reason, verdict.message)
@@ -324,6 +412,12 @@ async def validate_binding(state: WebhookState, request: Request) -> Response:
     state.latency.observe(elapsed)
     state.review_latency.add(elapsed)
     return response
+
+
+async def validate_system(state: WebhookState, request: Request) -> Response:
+    """The entry for the system namespaces (kube-system, hoss-system): judged as any other, but a write the ledger
+    cannot judge is allowed (see FAIL_OPEN_REASONS); the webhook entry also has failurePolicy Ignore."""
+    return await validate_binding(state, request, fail_open=True)
 
 
 async def healthz(_state: WebhookState, _request: Request) -> Response:
@@ -364,6 +458,8 @@ async def status(state: WebhookState, _request: Request) -> Response:
                 **sync.stats.__dict__,
             },
             "enforce": state.settings.enforce,
+            "ledger_counters": {counter: int(state.ledger_stats.get(counter, 0)) for counter in LEDGER_COUNTERS},
+            "ledger_last": {key: value for key, value in state.ledger_stats.items() if key.startswith("last_")},
             "verdicts": dict(state.verdict_counts),
             "review_latency_ms": state.review_latency.summary_ms(),
             "http": None if state.server is None else {
@@ -379,6 +475,7 @@ def build_server(state: WebhookState) -> HttpServer:
     """The resolver's HTTP(S) endpoints: POST /validate-binding, GET /healthz, /readyz, /metrics, /status."""
     routes: dict[tuple[str, str], Callable[[WebhookState, Request], Awaitable[Response]]] = {
         ("POST", "/validate-binding"): validate_binding,
+        ("POST", "/validate-system"): validate_system,
         ("GET", "/healthz"): healthz,
         ("GET", "/readyz"): readyz,
         ("GET", "/metrics"): metrics,
@@ -448,7 +545,8 @@ async def publish_stats(state: WebhookState, redis: Redis, *, instance: str, int
             fields: dict[Any, Any] = stats_fields(state)
             pipe.hset(key, mapping=fields)
             pipe.expire(key, int(interval * 10))
-            await pipe.execute()
+            pipe.hgetall(STATS_KEY)
+            state.ledger_stats = dict((await pipe.execute())[-1] or {})
         except RedisError as error:
             log.warning("cannot publish resolver stats: %s", error)
         raise_if_cancelled()
@@ -555,7 +653,9 @@ async def running_resolver(settings: ResolverSettings) -> AsyncIterator[list[asy
         stack.push_async_callback(stats_redis.aclose)
 
         def make_sync() -> LedgerSync:
-            return LedgerSync(ledger=ledger, api=api, expire_interval_seconds=settings.expire_interval_seconds)
+            return LedgerSync(ledger=ledger, api=api, expire_interval_seconds=settings.expire_interval_seconds,
+                              write_timeout_seconds=settings.write_timeout_seconds,
+                              audit_interval_seconds=settings.audit_interval_seconds)
 
         tasks = [
             asyncio.create_task(sync_while_leading(state, elector, make_sync), name="sync-role"),

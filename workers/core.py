@@ -682,7 +682,7 @@ class Worker:
         except KubeError as error:
             self.count("denied")
             log.info("binding %s to %s refused (%s): %s", pod.key, node, error.status, error)
-            await self._unreserve(pod, node)
+            await self._unreserve(pod, node, answered=True)
             if error.status != 404:
                 self._record(pod_event(namespace=pod.namespace, name=pod.name, uid=pod.uid,
                                        reason="FailedScheduling", message=f"binding to {node} refused: {error}",
@@ -700,9 +700,12 @@ class Worker:
                                          component=self._component()))
         return True, 200
 
-    async def _unreserve(self, pod: PodView, node: str) -> None:
+    async def _unreserve(self, pod: PodView, node: str, *, answered: bool = False) -> None:
+        """Drop the reservation of a binding that failed. One the webhook admitted stays (the binding may have
+        happened after all); `answered` (the apiserver answered with an error, so the write is over) asks the
+        resolver's sync to check it at once."""
         try:
-            if await self.ledger.release_assumed(uid=pod.uid, node=node) and node in self.nodes:
+            if await self.ledger.release_assumed(uid=pod.uid, node=node, answered=answered) and node in self.nodes:
                 self.nodes.sub_used(node, pod.request)
         except (LedgerUnavailable, LedgerNotReadyError) as error:
             log.warning("cannot release the reservation of %s on %s (it expires by itself): %s", pod.key, node, error)

@@ -1,12 +1,20 @@
 -- bind_many: the apiserver says each uid runs on its node; as bind, for many pods in one call (the sync's
--- batch). ARGV: prefix, count, then count placements (uid, pod, node, n, n resource/amount pairs, ports, meta); a uid listed
--- twice ends on its last placement. Reply: {'bound', count} | NOT_READY
+-- batch). ARGV: prefix, count, then count placements (uid, pod, node, n, n resource/amount pairs, ports, meta); a
+-- uid listed twice ends on its last placement.
+-- Reply: {'bound', count, then per placement that overcommitted its node: pod, node, what} | NOT_READY
 if not is_ready() then
   return NOT_READY
 end
 local count = next_number()
+local reply = {'bound', count}
 for _ = 1, count do
-  bind_placement(next_placement())
+  local p = next_placement()
+  local _, over = bind_placement(p)
+  if over ~= '' then
+    table.insert(reply, p.pod)
+    table.insert(reply, p.node)
+    table.insert(reply, over)
+  end
 end
 publish()
-return {'bound', count}
+return reply

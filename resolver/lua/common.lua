@@ -14,6 +14,17 @@ local ASSUMED = PREFIX .. ':assumed'
 local EPOCH = PREFIX .. ':epoch'
 local CHANGES = PREFIX .. ':changes'
 local PODVER = PREFIX .. ':podver'
+-- Admitted entries (the webhook allowed their binding or pod creation) wait here, by the Redis time (ms) at which
+-- the sync should look at them again: it GETs the pod and drops the entry only on proof that the write the
+-- webhook admitted failed or the pod is gone (see verify_due and drop_admitted).
+local VERIFY = PREFIX .. ':verify'
+-- Counters every replica reports (/status, /metrics): overcommits = bound entries the apiserver's truth put on a
+-- node that had no room for them (see bind_placement).
+local STATS = PREFIX .. ':stats'
+-- Entry states: 'assumed' (a worker's reservation: expires, may be released or moved by its worker), 'admitted'
+-- (the webhook allowed the write: counted until the sync sees the pod bound or proves the write failed; never
+-- expires, never moves), 'bound' (the apiserver's truth, from the sync).
+local STATES = {'assumed', 'admitted', 'bound'}
 local CHANGES_MAXLEN = '100000'
 local NOT_READY = {'not_ready', 'the ledger has not been rebuilt since Redis started or lost its data'}
 
@@ -354,8 +365,11 @@ end
 -- Writes the entry of uid (which must not exist) and adds its request to the node's used totals and its host
 -- ports to the node's ports. deadline (ms) only for state 'assumed'; bound entries never expire. ports and meta
 -- ('' or nil: none) are kept in the entry; meta is published on the change stream for the workers' pod index.
-local function hold(uid, pod, node, request, state, owner, deadline, ports, meta)
+local function hold(uid, pod, node, request, state, owner, deadline, ports, meta, extra)
   local fields = {'node', node, 'pod', pod, 'state', state, 'owner', owner}
+  for _, item in ipairs(extra or {}) do
+    table.insert(fields, item)
+  end
   if ports and ports ~= '' then
     table.insert(fields, 'ports')
     table.insert(fields, ports)
@@ -389,6 +403,7 @@ local function drop(entry)
   domains_changed(entry.node, entry.meta, -1)
   redis.call('SREM', node_key(entry.node, entry.state), entry.uid)
   redis.call('ZREM', ASSUMED, entry.uid)
+  redis.call('ZREM', VERIFY, entry.uid)
   redis.call('DEL', pod_key(entry.uid))
 end
 
@@ -403,13 +418,13 @@ end
 -- Drops every entry on node and the node itself; returns the dropped uids.
 local function remove_node(node)
   local dropped = {}
-  for _, state in ipairs({'assumed', 'bound'}) do
+  for _, state in ipairs(STATES) do
     for _, uid in ipairs(redis.call('SMEMBERS', node_key(node, state))) do
       drop_uid(uid)
       table.insert(dropped, uid)
     end
   end
-  for _, part in ipairs({'alloc', 'used', 'labels', 'assumed', 'bound', 'spec', 'ports'}) do
+  for _, part in ipairs({'alloc', 'used', 'labels', 'assumed', 'admitted', 'bound', 'spec', 'ports'}) do
     redis.call('DEL', node_key(node, part))
   end
   redis.call('SREM', NODES, node)
@@ -498,18 +513,79 @@ local function publish()
   end
 end
 
+-- The fields of an admitted entry: when the webhook admitted it (ms), what it admitted ('binding', 'create' or
+-- 'resize'), and '1' under 'answered' once the binder saw the apiserver answer with an error.
+local function admitted_fields(at, via)
+  return {'admitted', int_str(at), 'via', via}
+end
+
+-- Admit a new entry of p on p.node for owner (the webhook allowed its binding or creation); the sync looks at it
+-- again from verify_at (ms).
+local function admit(p, owner, via, verify_at)
+  local at = now_ms()
+  hold(p.uid, p.pod, p.node, p.request, 'admitted', owner, nil, p.ports, p.meta, admitted_fields(at, via))
+  redis.call('ZADD', VERIFY, int_str(verify_at), p.uid)
+end
+
+-- Turn an existing assumed or admitted entry into an admitted one admitted now (a refreshed admission clears
+-- 'answered': this write is in flight again).
+local function admit_entry(entry, via, verify_at)
+  if entry.state == 'assumed' then
+    redis.call('SMOVE', node_key(entry.node, 'assumed'), node_key(entry.node, 'admitted'), entry.uid)
+    redis.call('ZREM', ASSUMED, entry.uid)
+    redis.call('HDEL', pod_key(entry.uid), 'deadline')
+  end
+  redis.call('HSET', pod_key(entry.uid), 'state', 'admitted', unpack(admitted_fields(now_ms(), via)))
+  redis.call('HDEL', pod_key(entry.uid), 'answered')
+  redis.call('ZADD', VERIFY, int_str(verify_at), entry.uid)
+end
+
+-- The resources of request that exceed the node's allocatable after the call, among those it added (more than
+-- `previous`, the request it had on that node before, gives back); '' when none.
+local function overcommitted(node, request, previous)
+  local before = {}
+  for _, item in ipairs(previous or {}) do
+    before[item[1]] = tonumber(item[2])
+  end
+  local over = {}
+  for _, item in ipairs(request) do
+    local amount = tonumber(item[2])
+    if amount > (before[item[1]] or 0) then
+      local alloc = tonumber(redis.call('HGET', node_key(node, 'alloc'), item[1])) or 0
+      local used = tonumber(redis.call('HGET', node_key(node, 'used'), item[1])) or 0
+      if used > alloc then
+        table.insert(over, item[1] .. ' used ' .. int_str(used) .. ' of ' .. int_str(alloc))
+      end
+    end
+  end
+  return table.concat(over, ', ')
+end
+
 -- The apiserver says p.uid runs on p.node: its entry becomes bound there with this request, whatever it was
 -- before and even if the node is overcommitted (a node not synced yet is registered without allocatable).
--- Returns the entry it replaced, or nil. Used by bind and bind_many.
+-- Returns the entry it replaced (or nil) and the overcommit it caused ('' when the node had room): never silent,
+-- every overcommit is counted in STATS and returned to the sync, which logs it. Used by bind and bind_many.
 local function bind_placement(p)
   local previous = drop_uid(p.uid)
   local owner = ''
+  local before = nil
   if previous then
     owner = previous.owner or ''
+    if previous.node == p.node then
+      before = previous.request
+    end
   end
   redis.call('SADD', NODES, p.node)
   hold(p.uid, p.pod, p.node, p.request, 'bound', owner, nil, p.ports, p.meta)
-  return previous
+  local over = ''
+  if redis.call('EXISTS', node_key(p.node, 'alloc')) == 1 then
+    over = overcommitted(p.node, p.request, before)
+    if over ~= '' then
+      redis.call('HINCRBY', STATS, 'overcommits', 1)
+      redis.call('HSET', STATS, 'last_overcommit', p.pod .. ' on ' .. p.node .. ': ' .. over)
+    end
+  end
+  return previous, over
 end
 
 -- Nominations: room held on a node for a preempting pod while the pods it evicts leave (workers/preempt.py).

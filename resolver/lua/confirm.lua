@@ -1,20 +1,23 @@
--- confirm: the admission webhook allows a binding of uid to node.
--- ARGV: prefix, owner, ttl_ms, has_request (0|1), then one placement (uid, pod, node, n, n resource/amount pairs,
--- ports, meta).
+-- confirm: the admission webhook allows a binding of uid to node, or the creation of a pod with spec.nodeName.
+-- ARGV: prefix, owner, verify_after_ms, has_request (0|1), dry_run (0|1), via ('binding' | 'create'), then one
+-- placement (uid, pod, node, n, n resource/amount pairs, ports, meta).
 -- Without a request (has_request 0, a hoss binding whose reservation holds it) a uid with no entry answers
 -- {'need_request'}: the caller looks the pod's request up and calls again with it.
--- An entry on this node (assumed or bound) confirms it, refreshing an assumed entry's deadline; no entry (a
--- foreign scheduler's binding) is fit-checked (beside the room held for preempting pods of at least its priority,
--- read from its meta; see 'Nominations' in common.lua) and held as assumed for owner; an entry elsewhere is
--- refused.
+-- An entry on this node confirms it: an assumed or admitted one becomes admitted (it no longer expires, moves or
+-- is released by its worker; the sync looks at it again after verify_after_ms), a bound one stays. No entry (a
+-- foreign scheduler's binding, a pod created on a node) is fit-checked (beside the room held for preempting pods of
+-- at least its priority, read from its meta; see 'Nominations' in common.lua) and held as admitted for owner. An
+-- entry elsewhere is refused. dry_run 1 (the apiserver's dryRun) gives the same answer and writes nothing.
 -- Reply: {'confirmed', node, foreign (0|1)} | {'conflict', ...} | {'unknown_node', node}
 --        | {'held_elsewhere', node, state} | {'need_request'} | NOT_READY
 if not is_ready() then
   return NOT_READY
 end
 local owner = next_arg()
-local ttl_ms = next_number()
+local verify_after_ms = next_number()
 local has_request = next_number()
+local dry_run = next_number() == 1
+local via = next_arg()
 local p = next_placement()
 if redis.call('SISMEMBER', NODES, p.node) == 0 then
   return {'unknown_node', p.node}
@@ -24,10 +27,8 @@ if entry then
   if entry.node ~= p.node then
     return {'held_elsewhere', entry.node, entry.state}
   end
-  if entry.state == 'assumed' then
-    local deadline = int_str(now_ms() + ttl_ms)
-    redis.call('HSET', pod_key(p.uid), 'deadline', deadline)
-    redis.call('ZADD', ASSUMED, deadline, p.uid)
+  if entry.state ~= 'bound' and not dry_run then
+    admit_entry(entry, via, now_ms() + verify_after_ms)
   end
   return {'confirmed', p.node, 0}
 end
@@ -38,6 +39,12 @@ local conflict = check_fit({p}) or nominated_conflict(p.node, p.uid, p.meta, p.r
 if conflict then
   return conflict
 end
-hold(p.uid, p.pod, p.node, p.request, 'assumed', owner, now_ms() + ttl_ms, p.ports, p.meta)
-publish()
+local port = port_conflict(p.node, p.ports, nil, nil)
+if port then
+  return {'conflict', p.node, 'hostPort ' .. port, 1, 0}
+end
+if not dry_run then
+  admit(p, owner, via, now_ms() + verify_after_ms)
+  publish()
+end
 return {'confirmed', p.node, 1}

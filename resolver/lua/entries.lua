@@ -4,7 +4,7 @@ local reply = {0}
 local nodes = redis.call('SMEMBERS', NODES)
 table.sort(nodes)
 for _, node in ipairs(nodes) do
-  for _, state in ipairs({'assumed', 'bound'}) do
+  for _, state in ipairs(STATES) do
     local uids = redis.call('SMEMBERS', node_key(node, state))
     table.sort(uids)
     for _, uid in ipairs(uids) do

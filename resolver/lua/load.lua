@@ -23,7 +23,7 @@ end
 -- Then the pod index: count, then per entry uid, node, meta (as the change stream's p: entries give them).
 local pods = {}
 for _, node in ipairs(names) do
-  for _, state in ipairs({'assumed', 'bound'}) do
+  for _, state in ipairs(STATES) do
     for _, uid in ipairs(redis.call('SMEMBERS', node_key(node, state))) do
       table.insert(pods, uid)
       table.insert(pods, node)

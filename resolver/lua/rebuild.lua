@@ -1,5 +1,6 @@
--- rebuild: replace nodes and bound entries with the apiserver's truth, keep assumed entries whose node is still
--- listed and whose uid is not bound, recompute every used total, then set a fresh epoch and the ready flag.
+-- rebuild: replace nodes and bound entries with the apiserver's truth, keep assumed and admitted entries whose
+-- node is still listed and whose uid is not bound (admitted ones keep their admission and place in the sync's
+-- check line), recompute every used total, then set a fresh epoch and the ready flag.
 -- Runs whether or not the ledger is ready (it is how the ledger becomes ready).
 -- ARGV: prefix, epoch, n, n nodes (name, a, a alloc pairs, l, l label pairs, spec JSON), b, b bound placements
 -- (as bind's).
@@ -24,10 +25,13 @@ end
 local kept = {}
 for _, node in ipairs(redis.call('SMEMBERS', NODES)) do
   if listed[node] then
-    for _, uid in ipairs(redis.call('SMEMBERS', node_key(node, 'assumed'))) do
-      local entry = read_entry(uid)
-      if entry and not bound_uids[uid] then
-        table.insert(kept, entry)
+    for _, state in ipairs({'assumed', 'admitted'}) do
+      for _, uid in ipairs(redis.call('SMEMBERS', node_key(node, state))) do
+        local entry = read_entry(uid)
+        if entry and not bound_uids[uid] then
+          entry.verify_at = redis.call('ZSCORE', VERIFY, uid)
+          table.insert(kept, entry)
+        end
       end
     end
   end
@@ -47,8 +51,19 @@ for _, p in ipairs(bound) do
   hold(p.uid, p.pod, p.node, p.request, 'bound', '', nil, p.ports, p.meta)
 end
 for _, entry in ipairs(kept) do
-  hold(entry.uid, entry.pod, entry.node, entry.request, 'assumed', entry.owner, tonumber(entry.deadline),
-       entry.ports, entry.meta)
+  if entry.state == 'admitted' then
+    local extra = admitted_fields(tonumber(entry.admitted), entry.via or 'binding')
+    if entry.answered then
+      table.insert(extra, 'answered')
+      table.insert(extra, entry.answered)
+    end
+    hold(entry.uid, entry.pod, entry.node, entry.request, 'admitted', entry.owner, nil, entry.ports, entry.meta,
+         extra)
+    redis.call('ZADD', VERIFY, entry.verify_at or int_str(now_ms()), entry.uid)
+  else
+    hold(entry.uid, entry.pod, entry.node, entry.request, 'assumed', entry.owner, tonumber(entry.deadline),
+         entry.ports, entry.meta)
+  end
 end
 redis.call('SET', EPOCH, epoch)
 redis.call('SET', READY, '1')

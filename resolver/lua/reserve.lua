@@ -4,9 +4,10 @@
 -- held there for preempting pods of at least the placement's priority must stay free.
 -- A port conflict answers {'conflict', node, 'hostPort <protocol>/<ip>/<port>', 1, 0}.
 -- Per placement: assumed on the same node -> refreshed (request and owner replaced); assumed on another node ->
--- moved; bound on the same node -> left as is; bound elsewhere -> refused.
+-- moved; bound or admitted (the webhook allowed its binding: it may be bound already) on the same node -> left
+-- as is; bound or admitted elsewhere -> refused.
 -- Reply: {'reserved'} | {'conflict', node, resource, wanted, free} | {'unknown_node', node}
---        | {'held_elsewhere', node, 'bound'} | NOT_READY
+--        | {'held_elsewhere', node, 'bound' | 'admitted'} | NOT_READY
 if not is_ready() then
   return NOT_READY
 end
@@ -19,9 +20,9 @@ for _ = 1, next_number() do
     return {'unknown_node', p.node}
   end
   local entry = read_entry(p.uid)
-  if entry and entry.state == 'bound' then
+  if entry and entry.state ~= 'assumed' then
     if entry.node ~= p.node then
-      return {'held_elsewhere', entry.node, 'bound'}
+      return {'held_elsewhere', entry.node, entry.state}
     end
   else
     p.current = entry

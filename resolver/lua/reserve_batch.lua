@@ -6,7 +6,8 @@
 -- Per pod, in order (earlier pods' reservations count for later ones):
 --   the dispatcher marked the pod changed or gone since this version was queued ('{hoss}:podver' holds
 --     another digest)                                  -> stale, the marker
---   bound already (the sync saw it bound)              -> bound, that node
+--   bound already (the sync saw it bound), or admitted (the webhook allowed a binding of it: it may be bound
+--     already, and an admitted entry never moves)    -> bound, that node
 --   else the first candidate that is a node, fits, has the pod's host ports free, whose inter-pod domains
 --     did not change since the decision (see 'Inter-pod domains' in common.lua) and where the room held for
 --     preempting pods of at least the pod's priority (from its meta) stays free (see 'Nominations')
@@ -53,7 +54,7 @@ for _, item in ipairs(cjson.decode(next_arg())) do
       drop_nomination(uid)
     end
     answer('stale', marker)
-  elseif entry and entry.state == 'bound' then
+  elseif entry and entry.state ~= 'assumed' then
     answer('bound', entry.node)
   else
     local result = nil

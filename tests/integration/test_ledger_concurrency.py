@@ -65,13 +65,13 @@ async def run_story(ledger: Ledger, story: Story, *, owner: str) -> Held:
     if story.finish == "foreign":
         node = story.nodes[0]
         result = await ledger.confirm(
-            uid=uid, pod=pod, node=node, request=request, owner=f"foreign:{owner}", ttl_seconds=TTL
+            uid=uid, pod=pod, node=node, request=request, owner=f"foreign:{owner}", verify_after_seconds=TTL
         )
         if isinstance(result, Conflict):
             assert result.wanted > result.free, result
             return None
         assert result == Confirmed(node=node, foreign=True), result
-        return node, "assumed"
+        return node, "admitted"
 
     held: str | None = None
     for node in story.nodes:
@@ -85,9 +85,10 @@ async def run_story(ledger: Ledger, story: Story, *, owner: str) -> Held:
         return None
     if story.finish == "confirm":
         confirmed = await ledger.confirm(
-            uid=uid, pod=pod, node=held, request=request, owner="foreign:nobody", ttl_seconds=TTL
+            uid=uid, pod=pod, node=held, request=request, owner="foreign:nobody", verify_after_seconds=TTL
         )
         assert confirmed == Confirmed(node=held, foreign=False), confirmed
+        return held, "admitted"
     elif story.finish == "bind":
         await ledger.bind(uid=uid, pod=pod, node=held, request=request)
         return held, "bound"
@@ -153,7 +154,8 @@ async def assert_consistent(ledger: Ledger, url: str) -> None:
         states[entry.node, entry.state] += 1
     for name, node in snapshot.nodes.items():
         assert node.used == {r: v for r, v in sums.get(name, {}).items() if v}, name
-        assert (node.assumed, node.bound) == (states[name, "assumed"], states[name, "bound"]), name
+        assert (node.assumed, node.bound, node.admitted) == (states[name, "assumed"], states[name, "bound"],
+                                                          states[name, "admitted"]), name
         for resource, amount in node.used.items():
             assert amount <= node.alloc.get(resource, 0), f"{name} oversold {resource}: {amount} > {node.alloc}"
 

@@ -40,9 +40,9 @@ async def test_the_resolvers_ledger_operations_over_hiredis_packed_connections(r
                                             owner="w", ttl_seconds=30)
             assert reserved == Reserved(node="n1")
             assert await ledger.confirm(uid="a", pod="ns/a", node="n1", request=None, owner="w",
-                                        ttl_seconds=30) == Confirmed(node="n1", foreign=False)
+                                        verify_after_seconds=30) == Confirmed(node="n1", foreign=False)
             assert await ledger.confirm(uid="b", pod="ns/b", node="n1", request=None, owner="w",
-                                        ttl_seconds=30) == NeedRequest()
+                                        verify_after_seconds=30) == NeedRequest()
             await ledger.bind_many([Placement(uid=u, pod=f"ns/{u}", node="n1", request={"cpu": 10, "pods": 1})
                                     for u in ("a", "c", "d")])
             assert await ledger.release_many(["c", "zz"]) == 1
@@ -69,17 +69,17 @@ async def test_the_webhooks_ledger_calls_over_one_pipelined_connection(redis_url
         assert await ledger.epoch()
         results = await asyncio.gather(*(
             ledger.confirm(uid=f"u{i}", pod=f"ns/u{i}", node="n1", request={"cpu": 10, "pods": 1}, owner="w",
-                           ttl_seconds=30)
+                           verify_after_seconds=30)
             for i in range(200)
         ))
         assert results == [Confirmed(node="n1", foreign=True)] * 110 + [
             Conflict(node="n1", resource="pods", wanted=1, free=0)] * 90
         assert await ledger.confirm(uid="u0", pod="ns/u0", node="n1", request=None, owner="w",
-                                    ttl_seconds=30) == Confirmed(node="n1", foreign=False)
+                                    verify_after_seconds=30) == Confirmed(node="n1", foreign=False)
         await ledger.mark_not_ready()
         assert not await ledger.is_ready()
         assert isinstance(await ledger.confirm(uid="x", pod="ns/x", node="n1", request=None, owner="w",
-                                               ttl_seconds=30), LedgerNotReady)
+                                               verify_after_seconds=30), LedgerNotReady)
     finally:
         await ledger.close()
 

@@ -273,10 +273,11 @@ async def test_gang_with_a_uid_twice_is_a_value_error(ledger: Ledger) -> None:
 
 
 async def confirm(ledger: Ledger, uid: str, node: str, request: dict[str, int], owner: str = "foreign:alice") -> object:
-    return await ledger.confirm(uid=uid, pod=f"ns/{uid}", node=node, request=request, owner=owner, ttl_seconds=TTL)
+    return await ledger.confirm(uid=uid, pod=f"ns/{uid}", node=node, request=request, owner=owner,
+                                verify_after_seconds=TTL)
 
 
-async def test_confirming_own_reservation_is_not_foreign_and_refreshes_it(ledger: Ledger) -> None:
+async def test_confirming_own_reservation_is_not_foreign_and_admits_it(ledger: Ledger) -> None:
     await reserve(ledger, "a", "n1", pod(1000), ttl=1)
     [before] = await ledger.entries()
 
@@ -284,8 +285,8 @@ async def test_confirming_own_reservation_is_not_foreign_and_refreshes_it(ledger
 
     [after] = await ledger.entries()
     assert after.owner == "w1"
-    assert before.deadline_ms is not None and after.deadline_ms is not None
-    assert after.deadline_ms >= before.deadline_ms + 50_000
+    assert before.state == "assumed" and before.deadline_ms is not None
+    assert after.state == "admitted" and after.deadline_ms is None
     assert await used(ledger, "n1") == {"cpu": 1000, "pods": 1}
 
 
@@ -299,7 +300,7 @@ async def test_foreign_binding_that_fits_is_held_for_its_owner(ledger: Ledger) -
     assert await confirm(ledger, "a", "n2", pod(1500, Gi)) == Confirmed(node="n2", foreign=True)
 
     [entry] = await ledger.entries()
-    assert (entry.node, entry.state, entry.owner) == ("n2", "assumed", "foreign:alice")
+    assert (entry.node, entry.state, entry.owner) == ("n2", "admitted", "foreign:alice")
     assert await used(ledger, "n2") == {"cpu": 1500, "memory": Gi, "pods": 1}
     assert await reserve(ledger, "b", "n2", pod(1000)) == Conflict(node="n2", resource="cpu", wanted=1000, free=500)
 

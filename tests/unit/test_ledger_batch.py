@@ -72,13 +72,13 @@ async def test_batch_reports_stale_versions_and_bound_pods(ledger: Ledger, clien
 
 
 async def test_confirm_without_request_needs_an_entry(ledger: Ledger) -> None:
-    assert await ledger.confirm(uid="x", pod="ns/x", node="n1", request=None, owner="w", ttl_seconds=5) \
+    assert await ledger.confirm(uid="x", pod="ns/x", node="n1", request=None, owner="w", verify_after_seconds=5) \
         == NeedRequest()
     await ledger.reserve_batch([item("x", "n1")], owner="w1", ttl_seconds=30)
-    assert await ledger.confirm(uid="x", pod="ns/x", node="n1", request=None, owner="w", ttl_seconds=5) \
+    assert await ledger.confirm(uid="x", pod="ns/x", node="n1", request=None, owner="w", verify_after_seconds=5) \
         == Confirmed(node="n1", foreign=False)
-    assert await ledger.confirm(uid="x", pod="ns/x", node="n2", request=None, owner="w", ttl_seconds=5) \
-        == HeldElsewhere(node="n1", state="assumed")
+    assert await ledger.confirm(uid="x", pod="ns/x", node="n2", request=None, owner="w", verify_after_seconds=5) \
+        == HeldElsewhere(node="n1", state="admitted")
 
 
 async def test_bind_many_and_release_many(ledger: Ledger) -> None:

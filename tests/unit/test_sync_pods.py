@@ -35,11 +35,11 @@ class CountingLedger(Ledger):
         self.calls: list[tuple[str, int]] = []
         self.fail = False
 
-    async def bind_many(self, placements: Any) -> None:
+    async def bind_many(self, placements: Any) -> Any:
         self.calls.append(("bind_many", len(placements)))
         if self.fail:
             raise LedgerUnavailable("redis is down")
-        await super().bind_many(placements)
+        return await super().bind_many(placements)
 
     async def release_many(self, uids: Any) -> int:
         self.calls.append(("release_many", len(uids)))
