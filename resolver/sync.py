@@ -574,11 +574,12 @@ class LedgerSync:
 
 def admitted_verdict(
     entry: AdmittedEntry, pod: Json | None, *, now_ms: int, write_timeout_ms: int
-) -> Literal["keep", "pod gone", "bound elsewhere", "write failed"]:
+) -> Literal["keep", "pod gone", "bound elsewhere", "pod being deleted", "write failed"]:
     """What a GET of the pod (None: 404) proves about an admitted entry. Pure.
 
     The entry stays ("keep") unless the admitted write can no longer happen: the pod is bound to another node
-    (a pod is bound once), the pod with that uid is gone (for a binding: it needs that pod), or the pod is still
+    (a pod is bound once), the pod with that uid is gone or being deleted (for a binding: the apiserver binds
+    neither), or the pod is still
     unbound (or, for a creation, not there) once the write is surely over: its binder saw the apiserver's
     answer, or `write_timeout_ms` passed since the admission. A pod bound to the entry's node keeps it: the sync
     turns it into a bound entry when its watch delivers the pod.
@@ -591,6 +592,8 @@ def admitted_verdict(
             return "keep"
         if node:
             return "bound elsewhere"
+        if metadata.get("deletionTimestamp") and entry.via == "binding":
+            return "pod being deleted"  # the apiserver refuses to bind a pod that is being deleted
     elif entry.via != "create":
         return "pod gone"
     over = entry.answered or now_ms - entry.admitted_ms >= write_timeout_ms

@@ -559,11 +559,13 @@ class LocalPlane:
         enforce: str = "all",
         name: str = "hoss-resolver",
         serving: pki.KeyPair | None = None,
+        extra_args: Sequence[str] = (),
     ) -> Process:
         """Start hoss-resolver (the admission webhook) on a free port.
 
         Its serving certificate is ``serving`` when given (e.g. from ``hoss certs``), else one from the plane's CA.
         Another ``name`` runs a second resolver beside the plane's own (which the plane's webhook calls).
+        ``extra_args`` are more hoss-resolver flags (e.g. ``--audit-interval-seconds=2``).
         """
         state = state or self.state()
         if serving is None:
@@ -592,6 +594,7 @@ class LocalPlane:
                 f"--tls-cert-file={serving.cert}",
                 f"--tls-key-file={serving.key}",
                 f"--enforce={enforce}",
+                *extra_args,
             ],
             port=port,
             binary="resolver.webhook",
@@ -660,10 +663,8 @@ class LocalPlane:
         config: dict[str, Any] = yaml.safe_load(WEBHOOK_MANIFEST.read_text())
         ca_bundle = base64.b64encode((self.pki_dir / "ca.crt").read_bytes()).decode()
         for hook in config["webhooks"]:
-            hook["clientConfig"] = {
-                "url": f"https://127.0.0.1:{resolver.port}/validate-binding",
-                "caBundle": ca_bundle,
-            }
+            path = hook["clientConfig"]["service"]["path"]
+            hook["clientConfig"] = {"url": f"https://127.0.0.1:{resolver.port}{path}", "caBundle": ca_bundle}
         return config
 
     def register_webhook(self) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.local.cluster import Cluster
+from deploy.local.cluster import Cluster, oversold_nodes
 from deploy.local.plane import LocalPlane, Process
 
 _namespaces = itertools.count()
@@ -42,6 +42,32 @@ async def namespace(cluster: Cluster, plane: LocalPlane, request: pytest.Fixture
     yield name
     await cluster.delete_pods(name)
     plane.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found")
+
+
+OVERSELL_CHECK_SKIPPED_MODULES = frozenset({"test_deploy", "test_bench", "test_chaos"})
+"""Modules whose tests run planes or webhooks of their own (test_chaos checks oversell itself)."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every e2e test that makes pods in its namespace ends with `no_node_oversold`."""
+    for item in items:
+        module = item.module.__name__.rsplit(".", 1)[-1] if isinstance(item, pytest.Function) else ""
+        fixturenames = getattr(item, "fixturenames", None)
+        if (module not in OVERSELL_CHECK_SKIPPED_MODULES and isinstance(fixturenames, list)
+                and "namespace" in fixturenames and "no_node_oversold" not in fixturenames):
+            fixturenames.append("no_node_oversold")
+
+
+@pytest.fixture
+async def no_node_oversold(request: pytest.FixtureRequest, cluster: Cluster, namespace: str) -> AsyncIterator[None]:
+    """After the test (before its namespace's pods are deleted): the independent oversell check, from the
+    apiserver alone -- the requests of the pods on each node against its allocatable, every namespace. A test
+    that oversells on purpose is marked ``oversells``."""
+    yield
+    if request.node.get_closest_marker("oversells") is not None:
+        return
+    pods = await cluster.raw_list("list_pod_for_all_namespaces")
+    assert oversold_nodes(await cluster.raw_list("list_node"), pods) == {}, "a node is oversold"
 
 
 @pytest.fixture(scope="session")

@@ -74,20 +74,25 @@ def base(plane: LocalPlane) -> list[Json]:
 
 
 def test_webhook_of_the_base_fails_closed_on_bindings_and_calls_the_resolver_service(base: list[Json]) -> None:
-    (hook,) = named(base, "ValidatingWebhookConfiguration")["hoss-resolver"]["webhooks"]
-    assert hook["failurePolicy"] == "Fail"
-    assert hook["sideEffects"] == "None"
-    (rule,) = hook["rules"]
-    assert rule["operations"] == ["CREATE"]
-    assert set(rule["resources"]) == {"pods/binding", "bindings"}
-    assert hook["clientConfig"] == {
-        "service": {"name": "hoss-resolver", "namespace": HOSS_NAMESPACE, "path": "/validate-binding", "port": 443}
-    }
-    # The resolver's own pods, Redis and CoreDNS must be bindable while no resolver answers.
-    (excluded,) = hook["namespaceSelector"]["matchExpressions"]
-    assert excluded["key"] == "kubernetes.io/metadata.name"
-    assert excluded["operator"] == "NotIn"
-    assert set(excluded["values"]) == {HOSS_NAMESPACE, "kube-system"}
+    hook, system = named(base, "ValidatingWebhookConfiguration")["hoss-resolver"]["webhooks"]
+    for entry, policy, path, operator in ((hook, "Fail", "/validate-binding", "NotIn"),
+                                          (system, "Ignore", "/validate-system", "In")):
+        assert entry["failurePolicy"] == policy
+        assert entry["sideEffects"] == "NoneOnDryRun"
+        create, resize = entry["rules"]
+        assert create["operations"] == ["CREATE"]
+        assert set(create["resources"]) == {"pods/binding", "bindings", "pods"}
+        assert (resize["operations"], resize["resources"]) == (["UPDATE"], ["pods/resize"])
+        assert [c["name"] for c in entry["matchConditions"]] == ["bindings-and-pods-on-a-node", "not-a-mirror-pod"]
+        assert entry["clientConfig"] == {
+            "service": {"name": "hoss-resolver", "namespace": HOSS_NAMESPACE, "path": path, "port": 443}
+        }
+        # The resolver's own pods, Redis and CoreDNS must be bindable while no resolver answers: in their
+        # namespaces the entry fails open.
+        (selected,) = entry["namespaceSelector"]["matchExpressions"]
+        assert selected["key"] == "kubernetes.io/metadata.name"
+        assert selected["operator"] == operator
+        assert set(selected["values"]) == {HOSS_NAMESPACE, "kube-system"}
 
     service = named(base, "Service")["hoss-resolver"]
     (port,) = service["spec"]["ports"]
@@ -309,6 +314,7 @@ def webhook_configuration(*, name: str, url: str, namespace: str, ca_bundle: byt
     """deploy/webhook.yaml, renamed, calling ``url`` and only for bindings in ``namespace``."""
     configuration: Json = yaml.safe_load(WEBHOOK_MANIFEST.read_text())
     configuration["metadata"] = {"name": name}
+    configuration["webhooks"] = configuration["webhooks"][:1]  # the system namespaces' entry is not wanted here
     for hook in configuration["webhooks"]:
         hook["name"] = f"binding.{name}.hoss.io"
         hook["clientConfig"] = {"url": url}

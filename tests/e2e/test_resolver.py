@@ -8,6 +8,7 @@ import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import pytest
 import redis.asyncio as aioredis
 
 from deploy.local.cluster import Cluster, oversold_nodes, pod_manifest, wait_until
@@ -67,6 +68,7 @@ async def race(plane: LocalPlane, cluster: Cluster, namespace: str, prefix: str)
     return nodes
 
 
+@pytest.mark.oversells
 async def test_racing_kube_schedulers_oversell_nodes_without_the_resolver(
     plane: LocalPlane, cluster: Cluster, namespace: str
 ) -> None:
