@@ -74,10 +74,10 @@ async def test_the_preemptor_takes_its_room_and_its_nomination_ends(ledger: Ledg
 async def test_a_foreign_binding_of_lower_priority_is_refused_where_room_is_held(ledger: Ledger) -> None:
     await ledger.nominate(uid="p", node="n1", priority=100, request={"cpu": 3000, "pods": 1}, ttl_seconds=60)
     refused = await ledger.confirm(uid="f", pod="ns/f", node="n1", request={"cpu": 2000, "pods": 1},
-                                   owner="foreign:x", ttl_seconds=30, meta=meta(0))
+                                   owner="foreign:x", verify_after_seconds=30, meta=meta(0))
     assert refused == Conflict(node="n1", resource="cpu (held for a preempting pod)", wanted=2000, free=1000)
     allowed = await ledger.confirm(uid="g", pod="ns/g", node="n1", request={"cpu": 2000, "pods": 1},
-                                   owner="foreign:x", ttl_seconds=30, meta=meta(200))  # higher: allowed
+                                   owner="foreign:x", verify_after_seconds=30, meta=meta(200))  # higher: allowed
     assert allowed == Confirmed(node="n1", foreign=True)
 
 
