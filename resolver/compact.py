@@ -164,10 +164,11 @@ def host_ports(pod: Mapping[str, Any]) -> list[str]:
 def pod_meta(pod: Mapping[str, Any], *, request: Mapping[str, int] | None = None) -> tuple[str, str]:
     """What the ledger keeps of a placed pod beyond its request: its host ports as the reserve scripts check them
     ('TCP/0.0.0.0/80,UDP/10.0.0.1/53', '' for none), and its meta for the workers' pod index (JSON: namespace,
-    name, labels, host ports, required anti-affinity terms, and for preemption spec.priority (left out when 0),
-    the effective `request` when given, and metadata.creationTimestamp) -- what NodePorts, InterPodAffinity and
-    DefaultPreemption, and later PodTopologySpread, read of the pods already on a node. The scripts read the
-    priority too: room held for a preempting pod is kept from pods of lower priority."""
+    name, labels, host ports, required anti-affinity terms as ``anti``, for InterPodAffinity's score the required
+    affinity terms ``aff`` and the preferred ones ``paff``/``panti``, and for preemption spec.priority (left out
+    when 0), the effective `request` when given, and metadata.creationTimestamp) -- what NodePorts,
+    InterPodAffinity, PodTopologySpread and DefaultPreemption read of the pods already on a node. The scripts read
+    the priority too: room held for a preempting pod is kept from pods of lower priority."""
     metadata = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
     assert isinstance(metadata, dict)
     labels = metadata.get("labels")
@@ -195,4 +196,12 @@ def pod_meta(pod: Mapping[str, Any], *, request: Mapping[str, int] | None = None
     terms = anti.get("requiredDuringSchedulingIgnoredDuringExecution")
     if isinstance(terms, list) and terms:
         meta["anti"] = terms  # existing pods' anti-affinity holds against pods placed later
+    # ... and their affinity terms weigh in InterPodAffinity's score of pods placed later
+    pod_affinity = affinity.get("podAffinity") if isinstance(affinity.get("podAffinity"), dict) else {}
+    assert isinstance(pod_affinity, dict)
+    for field, source, kind in (("aff", pod_affinity, "required"), ("paff", pod_affinity, "preferred"),
+                                ("panti", anti, "preferred")):
+        listed = source.get(f"{kind}DuringSchedulingIgnoredDuringExecution")
+        if isinstance(listed, list) and listed:
+            meta[field] = listed
     return ",".join(ports), orjson.dumps(meta, option=orjson.OPT_SORT_KEYS).decode()

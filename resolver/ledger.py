@@ -217,10 +217,14 @@ class BatchPod:
     meta: str = ""
     """The pod's compact description for the workers' pod index (`resolver.compact.pod_meta`)."""
     inter_pod_keys: str = ""
-    """The topology keys of the pod's required inter-pod terms ('k1,k2'), whose domains are checked."""
+    """The topology keys of the pod's required inter-pod terms and DoNotSchedule spread constraints ('k1,k2'),
+    whose domains are checked."""
     position: str = ""
     """The change-stream id the decision saw: refused on a node whose inter-pod domains changed since ('' = not
     checked); see 'Inter-pod domains' in resolver/lua/common.lua."""
+    tentative: bool = False
+    """The worker counted this pod as placed when it decided the later pods of the batch: if it is refused, a
+    later pod with inter_pod_keys is refused too (its decision may have relied on it)."""
 
 
 @dataclass(frozen=True)
@@ -402,7 +406,7 @@ class Ledger:
             return []
         encoded = orjson.dumps([
             [item.uid, item.pod, item.digest, list(item.candidates), _vector_args(item.request)[1:], item.ports,
-             item.meta, item.inter_pod_keys, item.position]
+             item.meta, item.inter_pod_keys, item.position, 1 if item.tentative else 0]
             for item in pods
         ])
         reply = await self._run("reserve_batch", [owner, _ttl_ms(ttl_seconds), encoded.decode()])

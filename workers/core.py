@@ -70,8 +70,8 @@ from workers.feed import NodeFeed
 from workers.framework import Evaluation, Placement, Profile, Unschedulable, choose, evaluate
 from workers.gang import place_gang
 from workers.intake import Work, inter_pod_keys, ledger_meta, parse_work, signature
-from workers.nodes import NodeTable, PlacedPod
-from workers.pod import PodView
+from workers.nodes import NodeTable
+from workers.pod import PodView, placed_view
 from workers.preempt import Preemptor, eligible
 from workers.profiles import load_profiles
 from workers.settings import WorkerSettings
@@ -473,11 +473,10 @@ class Worker:
                 continue
             first = decision.candidates[0]
             self.nodes.add_used(first, pod.request)  # later pods of the batch see this placement
-            inter_pod = bool(pod.affinity_terms or pod.anti_affinity_terms)
+            inter_pod = pod.reads_pod_index
             if pod.host_ports or inter_pod:
                 # ... and its host ports and inter-pod terms (the ledger's stream confirms or the results undo it)
-                self.nodes.place_pod(PlacedPod(uid=pod.uid, node=first, namespace=pod.namespace, labels=pod.labels,
-                                               ports=pod.host_ports, anti=pod.anti_affinity_terms))
+                self.nodes.place_pod(placed_view(pod, first))
             if inter_pod:
                 shared.clear()  # shared evaluations predate this pod: it may change other nodes' feasibility
             for _evaluation, touched in shared.values():
@@ -494,14 +493,14 @@ class Worker:
         results = await self.ledger.reserve_batch(
             [BatchPod(uid=pod.uid, pod=pod.key, digest=work.item.digest, candidates=decision.candidates,
                       request=pod.request, **ledger_meta(work.raw, pod.request), inter_pod_keys=inter_pod_keys(pod),
-                      position=position)
+                      position=position, tentative=bool(pod.host_ports or pod.reads_pod_index))
              for work, pod, decision in decided],
             owner=self.settings.id, ttl_seconds=self.settings.reservation_ttl_seconds,
         )
         for index, (_work, pod, decision) in enumerate(decided):
             if decision.candidates[0] in self.nodes:
                 self.nodes.sub_used(decision.candidates[0], pod.request)
-            tentative = pod.host_ports or pod.affinity_terms or pod.anti_affinity_terms
+            tentative = pod.host_ports or pod.reads_pod_index
             placed = self.nodes.pods.get(pod.uid) if tentative else None
             if placed is not None and placed.node == decision.candidates[0] and not (
                     isinstance(results, list) and results[index] == Reserved(placed.node)):

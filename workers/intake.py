@@ -96,15 +96,19 @@ def ledger_meta(raw: Json, request: ResourceVector | None = None) -> dict[str, s
 
 
 def _no_inter_pod_terms(member: PodView) -> None:
-    """Gangs are reserved all at once by a script that does not check inter-pod domains: refuse their terms."""
+    """Gangs are reserved all at once by a script that does not check inter-pod domains: refuse their required
+    terms and DoNotSchedule spread constraints (preferences are only scores)."""
     for key, terms in (("podAffinity", member.affinity_terms), ("podAntiAffinity", member.anti_affinity_terms)):
         if terms:
             raise UnsupportedPodField(f"spec.affinity.{key} in a gang member")
+    if member.hard_spread:
+        raise UnsupportedPodField("spec.topologySpreadConstraints (DoNotSchedule) in a gang member")
 
 
 def inter_pod_keys(pod: PodView) -> str:
-    """The topology keys of the pod's required inter-pod terms, as reserve_batch takes them ('k1,k2')."""
-    return ",".join(sorted({term.topology_key for term in (*pod.affinity_terms, *pod.anti_affinity_terms)}))
+    """The topology keys of the pod's required inter-pod terms and DoNotSchedule spread constraints, as
+    reserve_batch takes them ('k1,k2')."""
+    return ",".join(sorted(pod.domain_keys))
 
 
 def signature(work: Work) -> bytes:

@@ -34,7 +34,7 @@ from resolver.errors import NodeSpecError, ResolverError
 from resolver.resources import ResourceVector, node_allocatable
 from workers import payload
 from workers.errors import UnknownNodeError
-from workers.podterms import LabelSelector, PodAffinityTerm, parse_terms
+from workers.podterms import LabelSelector, PodAffinityTerm, WeightedPodTerm, parse_terms, parse_weighted_terms
 
 TAINT_EFFECTS = frozenset({"NoSchedule", "PreferNoSchedule", "NoExecute"})
 ANY_HOST_IP = "0.0.0.0"
@@ -102,6 +102,17 @@ class PlacedPod:
     """Its effective request ({} when its meta predates it): the room its eviction frees."""
     created: str = ""
     """metadata.creationTimestamp (RFC 3339, compares as text); preemption's stand-in for the start time."""
+    affinity: tuple[PodAffinityTerm, ...] = ()
+    """Its required pod affinity terms (InterPodAffinity's score counts them, as hardPodAffinityWeight 1)."""
+    preferred: tuple[WeightedPodTerm, ...] = ()
+    """Its preferred pod affinity terms (scored for incoming pods they match)."""
+    preferred_anti: tuple[WeightedPodTerm, ...] = ()
+    """Its preferred pod anti-affinity terms (scored, negatively, for incoming pods they match)."""
+
+    @property
+    def scores_others(self) -> bool:
+        """Whether its terms weigh in InterPodAffinity's score of pods placed after it."""
+        return bool(self.affinity or self.preferred or self.preferred_anti)
 
 
 def parse_placed(uid: str, node: str, meta: str) -> PlacedPod:
@@ -123,11 +134,21 @@ def parse_placed(uid: str, node: str, meta: str) -> PlacedPod:
         anti = ()  # unreadable terms of a pod already placed: nothing to hold against others
     priority = value.get("priority")
     request = value.get("request")
+    try:
+        affinity = parse_terms(value.get("aff"), field="aff", owner_namespace=namespace, lenient=True)
+        preferred = parse_weighted_terms(value.get("paff"), field="paff", owner_namespace=namespace, lenient=True)
+        preferred_anti = parse_weighted_terms(value.get("panti"), field="panti", owner_namespace=namespace,
+                                              lenient=True)
+    except ResolverError:
+        affinity, preferred, preferred_anti = (), (), ()  # unreadable: they weigh in no score
     return PlacedPod(
         uid=uid,
         node=node,
         namespace=namespace,
         anti=anti,
+        affinity=affinity,
+        preferred=preferred,
+        preferred_anti=preferred_anti,
         labels={str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {},
         ports=tuple(p for p in parsed if p is not None),
         name=str(value.get("name") or ""),
@@ -222,6 +243,8 @@ class NodeTable:
         """label key -> value -> uids of the indexed pods with that label (narrows selector matching)."""
         self.anti_holders: dict[str, PlacedPod] = {}
         """The indexed pods that have required anti-affinity terms, by uid."""
+        self.score_holders: dict[str, PlacedPod] = {}
+        """The indexed pods whose terms weigh in InterPodAffinity's score of others (`PlacedPod.scores_others`)."""
 
     def __len__(self) -> int:
         return len(self.names)
@@ -401,6 +424,8 @@ class NodeTable:
             self._by_label.setdefault(key, {}).setdefault(value, set()).add(pod.uid)
         if pod.anti:
             self.anti_holders[pod.uid] = pod
+        if pod.scores_others:
+            self.score_holders[pod.uid] = pod
         for port in pod.ports:
             holders = self._port_holders.setdefault((port.protocol, port.port), {})
             holders[(pod.node, port.ip)] = holders.get((pod.node, port.ip), 0) + 1
@@ -411,6 +436,7 @@ class NodeTable:
         if pod is None:
             return None
         self.anti_holders.pop(uid, None)
+        self.score_holders.pop(uid, None)
         for key, value in pod.labels.items():
             values = self._by_label.get(key, {})
             labelled = values.get(value)
@@ -443,6 +469,7 @@ class NodeTable:
         self._port_holders.clear()
         self._by_label.clear()
         self.anti_holders.clear()
+        self.score_holders.clear()
 
     def pods_matching(self, selector: LabelSelector) -> list[PlacedPod]:
         """The indexed pods whose labels satisfy `selector` (narrowed by its first In or Exists requirement)."""

@@ -18,8 +18,15 @@ from resolver.errors import PodSpecError, QuantityError
 from resolver.resources import ResourceVector, pod_requests
 from workers import payload
 from workers.errors import UnsupportedPodField
-from workers.nodes import ANY_HOST_IP, TAINT_EFFECTS, HostPort, Taint
-from workers.podterms import PodAffinityTerm, parse_terms
+from workers.nodes import ANY_HOST_IP, TAINT_EFFECTS, HostPort, PlacedPod, Taint
+from workers.podterms import (
+    PodAffinityTerm,
+    SpreadConstraint,
+    WeightedPodTerm,
+    parse_spread,
+    parse_terms,
+    parse_weighted_terms,
+)
 
 POLICY_LABEL = "hoss.io/policy"
 POOL_LABEL = "hoss.io/pool"
@@ -113,6 +120,31 @@ class PodView:
     """Required pod affinity terms (InterPodAffinity): every one must find a matching pod in the node's domain."""
     anti_affinity_terms: tuple[PodAffinityTerm, ...] = ()
     """Required pod anti-affinity terms: no matching pod may run in the node's domain."""
+    preferred_affinity_terms: tuple[WeightedPodTerm, ...] = ()
+    """Preferred pod affinity terms (InterPodAffinity's score)."""
+    preferred_anti_affinity_terms: tuple[WeightedPodTerm, ...] = ()
+    """Preferred pod anti-affinity terms (InterPodAffinity's score)."""
+    spread_constraints: tuple[SpreadConstraint, ...] = ()
+    """spec.topologySpreadConstraints (PodTopologySpread: DoNotSchedule filters, ScheduleAnyway scores)."""
+
+    @property
+    def hard_spread(self) -> tuple[SpreadConstraint, ...]:
+        """The DoNotSchedule constraints."""
+        return tuple(c for c in self.spread_constraints if c.hard)
+
+    @property
+    def reads_pod_index(self) -> bool:
+        """Whether the pod has terms or constraints that depend on the pods already placed (its decision is then
+        not shared with other pods of its signature once one of them is placed)."""
+        return bool(self.affinity_terms or self.anti_affinity_terms or self.spread_constraints
+                    or self.preferred_affinity_terms or self.preferred_anti_affinity_terms)
+
+    @property
+    def domain_keys(self) -> frozenset[str]:
+        """Topology keys whose domains decide where the pod may go (required inter-pod terms, DoNotSchedule
+        constraints): the ledger refuses the pod on a node where such a domain changed after the decision."""
+        return frozenset({term.topology_key for term in (*self.affinity_terms, *self.anti_affinity_terms)}
+                         | {c.topology_key for c in self.spread_constraints if c.hard})
 
     @property
     def key(self) -> str:
@@ -122,6 +154,14 @@ class PodView:
     def tolerates(self, taint: Taint) -> bool:
         """Whether any of the pod's tolerations tolerates `taint`."""
         return any(toleration.tolerates(taint) for toleration in self.tolerations)
+
+
+def placed_view(pod: PodView, node: str) -> PlacedPod:
+    """How the pod index holds `pod` once it is placed on `node` (a worker's tentative placement)."""
+    return PlacedPod(uid=pod.uid, node=node, namespace=pod.namespace, labels=pod.labels, ports=pod.host_ports,
+                     anti=pod.anti_affinity_terms, affinity=pod.affinity_terms,
+                     preferred=pod.preferred_affinity_terms, preferred_anti=pod.preferred_anti_affinity_terms,
+                     name=pod.name, priority=pod.priority, request=dict(pod.request))
 
 
 def parse_pod(pod: Mapping[str, Any]) -> PodView:
@@ -139,7 +179,13 @@ def parse_pod(pod: Mapping[str, Any]) -> PodView:
         key: parse_terms(
             payload.mapping(affinity.get(key), field=f"spec.affinity.{key}", error=error).get(REQUIRED),
             field=f"spec.affinity.{key}.{REQUIRED}", owner_namespace=namespace)
-        for key in UNSUPPORTED_AFFINITY
+        for key in POD_AFFINITY_KINDS
+    }
+    preferred = {
+        key: parse_weighted_terms(
+            payload.mapping(affinity.get(key), field=f"spec.affinity.{key}", error=error).get(PREFERRED),
+            field=f"spec.affinity.{key}.{PREFERRED}", owner_namespace=namespace)
+        for key in POD_AFFINITY_KINDS
     }
     return PodView(
         uid=payload.string(metadata.get("uid"), field="metadata.uid", error=error, required=True),
@@ -163,6 +209,9 @@ def parse_pod(pod: Mapping[str, Any]) -> PodView:
         host_ports=_host_ports(spec),
         affinity_terms=inter_pod["podAffinity"],
         anti_affinity_terms=inter_pod["podAntiAffinity"],
+        preferred_affinity_terms=preferred["podAffinity"],
+        preferred_anti_affinity_terms=preferred["podAntiAffinity"],
+        spread_constraints=parse_spread(spec.get("topologySpreadConstraints"), pod_labels=labels),
         scheduling_gates=tuple(
             payload.string(payload.mapping(gate, field=f"spec.schedulingGates[{i}]", error=error,
                                            required=True).get("name"),
@@ -172,7 +221,7 @@ def parse_pod(pod: Mapping[str, Any]) -> PodView:
     )
 
 
-UNSUPPORTED_AFFINITY = ("podAffinity", "podAntiAffinity")
+POD_AFFINITY_KINDS = ("podAffinity", "podAntiAffinity")
 REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
 
@@ -181,19 +230,12 @@ def check_supported(pod: Mapping[str, Any]) -> None:
     """Raise `UnsupportedPodField` naming the first field kube-scheduler's default plugins honour and hoss does not
     yet, so such a pod is refused loudly instead of being placed as if the field were absent.
 
-    Refused: preferred inter-pod (anti-)affinity (InterPodAffinity's score; required terms are honoured, a
-    non-empty namespaceSelector in them is refused by `parse_pod`), topologySpreadConstraints
-    (PodTopologySpread), volumes backed by storage the scheduler must check (VolumeBinding, VolumeZone,
+    Refused: volumes backed by storage the scheduler must check (VolumeBinding, VolumeZone,
     VolumeRestrictions, NodeVolumeLimits: see `resolver.compact.VOLUME_SOURCES_NEEDING_STORAGE`) and
-    resourceClaims (DynamicResources). Call it on a pod `parse_pod` accepted.
+    resourceClaims (DynamicResources); a non-empty namespaceSelector in inter-pod terms is refused by
+    `parse_pod`. Call it on a pod `parse_pod` accepted.
     """
     spec = pod.get("spec") or {}
-    affinity = spec.get("affinity") or {}
-    for key in UNSUPPORTED_AFFINITY:
-        if (affinity.get(key) or {}).get(PREFERRED):
-            raise UnsupportedPodField(f"spec.affinity.{key}.{PREFERRED}")
-    if spec.get("topologySpreadConstraints"):
-        raise UnsupportedPodField("spec.topologySpreadConstraints")
     for position, volume in enumerate(spec.get("volumes") or []):
         if isinstance(volume, Mapping):
             for source in VOLUME_SOURCES_NEEDING_STORAGE:

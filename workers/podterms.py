@@ -1,4 +1,4 @@
-"""Inter-pod affinity terms and label selectors, parsed once. Pure, no I/O.
+"""Inter-pod affinity terms, topology spread constraints and label selectors, parsed once. Pure, no I/O.
 
 A term (``requiredDuringSchedulingIgnoredDuringExecution`` of podAffinity or podAntiAffinity) matches a pod when
 the pod's namespace is in the term's namespaces and its labels satisfy the term's selector, as kube-scheduler's
@@ -9,6 +9,13 @@ which workers do not have: `parse_terms` raises `UnsupportedPodField` for it on 
 ``lenient`` (existing pods) reads it as every namespace, which can only refuse more nodes, never fewer.
 ``matchLabelKeys``/``mismatchLabelKeys`` need nothing here: the apiserver merges them into ``labelSelector``
 when the pod is created. A missing ``labelSelector`` matches no pod; an empty one matches every pod.
+Preferred terms (`WeightedPodTerm`) are the same terms with a weight 1..100.
+
+A topology spread constraint (`SpreadConstraint`, ``spec.topologySpreadConstraints``) is read as kube-scheduler's
+PodTopologySpread reads it: ``minDomains`` defaults to 1 (and is only allowed with DoNotSchedule),
+``nodeAffinityPolicy`` to Honor and ``nodeTaintsPolicy`` to Ignore, and the pod's own values of the
+``matchLabelKeys`` it carries are merged into the selector (kube-scheduler merges them itself; a selector the
+apiserver already merged them into only gets the same requirement twice).
 """
 
 from __future__ import annotations
@@ -52,7 +59,7 @@ class LabelSelector:
 
 @dataclass(frozen=True)
 class PodAffinityTerm:
-    """One required pod (anti-)affinity term with its namespaces resolved."""
+    """One pod (anti-)affinity term with its namespaces resolved."""
 
     topology_key: str
     selector: LabelSelector | None
@@ -67,12 +74,13 @@ class PodAffinityTerm:
         return self.selector.matches(labels)
 
 
-def parse_terms(raw: object, *, field: str, owner_namespace: str, lenient: bool = False) -> tuple[PodAffinityTerm, ...]:
+def parse_terms(raw: object, *, field: str, owner_namespace: str, lenient: bool = False,
+                single: bool = False) -> tuple[PodAffinityTerm, ...]:
     """The required terms at `field` (a list); raises `PodSpecError` naming a bad field, `UnsupportedPodField` for
-    a non-empty namespaceSelector unless `lenient`."""
+    a non-empty namespaceSelector unless `lenient`. `single`: `raw` is ``[term]`` and `field` names the term."""
     terms = []
     for position, item in enumerate(payload.items(raw, field=field, error=PodSpecError)):
-        term_field = f"{field}[{position}]"
+        term_field = field if single else f"{field}[{position}]"
         term = payload.mapping(item, field=term_field, error=PodSpecError, required=True)
         key = payload.string(term.get("topologyKey"), field=f"{term_field}.topologyKey", error=PodSpecError,
                              required=True)
@@ -130,3 +138,117 @@ def _selector(raw: object, *, field: str) -> LabelSelector:
             raise PodSpecError(field=f"{expression_field}.values", reason=f"must be empty for operator {operator}")
         requirements.append(LabelRequirement(key=key, operator=operator, values=texts))
     return LabelSelector(tuple(requirements))
+
+
+@dataclass(frozen=True)
+class WeightedPodTerm:
+    """One ``preferredDuringSchedulingIgnoredDuringExecution`` pod (anti-)affinity term and its weight (1..100)."""
+
+    weight: int
+    term: PodAffinityTerm
+
+
+def parse_weighted_terms(raw: object, *, field: str, owner_namespace: str,
+                         lenient: bool = False) -> tuple[WeightedPodTerm, ...]:
+    """The preferred terms at `field` (a list of ``{weight, podAffinityTerm}``); errors as `parse_terms`."""
+    weighted = []
+    for position, item in enumerate(payload.items(raw, field=field, error=PodSpecError)):
+        entry_field = f"{field}[{position}]"
+        entry = payload.mapping(item, field=entry_field, error=PodSpecError, required=True)
+        weight = payload.integer(entry.get("weight"), field=f"{entry_field}.weight", error=PodSpecError)
+        if not 1 <= weight <= MAX_TERM_WEIGHT:
+            if lenient:
+                continue
+            raise PodSpecError(field=f"{entry_field}.weight", reason=f"must be in the range 1-100, got {weight}")
+        [term] = parse_terms([entry.get("podAffinityTerm")], field=f"{entry_field}.podAffinityTerm",
+                             owner_namespace=owner_namespace, lenient=lenient, single=True)
+        weighted.append(WeightedPodTerm(weight=weight, term=term))
+    return tuple(weighted)
+
+
+MAX_TERM_WEIGHT = 100
+DO_NOT_SCHEDULE = "DoNotSchedule"
+SCHEDULE_ANYWAY = "ScheduleAnyway"
+HONOR = "Honor"
+IGNORE = "Ignore"
+_INCLUSION_POLICIES = (HONOR, IGNORE)
+
+
+@dataclass(frozen=True)
+class SpreadConstraint:
+    """One topology spread constraint, defaults applied and matchLabelKeys merged into the selector."""
+
+    max_skew: int
+    topology_key: str
+    hard: bool
+    """whenUnsatisfiable DoNotSchedule (a filter); False: ScheduleAnyway (a score)."""
+    selector: LabelSelector | None
+    """None: no labelSelector, which matches no pod (and not the pod itself)."""
+    min_domains: int = 1
+    honor_node_affinity: bool = True
+    """nodeAffinityPolicy Honor: only nodes matching the pod's nodeSelector and required node affinity count."""
+    honor_node_taints: bool = False
+    """nodeTaintsPolicy Honor: only nodes without a NoSchedule/NoExecute taint the pod does not tolerate count."""
+
+    def counts(self, namespace: str, labels: Mapping[str, str]) -> bool:
+        """Whether a placed pod of `namespace` with `labels` counts in the pod's (of `namespace`) domains: as
+        kube-scheduler's ``countPodsMatchSelector``, an empty selector counts no pod."""
+        return self.selector is not None and bool(self.selector.requirements) and self.selector.matches(labels)
+
+    def matches_itself(self, labels: Mapping[str, str]) -> bool:
+        """kube-scheduler's selfMatchNum: the incoming pod's own labels satisfy the selector (empty: yes)."""
+        return self.selector is not None and self.selector.matches(labels)
+
+
+def parse_spread(raw: object, *, pod_labels: Mapping[str, str],
+                 field: str = "spec.topologySpreadConstraints") -> tuple[SpreadConstraint, ...]:
+    """The constraints at `field`; raises `PodSpecError` naming a bad field or value."""
+    constraints = []
+    for position, item in enumerate(payload.items(raw, field=field, error=PodSpecError)):
+        item_field = f"{field}[{position}]"
+        entry = payload.mapping(item, field=item_field, error=PodSpecError, required=True)
+        max_skew = payload.integer(entry.get("maxSkew"), field=f"{item_field}.maxSkew", error=PodSpecError)
+        if max_skew < 1:
+            raise PodSpecError(field=f"{item_field}.maxSkew", reason=f"must be greater than zero, got {max_skew}")
+        key = payload.string(entry.get("topologyKey"), field=f"{item_field}.topologyKey", error=PodSpecError,
+                             required=True)
+        when = payload.string(entry.get("whenUnsatisfiable"), field=f"{item_field}.whenUnsatisfiable",
+                              error=PodSpecError, required=True)
+        if when not in (DO_NOT_SCHEDULE, SCHEDULE_ANYWAY):
+            raise PodSpecError(field=f"{item_field}.whenUnsatisfiable",
+                               reason=f"unknown value {when!r}, expected {DO_NOT_SCHEDULE} or {SCHEDULE_ANYWAY}")
+        min_domains = 1
+        if entry.get("minDomains") is not None:
+            min_domains = payload.integer(entry.get("minDomains"), field=f"{item_field}.minDomains",
+                                          error=PodSpecError)
+            if min_domains < 1:
+                raise PodSpecError(field=f"{item_field}.minDomains",
+                                   reason=f"must be greater than zero, got {min_domains}")
+            if when != DO_NOT_SCHEDULE:
+                raise PodSpecError(field=f"{item_field}.minDomains",
+                                   reason=f"can only be set when whenUnsatisfiable is {DO_NOT_SCHEDULE}")
+        policies = {}
+        for name, default in (("nodeAffinityPolicy", HONOR), ("nodeTaintsPolicy", IGNORE)):
+            value = payload.string(entry.get(name), field=f"{item_field}.{name}", error=PodSpecError) or default
+            if value not in _INCLUSION_POLICIES:
+                raise PodSpecError(field=f"{item_field}.{name}",
+                                   reason=f"unknown value {value!r}, expected {HONOR} or {IGNORE}")
+            policies[name] = value == HONOR
+        selector = None
+        if entry.get("labelSelector") is not None:
+            selector = _selector(entry.get("labelSelector"), field=f"{item_field}.labelSelector")
+        keys = payload.items(entry.get("matchLabelKeys"), field=f"{item_field}.matchLabelKeys", error=PodSpecError)
+        merged = []
+        for index, key_item in enumerate(keys):
+            label = payload.string(key_item, field=f"{item_field}.matchLabelKeys[{index}]", error=PodSpecError,
+                                   required=True)
+            if label in pod_labels:
+                merged.append(LabelRequirement(key=label, operator="In", values=frozenset({pod_labels[label]})))
+        if merged and selector is not None:
+            # kube-scheduler merges the pod's values into the selector; a nil selector stays "nothing".
+            selector = LabelSelector((*merged, *selector.requirements))
+        constraints.append(SpreadConstraint(
+            max_skew=max_skew, topology_key=key, hard=when == DO_NOT_SCHEDULE, selector=selector,
+            min_domains=min_domains, honor_node_affinity=policies["nodeAffinityPolicy"],
+            honor_node_taints=policies["nodeTaintsPolicy"]))
+    return tuple(constraints)

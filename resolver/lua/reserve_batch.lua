@@ -1,13 +1,19 @@
 -- reserve_batch: reserve many independent pods in one call, each on the first of its candidate nodes it fits.
 -- ARGV: prefix, owner, ttl_ms, then the pods as one JSON array (one argument is far cheaper for the client to
 --       send than thousands): [[uid, pod (namespace/name), digest, [candidate nodes], [resource, amount, ...],
---       host ports, meta, inter-pod topology keys ('k1,k2'), change-stream position of the decision], ...] with amounts as decimal strings (kept exact); host ports and meta as placements
---       carry them (see next_placement in common.lua).
+--       host ports, meta, inter-pod topology keys ('k1,k2'), change-stream position of the decision, tentative
+--       (1: the worker counted the pod as placed when deciding the later pods of the batch)], ...] with amounts as
+--       decimal strings (kept exact); host ports and meta as placements carry them (see next_placement in
+--       common.lua).
 -- Per pod, in order (earlier pods' reservations count for later ones):
 --   the dispatcher marked the pod changed or gone since this version was queued ('{hoss}:podver' holds
 --     another digest)                                  -> stale, the marker
 --   bound already (the sync saw it bound), or admitted (the webhook allowed a binding of it: it may be bound
 --     already, and an admitted entry never moves)    -> bound, that node
+--   a pod with inter-pod keys after a tentative pod of this call that was not reserved on its first candidate
+--     (the decision may have counted that pod there: a spread count, a pod to be affine to)
+--                                                      -> conflict, its first candidate, resource 'inter-pod
+--                                                         batch'
 --   else the first candidate that is a node, fits, has the pod's host ports free, whose inter-pod domains
 --     did not change since the decision (see 'Inter-pod domains' in common.lua) and where the room held for
 --     preempting pods of at least the pod's priority (from its meta) stays free (see 'Nominations')
@@ -34,6 +40,7 @@ local function answer(kind, node, resource, wanted, free)
   table.insert(reply, wanted or 0)
   table.insert(reply, free or 0)
 end
+local refused_tentative = false
 for _, item in ipairs(cjson.decode(next_arg())) do
   local uid = item[1]
   local pod = item[2]
@@ -43,6 +50,7 @@ for _, item in ipairs(cjson.decode(next_arg())) do
   local meta = item[7] or ''
   local inter_pod_keys = item[8] or ''
   local position = item[9] or ''
+  local tentative = item[10] == 1
   local request = {}
   for i = 1, #item[5], 2 do
     table.insert(request, {item[5][i], item[5][i + 1]})
@@ -54,8 +62,12 @@ for _, item in ipairs(cjson.decode(next_arg())) do
       drop_nomination(uid)
     end
     answer('stale', marker)
+    refused_tentative = refused_tentative or tentative
   elseif entry and entry.state ~= 'assumed' then
     answer('bound', entry.node)
+    refused_tentative = refused_tentative or tentative
+  elseif refused_tentative and inter_pod_keys ~= '' and position ~= '' then
+    answer('conflict', candidates[1] or '', 'inter-pod batch', 1, 0)
   else
     local result = nil
     for _, node in ipairs(candidates) do
@@ -90,6 +102,9 @@ for _, item in ipairs(cjson.decode(next_arg())) do
     end
     if not result then
       result = {'unknown', ''}
+    end
+    if tentative and (result[1] ~= 'reserved' or result[2] ~= candidates[1]) then
+      refused_tentative = true
     end
     answer(result[1], result[2], result[3], result[4], result[5])
   end

@@ -17,7 +17,7 @@ from workers.profiles import load_profiles, parse_profiles, profile_for
 
 POLICIES = Path(__file__).resolve().parents[2] / "configs" / "policies.yaml"
 FILTERS = ["NodeUnschedulable", "TaintToleration", "NodeAffinity", "NodePorts", "NodePool", "NodeResourcesFit",
-           "InterPodAffinity"]
+           "PodTopologySpread", "InterPodAffinity"]
 
 
 def test_shipped_policies_load_with_their_four_profiles() -> None:
@@ -35,11 +35,12 @@ def test_shipped_policies_load_with_their_four_profiles() -> None:
         "gpu",
     }
     for profile in profiles.values():
-        # kube-scheduler's default weights for node preferences and PreferNoSchedule taints, in every profile.
-        assert [(plugin.name, weight) for plugin, weight in profile.scores[:2]] == [
-            ("NodeAffinity", 2), ("TaintToleration", 3)]
-    [(spread, spread_weight)] = profiles["default"].scores[2:]
-    [(binpack, binpack_weight)] = profiles["binpack"].scores[2:]
+        # kube-scheduler's default weights for node preferences, PreferNoSchedule taints, ScheduleAnyway spread
+        # and preferred pod (anti-)affinity, in every profile.
+        assert [(plugin.name, weight) for plugin, weight in profile.scores[:4]] == [
+            ("NodeAffinity", 2), ("TaintToleration", 3), ("PodTopologySpread", 2), ("InterPodAffinity", 2)]
+    [(spread, spread_weight)] = profiles["default"].scores[4:]
+    [(binpack, binpack_weight)] = profiles["binpack"].scores[4:]
     assert isinstance(spread, LeastAllocated)
     assert spread.weights == {"cpu": 1, "memory": 1}
     assert isinstance(binpack, MostAllocated)
@@ -51,7 +52,8 @@ def test_shipped_gpu_profile_keeps_cpu_pods_off_gpu_nodes_whatever_the_other_sco
     profiles, _ = load_profiles(POLICIES)
     scores = {plugin.name: weight for plugin, weight in profiles["gpu"].scores}
 
-    assert set(scores) == {"NodeAffinity", "TaintToleration", "GpuPacking", "MostAllocated", "CpuOffGpuNodes"}
+    assert set(scores) == {"NodeAffinity", "TaintToleration", "PodTopologySpread", "InterPodAffinity", "GpuPacking",
+                           "MostAllocated", "CpuOffGpuNodes"}
     # A GPU node's 0 from CpuOffGpuNodes must outweigh a full 100 from every other score plugin.
     assert scores["CpuOffGpuNodes"] > sum(weight for name, weight in scores.items() if name != "CpuOffGpuNodes")
 

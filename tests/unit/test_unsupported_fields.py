@@ -31,12 +31,6 @@ def refused_field(pod: Json) -> str | None:
 @pytest.mark.parametrize(
     ("spec", "field"),
     [
-        ({"affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{}]}}},
-         "spec.affinity.podAntiAffinity.preferredDuringSchedulingIgnoredDuringExecution"),
-        ({"affinity": {"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{}]}}},
-         "spec.affinity.podAffinity.preferredDuringSchedulingIgnoredDuringExecution"),
-        ({"topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule"}]},
-         "spec.topologySpreadConstraints"),
         ({"volumes": [{"name": "cache", "emptyDir": {}}, {"name": "d", "persistentVolumeClaim": {"claimName": "d"}}]},
          "spec.volumes[1].persistentVolumeClaim"),
         ({"volumes": [{"name": "scratch", "ephemeral": {"volumeClaimTemplate": {"spec": {}}}}]},
@@ -57,17 +51,31 @@ def test_fields_hoss_honours_are_not_refused() -> None:
         ]}},
         schedulingGates=[],
         priority=10,
+        topologySpreadConstraints=[{"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule"}],
     )
+    pod["spec"]["affinity"]["podAntiAffinity"] = {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 3, "podAffinityTerm": {"topologyKey": "zone", "labelSelector": {"matchLabels": {"a": "b"}}}}]}
     assert refused_field(pod) is None
+    assert parse_pod(compact.compact_pod(pod)).spread_constraints[0].hard
 
 
 def test_a_work_item_with_a_refused_field_is_unschedulable_not_malformed() -> None:
-    pod = with_spec(topologySpreadConstraints=[{"maxSkew": 1, "topologyKey": "zone",
-                                                "whenUnsatisfiable": "DoNotSchedule"}])
+    pod = with_spec(resourceClaims=[{"name": "gpu", "resourceClaimName": "gpu-claim"}])
     encoded = compact.encode(compact.compact_pod(pod)).decode()
     work = parse_work("1-0", WorkItem(uid="uid-p", namespace="team", name="p", policy="default", pod=encoded))
     assert work.unsupported
-    assert work.problem == "hoss does not support spec.topologySpreadConstraints yet"
+    assert work.problem == "hoss does not support spec.resourceClaims yet"
+
+
+def test_a_namespace_selector_with_labels_is_refused_by_its_path_in_preferred_terms_too() -> None:
+    term = {"weight": 5, "podAffinityTerm": {"topologyKey": "zone", "labelSelector": {},
+                                             "namespaceSelector": {"matchLabels": {"team": "a"}}}}
+    pod = with_spec(affinity={"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [term]}})
+    encoded = compact.encode(compact.compact_pod(pod)).decode()
+    work = parse_work("1-0", WorkItem(uid="uid-p", namespace="team", name="p", policy="default", pod=encoded))
+    assert work.unsupported
+    assert work.problem == ("hoss does not support spec.affinity.podAntiAffinity."
+                            "preferredDuringSchedulingIgnoredDuringExecution[0].podAffinityTerm.namespaceSelector yet")
 
 
 def test_host_ports_are_sanitised_as_kube_scheduler_does() -> None:

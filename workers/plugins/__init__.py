@@ -1,9 +1,10 @@
 """Scheduler plugins by the name a profile in policies.yaml uses for them: the built-ins, and your own.
 
 Built-in filters: NodeUnschedulable, TaintToleration, NodeAffinity, NodePorts, NodeResourcesFit, NodePool,
-InterPodAffinity (required terms).
+PodTopologySpread (DoNotSchedule constraints), InterPodAffinity (required terms).
 Built-in scores: LeastAllocated (spread), MostAllocated (bin-pack), GpuPacking, CpuOffGpuNodes, NodeAffinity
-(preferred terms) and TaintToleration (PreferNoSchedule taints). Each module of this package documents its plugin
+(preferred terms), TaintToleration (PreferNoSchedule taints), PodTopologySpread (ScheduleAnyway constraints)
+and InterPodAffinity (preferred terms, the pod's and the placed pods'). Each module of this package documents its plugin
 and args. A factory takes the plugin's ``args`` mapping from the profile and returns the plugin; it validates
 the args (with a pydantic model) and lets its `ValidationError` out, which `workers.profiles` turns into a
 `ProfileError` naming the profile, plugin and field. Filter and score plugins have separate registries: a
@@ -69,6 +70,7 @@ from workers.plugins.pools import NodePool
 from workers.plugins.ports import NodePorts
 from workers.plugins.spread import LeastAllocated
 from workers.plugins.taints import NodeUnschedulable, TaintToleration
+from workers.plugins.topology import PodTopologySpread
 
 ENTRY_POINT_GROUP = "hoss.plugins"
 BUILT_IN = "built-in"
@@ -84,6 +86,7 @@ FILTERS: Mapping[str, FilterFactory] = {
     NodePool.name: NodePool.from_args,
     NodePorts.name: NodePorts.from_args,
     InterPodAffinity.name: InterPodAffinity.from_args,
+    PodTopologySpread.name: PodTopologySpread.from_args,
 }
 """Built-in filter plugin name -> factory."""
 
@@ -94,6 +97,8 @@ SCORES: Mapping[str, ScoreFactory] = {
     CpuOffGpuNodes.name: CpuOffGpuNodes.from_args,
     NodeAffinity.name: NodeAffinity.from_args,
     TaintToleration.name: TaintToleration.from_args,
+    PodTopologySpread.name: PodTopologySpread.from_args,
+    InterPodAffinity.name: InterPodAffinity.from_args,
 }
 """Built-in score plugin name -> factory."""
 

@@ -13,7 +13,17 @@ bound or reserved; see `workers.podterms` for how a term matches a pod):
 - existing pods' anti-affinity: a pod already placed whose anti-affinity term matches the incoming pod keeps it
   out of that pod's domain: ``node(s) didn't satisfy existing pods anti-affinity rules``.
 
-A node is reported under the first of these that rejects it, in this order, as kube-scheduler reports it. The
+A node is reported under the first of these that rejects it, in this order, as kube-scheduler reports it.
+
+As a score (kube-scheduler's default weight 2), per topology domain: + weight for each placed pod matching one of
+the pod's preferred affinity terms, - weight for each matching a preferred anti-affinity term; and from the pods
+already placed, + weight of their preferred affinity terms and - weight of their preferred anti-affinity terms
+that match the incoming pod, + 1 for each of their required affinity terms that matches it (kube-scheduler's
+hardPodAffinityWeight 1). A node scores the sum over the domains it is in; kube-scheduler's normalisation maps
+the feasible nodes' scores linearly onto 0..100 (truncated), all 0 when they are equal. Existing pods' terms with
+a non-empty namespaceSelector are read as selecting every namespace (workers have no namespace labels).
+
+The
 cost is one numpy comparison per distinct (topologyKey, value) pair, plus a walk over the pods a selector can
 match (narrowed through the index's labels); pods without inter-pod terms pay one check of the anti-affinity
 holders. Races between workers are settled by the ledger: see `resolver/lua/common.lua` (inter-pod domains).
@@ -25,9 +35,13 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from workers.framework import BoolArray, FilterResult, TakesNoArgs
+from workers.framework import MAX_NODE_SCORE, BoolArray, FilterResult, FloatArray, TakesNoArgs
 from workers.nodes import NodeTable, PlacedPod
 from workers.pod import PodView
+from workers.podterms import PodAffinityTerm
+
+HARD_POD_AFFINITY_WEIGHT = 1
+"""kube-scheduler's default hardPodAffinityWeight: what an existing pod's required affinity term adds."""
 
 AFFINITY_MISMATCH = "node(s) didn't match pod affinity rules"
 ANTI_AFFINITY_MISMATCH = "node(s) didn't match pod anti-affinity rules"
@@ -54,7 +68,8 @@ def _domain_values(nodes: NodeTable, pods: Iterable[PlacedPod], key: str) -> set
 
 
 class InterPodAffinity(TakesNoArgs):
-    """Filter: required pod affinity and anti-affinity, the pod's own and the existing pods'."""
+    """Filter: required pod affinity and anti-affinity, the pod's own and the existing pods'. Score: preferred
+    terms, the pod's own and the existing pods' (and their required affinity terms)."""
 
     name = "InterPodAffinity"
 
@@ -103,3 +118,59 @@ class InterPodAffinity(TakesNoArgs):
         for term in terms:
             allowed &= _in_domains(nodes, term.topology_key, _domain_values(nodes, matching, term.topology_key))
         return allowed
+
+    def score(self, pod: PodView, nodes: NodeTable, feasible: BoolArray) -> FloatArray:
+        rows = len(nodes)
+        own = pod.preferred_affinity_terms or pod.preferred_anti_affinity_terms
+        if not (own or nodes.score_holders):
+            return np.zeros(rows, dtype=np.float64)  # most pods: nothing weighs in
+        domains: dict[str, dict[str, int]] = {}
+
+        def add(term: PodAffinityTerm, node: str, weight: int) -> None:
+            row = nodes.index.get(node)
+            value = None if row is None else nodes.labels[row].get(term.topology_key)
+            if value is not None:
+                values = domains.setdefault(term.topology_key, {})
+                values[value] = values.get(value, 0) + weight
+
+        for terms, sign in ((pod.preferred_affinity_terms, 1), (pod.preferred_anti_affinity_terms, -1)):
+            for weighted in terms:
+                term = weighted.term
+                if term.selector is None:
+                    continue
+                for placed in nodes.pods_matching(term.selector):
+                    if term.matches(placed.namespace, placed.labels):
+                        add(term, placed.node, sign * weighted.weight)
+        for holder in nodes.score_holders.values():
+            for term in holder.affinity:
+                if term.matches(pod.namespace, pod.labels):
+                    add(term, holder.node, HARD_POD_AFFINITY_WEIGHT)
+            for weighted in holder.preferred:
+                if weighted.term.matches(pod.namespace, pod.labels):
+                    add(weighted.term, holder.node, weighted.weight)
+            for weighted in holder.preferred_anti:
+                if weighted.term.matches(pod.namespace, pod.labels):
+                    add(weighted.term, holder.node, -weighted.weight)
+        total = np.zeros(rows, dtype=np.float64)
+        for key, values in domains.items():
+            # One entry per known value, plus a last one (0) for "label absent" that code -1 selects.
+            table = np.zeros(len(nodes.label_values(key)) + 1, dtype=np.float64)
+            for value, weight in values.items():
+                code = nodes.label_code(key, value)
+                if code is not None:
+                    table[code] += weight
+            total += table[nodes.label_codes(key)]
+        return total
+
+    def normalize(self, scores: FloatArray, feasible: BoolArray) -> FloatArray:
+        """kube-scheduler's NormalizeScore: ``100 * (s - min) / (max - min)`` truncated, all 0 when max == min."""
+        normalized = np.zeros(scores.shape, dtype=np.float64)
+        if not scores.any():
+            return normalized
+        values = scores[feasible]
+        if values.size == 0:
+            return normalized
+        low, high = float(values.min()), float(values.max())
+        if high > low:
+            normalized[feasible] = np.trunc(MAX_NODE_SCORE * (values - low) / (high - low))
+        return normalized
