@@ -107,6 +107,10 @@ def _core_lines(core: dict[str, Any]) -> list[str]:
         kube = r.get("kube_scheduler") or {}
         head = (f"   {nodes:>8}{r['decision_p50_ms']:>10.3f}{r['decision_p99_ms']:>10.3f}"
                 f"{r['decisions_per_second']:>13.1f}")
+        if r.get("spread_decision_p50_ms") is not None:
+            notes.append(f"   hoss at {nodes} nodes, pods with terms (one placed pod of their group per 20 nodes): "
+                         f"zone spread p50 {r['spread_decision_p50_ms']:.3f} ms, hostname anti-affinity p50 "
+                         f"{r.get('anti_affinity_decision_p50_ms', 0.0):.3f} ms")
         if kube.get("measured"):
             lines.append(f"{head}{_number(kube['decision_p50_ms'], 10, 3)}{_number(kube['decision_mean_ms'], 11, 3)}"
                          f"{ratio(kube['decision_p50_ms'] or 0.0, r['decision_p50_ms']):>15}")

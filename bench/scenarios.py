@@ -37,9 +37,9 @@ from deploy.local.cluster import Cluster, Json, for_each, node_manifest, oversol
 from deploy.local.plane import LocalPlane, Process
 from resolver.kube import KubeError, request_json
 from resolver.resources import gpu_spread, node_allocatable, pod_requests
-from workers.framework import decide
-from workers.nodes import NodeTable
-from workers.pod import parse_pod
+from workers.framework import Profile, decide
+from workers.nodes import NodeTable, PlacedPod
+from workers.pod import PodView, parse_pod
 from workers.profiles import load_profiles
 
 GPU = "nvidia.com/gpu"
@@ -460,8 +460,42 @@ def core_scale(size: Size, *, policies_file: Path, progress: Progress) -> dict[s
         p50, p99 = np.percentile(timings, [50, 99])
         results[str(count)] = {"decision_p50_ms": round(float(p50), 3), "decision_p99_ms": round(float(p99), 3),
                                "decision_mean_ms": round(float(np.mean(timings)), 3),
-                               "decisions_per_second": round(1000 / float(p50), 1)}
+                               "decisions_per_second": round(1000 / float(p50), 1),
+                               **_term_pods_p50(profile, table, rng, size.core_decisions)}
     return results
+
+
+def _term_probe(name: str, spec: Json) -> PodView:
+    return parse_pod({"metadata": {"name": name, "namespace": "bench", "uid": name, "labels": {"app": "web"}},
+                      "spec": {"schedulerName": "hoss", **spec,
+                               "containers": [{"name": "c", "resources": {"requests": SMALL_POD}}]}})
+
+
+def _term_pods_p50(profile: Profile, table: NodeTable, rng: np.random.Generator, decisions: int) -> dict[str, float]:
+    """Decision p50 (ms) of a pod with a DoNotSchedule zone spread constraint and of a pod with required and
+    preferred hostname anti-affinity, with one placed pod of their group per 20 nodes in the pod index."""
+    web = {"labelSelector": {"matchLabels": {"app": "web"}}}
+    probes = {
+        "spread_decision_p50_ms": _term_probe("spread", {"topologySpreadConstraints": [
+            {"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule", **web}]}),
+        "anti_affinity_decision_p50_ms": _term_probe("anti", {"affinity": {"podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [{"topologyKey": "kubernetes.io/hostname", **web}],
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 10, "podAffinityTerm": {"topologyKey": "zone", **web}}]}}}),
+    }
+    for i in range(0, len(table), 20):
+        table.place_pod(PlacedPod(uid=f"placed-{i}", node=table.names[i], namespace="bench", labels={"app": "web"},
+                                  ports=()))
+    figures = {}
+    for key, pod in probes.items():
+        timings = []
+        for _ in range(max(decisions // 4, 10)):
+            started = time.perf_counter()
+            decide(profile, pod, table, rng=rng)
+            timings.append((time.perf_counter() - started) * 1000)
+        figures[key] = round(float(np.percentile(timings, 50)), 3)
+    table.clear_pods()
+    return figures
 
 
 def kube_feasible_nodes_sought(nodes: int) -> int:

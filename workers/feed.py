@@ -12,8 +12,7 @@ the latest entry is the ledger's truth at that moment.
 
 The feed also keeps the table's pod index (`NodeTable.pods`: which pods run or are reserved on each node, with
 their namespace, labels and host ports): the load brings every entry, and each ``u`` entry says which pods the
-call placed (``p:<uid>``) or removed (``x:<uid>``). NodePorts reads it; InterPodAffinity and PodTopologySpread
-will.
+call placed (``p:<uid>``) or removed (``x:<uid>``). NodePorts, InterPodAffinity and PodTopologySpread read it.
 """
 
 from __future__ import annotations

@@ -482,6 +482,8 @@ class NodeTable:
             if requirement.operator == "Exists":
                 candidates = set().union(*self._by_label.get(requirement.key, {}).values())
                 break
+        if candidates is not None and len(selector.requirements) == 1:
+            return [self.pods[uid] for uid in candidates]  # the lookup was the whole selector
         pods = self.pods.values() if candidates is None else (self.pods[uid] for uid in candidates)
         return [pod for pod in pods if selector.matches(pod.labels)]
 

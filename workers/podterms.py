@@ -67,6 +67,10 @@ class PodAffinityTerm:
     namespaces: frozenset[str] | None
     """None: every namespace."""
 
+    def in_namespaces(self, namespace: str) -> bool:
+        """Whether a pod of `namespace` is in the term's namespaces (for pods already known to match its selector)."""
+        return self.namespaces is None or namespace in self.namespaces
+
     def matches(self, namespace: str, labels: Mapping[str, str]) -> bool:
         """kube-scheduler's ``AffinityTerm.Matches`` for a pod of `namespace` with `labels`."""
         if self.selector is None or (self.namespaces is not None and namespace not in self.namespaces):

@@ -61,20 +61,17 @@ async def test_fields_hoss_does_not_honour_yet_are_refused_by_name_never_placed(
     plane: LocalPlane, dispatcher: Process, cluster: Cluster, namespace: str
 ) -> None:
     async with node_set(cluster, 3, labels={"spec-set": "refused"}), workers(plane, FOUR):
-        plain, anti, spread, claim = (pinned(hoss_pods(name, 1), "spec-set", "refused")[0]
-                                      for name in ("plain", "anti", "spread", "claim"))
+        plain, anti, claim = (pinned(hoss_pods(name, 1), "spec-set", "refused")[0]
+                              for name in ("plain", "anti", "claim"))
         anti["spec"]["affinity"] = {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
             {"weight": 10, "podAffinityTerm": {"labelSelector": {"matchLabels": {"app": "x"}},
+                                               "namespaceSelector": {"matchLabels": {"team": "x"}},
                                                "topologyKey": "kubernetes.io/hostname"}}]}}
-        spread["spec"]["topologySpreadConstraints"] = [
-            {"maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "DoNotSchedule",
-             "labelSelector": {"matchLabels": {"app": "x"}}}]
         claim["spec"]["volumes"] = [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]
-        await cluster.create_pods([plain, anti, spread, claim], namespace=namespace)
+        await cluster.create_pods([plain, anti, claim], namespace=namespace)
         expected = {
-            "anti-0000": "hoss does not support "
-                         "spec.affinity.podAntiAffinity.preferredDuringSchedulingIgnoredDuringExecution yet",
-            "spread-0000": "hoss does not support spec.topologySpreadConstraints yet",
+            "anti-0000": "hoss does not support spec.affinity.podAntiAffinity.preferredDuringSchedulingIgnoredDuring"
+                         "Execution[0].podAffinityTerm.namespaceSelector yet",
             "claim-0000": "hoss does not support spec.volumes[0].persistentVolumeClaim yet",
         }
 

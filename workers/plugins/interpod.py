@@ -82,7 +82,7 @@ class InterPodAffinity(TakesNoArgs):
         for term in pod.anti_affinity_terms:
             if term.selector is None:
                 continue
-            matching = [p for p in nodes.pods_matching(term.selector) if term.matches(p.namespace, p.labels)]
+            matching = [p for p in nodes.pods_matching(term.selector) if term.in_namespaces(p.namespace)]
             anti &= ~_in_domains(nodes, term.topology_key, _domain_values(nodes, matching, term.topology_key))
         existing = np.ones(rows, dtype=np.bool_)
         forbidden: dict[str, set[str]] = {}
@@ -119,6 +119,10 @@ class InterPodAffinity(TakesNoArgs):
             allowed &= _in_domains(nodes, term.topology_key, _domain_values(nodes, matching, term.topology_key))
         return allowed
 
+    def skips(self, pod: PodView, nodes: NodeTable) -> bool:
+        """No preferred term of the pod's and no placed pod whose terms score others: every node would get 0."""
+        return not (pod.preferred_affinity_terms or pod.preferred_anti_affinity_terms or nodes.score_holders)
+
     def score(self, pod: PodView, nodes: NodeTable, feasible: BoolArray) -> FloatArray:
         rows = len(nodes)
         own = pod.preferred_affinity_terms or pod.preferred_anti_affinity_terms
@@ -139,7 +143,7 @@ class InterPodAffinity(TakesNoArgs):
                 if term.selector is None:
                     continue
                 for placed in nodes.pods_matching(term.selector):
-                    if term.matches(placed.namespace, placed.labels):
+                    if term.in_namespaces(placed.namespace):
                         add(term, placed.node, sign * weighted.weight)
         for holder in nodes.score_holders.values():
             for term in holder.affinity:

@@ -140,6 +140,10 @@ class PodTopologySpread(TakesNoArgs):
             reasons[CONSTRAINTS_NOT_MATCH] = mismatch
         return FilterResult.from_reasons(rows, reasons)
 
+    def skips(self, pod: PodView, nodes: NodeTable) -> bool:
+        """No ScheduleAnyway constraint: nothing to score (every node would get 0)."""
+        return all(c.hard for c in pod.spread_constraints)
+
     def score(self, pod: PodView, nodes: NodeTable, feasible: BoolArray) -> FloatArray:
         rows = len(nodes)
         soft = [c for c in pod.spread_constraints if not c.hard] if pod.spread_constraints else []
