@@ -10,12 +10,13 @@ import fakeredis
 import numpy as np
 import pytest
 
+from dispatcher.queue import GangMember, WorkItem
 from resolver import compact
 from resolver.errors import PodSpecError
 from resolver.ledger import BatchPod, Conflict, Ledger, Reserved
 from tests.unit.kube_objects import Json, raw_node, raw_pod, table
 from workers.framework import evaluate
-from workers.intake import inter_pod_keys
+from workers.intake import inter_pod_keys, parse_work
 from workers.nodes import NodeTable, parse_placed
 from workers.plugins.interpod import InterPodAffinity
 from workers.plugins.topology import CONSTRAINTS_NOT_MATCH, MISSING_LABEL, PodTopologySpread
@@ -294,9 +295,6 @@ async def test_a_spread_pod_after_a_refused_tentative_pod_of_its_batch_is_refuse
 
 
 def test_a_gang_member_with_a_do_not_schedule_constraint_is_refused_by_name_and_a_soft_one_is_not() -> None:
-    from dispatcher.queue import GangMember, WorkItem
-    from workers.service import parse_work
-
     def gang(*constraints: Json) -> WorkItem:
         raw = raw_pod("m", labels=WEB)
         raw["spec"]["topologySpreadConstraints"] = list(constraints)
