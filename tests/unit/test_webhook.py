@@ -16,7 +16,7 @@ import pytest
 
 from deploy.local import pki
 from resolver.kube import KubeError
-from resolver.ledger import Ledger, Reserved
+from resolver.ledger import Ledger, Placement, Reserved
 from resolver.settings import ResolverSettings
 from resolver.sync import PodIndex, parse_pod
 from resolver.webhook import LatencyWindow, WebhookState, build_server, stats_fields, tls_context
@@ -309,3 +309,63 @@ def test_the_latency_window_keeps_the_most_recent_reviews() -> None:
         window.add(ms / 1000)
     assert window.count == 100
     assert window.summary_ms() == {"p50": 950.0, "p99": 999.0, "count": 100}
+
+
+def pod_write(*, operation: str, obj: dict[str, Any], old: dict[str, Any] | None = None,
+              namespace: str = "team") -> dict[str, Any]:
+    request: dict[str, Any] = {
+        "uid": "review-2", "resource": {"group": "", "version": "v1", "resource": "pods"},
+        "name": obj["metadata"]["name"], "namespace": namespace, "operation": operation,
+        "userInfo": {"username": "kubelet-or-user"}, "object": obj,
+    }
+    if operation == "UPDATE":
+        request["subResource"] = "resize"
+        request["oldObject"] = old
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
+
+
+def on_node(spec: dict[str, Any], node: str = "n1") -> dict[str, Any]:
+    return {**spec, "spec": {**spec["spec"], "nodeName": node}}
+
+
+async def test_a_pod_created_on_a_node_is_judged_and_a_static_pods_mirror_is_not(webhook: Webhook) -> None:
+    _, body = await webhook.post(pod_write(operation="CREATE", obj=on_node(pod("c1", "u-c1", "1500m"))))
+    assert body["response"]["allowed"] is True
+    _, body = await webhook.post(pod_write(operation="CREATE", obj=on_node(pod("c2", "u-c2", "1"))))
+    assert body["response"]["status"]["message"] == "hoss: node n1 has no room for team/c2: cpu requested 1, free 500m"
+    mirror = on_node(pod("m", "u-m", "1"))
+    mirror["metadata"]["annotations"] = {"kubernetes.io/config.mirror": "hash"}
+    _, body = await webhook.post(pod_write(operation="CREATE", obj=mirror))
+    assert body["response"]["allowed"] is True
+    assert webhook.state.verdict_counts["mirror-pod"] == 1
+    assert (await webhook.ledger.node_usage(["n1"]))["n1"][1]["cpu"] == 1500
+
+
+async def test_a_resize_is_judged_only_when_it_grows(webhook: Webhook) -> None:
+    before = on_node(pod("r", "u-r", "1"))
+    await webhook.ledger.bind_many([Placement(uid="u-r", pod="team/r", node="n1", request={"cpu": 1000, "pods": 1})])
+    _, body = await webhook.post(pod_write(operation="UPDATE", obj=on_node(pod("r", "u-r", "500m")), old=before))
+    assert (body["response"]["allowed"], webhook.state.verdict_counts["resize-not-growing"]) == (True, 1)
+    _, body = await webhook.post(pod_write(operation="UPDATE", obj=on_node(pod("r", "u-r", "3")), old=before))
+    assert body["response"]["status"]["message"] == "hoss: node n1 has no room for team/r: cpu requested 3, free 2"
+    _, body = await webhook.post(pod_write(operation="UPDATE", obj=on_node(pod("r", "u-r", "2")), old=before))
+    assert body["response"]["allowed"] is True
+    assert (await webhook.ledger.node_usage(["n1"]))["n1"][1]["cpu"] == 2000
+
+
+async def test_the_system_entry_lets_through_what_the_ledger_cannot_judge_and_judges_the_rest(
+    webhook: Webhook,
+) -> None:
+    async def post_system(body: dict[str, Any]) -> dict[str, Any]:
+        data = io.BytesIO(json.dumps(body).encode())
+        async with webhook.session.post(f"{webhook.url}/validate-system", data=data) as response:
+            reply: dict[str, Any] = await response.json()
+            return reply
+
+    over = pod_write(operation="CREATE", obj=on_node(pod("s", "u-s", "3")), namespace="kube-system")
+    assert (await post_system(over))["response"]["allowed"] is False, "a write that oversells is refused there too"
+    await webhook.ledger.mark_not_ready()
+    assert (await post_system(over))["response"]["allowed"] is True
+    _, body = await webhook.post(over)
+    assert body["response"]["allowed"] is False, "elsewhere a ledger that is not ready refuses"
+    assert webhook.state.verdict_counts["system-unjudged"] == 1
