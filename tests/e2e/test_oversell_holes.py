@@ -285,11 +285,12 @@ async def test_hole5_a_redis_back_from_an_older_copy_is_detected_and_rebuilt(
 async def test_hole5_the_audit_finds_repairs_and_reports_drift(
     plane: LocalPlane, cluster: Cluster, namespace: str, ledger: Ledger
 ) -> None:
-    plane.stop_resolver()
-    plane.start_resolver(extra_args=["--audit-interval-seconds=2"])
-    plane.register_webhook()
-    node = await one_node(cluster, "h5-audit", "2")
+    node = "h5-audit-0000"
     try:
+        plane.stop_resolver()
+        plane.start_resolver(extra_args=["--audit-interval-seconds=2"])
+        plane.register_webhook()
+        node = await one_node(cluster, "h5-audit", "2")
         created = await create(cluster, namespace, pod_on("counted", node, "1500m"))
         uid = created["metadata"]["uid"]
 
