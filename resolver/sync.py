@@ -258,9 +258,9 @@ class LedgerSync:
         """Replace the ledger's contents with the mirror of the apiserver; the ledger is ready afterwards."""
         async with self._lock:
             nodes = [(name, alloc, labels, spec) for name, (alloc, labels, spec) in self.nodes.items()]
+            self._stamp = (await self.ledger.tick())[1]  # the rebuild leaves the stamp as it is
             epoch = await self.ledger.rebuild(nodes=nodes, bound=self.pods.bound())
             self._epoch = epoch
-            self._stamp = (await self.ledger.tick())[1]
         self.stats.rebuilds += 1
         self.stats.last_rebuild_unix = time.time()
         self.synced.set()
