@@ -46,6 +46,9 @@ GPU = "nvidia.com/gpu"
 Progress = Callable[[str, int, int], None]
 T = TypeVar("T")
 
+CONTROLLER_MANAGER = "kube-controller-manager"
+"""Stopped while the bench runs: its pods are bare (no workload to recreate them), and it is part of neither system,
+so its watch traffic would only blur both systems' figures."""
 # The processes whose CPU every throughput run accounts for, in the order the JSON and the chart list them.
 PROCESS_GROUPS = ("kube-apiserver", "etcd", "kwok", "kube-scheduler", "dispatcher", "workers", "resolver",
                   "redis-server", "bench")
@@ -127,6 +130,7 @@ class Bench:
         resolver stopped and the webhook unregistered."""
         self.close()
         self.plane.stop_resolver()
+        self.plane.stop_process(CONTROLLER_MANAGER)
         if self.plane.running("kube-scheduler") is None:
             self.plane.start_scheduler(scheduler_name="default-scheduler")
 
@@ -134,14 +138,18 @@ class Bench:
         """hoss as its users run it: the resolver up (it rebuilds the ledger) with its webhook registered; the
         plane's kube-scheduler stopped. The dispatcher and workers start with each run."""
         self.plane.stop_scheduler()
+        self.plane.stop_process(CONTROLLER_MANAGER)
         self.plane.ensure_resolver()
 
     def restore(self) -> None:
-        """The plane as ``up`` left it: kube-scheduler, resolver and webhook; no dispatcher."""
+        """The plane as ``up`` left it: kube-controller-manager, kube-scheduler, resolver and webhook; no
+        dispatcher."""
         self.close()
         self.plane.ensure_resolver()
         if self.plane.running("kube-scheduler") is None:
             self.plane.start_scheduler(scheduler_name="default-scheduler")
+        if self.plane.running(CONTROLLER_MANAGER) is None:
+            self.plane.start_controller_manager()
 
     # --- nodes, pods and hoss processes ----------------------------------------------------------------
 

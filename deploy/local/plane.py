@@ -434,6 +434,12 @@ class LocalPlane:
             port=state.apiserver_port,
         )
 
+    def start_controller_manager(self) -> Process:
+        """Start the plane's kube-controller-manager again (after ``stop_process("kube-controller-manager")``)."""
+        state = self.state()
+        self._start_controller_manager(state, binaries.require("kube-controller-manager"))
+        return next(p for p in state.processes if p.name == "kube-controller-manager")
+
     def _start_controller_manager(self, state: PlaneState, controller_manager: Path) -> None:
         """kube-controller-manager with `CONTROLLERS`, few workers each and no leader election (one per plane)."""
         kubeconfig = self.kubeconfig("kube-controller-manager")
