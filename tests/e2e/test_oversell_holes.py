@@ -5,17 +5,20 @@ a binding the apiserver refuses after the webhook allowed it. Every test here en
 check (conftest's no_node_oversold: the apiserver's pods against the nodes' allocatable), unless it oversells on
 purpose.
 
-Hole 2 (an admitted entry dropped before the sync saw the pod bound) and hole 8 (a binding without uid matching a
-deleted pod of that name) depend on a race the real plane does not hold open on demand; they are reproduced against
-a real redis-server in tests/integration/test_oversell_holes_ledger.py.
+Hole 2 (an admitted entry dropped before the sync saw the pod bound) is held open here by a resolver whose sync
+cannot start (its Lease is held by nobody), so the webhook admits while nothing records the pod bound. Hole 8 (a
+binding without uid matching a deleted pod of that name) depends on a race the real plane does not hold open; it is
+reproduced in tests/integration/test_oversell_holes_ledger.py, with the other ledger-level cases.
 """
 
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import ssl
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -169,6 +172,53 @@ async def test_hole1_an_overcommit_the_sync_learns_is_counted_and_shown(
         assert any(line.startswith("hoss_ledger_overcommits ") and float(line.split()[1]) > before
                    for line in metrics.splitlines()), metrics[-2000:]
     finally:
+        await cluster.delete_pods(namespace)
+        await cluster.delete_nodes([node])
+
+
+# -- hole 2: an admitted binding stays counted until the apiserver says otherwise ------------------------------
+
+
+async def test_hole2_an_admitted_binding_stays_counted_whatever_workers_and_timers_do_while_the_sync_lags(
+    plane: LocalPlane, cluster: Cluster, namespace: str, ledger: Ledger, tmp_path: Path
+) -> None:
+    node = await one_node(cluster, "h2-lag", "2")
+    frozen = "hoss-holes-frozen-sync"
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+             "metadata": {"name": frozen, "namespace": "hoss-system"},
+             "spec": {"holderIdentity": "nobody", "leaseDurationSeconds": 3600, "acquireTime": now,
+                      "renewTime": now}}
+    manifest = tmp_path / "lease.json"
+    manifest.write_text(json.dumps(lease))
+    try:
+        await ledger_agrees(cluster, ledger, node)  # the node is in the ledger
+        first = await create(cluster, namespace, pod_on("first", None, "1500m"))
+        second = await create(cluster, namespace, pod_on("second", None, "1"))
+        # A resolver that serves the webhook but never syncs: the sync's Lease is held by nobody.
+        plane.kubectl("apply", "-f", str(manifest))
+        plane.stop_resolver()
+        plane.start_resolver(extra_args=[f"--lease-name={frozen}"])
+        plane.register_webhook()
+        await binding(cluster, namespace, first, node)
+        uid = first["metadata"]["uid"]
+        (entry,) = [e for e in await ledger.entries() if e.uid == uid]
+        # What could free the room while the sync lags: the binder giving up after a timeout or an error, its
+        # shutdown, the expiry timer, a duplicate work item reserving the pod on another node.
+        await ledger.release_assumed(uid=uid, node=node)
+        await ledger.release_assumed(uid=uid, node=node, answered=True)
+        await ledger.release_owner(entry.owner)
+        await ledger.expire()
+        assert await ledger.reserve(uid=uid, pod=entry.pod, node=node, request={"cpu": 1, "pods": 1},
+                                    owner="duplicate", ttl_seconds=30) is not None
+        assert await ledger_cpu(ledger, node) == 1500, "the bound pod's room must stay counted"
+        error = await refused(binding(cluster, namespace, second, node))
+        assert "has no room" in str(error)
+    finally:
+        plane.stop_resolver()
+        plane.kubectl("delete", "lease", frozen, "-n", "hoss-system", "--ignore-not-found")
+        plane.ensure_resolver()
+        await ledger_agrees(cluster, ledger, node)
         await cluster.delete_pods(namespace)
         await cluster.delete_nodes([node])
 
