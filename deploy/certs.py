@@ -215,9 +215,7 @@ def write_files(directory: Path, *, secret: Json) -> list[Path]:
     """Next to the PEM files that issue_serving wrote, the Secret as ``secret.yaml`` (it holds the private key)."""
     path = directory / "secret.yaml"
     try:
-        path.touch(mode=0o600)
-        path.chmod(0o600)
-        path.write_text(yaml.safe_dump(secret, sort_keys=False))
+        pki.write_private(path, yaml.safe_dump(secret, sort_keys=False).encode())
     except OSError as error:
         raise CertsError(f"cannot write {path}: {error}") from error
     return [directory / "ca.crt", directory / "ca.key", directory / "tls.crt", directory / "tls.key", path]

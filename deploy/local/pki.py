@@ -2,21 +2,32 @@
 
 One CA signs the apiserver's serving certificate, one client certificate per identity (so the apiserver, and the
 resolver webhook, see who made each request) and the resolver's serving certificate. Keys are ECDSA P-256.
+
+Private keys are never readable by anyone but their owner, not even for an instant: each is written to a new file
+created with mode 0600 and renamed over the old one (so a process reloading it never reads half a key). A
+certificate found on disk is reused only while it is valid for longer than ``RENEW_BEFORE`` (a third of its
+validity) and was signed by the CA asked for; otherwise it is issued again, so a plane started again renews what
+is about to expire, and a renewed CA renews everything it signed.
 """
 
 from __future__ import annotations
 
 import datetime
 import ipaddress
+import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 _VALIDITY = datetime.timedelta(days=365)
+RENEW_BEFORE = _VALIDITY / 3
+"""A certificate with less validity left than this is issued again (a CA: ten times as much)."""
 
 
 @dataclass(frozen=True)
@@ -25,15 +36,47 @@ class KeyPair:
     key: Path
 
 
+def write_private(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` with mode 0600 from the first byte: a new file made by mkstemp (0600), then
+    renamed over ``path``, so no reader ever sees a wider mode or a partial file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
 def _write_key(key: ec.EllipticCurvePrivateKey, path: Path) -> None:
-    path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
+    write_private(
+        path,
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
     )
-    path.chmod(0o600)
+
+
+def still_good(
+    cert_path: Path, *, issuer: x509.Certificate | None = None, renew_before: datetime.timedelta = RENEW_BEFORE,
+    now: datetime.datetime | None = None,
+) -> bool:
+    """True when the certificate at ``cert_path`` is readable, valid for longer than ``renew_before`` and (when
+    ``issuer`` is given) signed by ``issuer``."""
+    try:
+        cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+    except (OSError, ValueError):
+        return False
+    moment = now or datetime.datetime.now(datetime.UTC)
+    if cert.not_valid_after_utc - moment <= renew_before:
+        return False
+    if issuer is not None:
+        try:
+            cert.verify_directly_issued_by(issuer)
+        except (ValueError, TypeError, InvalidSignature):
+            return False
+    return True
 
 
 def _load(pair: KeyPair) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
@@ -47,7 +90,7 @@ def _load(pair: KeyPair) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
 def ensure_ca(directory: Path, *, common_name: str = "hoss-local-ca") -> KeyPair:
     """Create a self-signed CA in ``directory`` unless one is already there."""
     pair = KeyPair(directory / "ca.crt", directory / "ca.key")
-    if pair.cert.exists() and pair.key.exists():
+    if pair.key.exists() and still_good(pair.cert, renew_before=RENEW_BEFORE * 10):
         return pair
     directory.mkdir(parents=True, exist_ok=True)
     key = ec.generate_private_key(ec.SECP256R1())
@@ -94,16 +137,18 @@ def issue(
     ip_addresses: tuple[str, ...] = (),
     server: bool = False,
     reuse: bool = True,
+    validity: datetime.timedelta = _VALIDITY,
 ) -> KeyPair:
     """Issue a certificate signed by ``ca``: a client certificate, or a serving one when ``server``.
 
-    Reuses an existing ``<name>.crt``/``<name>.key`` in ``directory`` unless ``reuse`` is false, in which case a new
-    key and certificate replace them (e.g. when the names asked for have changed).
+    Reuses an existing ``<name>.crt``/``<name>.key`` in ``directory`` while it is good (see `still_good`: signed
+    by ``ca``, not about to expire) unless ``reuse`` is false, in which case a new key and certificate replace them
+    (e.g. when the names asked for have changed).
     """
     pair = KeyPair(directory / f"{name}.crt", directory / f"{name}.key")
-    if reuse and pair.cert.exists() and pair.key.exists():
-        return pair
     ca_cert, ca_key = _load(ca)
+    if reuse and pair.key.exists() and still_good(pair.cert, issuer=ca_cert):
+        return pair
     key = ec.generate_private_key(ec.SECP256R1())
     attributes = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, org) for org in organizations]
     attributes.append(x509.NameAttribute(NameOID.COMMON_NAME, common_name))
@@ -116,7 +161,7 @@ def issue(
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + _VALIDITY)
+        .not_valid_after(now + validity)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
     )
