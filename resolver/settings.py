@@ -107,6 +107,15 @@ class ResolverSettings(BaseModel):
     """Serving certificate (PEM); reloaded when the file changes."""
     tls_key_file: str
     """Serving key (PEM); reloaded when the file changes."""
+    client_ca_file: str | None = None
+    """CA (PEM) that signed the client certificate the apiserver presents to the webhook (its admission
+    configuration's kubeConfigFile); /validate-binding then answers only clients with a certificate it signed (401
+    without one). Unset: reviews are not authenticated (a warning at start-up). New CAs added to the file are
+    trusted when it changes."""
+    client_names: list[str] = Field(default_factory=list)
+    """Names (certificate common name or DNS name) of the clients allowed to post reviews, e.g. kube-apiserver
+    (comma-separated in env and flags); another certificate from client_ca_file gets 403. Empty: any certificate
+    that CA signed."""
     enforce: Literal["all", "hoss-only"] = "all"
     """'all' judges every binding in the cluster; 'hoss-only' lets bindings by other users through unchecked."""
     hoss_usernames: list[str] = Field(
@@ -142,6 +151,28 @@ class ResolverSettings(BaseModel):
     """This replica's name in the Lease's holderIdentity (default hostname-pid)."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     """Logging level."""
+
+    @model_validator(mode="after")
+    def _client_names_need_a_ca(self) -> Self:
+        if self.client_names and self.client_ca_file is None:
+            raise ValueError("client_names needs client_ca_file (the CA whose certificates carry those names)")
+        return self
+
+    def file_problems(self) -> list[str]:
+        """Each file setting that names no readable file, as 'name (flag, env): path: why'; checked at start-up."""
+        problems = []
+        for name in ("tls_cert_file", "tls_key_file", "client_ca_file"):
+            path = getattr(self, name)
+            if path is None:
+                continue
+            try:
+                with open(path, "rb"):
+                    pass
+            except OSError as error:
+                problems.append(
+                    f"{name} (--{name.replace('_', '-')}, HOSS_{name.upper()}): {path}: {error.strerror or error}"
+                )
+        return problems
 
     @model_validator(mode="after")
     def _lease_timing_is_ordered(self) -> Self:

@@ -16,6 +16,12 @@ non-zero status.
 
 Also serves /healthz, /readyz (ready when the ledger is ready, on followers too), /metrics (Prometheus) and
 /status (JSON), and publishes its verdicts and review latency to Redis for the dispatcher's /status.
+
+Only the apiserver may post reviews (``--client-ca-file``): the TLS handshake asks every client for a certificate
+and verifies one that is presented against that CA (a bad one ends the handshake); /validate-binding answers 401
+on a connection without a verified certificate and 403 when its names are not in ``--client-names``. The
+certificate is asked for, not required, so that the kubelet's probes (which present none) reach /healthz and
+/readyz on the same port. The check is made once per connection, so a review costs no more with it.
 """
 
 from __future__ import annotations
@@ -219,6 +225,26 @@ class WebhookState:
                 functools.partial(self._ledger_counter, counter)
             )
         self._verdict_children: dict[tuple[bool, str], Any] = {}
+        self.authenticate = self.settings.client_ca_file is not None
+        self.client_names = frozenset(self.settings.client_names)
+        self.refused = Counter(
+            "hoss_resolver_refused_reviews", "Reviews refused before judging: no client certificate (401) or a"
+            " client name not allowed (403)", ["code"], registry=self.registry,
+        )
+
+    def refusal(self, request: Request) -> Response | None:
+        """401 or 403 when the review's client may not post reviews; None when it may (or nobody is checked)."""
+        if not self.authenticate:
+            return None
+        names = request.client_names
+        if names is None:
+            self.refused.labels("401").inc()
+            return _json({"error": "a client certificate signed by the webhook's client CA is required"}, status=401)
+        if self.client_names and self.client_names.isdisjoint(names):
+            self.refused.labels("403").inc()
+            shown = ", ".join(names) or "no names"
+            return _json({"error": f"client certificate ({shown}) is not allowed to post reviews"}, status=403)
+        return None
 
     def _ledger_counter(self, counter: str) -> float:
         try:
@@ -383,6 +409,9 @@ def _text(text: str, *, status: int = 200) -> Response:
 
 async def validate_binding(state: WebhookState, request: Request, *, fail_open: bool = False) -> Response:
     started = time.perf_counter()
+    refused = state.refusal(request)
+    if refused is not None:
+        return refused
     try:
         parsed = admission.parse_review(request.body)
     except admission.MalformedReview as error:
@@ -494,32 +523,53 @@ def build_server(state: WebhookState) -> HttpServer:
     return server
 
 
-def tls_context(cert_file: str, key_file: str) -> ssl.SSLContext:
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+def tls_context(cert_file: str, key_file: str, client_ca_file: str | None = None) -> ssl.SSLContext:
+    """The serving context; with ``client_ca_file`` it asks clients for a certificate and verifies it against that
+    CA alone (never the system's trust store: a public CA must not vouch for a reviewer)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
     context.load_cert_chain(cert_file, key_file)
+    if client_ca_file is not None:
+        context.load_verify_locations(cafile=client_ca_file)
+        context.verify_mode = ssl.CERT_OPTIONAL
     # No session tickets: the apiserver's webhook client keeps no session cache, so each new connection is a full
     # handshake anyway, and issuing tickets nobody presents costs every handshake.
     context.options |= ssl.OP_NO_TICKET
     return context
 
 
-async def reload_certificates(context: ssl.SSLContext, cert_file: str, key_file: str, interval: float = 5.0) -> None:
-    """Load the serving certificate again whenever its files change (new handshakes use the new one)."""
+async def reload_certificates(
+    context: ssl.SSLContext, cert_file: str, key_file: str, interval: float = 5.0, *, client_ca_file: str | None = None
+) -> None:
+    """Load the serving certificate again whenever its files change (new handshakes use the new one), and the
+    client CA file when it changes (its CAs are added to those trusted: a context cannot forget a CA, so a CA
+    removed from the file stays trusted until the resolver restarts)."""
 
-    def stamp() -> tuple[float, float]:
-        return os.stat(cert_file).st_mtime, os.stat(key_file).st_mtime
+    def stamp(*paths: str) -> tuple[float, ...]:
+        return tuple(os.stat(path).st_mtime for path in paths)
 
-    seen = stamp()
+    seen = stamp(cert_file, key_file)
+    seen_ca = stamp(client_ca_file) if client_ca_file is not None else ()
     while True:
         await asyncio.sleep(interval)
         try:
-            current = stamp()
+            current = stamp(cert_file, key_file)
             if current != seen:
                 context.load_cert_chain(cert_file, key_file)
                 seen = current
                 log.info("reloaded serving certificate from %s", cert_file)
         except (OSError, ssl.SSLError) as error:
             log.warning("cannot reload serving certificate (keeping the old one): %s", error)
+        if client_ca_file is None:
+            continue
+        try:
+            current = stamp(client_ca_file)
+            if current != seen_ca:
+                context.load_verify_locations(cafile=client_ca_file)
+                seen_ca = current
+                log.info("reloaded the webhook's client CA from %s", client_ca_file)
+        except (OSError, ssl.SSLError) as error:
+            log.warning("cannot reload the client CA (keeping the old one): %s", error)
 
 
 def stats_fields(state: WebhookState) -> dict[str, str]:
@@ -645,7 +695,12 @@ async def running_resolver(settings: ResolverSettings) -> AsyncIterator[list[asy
             return await rest.get_pod(namespace, name, timeout=POD_READ_TIMEOUT_SECONDS)
 
         state = WebhookState(settings=settings, ledger=review_ledger, get_pod=get_pod, elector=elector)
-        context = tls_context(settings.tls_cert_file, settings.tls_key_file)
+        context = tls_context(settings.tls_cert_file, settings.tls_key_file, settings.client_ca_file)
+        if settings.client_ca_file is None:
+            log.warning(
+                "client_ca_file is not set: anyone who reaches this port can post reviews (set --client-ca-file to the"
+                " CA of the apiserver's webhook client certificate)"
+            )
         server = build_server(state)
         await server.start(settings.host, settings.port, ssl_context=context)
         stack.push_async_callback(server.close)
@@ -662,7 +717,10 @@ async def running_resolver(settings: ResolverSettings) -> AsyncIterator[list[asy
             asyncio.create_task(elector.run(), name="leader-election"),
             asyncio.create_task(publish_stats(state, stats_redis, instance=settings.identity), name="publish-stats"),
             asyncio.create_task(
-                reload_certificates(context, settings.tls_cert_file, settings.tls_key_file), name="cert-reload"
+                reload_certificates(
+                    context, settings.tls_cert_file, settings.tls_key_file, client_ca_file=settings.client_ca_file
+                ),
+                name="cert-reload",
             ),
         ]
 
@@ -712,6 +770,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     except SettingsError as error:
         print(error, file=sys.stderr)
+        return 2
+    problems = settings.file_problems()
+    if problems:
+        print("hoss-resolver: invalid settings: " + "; ".join(problems), file=sys.stderr)
         return 2
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     with contextlib.suppress(KeyboardInterrupt):
