@@ -8,6 +8,8 @@ from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from resolver.settings import RedisURL
+
 
 def _default_identity() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
@@ -20,8 +22,9 @@ class DispatcherSettings(BaseModel):
 
     kubeconfig: str | None = None
     """Kubeconfig to reach the apiserver; unset means the in-cluster service account."""
-    redis_url: str = "redis://127.0.0.1:6379/0"
-    """Redis holding the ledger, the worker registry and the work queues."""
+    redis_url: RedisURL = "redis://127.0.0.1:6379/0"
+    """Redis holding the ledger, the worker registry and the work queues: redis://user:password@host:port/db;
+    rediss:// for TLS (see hoss-resolver's redis_url)."""
     scheduler_names: list[str] = Field(default_factory=lambda: ["hoss"], min_length=1)
     """Pods whose spec.schedulerName is one of these are dispatched (comma-separated in env and flags)."""
     default_policy: str = Field(default="default", min_length=1)

@@ -7,6 +7,10 @@ wrappers, a Python packer, a task per send when a socket timeout is set), and it
 is: pack with hiredis, write, and a future that the connection's reply parser (hiredis) resolves; calls made
 together share the connection and its round trips, in order.
 
+Authentication: a URL with a user and password (``redis://user:password@host``, an ACL user) sends ``AUTH user
+password`` first on every new connection; ``rediss://`` connects over TLS with the URL's ssl options (see
+`PipelinedRedis._ssl_context`).
+
 `PipelinedRedis` offers exactly what `resolver.ledger.Ledger` uses of its client for the webhook's operations:
 ``register_script`` (EVALSHA, loading the script on NOSCRIPT), ``exists``, ``get``, ``delete`` and ``aclose``.
 Errors are redis-py's (ConnectionError, TimeoutError, ResponseError, NoScriptError), so the ledger turns them into
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import hashlib
 import ssl
 from typing import Any
@@ -36,6 +41,8 @@ class _Protocol(asyncio.Protocol):
         self.pending: collections.deque[asyncio.Future[Any]] = collections.deque()
         self.transport: asyncio.Transport | None = None
         self.closed = False
+        self.lost = asyncio.get_running_loop().create_future()
+        """Done once the transport is gone (a TLS one only after its shutdown)."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # a stream transport, as created in _connect
@@ -60,6 +67,8 @@ class _Protocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if not self.lost.done():
+            self.lost.set_result(None)
         self._fail(RedisConnectionError(f"connection to Redis lost: {exc or 'closed by the server'}"))
 
     def _fail(self, error: Exception) -> None:
@@ -126,6 +135,7 @@ class PipelinedRedis:
         protocol, self._protocol = self._protocol, None
         if protocol is not None and protocol.transport is not None:
             protocol.transport.close()
+            await _gone(protocol)
 
     async def _connect(self) -> _Protocol:
         async with self._connecting:
@@ -151,24 +161,40 @@ class PipelinedRedis:
                     if int(options.get("db") or 0):
                         await self.execute("SELECT", int(options["db"]))
             except TimeoutError as error:
-                self._drop()
+                await self._drop()
                 raise RedisTimeoutError(f"no connection to Redis within {self._connect_timeout}s") from error
             except OSError as error:
-                self._drop()
+                await self._drop()
                 raise RedisConnectionError(f"cannot connect to Redis: {error}") from error
             except BaseException:
-                self._drop()
+                await self._drop()
                 raise
             return protocol
 
-    def _drop(self) -> None:
-        if self._protocol is not None and self._protocol.transport is not None:
-            self._protocol.transport.close()
-        self._protocol = None
+    async def _drop(self) -> None:
+        protocol, self._protocol = self._protocol, None
+        if protocol is not None and protocol.transport is not None:
+            protocol.transport.close()
+            await _gone(protocol)
 
     def _ssl_context(self) -> ssl.SSLContext:
-        context = ssl.create_default_context(cafile=self._options.get("ssl_ca_certs"))
-        if str(self._options.get("ssl_cert_reqs", "required")).lower() in ("none", str(int(ssl.CERT_NONE))):
+        """TLS as redis-py reads it from a rediss:// URL: ``ssl_ca_certs`` (the server's CA; default: the system's),
+        ``ssl_certfile`` and ``ssl_keyfile`` (a client certificate, for a server that asks for one),
+        ``ssl_check_hostname`` and ``ssl_cert_reqs``."""
+        options = self._options
+        context = ssl.create_default_context(cafile=options.get("ssl_ca_certs"))
+        if options.get("ssl_certfile"):
+            context.load_cert_chain(options["ssl_certfile"], options.get("ssl_keyfile"))
+        if str(options.get("ssl_check_hostname", True)).lower() in ("false", "0", "no"):
+            context.check_hostname = False
+        if str(options.get("ssl_cert_reqs", "required")).lower() in ("none", str(int(ssl.CERT_NONE))):
             context.check_hostname = False
             context.verify_mode = ssl.CERT_NONE
         return context
+
+
+async def _gone(protocol: _Protocol, timeout: float = 1.0) -> None:
+    """Wait (briefly, never failing) until a closed connection's transport is gone: a TLS transport closes its
+    socket only after the TLS shutdown."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(asyncio.shield(protocol.lost), timeout)

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import socket
 import typing
+import urllib.parse
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, Self, TypeVar
+from typing import Annotated, Any, Literal, Self, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from resolver.errors import ResolverError
 
@@ -80,10 +82,43 @@ def load_settings(model: type[S], argv: Sequence[str] | None, *, prog: str, desc
         for item in error.errors():
             field_name = ".".join(str(part) for part in item["loc"]) or "settings"
             top = str(item["loc"][0]) if item["loc"] else ""
-            given = f" {item['input']!r}" if "input" in item and top in values else ""
+            given = f" {redacted(repr(item['input']))}" if "input" in item and top in values else ""
             origin = f" (from {sources[top]})" if top in sources else ""
-            problems.append(f"{field_name}{given}{origin}: {item['msg']}")
+            problems.append(f"{field_name}{given}{origin}: {redacted(item['msg'])}")
         raise SettingsError(f"{prog}: invalid settings: " + "; ".join(problems)) from error
+
+
+_TLS_FILE_OPTIONS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
+_URL_PASSWORD = re.compile(r"(://[^:/@]*:)[^@/]*@")
+
+
+def redacted(text: str) -> str:
+    """``text`` with the password of any URL in it replaced by ``***``."""
+    return _URL_PASSWORD.sub(r"\1***@", text)
+
+
+def check_redis_url(url: str) -> str:
+    """A Redis URL as redis-py reads it: ``redis://[user:password@]host[:port][/db]``, ``rediss://`` (TLS; query
+    options ``ssl_ca_certs``, ``ssl_certfile``, ``ssl_keyfile``, ``ssl_check_hostname``) or ``unix://``. The TLS
+    files must be readable; they are only allowed with rediss://."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        raise ValueError(f"scheme must be redis://, rediss:// (TLS) or unix://, not {parts.scheme + '://'!r}")
+    options = urllib.parse.parse_qs(parts.query)
+    for option in _TLS_FILE_OPTIONS:
+        for path in options.get(option, []):
+            if parts.scheme != "rediss":
+                raise ValueError(f"{option} needs a rediss:// URL (TLS)")
+            try:
+                with open(path, "rb"):
+                    pass
+            except OSError as error:
+                raise ValueError(f"{option}={path}: {error.strerror or error}") from error
+    return url
+
+
+RedisURL = Annotated[str, AfterValidator(check_redis_url)]
+"""A Redis URL setting, checked by `check_redis_url`."""
 
 
 def _default_identity() -> str:
@@ -97,8 +132,9 @@ class ResolverSettings(BaseModel):
 
     kubeconfig: str | None = None
     """Kubeconfig to reach the apiserver; unset means the in-cluster service account."""
-    redis_url: str = "redis://127.0.0.1:6379/0"
-    """Redis holding the ledger."""
+    redis_url: RedisURL = "redis://127.0.0.1:6379/0"
+    """Redis holding the ledger: redis://user:password@host:port/db; rediss:// for TLS, with ?ssl_ca_certs=,
+    ssl_certfile= and ssl_keyfile= (PEM files: the server's CA, a client certificate and its key)."""
     host: str = "0.0.0.0"
     """Address the HTTPS server listens on."""
     port: int = Field(default=8443, ge=1, le=65535)

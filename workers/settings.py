@@ -8,6 +8,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from resolver.settings import RedisURL
+
 
 def _default_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
@@ -26,8 +28,9 @@ class WorkerSettings(BaseModel):
     """YAML file with the policy profiles."""
     kubeconfig: str | None = None
     """Kubeconfig to reach the apiserver; unset means the in-cluster service account."""
-    redis_url: str = "redis://127.0.0.1:6379/0"
-    """Redis holding the ledger and the work queues."""
+    redis_url: RedisURL = "redis://127.0.0.1:6379/0"
+    """Redis holding the ledger and the work queues: redis://user:password@host:port/db; rediss:// for TLS (see
+    hoss-resolver's redis_url)."""
     host: str = "0.0.0.0"
     """Address of the /healthz and /metrics server."""
     port: int = Field(default=8090, ge=0, le=65535)

@@ -11,6 +11,17 @@ Identities: ``admin`` (system:masters), ``kube-scheduler`` (system:kube-schedule
 TokenRequest, as kubeadm runs it), ``kwok`` (plays the kubelets),
 and one per hoss component whose user name is its ServiceAccount's (``system:serviceaccount:hoss-system:<name>``),
 so the RBAC in deploy/rbac.yaml, the same file a real cluster gets, is what the local plane enforces.
+
+The apiserver authenticates itself to the resolver webhook as a real cluster's is set up to: its admission
+configuration (``--admission-control-config-file``) names a kubeconfig whose client certificate (common name
+``kube-apiserver``) comes from a CA of its own, ``pki/webhook-client/ca.crt``, which is the resolver's
+``--client-ca-file``. Nothing else holds a certificate from that CA, so no other identity can post reviews.
+With ``audit``, the apiserver writes an audit log (Metadata level, the hoss components' requests only) to
+``logs/audit.log``: what each component really calls, for tests/e2e's RBAC check.
+
+redis-server runs with ACL users from ``redis-users.acl`` (mode 0600) and no usable default user: ``admin`` (the
+operator's and the tests' URL, ``PlaneState.redis_url``) and one user per hoss component with only the commands
+and keys it needs (`REDIS_ACL`); each component is started with its own ``redis://<user>:<password>@...`` URL.
 """
 
 from __future__ import annotations
@@ -19,6 +30,8 @@ import base64
 import contextlib
 import json
 import os
+import re
+import secrets
 import shutil
 import signal
 import socket
@@ -51,6 +64,46 @@ Deployment, Job), PodDisruptionBudget status (disruption), namespaces that finis
 garbage collector for owner references), and each namespace's default ServiceAccount. Nothing else (no node
 lifecycle: kwok plays the kubelets; no endpoints, no certificates), which keeps its idle CPU small."""
 HEALTH_TIMEOUT_SECONDS = 90.0
+WEBHOOK_CLIENT_NAME = "kube-apiserver"
+"""Common name of the client certificate the apiserver presents to webhooks; the resolver's --client-names."""
+
+_LEDGER_SCRIPT_COMMANDS = (
+    "del exists get set hdel hget hgetall hincrby hset sadd scard sismember smembers srem time xadd xrevrange zadd"
+    " zrem zrange zrangebyscore"
+)
+"""What the ledger's Lua scripts (resolver/lua) call; Redis checks a script's commands against its caller's ACL."""
+_CONNECTION_COMMANDS = "+ping +hello +client|setname +select +evalsha +script|load +multi +exec +discard"
+"""Every component's connection set-up and script calls (redis-py also sends CLIENT SETINFO, on Redis >= 7.2)."""
+_LEDGER_KEYS = (
+    "ready", "epoch", "nodes", "node:*", "pod:*", "assumed", "changes", "ipa:*",
+)
+REDIS_ACL: dict[str, str] = {
+    # Work streams, worker registry, dispatched map and podver; reads the ledger (snapshot) and resolver stats.
+    "hoss-dispatcher": " ".join([
+        "resetkeys %R~{hoss}:*",
+        *(f"%RW~{{hoss}}:{key}" for key in ("queue:*", "worker:*", "workers", "dispatched", "podver")),
+        "resetchannels -@all", _CONNECTION_COMMANDS,
+        "+xadd +xrange +xlen +xreadgroup +xinfo|groups +xgroup|create +xack +xdel +hset +hget +hdel +hgetall +hmget",
+        "+sadd +srem +smembers +scard +sismember +del +exists +get +pexpire +scan +time +xrevrange",
+    ]),
+    # Its queue and heartbeat, the dispatched map (acknowledgements) and the ledger (reservations, change stream).
+    "hoss-worker": " ".join([
+        "resetkeys %R~{hoss}:*",
+        *(f"%RW~{{hoss}}:{key}" for key in (*_LEDGER_KEYS, "queue:*", "worker:*", "workers", "dispatched",
+                                            "podver")),
+        "resetchannels -@all", _CONNECTION_COMMANDS, *(f"+{c}" for c in _LEDGER_SCRIPT_COMMANDS.split()),
+        "+xread +xrange +xreadgroup +xinfo|groups +xgroup|create +xack +xdel +hmget +pexpire",
+    ]),
+    # The ledger (sync, webhook) and its own stats hash; no work streams.
+    "hoss-resolver": " ".join([
+        "resetkeys %R~{hoss}:*",
+        *(f"%RW~{{hoss}}:{key}" for key in (*_LEDGER_KEYS, "resolver:*")),
+        "resetchannels -@all", _CONNECTION_COMMANDS, *(f"+{c}" for c in _LEDGER_SCRIPT_COMMANDS.split()),
+        "+xread +xrange +hmget +expire",
+    ]),
+}
+"""Each hoss component's Redis ACL rules (after ``on`` and its password): the only user that may write the ledger
+besides the workers is the resolver; the dispatcher reads it. Keys are all under the hash tag ``{hoss}``."""
 
 # Children started by this Python process, kept so that they are reaped when stopped (and so that a Popen
 # object is never collected while its process runs, which Python reports as a ResourceWarning).
@@ -86,6 +139,9 @@ class PlaneState:
     etcd_peer_port: int = 0
     redis_port: int = 0
     etcd_data: str = ""
+    audit: bool = False
+    redis_passwords: dict[str, str] = field(default_factory=dict)
+    """Password of each Redis ACL user (admin and the hoss components); state.json is written 0600."""
     processes: list[Process] = field(default_factory=list)
 
     @property
@@ -94,7 +150,15 @@ class PlaneState:
 
     @property
     def redis_url(self) -> str:
-        return f"redis://127.0.0.1:{self.redis_port}/0"
+        """The admin user's URL (every command and key): for the operator and the tests."""
+        return self.redis_url_for("admin")
+
+    def redis_url_for(self, user: str) -> str:
+        """The URL of Redis ACL user ``user`` (``admin`` or a hoss component)."""
+        password = self.redis_passwords.get(user)
+        if password is None:
+            raise PlaneError(f"no Redis user {user!r} in this plane; users: {', '.join(self.redis_passwords)}")
+        return f"redis://{user}:{password}@127.0.0.1:{self.redis_port}/0"
 
 
 def _free_port() -> int:
@@ -141,6 +205,10 @@ class LocalPlane:
         self.kubeconfig_dir = self.directory / "kubeconfig"
         self.log_dir = self.directory / "logs"
         self.state_file = self.directory / "state.json"
+        self.webhook_client_dir = self.pki_dir / "webhook-client"
+        self.admission_config = self.directory / "admission.yaml"
+        self.audit_policy = self.directory / "audit-policy.yaml"
+        self.audit_log = self.log_dir / "audit.log"
 
     # --- state -------------------------------------------------------------------------------------------
 
@@ -152,10 +220,8 @@ class LocalPlane:
         return PlaneState(**raw, processes=processes)
 
     def _save(self, state: PlaneState) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(state), indent=2))
-        tmp.replace(self.state_file)
+        # It holds the Redis passwords: owner-only from the first byte, replaced atomically.
+        pki.write_private(self.state_file, json.dumps(asdict(state), indent=2).encode())
 
     def kubeconfig(self, identity: str = "admin") -> Path:
         if identity not in IDENTITIES:
@@ -195,9 +261,11 @@ class LocalPlane:
         redis_port: int | None = None,
         scheduler: bool = True,
         webhook: bool = True,
+        audit: bool = False,
         progress: Callable[[str], None] = lambda _message: None,
     ) -> PlaneState:
-        """Start every component not yet running; a plane that is already up is left as it is."""
+        """Start every component not yet running; a plane that is already up is left as it is. ``audit`` turns on
+        the apiserver's audit log of the hoss components' requests (``audit_log``)."""
         existing = self.load_state()
         if existing is not None and self.is_up():
             progress(f"local plane already up in {self.directory}")
@@ -205,7 +273,7 @@ class LocalPlane:
         if existing is not None:
             progress("a previous plane is partly running; stopping what is left before starting afresh")
             self.down()
-        state = PlaneState(directory=str(self.directory))
+        state = PlaneState(directory=str(self.directory), audit=audit)
         state.apiserver_port = (
             _check_port_free(apiserver_port, "kube-apiserver") if apiserver_port else _free_port()
         )
@@ -216,6 +284,7 @@ class LocalPlane:
             raise PlaneError("redis-server not found on PATH; install Debian's redis-server (`make deps` does)")
         for directory in (self.pki_dir, self.kubeconfig_dir, self.log_dir):
             directory.mkdir(parents=True, exist_ok=True)
+        state.redis_passwords = {user: secrets.token_urlsafe(24) for user in ("admin", *HOSS_COMPONENTS)}
         state.etcd_port = _free_port()
         state.etcd_peer_port = _free_port()
         shm = Path("/dev/shm")
@@ -280,6 +349,49 @@ class LocalPlane:
                 ca, directory=self.pki_dir, name=f"client-{identity}", common_name=common_name, organizations=groups
             )
             self._write_kubeconfig(identity, state, ca.cert, pair)
+        self._write_admission_config()
+        self._write_audit_policy()
+
+    def _write_admission_config(self) -> None:
+        """The apiserver's admission configuration: it presents a client certificate from the webhook-client CA to
+        every webhook (user ``*``; the plane's only webhooks are hoss resolvers, on ports chosen later)."""
+        client_ca = pki.ensure_ca(self.webhook_client_dir, common_name="hoss-local-webhook-client-ca")
+        pair = pki.issue(
+            client_ca, directory=self.webhook_client_dir, name="apiserver", common_name=WEBHOOK_CLIENT_NAME
+        )
+        kubeconfig = self.webhook_client_dir / "kubeconfig.yaml"
+        kubeconfig.write_text(json.dumps({
+            "apiVersion": "v1",
+            "kind": "Config",
+            "users": [{"name": "*", "user": {"client-certificate": str(pair.cert), "client-key": str(pair.key)}}],
+        }, indent=2))
+        self.admission_config.write_text(json.dumps({
+            "apiVersion": "apiserver.config.k8s.io/v1",
+            "kind": "AdmissionConfiguration",
+            "plugins": [{
+                "name": "ValidatingAdmissionWebhook",
+                "configuration": {
+                    "apiVersion": "apiserver.config.k8s.io/v1",
+                    "kind": "WebhookAdmissionConfiguration",
+                    "kubeConfigFile": str(kubeconfig),
+                },
+            }],
+        }, indent=2))
+
+    def _write_audit_policy(self) -> None:
+        """Metadata (who, verb, resource, response code; no bodies) for the hoss components' requests only."""
+        users = [f"system:serviceaccount:{HOSS_NAMESPACE}:{component}" for component in HOSS_COMPONENTS]
+        self.audit_policy.write_text(json.dumps({
+            "apiVersion": "audit.k8s.io/v1",
+            "kind": "Policy",
+            "omitStages": ["RequestReceived"],
+            "rules": [{"level": "Metadata", "users": users}, {"level": "None"}],
+        }, indent=2))
+
+    @property
+    def webhook_client_ca(self) -> Path:
+        """The CA of the apiserver's webhook client certificate: the resolver's --client-ca-file."""
+        return self.webhook_client_dir / "ca.crt"
 
     def _write_kubeconfig(self, identity: str, state: PlaneState, ca: Path, pair: pki.KeyPair) -> None:
         config = {
@@ -358,7 +470,7 @@ class LocalPlane:
         if name == "kube-apiserver":
             return self._http_ok(f"{state.apiserver_url}/readyz", client="admin")
         if name == "redis-server":
-            return _redis_ping(state.redis_port)
+            return _redis_ping(state.redis_port, "admin", state.redis_passwords.get("admin", ""))
         if name.startswith("hoss-resolver"):
             # Only the plane's own resolver serves a certificate from the plane's CA; another may bring its own.
             return self._http_ok(f"https://127.0.0.1:{process.port}/readyz", verify=name == "hoss-resolver")
@@ -425,6 +537,12 @@ class LocalPlane:
                 f"--service-account-signing-key-file={sa_key}",
                 "--service-cluster-ip-range=10.96.0.0/16",
                 "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+                f"--admission-control-config-file={self.admission_config}",
+                *(
+                    [f"--audit-policy-file={self.audit_policy}", f"--audit-log-path={self.audit_log}",
+                     "--audit-log-format=json", "--audit-log-maxsize=0"]
+                    if state.audit else []
+                ),
                 "--endpoint-reconciler-type=none",
                 "--max-requests-inflight=1000",
                 "--max-mutating-requests-inflight=500",
@@ -594,11 +712,13 @@ class LocalPlane:
                 "-m",
                 "resolver.webhook",
                 f"--kubeconfig={self.kubeconfig('hoss-resolver')}",
-                f"--redis-url={state.redis_url}",
+                f"--redis-url={state.redis_url_for('hoss-resolver')}",
                 "--host=127.0.0.1",
                 f"--port={port}",
                 f"--tls-cert-file={serving.cert}",
                 f"--tls-key-file={serving.key}",
+                f"--client-ca-file={self.webhook_client_ca}",
+                f"--client-names={WEBHOOK_CLIENT_NAME}",
                 f"--enforce={enforce}",
                 *extra_args,
             ],
@@ -616,7 +736,7 @@ class LocalPlane:
             [
                 sys.executable, "-m", "dispatcher.main",
                 f"--kubeconfig={self.kubeconfig('hoss-dispatcher')}",
-                f"--redis-url={state.redis_url}",
+                f"--redis-url={state.redis_url_for('hoss-dispatcher')}",
                 "--host=127.0.0.1",
                 f"--port={port}",
                 f"--identity={name}",
@@ -650,7 +770,7 @@ class LocalPlane:
                 f"--policies={','.join(policies)}",
                 f"--policies-file={POLICIES_FILE}",
                 f"--kubeconfig={self.kubeconfig('hoss-worker')}",
-                f"--redis-url={state.redis_url}",
+                f"--redis-url={state.redis_url_for('hoss-worker')}",
                 "--host=127.0.0.1",
                 f"--port={port}",
                 *extra_args,
@@ -734,7 +854,23 @@ class LocalPlane:
         self._start_redis(state, redis_server)
         return next(p for p in state.processes if p.name == "redis-server")
 
+    def _write_redis_acl(self, state: PlaneState, redis_server: str) -> Path:
+        """The ACL file: the default user off, admin with everything, each component with `REDIS_ACL`."""
+        lines = ["user default off resetkeys resetchannels -@all"]
+        lines.append(f"user admin on >{state.redis_passwords['admin']} ~* &* +@all")
+        setinfo = " +client|setinfo" if _redis_version(redis_server) >= (7, 2) else ""
+        for component, rules in REDIS_ACL.items():
+            lines.append(f"user {component} on >{state.redis_passwords[component]} {rules}{setinfo}")
+        path = self.directory / "redis-users.acl"
+        pki.write_private(path, ("\n".join(lines) + "\n").encode())
+        return path
+
+    @property
+    def redis_acl_file(self) -> Path:
+        return self.directory / "redis-users.acl"
+
     def _start_redis(self, state: PlaneState, redis_server: str) -> None:
+        acl = self._write_redis_acl(state, redis_server)
         self._spawn(
             state,
             "redis-server",
@@ -752,6 +888,8 @@ class LocalPlane:
                 str(self.directory),
                 "--protected-mode",
                 "yes",
+                "--aclfile",
+                str(acl),
             ],
             port=state.redis_port,
         )
@@ -809,11 +947,29 @@ def _taskset() -> str:
     return taskset
 
 
-def _redis_ping(port: int) -> bool:
+def _redis_version(redis_server: str) -> tuple[int, ...]:
+    """``redis-server --version``'s version, e.g. (7, 0, 15); (0,) when it cannot be read."""
+    try:
+        output = subprocess.run([redis_server, "--version"], capture_output=True, text=True, check=False).stdout
+    except OSError:
+        return (0,)
+    found = re.search(r"v=(\d+)\.(\d+)\.(\d+)", output)
+    return tuple(int(part) for part in found.groups()) if found else (0,)
+
+
+def _redis_ping(port: int, user: str, password: str) -> bool:
+    command = [b"AUTH", user.encode(), password.encode()]
+    auth = b"*3\r\n" + b"".join(b"$%d\r\n%s\r\n" % (len(part), part) for part in command)
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=1) as conn:
-            conn.sendall(b"PING\r\n")
-            return conn.recv(16).startswith(b"+PONG")
+            conn.sendall(auth + b"PING\r\n")
+            reply = b""
+            while reply.count(b"\r\n") < 2:
+                chunk = conn.recv(64)
+                if not chunk:
+                    break
+                reply += chunk
+            return reply == b"+OK\r\n+PONG\r\n"
     except OSError:
         return False
 

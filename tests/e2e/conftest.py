@@ -5,8 +5,10 @@ from __future__ import annotations
 import itertools
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import redis
 
 from deploy.local.cluster import Cluster, oversold_nodes
 from deploy.local.plane import LocalPlane, Process
@@ -21,10 +23,22 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalPlane]:
     for the session."""
     local = LocalPlane(tmp_path_factory.mktemp("plane"))
     try:
-        local.up()
+        local.up(audit=True)
         yield local
+        denied = redis_acl_denials(local)
+        assert not denied, f"Redis refused hoss components commands or keys their ACL lacks: {denied}"
     finally:
         local.down()
+
+
+def redis_acl_denials(plane: LocalPlane) -> list[str]:
+    """Redis's ACL LOG of the plane (admin user): each entry as 'user: reason object'."""
+    client = redis.Redis.from_url(plane.state().redis_url, decode_responses=True)
+    try:
+        entries: Any = client.acl_log(count=100)
+    finally:
+        client.close()
+    return [f"{e['username']}: {e['reason']} {e['object']} ({e['context']})" for e in entries]
 
 
 @pytest.fixture

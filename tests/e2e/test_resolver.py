@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
+import aiohttp
 import pytest
 import redis.asyncio as aioredis
 
+from deploy.local import pki
 from deploy.local.cluster import Cluster, oversold_nodes, pod_manifest, wait_until
 from deploy.local.plane import LocalPlane
 from resolver.ledger import Ledger
@@ -144,6 +149,75 @@ async def test_resolver_rebuilds_the_ledger_from_the_apiserver_after_redis_loses
             assert {n: usage[n][1].get("cpu", 0) for n in nodes if usage[n][1].get("cpu", 0)} == expected
         finally:
             await redis.aclose()
+    finally:
+        await cluster.delete_pods(namespace)
+        await cluster.delete_nodes(nodes)
+
+
+def forged_review(namespace: str) -> bytes:
+    """A binding review as the apiserver would send it, posted by someone else."""
+    return json.dumps({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "forged-1",
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "subResource": "binding", "name": "victim", "namespace": namespace, "operation": "CREATE",
+            "userInfo": {"username": "system:serviceaccount:hoss-system:hoss-worker"},
+            "object": {"apiVersion": "v1", "kind": "Binding",
+                       "metadata": {"name": "victim", "namespace": namespace, "uid": "u-victim"},
+                       "target": {"apiVersion": "v1", "kind": "Node", "name": "anywhere"}},
+        },
+    }).encode()
+
+
+async def test_only_the_apiserver_may_post_reviews_and_its_own_are_judged(
+    plane: LocalPlane, cluster: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    resolver = plane.running("hoss-resolver")
+    assert resolver is not None
+    url = f"https://127.0.0.1:{resolver.port}/validate-binding"
+    trust = str(plane.pki_dir / "ca.crt")
+
+    async def post(cert: pki.KeyPair | None) -> tuple[int, str]:
+        context = ssl.create_default_context(cafile=trust)
+        if cert is not None:
+            context.load_cert_chain(cert.cert, cert.key)
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context)) as session, session.post(
+            url, data=forged_review(namespace), headers={"Content-Type": "application/json"}
+        ) as response:
+            return response.status, await response.text()
+
+    # Nobody's certificate: 401, nothing judged.
+    status, text = await post(None)
+    assert status == 401, text
+    # A hoss component's own certificate (from the cluster CA): the handshake itself fails.
+    with pytest.raises(aiohttp.ClientError):
+        await post(pki.KeyPair(plane.pki_dir / "client-hoss-worker.crt", plane.pki_dir / "client-hoss-worker.key"))
+    # A certificate from the webhook client CA under another name than the apiserver's: 403.
+    other = pki.issue(pki.KeyPair(plane.webhook_client_ca, plane.webhook_client_dir / "ca.key"),
+                      directory=tmp_path, name="impostor", common_name="impostor")
+    status, text = await post(other)
+    assert status == 403, text
+
+    # The apiserver's own reviews are still judged: a pod is bound through the webhook.
+    nodes = await cluster.create_nodes(1, prefix="authn", capacity=NODE_CAPACITY)
+    try:
+        await cluster.wait_nodes_ready(nodes)
+        await cluster.create_pods([pod_manifest("judged", requests={"cpu": "1"})], namespace=namespace)
+
+        async def bound() -> tuple[bool, str]:
+            pods = await cluster.raw_list("list_namespaced_pod", namespace)
+            return bool(pods and pods[0]["spec"].get("nodeName")), f"{len(pods)} pods"
+
+        await wait_until(bound, timeout=60, what="the pod to be bound through the webhook")
+        async with aiohttp.ClientSession() as session, session.get(
+            f"https://127.0.0.1:{resolver.port}/metrics", ssl=ssl.create_default_context(cafile=trust)
+        ) as response:
+            metrics = await response.text()
+        assert 'hoss_resolver_refused_reviews_total{code="401"}' in metrics
+        assert 'hoss_resolver_refused_reviews_total{code="403"}' in metrics
+        assert 'hoss_resolver_verdicts_total{allowed="true",reason="fits"}' in metrics
     finally:
         await cluster.delete_pods(namespace)
         await cluster.delete_nodes(nodes)

@@ -1,0 +1,147 @@
+"""Redis with ACL users and TLS, as a managed Redis is set up: a real redis-server on a TLS port that requires a
+client certificate, an ACL user limited to ``{hoss}:*``, and every hoss client (redis-py for the sync, dispatcher and
+workers; the resolver's pipelined client for the webhook) connecting with a ``rediss://user:password@`` URL."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+import urllib.parse
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import cast
+
+import pytest
+import redis
+import redis.asyncio
+from redis.exceptions import AuthenticationError, ConnectionError, NoPermissionError, ResponseError
+
+from deploy.local import pki
+from resolver.ledger import Ledger
+from resolver.redisclient import PipelinedRedis
+from resolver.settings import ResolverSettings, SettingsError, load_settings
+from resolver.webhook import ledger_redis
+from tests.integration.conftest import _free_loopback_port, _stop
+
+PASSWORD = "s3cret-for-the-test"
+
+
+@dataclass(frozen=True)
+class SecureRedis:
+    port: int
+    ca: pki.KeyPair
+    client: pki.KeyPair
+
+    def url(self, *, user: str = "hoss", password: str = PASSWORD, client_cert: bool = True) -> str:
+        query = {"ssl_ca_certs": str(self.ca.cert)}
+        if client_cert:
+            query |= {"ssl_certfile": str(self.client.cert), "ssl_keyfile": str(self.client.key)}
+        return f"rediss://{user}:{password}@127.0.0.1:{self.port}/0?{urllib.parse.urlencode(query)}"
+
+
+@pytest.fixture(scope="module")
+def secure_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureRedis]:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.fail("redis-server is not on PATH; `make deps` installs it (Debian package redis-server)")
+    workdir = tmp_path_factory.mktemp("redis-tls")
+    ca = pki.ensure_ca(workdir, common_name="redis-test-ca")
+    server = pki.issue(ca, directory=workdir, name="server", common_name="redis", ip_addresses=("127.0.0.1",),
+                       server=True)
+    client = pki.issue(ca, directory=workdir, name="client", common_name="hoss")
+    acl = workdir / "users.acl"
+    acl.write_text(
+        "user default off resetkeys -@all\n"
+        f"user hoss on >{PASSWORD} resetkeys ~{{hoss}}:* resetchannels -@all +@read +@write +@scripting"
+        " -@dangerous +ping +time +hello +select +client|setname\n"
+    )
+    port = _free_loopback_port()
+    log = workdir / "redis.log"
+    process = subprocess.Popen(
+        [binary, "--bind", "127.0.0.1", "--port", "0", "--tls-port", str(port), "--tls-cert-file", str(server.cert),
+         "--tls-key-file", str(server.key), "--tls-ca-cert-file", str(ca.cert), "--tls-auth-clients", "yes",
+         "--aclfile", str(acl), "--save", "", "--appendonly", "no", "--dir", str(workdir), "--logfile", str(log)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+    )
+    secure = SecureRedis(port, ca, client)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            if process.poll() is not None:
+                pytest.fail(f"redis-server (TLS) exited with {process.returncode}:\n{log.read_text()}")
+            try:
+                with redis.Redis.from_url(secure.url(), socket_connect_timeout=0.5) as probe:
+                    probe.ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"redis-server (TLS) did not answer within 10s:\n{log.read_text()}")
+                time.sleep(0.05)
+        yield secure
+    finally:
+        _stop(process)
+
+
+async def test_the_ledger_works_over_tls_with_an_acl_user_through_both_clients(secure_redis: SecureRedis) -> None:
+    sync_ledger = Ledger(ledger_redis(secure_redis.url()), owns_client=True)
+    review_ledger = Ledger(cast(redis.asyncio.Redis, PipelinedRedis(secure_redis.url())), owns_client=True)
+    try:
+        await sync_ledger.rebuild(nodes=[("n1", {"cpu": 2000, "pods": 10}, {})], bound=[])
+        result = await review_ledger.confirm(uid="u1", pod="ns/p1", node="n1", request={"cpu": 500, "pods": 1},
+                                             owner="foreign:someone", ttl_seconds=30)
+        assert type(result).__name__ == "Confirmed"
+        assert await review_ledger.is_ready()
+        usage = await sync_ledger.node_usage(["n1"])
+        assert usage["n1"][1]["cpu"] == 500
+    finally:
+        await review_ledger.close()
+        await sync_ledger.close()
+
+
+async def test_the_acl_user_is_confined_to_hoss_keys_and_its_commands(secure_redis: SecureRedis) -> None:
+    async with redis.asyncio.Redis.from_url(secure_redis.url(), decode_responses=True) as client:
+        await client.set("{hoss}:probe", "1")
+        with pytest.raises(NoPermissionError):
+            await client.set("elsewhere", "1")
+        with pytest.raises(NoPermissionError):
+            await client.flushall()
+    pipelined = PipelinedRedis(secure_redis.url())
+    try:
+        with pytest.raises(ResponseError, match="NOPERM"):
+            await pipelined.get("elsewhere")
+        assert await pipelined.get("{hoss}:probe") == "1"
+    finally:
+        await pipelined.aclose()
+
+
+async def test_a_wrong_password_or_no_client_certificate_gets_no_access(secure_redis: SecureRedis) -> None:
+    wrong = secure_redis.url(password="guess")
+    async with redis.asyncio.Redis.from_url(wrong) as client:
+        with pytest.raises(AuthenticationError):
+            await client.ping()
+    pipelined = PipelinedRedis(wrong)
+    with pytest.raises(ResponseError, match="WRONGPASS"):
+        await pipelined.get("{hoss}:probe")
+    await pipelined.aclose()
+    no_cert = PipelinedRedis(secure_redis.url(client_cert=False))
+    with pytest.raises(ConnectionError):
+        await no_cert.get("{hoss}:probe")
+    await no_cert.aclose()
+
+
+def test_a_missing_tls_file_in_the_redis_url_stops_start_up_naming_it(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.crt"
+    url = f"rediss://hoss:{PASSWORD}@redis:6380/0?ssl_ca_certs={missing}"
+    with pytest.raises(SettingsError) as caught:
+        load_settings(ResolverSettings, ["--tls-cert-file=c", "--tls-key-file=k", f"--redis-url={url}"],
+                      prog="hoss-resolver", description="")
+    message = str(caught.value)
+    assert f"ssl_ca_certs={missing}: No such file or directory" in message
+    assert "redis_url" in message
+    assert PASSWORD not in message, "the password is never printed"
+    with pytest.raises(SettingsError, match="ssl_certfile needs a rediss:// URL"):
+        load_settings(ResolverSettings, ["--tls-cert-file=c", "--tls-key-file=k",
+                                         f"--redis-url=redis://h:6379/0?ssl_certfile={missing}"],
+                      prog="hoss-resolver", description="")
