@@ -8,7 +8,7 @@ STAMP := $(VENV)/.stamp-install
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 
-.PHONY: test demo deps venv binaries lint unit integration e2e chaos down clean clean-all
+.PHONY: test demo deps venv binaries lint unit integration e2e chaos fuzz down clean clean-all
 
 # The long chaos scenarios (marker `chaos`) are left out here; `make chaos` runs every scenario.
 test: deps binaries lint
@@ -59,6 +59,10 @@ e2e: deps binaries
 
 chaos: deps binaries
 	$(BIN)/pytest -p no:cacheprovider -s tests/e2e/test_chaos.py $(PYTEST_ARGS)
+
+# 10,000 generated reviews per property against the real webhook over TLS (make test runs 300 of each).
+fuzz: deps venv
+	HOSS_FUZZ_REVIEWS=10000 $(BIN)/pytest -p no:cacheprovider -m fuzz tests/integration $(PYTEST_ARGS)
 
 down: venv
 	$(BIN)/hoss local down

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bench.run import run_bench
-from deploy import certs
+from deploy import certs, lockdown
 from deploy import status as status_view
 from deploy.demo import run_demo
 from deploy.local import binaries
@@ -131,6 +131,19 @@ def _certs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _lockdown(args: argparse.Namespace) -> int:
+    directory = Path(args.output)
+    files = lockdown.write(
+        directory, namespace=args.namespace, redis_host=args.redis_host, control_plane_dir=args.control_plane_dir
+    )
+    for path in files:
+        print(f"wrote {path}")
+    print(f"next: copy {directory / 'control-plane'}/* to {args.control_plane_dir}/ on every control-plane node, start"
+          f" kube-apiserver with --admission-control-config-file={args.control_plane_dir}/admission-configuration.yaml,"
+          f" then kubectl apply -f {directory / 'manifests.yaml'}")
+    return 0
+
+
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -212,6 +225,21 @@ def build_parser() -> argparse.ArgumentParser:
     tls.add_argument("--san", action="append", default=[], metavar="NAME",
                      help="one more DNS name or IP address for the certificate (repeatable)")
     tls.set_defaults(run=_certs)
+
+    lock = commands.add_parser(
+        "lockdown",
+        help="the apiserver's webhook client certificate and admission configuration, and Redis ACL users: files",
+    )
+    lock.add_argument("--output", metavar="DIR", required=True, help="write control-plane/ (certificate, key,"
+                      " kubeconfig, AdmissionConfiguration) and manifests.yaml (ConfigMap and Secrets) to DIR")
+    lock.add_argument("--namespace", default=certs.DEFAULT_NAMESPACE,
+                      help=f"namespace of hoss (default {certs.DEFAULT_NAMESPACE})")
+    lock.add_argument("--redis-host", default=lockdown.DEFAULT_REDIS_HOST,
+                      help=f"host in the components' Redis URLs (default {lockdown.DEFAULT_REDIS_HOST})")
+    lock.add_argument("--control-plane-dir", default=lockdown.DEFAULT_CONTROL_PLANE_DIR,
+                      help="where the control-plane files will live on the apiserver's nodes (default"
+                      f" {lockdown.DEFAULT_CONTROL_PLANE_DIR})")
+    lock.set_defaults(run=_lockdown)
     return parser
 
 

@@ -21,7 +21,8 @@ With ``audit``, the apiserver writes an audit log (Metadata level, the hoss comp
 
 redis-server runs with ACL users from ``redis-users.acl`` (mode 0600) and no usable default user: ``admin`` (the
 operator's and the tests' URL, ``PlaneState.redis_url``) and one user per hoss component with only the commands
-and keys it needs (`REDIS_ACL`); each component is started with its own ``redis://<user>:<password>@...`` URL.
+and keys it needs (`deploy.lockdown.REDIS_ACL`); each component is started with its own
+``redis://<user>:<password>@...`` URL.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from typing import Any
 
 import yaml
 
+from deploy import lockdown
 from deploy.local import binaries, pki
 
 DEPLOY_DIR = Path(__file__).resolve().parent.parent
@@ -64,46 +66,7 @@ Deployment, Job), PodDisruptionBudget status (disruption), namespaces that finis
 garbage collector for owner references), and each namespace's default ServiceAccount. Nothing else (no node
 lifecycle: kwok plays the kubelets; no endpoints, no certificates), which keeps its idle CPU small."""
 HEALTH_TIMEOUT_SECONDS = 90.0
-WEBHOOK_CLIENT_NAME = "kube-apiserver"
-"""Common name of the client certificate the apiserver presents to webhooks; the resolver's --client-names."""
-
-_LEDGER_SCRIPT_COMMANDS = (
-    "del exists get set hdel hget hgetall hincrby hset sadd scard sismember smembers srem time xadd xrevrange zadd"
-    " zrem zrange zrangebyscore"
-)
-"""What the ledger's Lua scripts (resolver/lua) call; Redis checks a script's commands against its caller's ACL."""
-_CONNECTION_COMMANDS = "+ping +hello +client|setname +select +evalsha +script|load +multi +exec +discard"
-"""Every component's connection set-up and script calls (redis-py also sends CLIENT SETINFO, on Redis >= 7.2)."""
-_LEDGER_KEYS = (
-    "ready", "epoch", "nodes", "node:*", "pod:*", "assumed", "changes", "ipa:*",
-)
-REDIS_ACL: dict[str, str] = {
-    # Work streams, worker registry, dispatched map and podver; reads the ledger (snapshot) and resolver stats.
-    "hoss-dispatcher": " ".join([
-        "resetkeys %R~{hoss}:*",
-        *(f"%RW~{{hoss}}:{key}" for key in ("queue:*", "worker:*", "workers", "dispatched", "podver")),
-        "resetchannels -@all", _CONNECTION_COMMANDS,
-        "+xadd +xrange +xlen +xreadgroup +xinfo|groups +xgroup|create +xack +xdel +hset +hget +hdel +hgetall +hmget",
-        "+sadd +srem +smembers +scard +sismember +del +exists +get +pexpire +scan +time +xrevrange",
-    ]),
-    # Its queue and heartbeat, the dispatched map (acknowledgements) and the ledger (reservations, change stream).
-    "hoss-worker": " ".join([
-        "resetkeys %R~{hoss}:*",
-        *(f"%RW~{{hoss}}:{key}" for key in (*_LEDGER_KEYS, "queue:*", "worker:*", "workers", "dispatched",
-                                            "podver")),
-        "resetchannels -@all", _CONNECTION_COMMANDS, *(f"+{c}" for c in _LEDGER_SCRIPT_COMMANDS.split()),
-        "+xread +xrange +xreadgroup +xinfo|groups +xgroup|create +xack +xdel +hmget +pexpire",
-    ]),
-    # The ledger (sync, webhook) and its own stats hash; no work streams.
-    "hoss-resolver": " ".join([
-        "resetkeys %R~{hoss}:*",
-        *(f"%RW~{{hoss}}:{key}" for key in (*_LEDGER_KEYS, "resolver:*")),
-        "resetchannels -@all", _CONNECTION_COMMANDS, *(f"+{c}" for c in _LEDGER_SCRIPT_COMMANDS.split()),
-        "+xread +xrange +hmget +expire",
-    ]),
-}
-"""Each hoss component's Redis ACL rules (after ``on`` and its password): the only user that may write the ledger
-besides the workers is the resolver; the dispatcher reads it. Keys are all under the hash tag ``{hoss}``."""
+WEBHOOK_CLIENT_NAME = lockdown.WEBHOOK_CLIENT_NAME
 
 # Children started by this Python process, kept so that they are reaped when stopped (and so that a Popen
 # object is never collected while its process runs, which Python reports as a ResourceWarning).
@@ -855,15 +818,13 @@ class LocalPlane:
         return next(p for p in state.processes if p.name == "redis-server")
 
     def _write_redis_acl(self, state: PlaneState, redis_server: str) -> Path:
-        """The ACL file: the default user off, admin with everything, each component with `REDIS_ACL`."""
-        lines = ["user default off resetkeys resetchannels -@all"]
-        lines.append(f"user admin on >{state.redis_passwords['admin']} ~* &* +@all")
-        setinfo = " +client|setinfo" if _redis_version(redis_server) >= (7, 2) else ""
-        for component, rules in REDIS_ACL.items():
-            lines.append(f"user {component} on >{state.redis_passwords[component]} {rules}{setinfo}")
-        path = self.directory / "redis-users.acl"
-        pki.write_private(path, ("\n".join(lines) + "\n").encode())
-        return path
+        """The ACL file: the default user off, admin with everything, each component with its rules
+        (deploy.lockdown.REDIS_ACL)."""
+        text = lockdown.redis_acl(
+            state.redis_passwords, admin=True, client_setinfo=_redis_version(redis_server) >= (7, 2)
+        )
+        pki.write_private(self.redis_acl_file, text.encode())
+        return self.redis_acl_file
 
     @property
     def redis_acl_file(self) -> Path:

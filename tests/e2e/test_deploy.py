@@ -19,19 +19,28 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import aiohttp
 import pytest
+import redis.asyncio as aioredis
 import yaml
 from cryptography import x509
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
+from redis.exceptions import NoPermissionError
 
-from deploy import certs
+from deploy import certs, lockdown
 from deploy.local import pki
 from deploy.local.cluster import Cluster, pod_manifest, wait_until
-from deploy.local.plane import DEPLOY_DIR, HOSS_NAMESPACE, POLICIES_FILE, WEBHOOK_MANIFEST, LocalPlane, Process
+from deploy.local.plane import (
+    DEPLOY_DIR,
+    HOSS_NAMESPACE,
+    POLICIES_FILE,
+    WEBHOOK_MANIFEST,
+    LocalPlane,
+    Process,
+    _free_port,
+)
 from workers.profiles import load_profiles
 
 Json = dict[str, Any]
@@ -186,16 +195,105 @@ def test_workers_serve_their_policy_groups_from_the_profiles_config_map(base: li
         assert volumes[mount["name"]]["configMap"]["name"] == policies["metadata"]["name"]
 
 
-def test_every_service_reads_the_shared_settings_and_finds_redis(base: list[Json]) -> None:
+def test_every_service_reads_the_shared_settings_and_its_own_redis_user(base: list[Json]) -> None:
     settings = config_map(base, "hoss-config")
-    redis_url = urlsplit(settings["data"]["HOSS_REDIS_URL"])
-    redis_service = named(base, "Service")["hoss-redis"]
-    assert redis_url.hostname == f"{redis_service['metadata']['name']}.{redis_service['metadata']['namespace']}.svc"
-    assert redis_url.port == redis_service["spec"]["ports"][0]["port"] == 6379
+    assert "HOSS_REDIS_URL" not in settings["data"], "the Redis URL carries a password: it comes from a Secret"
     assert named(base, "StatefulSet")["hoss-redis"]["spec"]["serviceName"] == "hoss-redis"
+    accounts = {"hoss-resolver": "hoss-resolver", "hoss-dispatcher": "hoss-dispatcher",
+                "hoss-worker-default": "hoss-worker", "hoss-worker-gpu": "hoss-worker"}
     for name, deployment in named(base, "Deployment").items():
         (container,) = deployment["spec"]["template"]["spec"]["containers"]
         assert {"configMapRef": {"name": settings["metadata"]["name"]}} in container["envFrom"], name
+        reference = env_of(container)["HOSS_REDIS_URL"]["valueFrom"]["secretKeyRef"]
+        assert reference == {"name": lockdown.REDIS_URLS_SECRET, "key": accounts[name]}, name
+        assert "optional" not in reference, f"{name} must not start without its Redis user"
+
+
+def test_the_resolver_of_the_base_answers_only_the_apiserver(base: list[Json]) -> None:
+    deployment = named(base, "Deployment")["hoss-resolver"]["spec"]["template"]["spec"]
+    (resolver,) = deployment["containers"]
+    given = flags(resolver)
+    assert given["client-names"] == lockdown.WEBHOOK_CLIENT_NAME
+    ca_dir = given["client-ca-file"].rsplit("/", 1)[0]
+    (mount,) = [m for m in resolver["volumeMounts"] if m["mountPath"] == ca_dir]
+    volumes = {v["name"]: v for v in deployment["volumes"]}
+    assert volumes[mount["name"]]["configMap"]["name"] == lockdown.WEBHOOK_CLIENT_CA_CONFIGMAP
+
+
+def test_the_bundled_redis_runs_with_acl_users_and_protected_mode(base: list[Json]) -> None:
+    pod = named(base, "StatefulSet")["hoss-redis"]["spec"]["template"]["spec"]
+    (redis_container,) = pod["containers"]
+    args = redis_container["args"]
+    assert args[args.index("--protected-mode") + 1] == "yes"
+    acl_dir = args[args.index("--aclfile") + 1].rsplit("/", 1)[0]
+    (mount,) = [m for m in redis_container["volumeMounts"] if m["mountPath"] == acl_dir]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes[mount["name"]]["secret"]["secretName"] == lockdown.REDIS_USERS_SECRET
+
+
+def read_lockdown_files(out: Path) -> dict[str, Json]:
+    """Check the control-plane files of `hoss lockdown` in ``out``; its manifests by name."""
+    key = out / "control-plane" / "webhook-client.key"
+    assert key.stat().st_mode & 0o077 == 0 and (out / "manifests.yaml").stat().st_mode & 0o077 == 0
+    admission = yaml.safe_load((out / "control-plane" / "admission-configuration.yaml").read_text())
+    kubeconfig_path = Path(admission["plugins"][0]["configuration"]["kubeConfigFile"])
+    (user,) = yaml.safe_load(kubeconfig_path.read_text())["users"]
+    assert user["name"] == f"hoss-resolver.{HOSS_NAMESPACE}.svc"
+    manifests = yaml.safe_load_all((out / "manifests.yaml").read_text())
+    objects: dict[str, Json] = {o["metadata"]["name"]: o for o in manifests}
+    ca_pem = objects[lockdown.WEBHOOK_CLIENT_CA_CONFIGMAP]["data"]["ca.crt"].encode()
+    client_cert = x509.load_pem_x509_certificate(Path(user["user"]["client-certificate"]).read_bytes())
+    client_cert.verify_directly_issued_by(x509.load_pem_x509_certificate(ca_pem))
+    assert client_cert.subject.rfc4514_string() == f"CN={lockdown.WEBHOOK_CLIENT_NAME}"
+    return objects
+
+
+async def test_hoss_lockdown_writes_what_the_apiserver_and_redis_accept(plane: LocalPlane, tmp_path: Path) -> None:
+    """The files of `hoss lockdown`: the AdmissionConfiguration and kubeconfig parse as the apiserver reads them,
+    the client certificate verifies against the ConfigMap's CA, a real redis-server loads the ACL, and each
+    component's URL from the Secret logs in as its user."""
+    out = tmp_path / "lockdown"
+    await hoss("lockdown", "--output", str(out), "--control-plane-dir", str(out / "control-plane"),
+               "--redis-host", "127.0.0.1")
+    objects = await asyncio.to_thread(read_lockdown_files, out)
+    # Server-side dry run: the apiserver accepts the ConfigMap and Secrets as they are.
+    plane.kubectl("apply", "--dry-run=server", "-f", str(out / "manifests.yaml"))
+
+    acl = base64.b64decode(objects[lockdown.REDIS_USERS_SECRET]["data"]["users.acl"])
+    (out / "users.acl").write_bytes(acl)
+    port = _free_port()
+    redis_server = await asyncio.create_subprocess_exec(
+        "redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--protected-mode", "yes",
+        "--aclfile", str(out / "users.acl"), stdout=asyncio.subprocess.DEVNULL,
+    )
+    try:
+        urls = {k: base64.b64decode(v).decode() for k, v in objects[lockdown.REDIS_URLS_SECRET]["data"].items()}
+        assert set(urls) == set(lockdown.COMPONENTS)
+        for component, url in urls.items():
+            assert url.startswith(f"redis://{component}:")
+            client = aioredis.Redis.from_url(url.replace(":6379/", f":{port}/"))
+            try:
+                for _ in range(100):
+                    try:
+                        # Logged in as its user: PING answers; a key outside {hoss} is refused.
+                        assert await client.ping()
+                        with pytest.raises(NoPermissionError):
+                            await client.get("elsewhere")
+                        break
+                    except aioredis.ConnectionError:
+                        await asyncio.sleep(0.05)
+                else:
+                    raise AssertionError("the lockdown ACL's redis-server did not answer")
+            finally:
+                await client.aclose()
+        probe = aioredis.Redis(port=port, username="probe", password="probe")
+        assert await probe.ping()
+        with pytest.raises(aioredis.ResponseError):
+            await probe.get("{hoss}:ready")
+        await probe.aclose()
+    finally:
+        redis_server.terminate()
+        await redis_server.wait()
 
 
 def test_apiserver_accepts_every_object_of_the_base(plane: LocalPlane, base: list[Json]) -> None:

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import redis
 
 from deploy.local.cluster import Cluster, pod_manifest, wait_until
 from deploy.local.plane import LocalPlane
@@ -142,3 +143,47 @@ async def test_controller_manager_recreates_replicaset_pods_counts_budgets_and_f
         return out.strip() == "", out.strip() or "gone"
 
     await wait_until(namespace_deleted, timeout=90, what=f"namespace {gone} to finish deleting")
+
+
+@pytest.mark.parametrize(
+    ("user", "command", "refused"),
+    [
+        # The dispatcher reads the ledger but may not write it.
+        ("hoss-dispatcher", ("HGETALL", "{hoss}:node:x:used"), False),
+        ("hoss-dispatcher", ("HSET", "{hoss}:node:x:used", "cpu", "1"), True),
+        ("hoss-dispatcher", ("XADD", "{hoss}:queue:x", "*", "k", "v"), False),
+        # The resolver writes the ledger and its stats, but not the work streams.
+        ("hoss-resolver", ("HSET", "{hoss}:resolver:x", "k", "v"), False),
+        ("hoss-resolver", ("XADD", "{hoss}:queue:x", "*", "k", "v"), True),
+        ("hoss-worker", ("HSET", "{hoss}:worker:x", "k", "v"), False),
+        # Nobody but admin reaches keys outside {hoss}, or dangerous commands.
+        ("hoss-worker", ("SET", "elsewhere", "1"), True),
+        ("hoss-worker", ("FLUSHALL",), True),
+        ("hoss-resolver", ("CONFIG", "GET", "*"), True),
+        ("hoss-dispatcher", ("KEYS", "*"), True),
+    ],
+)
+def test_each_component_redis_user_has_only_the_commands_and_keys_it_needs(
+    plane: LocalPlane, user: str, command: tuple[str, ...], refused: bool
+) -> None:
+    state = plane.state()
+    admin = redis.Redis.from_url(state.redis_url, decode_responses=True)
+    client = redis.Redis.from_url(state.redis_url_for(user), decode_responses=True)
+    try:
+        if refused:
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                client.execute_command(*command)  # type: ignore[no-untyped-call]
+        else:
+            client.execute_command(*command)  # type: ignore[no-untyped-call]
+        # The plane's Redis has no usable default user: an unauthenticated client can do nothing.
+        anonymous = redis.Redis(host="127.0.0.1", port=state.redis_port)
+        with pytest.raises(redis.exceptions.AuthenticationError):
+            anonymous.ping()
+        anonymous.close()
+    finally:
+        admin.delete(*[key for key in ("{hoss}:node:x:used", "{hoss}:queue:x", "{hoss}:resolver:x",
+                                       "{hoss}:worker:x", "elsewhere")])
+        # These refusals were asked for: the session's check that no component was ever refused must not see them.
+        admin.acl_log_reset()
+        admin.close()
+        client.close()
