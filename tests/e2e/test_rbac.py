@@ -1,0 +1,144 @@
+"""Least privilege, measured: every verb deploy/rbac.yaml grants a hoss component is one it uses.
+
+The session's plane runs with the apiserver's audit log (Metadata level, the hoss components' requests only). A
+scenario here drives every path that needs a grant: pods placed, a pod that fits nowhere (its PodScheduled
+condition and FailedScheduling event), a pod for a policy no worker serves (NoWorkerForPolicy), a PodGroup gang
+(its status), both Lease elections and the resolver's sync. Then the audit log of the whole session so far (this
+scenario and any test before it) is compared with the rules bound to each component's ServiceAccount: a grant no
+call used fails the test, and so does any call the apiserver refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes_asyncio import client
+
+from deploy.local.cluster import Cluster, pod_manifest, wait_until
+from deploy.local.plane import HOSS_COMPONENTS, HOSS_NAMESPACE, RBAC_MANIFEST, LocalPlane, Process
+from tests.e2e.hoss import hoss_pods, wait_all_bound, workers
+
+Grant = tuple[str, str, str]
+"""(API group, resource[/subresource], verb)"""
+RARE: dict[tuple[str, Grant], str] = {
+    ("hoss-worker", ("", "pods", "get")): "a work item queued without its pod, by a dispatcher older than compact"
+    " work items (rolling upgrade): workers/service.py Worker._fetch",
+}
+"""Grants used on a path this scenario cannot reach, each with the path; they must still be granted."""
+CAPACITY = {"cpu": "8", "memory": "32Gi", "pods": "110"}
+
+
+def granted(manifest: Path) -> dict[str, set[Grant]]:
+    """What rbac.yaml grants each hoss ServiceAccount, through its (Cluster)RoleBindings."""
+    documents = [d for d in yaml.safe_load_all(manifest.read_text()) if d]
+    roles = {(d["kind"], d["metadata"]["name"]): d for d in documents if d["kind"] in ("Role", "ClusterRole")}
+    result: dict[str, set[Grant]] = defaultdict(set)
+    for binding in (d for d in documents if d["kind"] in ("RoleBinding", "ClusterRoleBinding")):
+        role = roles[(binding["roleRef"]["kind"], binding["roleRef"]["name"])]
+        for subject in binding["subjects"]:
+            if subject["kind"] != "ServiceAccount" or subject.get("namespace") != HOSS_NAMESPACE:
+                continue
+            for rule in role["rules"]:
+                for group in rule["apiGroups"]:
+                    for resource in rule["resources"]:
+                        for verb in rule["verbs"]:
+                            result[subject["name"]].add((group, resource, verb))
+    return result
+
+
+def used(audit_log: Path) -> tuple[dict[str, set[Grant]], dict[str, set[str]]]:
+    """From the audit log: the grants each component's calls needed, and the calls the apiserver refused (403)."""
+    calls: dict[str, set[Grant]] = defaultdict(set)
+    refused: dict[str, set[str]] = defaultdict(set)
+    prefix = f"system:serviceaccount:{HOSS_NAMESPACE}:"
+    for line in audit_log.read_text().splitlines():
+        event: dict[str, Any] = json.loads(line)
+        username = event["user"]["username"]
+        ref = event.get("objectRef")
+        if not username.startswith(prefix) or ref is None:
+            continue  # non-resource URLs (discovery) need no grant of rbac.yaml
+        component = username.removeprefix(prefix)
+        resource = ref["resource"] + (f"/{ref['subresource']}" if ref.get("subresource") else "")
+        grant = (ref.get("apiGroup", ""), resource, event["verb"])
+        if event.get("responseStatus", {}).get("code") == 403:
+            refused[component].add(f"{event['verb']} {event['requestURI']}")
+        else:
+            calls[component].add(grant)
+    return calls, refused
+
+
+def test_granted_reads_roles_through_their_bindings() -> None:
+    grants = granted(RBAC_MANIFEST)
+    assert set(grants) == set(HOSS_COMPONENTS)
+    assert ("", "pods/binding", "create") in grants["hoss-worker"]
+    assert ("coordination.k8s.io", "leases", "update") in grants["hoss-resolver"]
+
+
+async def test_every_verb_granted_to_a_component_is_one_it_uses_and_none_is_refused(
+    plane: LocalPlane, dispatcher: Process, cluster: Cluster, namespace: str
+) -> None:
+    assert plane.state().audit, "the session's plane must run with the audit log (tests/e2e/conftest.py)"
+    custom: Any = client.CustomObjectsApi(cluster.api)
+    await custom.create_namespaced_custom_object(
+        "scheduling.x-k8s.io", "v1alpha1", namespace, "podgroups",
+        {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup",
+         "metadata": {"name": "rbac-pg", "namespace": namespace}, "spec": {"minMember": 2}},
+    )
+    nodes = await cluster.create_nodes(2, prefix="rbac", capacity=CAPACITY)
+    try:
+        await cluster.wait_nodes_ready(nodes)
+        async with workers(plane, [("rbac-1", ["default"])]):
+            await cluster.create_pods(
+                [
+                    *hoss_pods("rbac-fits", 3),
+                    *hoss_pods("rbac-gang", 2, labels={"scheduling.x-k8s.io/pod-group": "rbac-pg"}),
+                ],
+                namespace=namespace,
+            )
+            await wait_all_bound(cluster, namespace, 5)
+            # A pod kube-scheduler binds: the resolver reads it (pending pods are not in the sync's index).
+            await cluster.create_pods([pod_manifest("rbac-foreign", requests={"cpu": "100m"})], namespace=namespace)
+            await wait_all_bound(cluster, namespace, 6)
+            await cluster.create_pods(
+                [*hoss_pods("rbac-huge", 1, cpu="500"), *hoss_pods("rbac-nobody", 1, policy="no-such-policy")],
+                namespace=namespace,
+            )
+
+            async def explained() -> tuple[bool, str]:
+                reasons = {e.reason for name in ("rbac-huge-0000", "rbac-nobody-0000")
+                           for e in await cluster.events_for(namespace, name)}
+                return {"FailedScheduling", "NoWorkerForPolicy"} <= reasons, str(sorted(reasons))
+
+            await wait_until(explained, timeout=60, what="the unplaceable pods to be told why")
+
+            async def podgroup_status() -> tuple[bool, str]:
+                group = await custom.get_namespaced_custom_object(
+                    "scheduling.x-k8s.io", "v1alpha1", namespace, "podgroups", "rbac-pg")
+                status = group.get("status") or {}
+                return status.get("scheduled") == 2, str(status)
+
+            await wait_until(podgroup_status, timeout=60, what="the dispatcher to write the PodGroup's status")
+    finally:
+        await cluster.delete_pods(namespace)
+        await cluster.delete_nodes(nodes)
+    await asyncio.sleep(1)  # the audit backend writes each event once its response is complete
+
+    calls, refused = await asyncio.to_thread(used, plane.audit_log)
+    grants = granted(RBAC_MANIFEST)
+    problems = []
+    for (component, grant), why in RARE.items():
+        assert grant in grants[component], f"RARE lists {component} {grant} ({why}), which rbac.yaml no longer grants"
+    for component in HOSS_COMPONENTS:
+        rare = {grant for (who, grant) in RARE if who == component}
+        unused = sorted(grants[component] - calls[component] - rare)
+        if unused:
+            problems.append(f"{component} is granted but never used: {unused}")
+        if refused[component]:
+            problems.append(f"{component} was refused: {sorted(refused[component])}")
+    print({c: sorted(calls[c]) for c in HOSS_COMPONENTS})
+    assert not problems, "\n".join(problems)
