@@ -27,7 +27,7 @@ Grant = tuple[str, str, str]
 """(API group, resource[/subresource], verb)"""
 RARE: dict[tuple[str, Grant], str] = {
     ("hoss-worker", ("", "pods", "get")): "a work item queued without its pod, by a dispatcher older than compact"
-    " work items (rolling upgrade): workers/service.py Worker._fetch",
+    " work items (rolling upgrade): workers/core.py Worker._fetch",
 }
 """Grants used on a path this scenario cannot reach, each with the path; they must still be granted."""
 CAPACITY = {"cpu": "8", "memory": "32Gi", "pods": "110"}
