@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -98,7 +99,8 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _status(args: argparse.Namespace) -> int:
     url = args.url or status_view.dispatcher_url(_plane(args))
-    print(status_view.render(status_view.fetch(url), url=url))
+    token = args.token or os.environ.get("HOSS_TOKEN")
+    print(status_view.render(status_view.fetch(url, token=token), url=url))
     return 0
 
 
@@ -195,6 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     status = with_dir(commands.add_parser("status", help="the dispatcher's /status as a table"))
     status.add_argument("--url", help="a dispatcher's /status URL (default: the local plane's dispatcher)")
+    status.add_argument("--token", help="bearer token for a dispatcher with --access=kubernetes (default $HOSS_TOKEN;"
+                        " e.g. $(kubectl create token <a ServiceAccount bound to hoss-viewer>))")
     status.set_defaults(run=_status)
 
     bench = with_dir(commands.add_parser("bench", help="benchmark hoss against kube-scheduler on the local plane"))

@@ -44,9 +44,11 @@ def dispatcher_url(plane: LocalPlane) -> str:
     raise PlaneError(f"no hoss-dispatcher runs in the plane in {plane.directory}; start one with `hoss demo`")
 
 
-def fetch(url: str) -> SystemStatus:
+def fetch(url: str, *, token: str | None = None) -> SystemStatus:
+    """/status from ``url``; ``token`` is sent as a bearer token (a dispatcher with --access=kubernetes)."""
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
     try:
-        with urllib.request.urlopen(url, timeout=5) as response:
+        with urllib.request.urlopen(request, timeout=5) as response:
             return SystemStatus.model_validate(json.loads(response.read()))
     except (urllib.error.URLError, OSError) as error:
         raise PlaneError(f"cannot read {url}: {error}") from error

@@ -14,6 +14,7 @@ from aiohttp import web
 from kubernetes_asyncio import client
 from redis.asyncio import Redis
 
+from dispatcher.access import TokenAccess
 from dispatcher.core import Dispatcher, KubeNotifier, cancel_and_wait, run_roles
 from dispatcher.intake import pending_pods_selector
 from dispatcher.leader import KubeLeaseAPI, LeaderElector
@@ -71,7 +72,10 @@ async def running_dispatcher(settings: DispatcherSettings) -> AsyncIterator[Runn
         state = ServiceState(
             settings=settings, dispatcher=dispatcher, elector=elector, redis=redis, ledger=Ledger(redis)
         )
-        runner = web.AppRunner(build_app(state), access_log=None)
+        access = None
+        if settings.access == "kubernetes":
+            access = TokenAccess(api, namespace=settings.lease_namespace, cache_seconds=settings.access_cache_seconds)
+        runner = web.AppRunner(build_app(state, access=access), access_log=None)
         await runner.setup()
         stack.push_async_callback(runner.cleanup)
         await web.TCPSite(runner, settings.host, settings.port).start()

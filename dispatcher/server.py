@@ -13,6 +13,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from dispatcher.access import TokenAccess, middleware
 from dispatcher.core import STATUS_TIMEOUT_SECONDS, Dispatcher
 from dispatcher.leader import LeaderElector
 from dispatcher.queue import WorkerInfo
@@ -141,8 +142,9 @@ async def healthz(request: web.Request) -> web.Response:
     return web.Response(text="ok")
 
 
-def build_app(state: ServiceState) -> web.Application:
-    app = web.Application()
+def build_app(state: ServiceState, *, access: TokenAccess | None = None) -> web.Application:
+    """The routes; with ``access``, /status and /metrics need a bearer token it accepts (dispatcher.access)."""
+    app = web.Application(middlewares=[middleware(access)] if access is not None else [])
     app[STATE_KEY] = state
     app[DASHBOARD_KEY] = load_dashboard()
     app.router.add_get("/", dashboard)

@@ -30,7 +30,15 @@ class DispatcherSettings(BaseModel):
     default_policy: str = Field(default="default", min_length=1)
     """Policy of a pod without the hoss.io/policy label."""
     host: str = "0.0.0.0"
-    """Address the HTTP server (/status, /metrics, /healthz) listens on."""
+    """Address the HTTP server (/status, /metrics, /healthz, the dashboard) listens on; 127.0.0.1 keeps it to
+    the pod (kubectl port-forward still reaches it)."""
+    access: Literal["open", "kubernetes"] = "open"
+    """Who may read /status and /metrics: 'open' (anyone who reaches host:port), or 'kubernetes': a bearer token
+    the apiserver accepts (TokenReview) whose user may get dispatchers/status (dispatchers/metrics) in API group
+    hoss.io (SubjectAccessReview; the ClusterRole hoss-viewer grants it); 401/403 otherwise. /healthz and the
+    dashboard's files stay open."""
+    access_cache_seconds: float = Field(default=10.0, gt=0)
+    """How long a token's review is remembered (access 'kubernetes')."""
     port: int = Field(default=8080, ge=0, le=65535)
     """Port the HTTP server listens on (0: any free port)."""
     lease_name: str = Field(default="hoss-dispatcher", min_length=1)

@@ -689,7 +689,9 @@ class LocalPlane:
             binary="resolver.webhook",
         )
 
-    def start_dispatcher(self, state: PlaneState | None = None, *, name: str = "hoss-dispatcher") -> Process:
+    def start_dispatcher(
+        self, state: PlaneState | None = None, *, name: str = "hoss-dispatcher", extra_args: Sequence[str] = ()
+    ) -> Process:
         """Start hoss-dispatcher with its own identity; its HTTP port (status, dashboard) is in the Process."""
         state = state or self.state()
         port = _free_port()
@@ -703,6 +705,7 @@ class LocalPlane:
                 "--host=127.0.0.1",
                 f"--port={port}",
                 f"--identity={name}",
+                *extra_args,
             ],
             port=port,
             binary="dispatcher.main",

@@ -438,11 +438,28 @@ function render(status, fetchedAt) {
 
 // --- the refresh loop ----------------------------------------------------------------------------------------
 
+
+// With --access=kubernetes, /status needs a bearer token: given once as /#token=<token> (the fragment never reaches
+// a server or a log), kept for this tab only (sessionStorage), and sent with every read of /status.
+function authHeaders() {
+  const match = /(?:^#|&)token=([^&]+)/.exec(window.location.hash);
+  if (match) {
+    sessionStorage.setItem("hoss-token", decodeURIComponent(match[1]));
+    history.replaceState(null, "", window.location.pathname + window.location.search);
+  }
+  const token = sessionStorage.getItem("hoss-token");
+  return token ? { Authorization: `Bearer ${token}` } : {};
+}
+
 async function fetchStatus() {
   const abort = new AbortController();
   const timer = setTimeout(() => abort.abort(), FETCH_TIMEOUT_MS);
   try {
-    const response = await fetch("/status", { cache: "no-store", signal: abort.signal });
+    const response = await fetch("/status", { cache: "no-store", signal: abort.signal, headers: authHeaders() });
+    if (response.status === 401 || response.status === 403) {
+      const why = (await response.json().catch(() => ({}))).error || "";
+      throw new Error(`HTTP ${response.status}: ${why} (open the dashboard as /#token=<a Kubernetes token>)`);
+    }
     if (!response.ok) throw new Error(`HTTP ${response.status}`);
     return await response.json();
   } finally {

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+
+import aiohttp
 
 from deploy.local.cluster import Cluster, Json, pod_manifest, wait_until
 from deploy.local.plane import LocalPlane, Process
@@ -52,3 +55,37 @@ async def wait_all_bound(cluster: Cluster, namespace: str, count: int, *, timeou
     return await cluster.raw_list("list_namespaced_pod", namespace)
 
 
+
+
+async def status_access(plane: LocalPlane, namespace: str) -> dict[str, int]:
+    """A dispatcher with ``--access=kubernetes`` beside the session's, asked for /status and /metrics by: nobody, a
+    forged token, a ServiceAccount without the ClusterRole hoss-viewer, and one bound to it. The HTTP status of
+    each (keys ``<who> <path>``), and of /healthz without a token."""
+    viewer, stranger = f"viewer-{namespace}"[:60], f"stranger-{namespace}"[:60]
+    binding = f"hoss-viewer-{namespace}"[:60]
+    await asyncio.to_thread(plane.kubectl, "-n", namespace, "create", "serviceaccount", viewer)
+    await asyncio.to_thread(plane.kubectl, "-n", namespace, "create", "serviceaccount", stranger)
+    await asyncio.to_thread(plane.kubectl, "create", "clusterrolebinding", binding, "--clusterrole=hoss-viewer",
+                            f"--serviceaccount={namespace}:{viewer}")
+    tokens = {
+        "nobody": None,
+        "forged": "eyJhbGciOiJSUzI1NiJ9.e30.forged",
+        "stranger": (await asyncio.to_thread(plane.kubectl, "-n", namespace, "create", "token", stranger)).strip(),
+        "viewer": (await asyncio.to_thread(plane.kubectl, "-n", namespace, "create", "token", viewer)).strip(),
+    }
+    name = f"hoss-dispatcher-access-{namespace}"[:60]
+    process = await asyncio.to_thread(plane.start_dispatcher, name=name, extra_args=["--access=kubernetes"])
+    outcomes: dict[str, int] = {}
+    try:
+        async with aiohttp.ClientSession() as session:
+            for who, token in tokens.items():
+                headers = {"Authorization": f"Bearer {token}"} if token else {}
+                for path in ("/status", "/metrics"):
+                    async with session.get(f"http://127.0.0.1:{process.port}{path}", headers=headers) as response:
+                        outcomes[f"{who} {path}"] = response.status
+            async with session.get(f"http://127.0.0.1:{process.port}/healthz") as response:
+                outcomes["nobody /healthz"] = response.status
+    finally:
+        await asyncio.to_thread(plane.stop_process, name)
+        await asyncio.to_thread(plane.kubectl, "delete", "clusterrolebinding", binding, "--ignore-not-found")
+    return outcomes

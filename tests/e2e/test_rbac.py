@@ -3,7 +3,8 @@
 The session's plane runs with the apiserver's audit log (Metadata level, the hoss components' requests only). A
 scenario here drives every path that needs a grant: pods placed, a pod that fits nowhere (its PodScheduled
 condition and FailedScheduling event), a pod for a policy no worker serves (NoWorkerForPolicy), a PodGroup gang
-(its status), both Lease elections and the resolver's sync. Then the audit log of the whole session so far (this
+(its status), both Lease elections, the resolver's sync and a pod read, and a dispatcher with --access=kubernetes
+(TokenReview, SubjectAccessReview). Then the audit log of the whole session so far (this
 scenario and any test before it) is compared with the rules bound to each component's ServiceAccount: a grant no
 call used fails the test, and so does any call the apiserver refused.
 """
@@ -21,7 +22,7 @@ from kubernetes_asyncio import client
 
 from deploy.local.cluster import Cluster, pod_manifest, wait_until
 from deploy.local.plane import HOSS_COMPONENTS, HOSS_NAMESPACE, RBAC_MANIFEST, LocalPlane, Process
-from tests.e2e.hoss import hoss_pods, wait_all_bound, workers
+from tests.e2e.hoss import hoss_pods, status_access, wait_all_bound, workers
 
 Grant = tuple[str, str, str]
 """(API group, resource[/subresource], verb)"""
@@ -123,6 +124,8 @@ async def test_every_verb_granted_to_a_component_is_one_it_uses_and_none_is_refu
                 return status.get("scheduled") == 2, str(status)
 
             await wait_until(podgroup_status, timeout=60, what="the dispatcher to write the PodGroup's status")
+        # The dispatcher's --access=kubernetes: TokenReview and SubjectAccessReview.
+        assert (await status_access(plane, namespace))["viewer /status"] == 200
     finally:
         await cluster.delete_pods(namespace)
         await cluster.delete_nodes(nodes)

@@ -251,6 +251,7 @@ def check(served: Served, body: bytes, *, review: dict[str, Any] | None = None) 
 # --- tests ------------------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.timeout(max(600, EXAMPLES // 4))  # 10,000 examples take minutes on a busy 2-core machine
 @FUZZ_SETTINGS
 @given(review=binding_reviews())
 def test_generated_binding_reviews_get_no_5xx_and_are_never_wrongly_allowed(
@@ -259,6 +260,7 @@ def test_generated_binding_reviews_get_no_5xx_and_are_never_wrongly_allowed(
     check(served, json.dumps(review).encode(), review=review)
 
 
+@pytest.mark.timeout(max(600, EXAMPLES // 4))
 @FUZZ_SETTINGS
 @given(body=st.binary(max_size=300) | json_values.map(lambda value: json.dumps(value).encode()))
 def test_arbitrary_bodies_get_400_or_a_verdict_never_a_5xx(served: Served, body: bytes) -> None:
