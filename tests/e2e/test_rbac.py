@@ -3,10 +3,10 @@
 The session's plane runs with the apiserver's audit log (Metadata level, the hoss components' requests only). A
 scenario here drives every path that needs a grant: pods placed, a pod that fits nowhere (its PodScheduled
 condition and FailedScheduling event), a pod for a policy no worker serves (NoWorkerForPolicy), a PodGroup gang
-(its status), both Lease elections, the resolver's sync and a pod read, and a dispatcher with --access=kubernetes
-(TokenReview, SubjectAccessReview). Then the audit log of the whole session so far (this
-scenario and any test before it) is compared with the rules bound to each component's ServiceAccount: a grant no
-call used fails the test, and so does any call the apiserver refused.
+(its status), a preemption (PodDisruptionBudgets listed, an eviction), both Lease elections, the resolver's sync
+and a pod read, and a dispatcher with --access=kubernetes (TokenReview, SubjectAccessReview). Then the audit log
+of the whole session so far (this scenario and any test before it) is compared with the rules bound to each
+component's ServiceAccount: a grant no call used fails the test, and so does any call the apiserver refused.
 """
 
 from __future__ import annotations
@@ -73,6 +73,41 @@ def used(audit_log: Path) -> tuple[dict[str, set[Grant]], dict[str, set[str]]]:
     return calls, refused
 
 
+async def preempt_once(plane: LocalPlane, cluster: Cluster, namespace: str) -> None:
+    """On a node of its own, a low-priority pod fills it; a high-priority one then needs its room."""
+    (node,) = await cluster.create_nodes(1, prefix=f"rbac-pre-{namespace}"[:40], capacity={"cpu": "2", "memory": "8Gi",
+                                                                                          "pods": "10"})
+    classes = {f"{namespace}-low": 10, f"{namespace}-high": 1000}
+    try:
+        await cluster.wait_nodes_ready([node])
+        for name, value in classes.items():
+            manifest = plane.directory / f"{name}.json"
+            manifest.write_text(json.dumps({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                                            "metadata": {"name": name}, "value": value}))
+            await asyncio.to_thread(plane.kubectl, "apply", "-f", str(manifest))
+        pods = {}
+        for role in ("low", "high"):
+            (pod,) = hoss_pods(f"rbac-{role}", 1, cpu="2")
+            pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+            pod["spec"]["priorityClassName"] = f"{namespace}-{role}"
+            pods[role] = pod
+        await cluster.create_pods([pods["low"]], namespace=namespace)
+
+        async def on_node(name: str) -> tuple[bool, str]:
+            found = [p for p in await cluster.raw_list("list_namespaced_pod", namespace)
+                     if p["metadata"]["name"] == name]
+            return bool(found and found[0]["spec"].get("nodeName") == node), str(len(found))
+
+        await wait_until(lambda: on_node("rbac-low-0000"), timeout=60, what="the low-priority pod to be bound")
+        await cluster.create_pods([pods["high"]], namespace=namespace)
+        await wait_until(lambda: on_node("rbac-high-0000"), timeout=90, what="the high-priority pod to preempt")
+    finally:
+        for name in classes:
+            await asyncio.to_thread(plane.kubectl, "delete", "priorityclass", name, "--ignore-not-found",
+                                    "--wait=false")
+        await cluster.delete_nodes([node])
+
+
 def test_granted_reads_roles_through_their_bindings() -> None:
     grants = granted(RBAC_MANIFEST)
     assert set(grants) == set(HOSS_COMPONENTS)
@@ -124,6 +159,8 @@ async def test_every_verb_granted_to_a_component_is_one_it_uses_and_none_is_refu
                 return status.get("scheduled") == 2, str(status)
 
             await wait_until(podgroup_status, timeout=60, what="the dispatcher to write the PodGroup's status")
+            # Preemption: a high-priority pod evicts a low-priority one from a full node (PDBs listed, an eviction).
+            await preempt_once(plane, cluster, namespace)
         # The dispatcher's --access=kubernetes: TokenReview and SubjectAccessReview.
         assert (await status_access(plane, namespace))["viewer /status"] == 200
     finally:
