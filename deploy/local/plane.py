@@ -381,6 +381,7 @@ class LocalPlane:
         port: int = 0,
         binary: str | None = None,
         wait: bool = True,
+        env: Mapping[str, str] | None = None,
     ) -> Process:
         log = self.log_dir / f"{name}.log"
         with log.open("ab") as out:
@@ -391,6 +392,7 @@ class LocalPlane:
                 stdin=subprocess.DEVNULL,
                 cwd=self.directory,
                 start_new_session=True,
+                env=None if env is None else {**os.environ, **env},
             )
         _CHILDREN[child.pid] = child
         process = Process(name=name, pid=child.pid, binary=binary or Path(argv[0]).name, log=str(log), port=port)
@@ -675,7 +677,6 @@ class LocalPlane:
                 "-m",
                 "resolver.webhook",
                 f"--kubeconfig={self.kubeconfig('hoss-resolver')}",
-                f"--redis-url={state.redis_url_for('hoss-resolver')}",
                 "--host=127.0.0.1",
                 f"--port={port}",
                 f"--tls-cert-file={serving.cert}",
@@ -687,6 +688,7 @@ class LocalPlane:
             ],
             port=port,
             binary="resolver.webhook",
+            env={"HOSS_REDIS_URL": state.redis_url_for("hoss-resolver")},  # not on the command line: ps shows it
         )
 
     def start_dispatcher(
@@ -701,7 +703,6 @@ class LocalPlane:
             [
                 sys.executable, "-m", "dispatcher.main",
                 f"--kubeconfig={self.kubeconfig('hoss-dispatcher')}",
-                f"--redis-url={state.redis_url_for('hoss-dispatcher')}",
                 "--host=127.0.0.1",
                 f"--port={port}",
                 f"--identity={name}",
@@ -709,6 +710,7 @@ class LocalPlane:
             ],
             port=port,
             binary="dispatcher.main",
+            env={"HOSS_REDIS_URL": state.redis_url_for("hoss-dispatcher")},  # not on the command line: ps shows it
         )
 
     def start_worker(
@@ -736,13 +738,13 @@ class LocalPlane:
                 f"--policies={','.join(policies)}",
                 f"--policies-file={POLICIES_FILE}",
                 f"--kubeconfig={self.kubeconfig('hoss-worker')}",
-                f"--redis-url={state.redis_url_for('hoss-worker')}",
                 "--host=127.0.0.1",
                 f"--port={port}",
                 *extra_args,
             ],
             port=port,
             binary="workers.main",
+            env={"HOSS_REDIS_URL": state.redis_url_for("hoss-worker")},  # not on the command line: ps shows it
             wait=wait,
         )
 
