@@ -56,8 +56,10 @@ def _writes(keys: Sequence[str]) -> list[str]:
 
 REDIS_ACL: dict[str, str] = {
     # Work streams, worker registry, dispatched map and podver; reads the ledger (snapshot) and resolver stats.
+    # `ready` is writable only because Redis counts a script's declared keys (EVALSHA ... {hoss}:ready) as written;
+    # the snapshot script it runs only reads it.
     "hoss-dispatcher": " ".join([
-        "resetkeys %R~{hoss}:*", *_writes(_QUEUE_KEYS), "resetchannels -@all", _CONNECTION_COMMANDS,
+        "resetkeys %R~{hoss}:*", *_writes((*_QUEUE_KEYS, "ready")), "resetchannels -@all", _CONNECTION_COMMANDS,
         "+xadd +xrange +xlen +xreadgroup +xinfo|groups +xgroup|create +xack +xdel +hset +hget +hdel +hgetall +hmget",
         "+sadd +srem +smembers +scard +sismember +del +exists +get +pexpire +scan +time +xrevrange",
     ]),

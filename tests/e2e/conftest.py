@@ -31,11 +31,25 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalPlane]:
         local.down()
 
 
-def redis_acl_denials(plane: LocalPlane) -> list[str]:
+@pytest.fixture(autouse=True)
+def no_redis_acl_denial(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After each test on the session's plane: Redis refused no hoss component a command or key (its ACL LOG is
+    empty); the log is emptied again so that the next test starts clean."""
+    yield
+    if "plane" not in request.fixturenames:
+        return
+    plane: LocalPlane = request.getfixturevalue("plane")
+    denied = redis_acl_denials(plane, reset=True)
+    assert not denied, f"Redis refused hoss components commands or keys their ACL lacks: {denied}"
+
+
+def redis_acl_denials(plane: LocalPlane, *, reset: bool = False) -> list[str]:
     """Redis's ACL LOG of the plane (admin user): each entry as 'user: reason object'."""
     client = redis.Redis.from_url(plane.state().redis_url, decode_responses=True)
     try:
         entries: Any = client.acl_log(count=100)
+        if reset and entries:
+            client.acl_log_reset()
     finally:
         client.close()
     return [f"{e['username']}: {e['reason']} {e['object']} ({e['context']})" for e in entries]

@@ -74,7 +74,11 @@ async def status_access(plane: LocalPlane, namespace: str) -> dict[str, int]:
         "viewer": (await asyncio.to_thread(plane.kubectl, "-n", namespace, "create", "token", viewer)).strip(),
     }
     name = f"hoss-dispatcher-access-{namespace}"[:60]
-    process = await asyncio.to_thread(plane.start_dispatcher, name=name, extra_args=["--access=kubernetes"])
+    # A Lease and a scheduler name of its own: it must neither take the session dispatcher's role nor dispatch.
+    process = await asyncio.to_thread(
+        plane.start_dispatcher, name=name,
+        extra_args=["--access=kubernetes", f"--lease-name={name}", f"--scheduler-names={name}"],
+    )
     outcomes: dict[str, int] = {}
     try:
         async with aiohttp.ClientSession() as session:
