@@ -38,14 +38,15 @@ DEFAULT_REDIS_HOST = "hoss-redis.hoss-system.svc"
 DEFAULT_CONTROL_PLANE_DIR = "/etc/kubernetes/hoss"
 
 _LEDGER_SCRIPT_COMMANDS = (
-    "del exists get set hdel hget hgetall hincrby hlen hset sadd scard sismember smembers srem time xadd xrevrange"
-    " zadd zrem zrange zrangebyscore"
+    "del exists get set hdel hget hgetall hincrby hlen hset sadd scard sismember smembers smove srem time xadd"
+    " xrevrange zadd zrem zrange zrangebyscore zscore"
 )
 """What the ledger's Lua scripts (resolver/lua) call; Redis checks a script's commands against its caller's ACL
 (tests/unit/test_redis_acl.py checks that this lists every command the scripts call)."""
 _CONNECTION_COMMANDS = "+ping +hello +client|setname +select +evalsha +script|load +multi +exec +discard"
 """Every component's connection set-up and script calls (redis-py also sends CLIENT SETINFO, on Redis >= 7.2)."""
-_LEDGER_KEYS = ("ready", "epoch", "nodes", "node:*", "pod:*", "assumed", "changes", "ipa:*", "nominated")
+_LEDGER_KEYS = ("ready", "epoch", "nodes", "node:*", "pod:*", "assumed", "changes", "ipa:*", "nominated", "stats",
+                "verify")
 """The ledger's keys under {hoss}: (tests/unit/test_redis_acl.py checks that the Lua scripts use no other)."""
 _QUEUE_KEYS = ("queue:*", "worker:*", "workers", "dispatched", "podver")
 

@@ -90,7 +90,7 @@ async def test_the_ledger_works_over_tls_with_an_acl_user_through_both_clients(s
     try:
         await sync_ledger.rebuild(nodes=[("n1", {"cpu": 2000, "pods": 10}, {})], bound=[])
         result = await review_ledger.confirm(uid="u1", pod="ns/p1", node="n1", request={"cpu": 500, "pods": 1},
-                                             owner="foreign:someone", ttl_seconds=30)
+                                             owner="foreign:someone", verify_after_seconds=30)
         assert type(result).__name__ == "Confirmed"
         assert await review_ledger.is_ready()
         usage = await sync_ledger.node_usage(["n1"])
