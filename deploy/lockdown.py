@@ -70,10 +70,11 @@ REDIS_ACL: dict[str, str] = {
         _CONNECTION_COMMANDS, *(f"+{c}" for c in _LEDGER_SCRIPT_COMMANDS.split()),
         "+xread +xrange +xreadgroup +xinfo|groups +xgroup|create +xack +xdel +hmget +pexpire",
     ]),
-    # The ledger (sync, webhook) and its own stats hash; reads the rest, writes no work stream.
+    # The ledger (sync, webhook), the sync's stamp and its own stats hash; reads the rest, writes no work stream.
     "hoss-resolver": " ".join([
-        "resetkeys %R~{hoss}:*", *_writes((*_LEDGER_KEYS, "resolver:*")), "resetchannels -@all",
-        _CONNECTION_COMMANDS, *(f"+{c}" for c in _LEDGER_SCRIPT_COMMANDS.split()), "+xread +xrange +hmget +expire",
+        "resetkeys %R~{hoss}:*", *_writes((*_LEDGER_KEYS, "stamp", "resolver:*")), "resetchannels -@all",
+        _CONNECTION_COMMANDS, *(f"+{c}" for c in _LEDGER_SCRIPT_COMMANDS.split()),
+        "+xread +xrange +hmget +expire +incr +incrby",
     ]),
 }
 """Each hoss component's Redis ACL rules (after ``on`` and its password). Besides the workers, only the resolver
