@@ -58,9 +58,11 @@ def _writes(keys: Sequence[str]) -> list[str]:
 REDIS_ACL: dict[str, str] = {
     # Work streams, worker registry, dispatched map and podver; reads the ledger (snapshot) and resolver stats.
     # `ready` is writable only because Redis counts a script's declared keys (EVALSHA ... {hoss}:ready) as written;
-    # the snapshot script it runs only reads it.
+    # the snapshot script it runs only reads it. `nominated`: a preemptor that left the pending set gives up its
+    # held room (the mark-gone script).
     "hoss-dispatcher": " ".join([
-        "resetkeys %R~{hoss}:*", *_writes((*_QUEUE_KEYS, "ready")), "resetchannels -@all", _CONNECTION_COMMANDS,
+        "resetkeys %R~{hoss}:*", *_writes((*_QUEUE_KEYS, "ready", "nominated")), "resetchannels -@all",
+        _CONNECTION_COMMANDS,
         "+xadd +xrange +xlen +xreadgroup +xinfo|groups +xgroup|create +xack +xdel +hset +hget +hdel +hgetall +hmget",
         "+sadd +srem +smembers +scard +sismember +del +exists +get +pexpire +scan +time +xrevrange",
     ]),
