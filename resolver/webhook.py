@@ -45,6 +45,7 @@ from typing import Any, cast
 import aiohttp
 import hiredis
 import orjson
+from cryptography import x509
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from redis.asyncio import Redis
@@ -220,6 +221,11 @@ class WebhookState:
             "hoss_resolver_sync_leader", "1 while this replica holds the Lease and runs the ledger sync",
             registry=self.registry,
         ).set_function(lambda: float(self.sync is not None))
+        Gauge(
+            "hoss_resolver_serving_certificate_expiry_timestamp_seconds",
+            "When the serving certificate on disk expires (Unix time; NaN when unreadable): alert well before it",
+            registry=self.registry,
+        ).set_function(lambda: certificate_expiry(self.settings.tls_cert_file))
         for counter, what in LEDGER_COUNTERS.items():
             Gauge(f"hoss_ledger_{counter}", what, registry=self.registry).set_function(
                 functools.partial(self._ledger_counter, counter)
@@ -521,6 +527,25 @@ def build_server(state: WebhookState) -> HttpServer:
     )
     state.server = server
     return server
+
+
+_EXPIRY_CACHE: dict[str, tuple[float, float]] = {}
+
+
+def certificate_expiry(cert_file: str) -> float:
+    """The notAfter of the PEM certificate in ``cert_file`` as Unix time (re-read only when the file changes); NaN
+    when it cannot be read."""
+    try:
+        stamp = os.stat(cert_file).st_mtime
+        cached = _EXPIRY_CACHE.get(cert_file)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        with open(cert_file, "rb") as pem:
+            expiry = x509.load_pem_x509_certificate(pem.read()).not_valid_after_utc.timestamp()
+    except (OSError, ValueError):
+        return math.nan
+    _EXPIRY_CACHE[cert_file] = (stamp, expiry)
+    return expiry
 
 
 def tls_context(cert_file: str, key_file: str, client_ca_file: str | None = None) -> ssl.SSLContext:

@@ -6,8 +6,11 @@ The ledger is on fakeredis; what is checked here is who may ask, not the verdict
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
+import os
 import ssl
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +19,7 @@ from typing import Any
 import aiohttp
 import fakeredis
 import pytest
+from cryptography import x509
 
 from deploy.local import pki
 from resolver.ledger import Ledger
@@ -171,3 +175,26 @@ async def test_a_client_ca_added_to_the_file_is_trusted_after_reload(tmp_path: P
         assert context.cert_store_stats()["x509_ca"] == 2
     finally:
         reloading.cancel()
+
+
+def not_after(path: Path) -> float:
+    return x509.load_pem_x509_certificate(path.read_bytes()).not_valid_after_utc.timestamp()
+
+
+async def test_metrics_tell_when_the_serving_certificate_expires_and_follow_a_renewal(served: Served) -> None:
+    expected = not_after(Path(served.state.settings.tls_cert_file))
+    status, text = await served.post(served.client(None), None, path="/metrics")
+    assert status == 200
+    line = next(x for x in text.splitlines()
+                if x.startswith("hoss_resolver_serving_certificate_expiry_timestamp_seconds "))
+    assert float(line.split()[1]) == pytest.approx(expected)
+    # A renewed certificate (longer validity) shows at the next scrape.
+    renewed = pki.issue(pki.ensure_ca(served.directory / "server-ca"), directory=served.directory, name="serving",
+                        common_name="hoss-resolver", ip_addresses=("127.0.0.1",), server=True, reuse=False,
+                        validity=datetime.timedelta(days=700))
+    later = not_after(renewed.cert)
+    os.utime(renewed.cert, (time.time() + 5, time.time() + 5))  # a changed mtime even within the clock's tick
+    _status, text = await served.post(served.client(None), None, path="/metrics")
+    line = next(x for x in text.splitlines()
+                if x.startswith("hoss_resolver_serving_certificate_expiry_timestamp_seconds "))
+    assert float(line.split()[1]) == pytest.approx(later) and later > expected
