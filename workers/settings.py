@@ -43,10 +43,11 @@ class WorkerSettings(BaseModel):
     """After this long without a heartbeat the dispatcher treats the worker as dead and moves its work."""
     max_binds_in_flight: int = Field(default=64, ge=1)
     """Most bindings this worker posts at once (its share of ``binds_in_flight_budget`` never exceeds it)."""
-    binds_in_flight_budget: int = Field(default=24, ge=0)
-    """Bindings in flight across all workers; each worker takes budget / registered workers (at least 2). The
-    apiserver keeps at most 25 idle connections to the webhook: beyond that it opens a TLS connection per extra
-    binding (workers/bindlimit.py). 0: no shared budget, each worker posts up to ``max_binds_in_flight``."""
+    binds_in_flight_budget: int = Field(default=0, ge=0)
+    """Bindings in flight across all workers; each worker takes budget / registered workers (at least 2). 0 (the
+    default): no shared budget, each worker posts up to ``max_binds_in_flight``. A budget under 25 spares the
+    resolver the TLS handshakes the apiserver makes beyond its 25 idle webhook connections, at some throughput and
+    latency (measured in workers/bindlimit.py)."""
     read_batch: int = Field(default=128, ge=1)
     """Work items read from the queue at once."""
     candidates: int = Field(default=8, ge=1)
