@@ -14,7 +14,6 @@ from aiohttp import web
 from kubernetes_asyncio import client
 from redis.asyncio import Redis
 
-from dispatcher.access import TokenAccess
 from dispatcher.core import Dispatcher, KubeNotifier, cancel_and_wait, run_roles
 from dispatcher.intake import pending_pods_selector
 from dispatcher.leader import KubeLeaseAPI, LeaderElector
@@ -22,8 +21,10 @@ from dispatcher.podgroups import track_gangs, watch_podgroups
 from dispatcher.queue import WorkQueue
 from dispatcher.server import ServiceState, build_app
 from dispatcher.settings import DispatcherSettings
+from resolver.access import STATUS_PATHS, TokenAccess
 from resolver.kube import api_client, run_informer
 from resolver.ledger import Ledger
+from resolver.rest import KubeREST
 from resolver.settings import SettingsError, load_settings
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,12 @@ async def running_dispatcher(settings: DispatcherSettings) -> AsyncIterator[Runn
         )
         access = None
         if settings.access == "kubernetes":
-            access = TokenAccess(api, namespace=settings.lease_namespace, cache_seconds=settings.access_cache_seconds)
+            rest = await KubeREST.connect(settings.kubeconfig)
+            stack.push_async_callback(rest.close)
+            access = TokenAccess(
+                rest, resource="dispatchers", namespace=settings.access_namespace,
+                cache_seconds=settings.access_cache_seconds, paths={**STATUS_PATHS, "/status/schema": "status"},
+            )
         runner = web.AppRunner(build_app(state, access=access), access_log=None)
         await runner.setup()
         stack.push_async_callback(runner.cleanup)

@@ -13,12 +13,12 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from dispatcher.access import TokenAccess, middleware
 from dispatcher.core import STATUS_TIMEOUT_SECONDS, Dispatcher
 from dispatcher.leader import LeaderElector
 from dispatcher.queue import WorkerInfo
 from dispatcher.settings import DispatcherSettings
 from dispatcher.status import RESOLVER_STATS_MATCH, SystemStatus, build_status, resolver_instance
+from resolver.access import TokenAccess, middleware
 from resolver.errors import LedgerUnavailable
 from resolver.ledger import Ledger, LedgerSnapshot
 from resolver.supervise import Supervisor
@@ -143,7 +143,8 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 def build_app(state: ServiceState, *, access: TokenAccess | None = None) -> web.Application:
-    """The routes; with ``access``, /status and /metrics need a bearer token it accepts (dispatcher.access)."""
+    """The routes; with ``access``, /status (and its schema) and /metrics need a bearer token it accepts
+    (resolver.access)."""
     app = web.Application(middlewares=[middleware(access)] if access is not None else [])
     app[STATE_KEY] = state
     app[DASHBOARD_KEY] = load_dashboard()

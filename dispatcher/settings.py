@@ -6,16 +6,16 @@ import os
 import socket
 from typing import Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
-from resolver.settings import RedisURL
+from resolver.settings import AccessSettings, RedisURL
 
 
 def _default_identity() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
-class DispatcherSettings(BaseModel):
+class DispatcherSettings(AccessSettings):
     """Settings of the dispatcher: pending-pod intake, routing to workers, reclaim, leader election, /status."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
@@ -32,13 +32,6 @@ class DispatcherSettings(BaseModel):
     host: str = "0.0.0.0"
     """Address the HTTP server (/status, /metrics, /healthz, the dashboard) listens on; 127.0.0.1 keeps it to
     the pod (kubectl port-forward still reaches it)."""
-    access: Literal["open", "kubernetes"] = "open"
-    """Who may read /status and /metrics: 'open' (anyone who reaches host:port), or 'kubernetes': a bearer token
-    the apiserver accepts (TokenReview) whose user may get dispatchers/status (dispatchers/metrics) in API group
-    hoss.io (SubjectAccessReview; the ClusterRole hoss-viewer grants it); 401/403 otherwise. /healthz and the
-    dashboard's files stay open."""
-    access_cache_seconds: float = Field(default=10.0, gt=0)
-    """How long a token's review is remembered (access 'kubernetes')."""
     port: int = Field(default=8080, ge=0, le=65535)
     """Port the HTTP server listens on (0: any free port)."""
     lease_name: str = Field(default="hoss-dispatcher", min_length=1)

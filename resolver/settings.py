@@ -125,7 +125,26 @@ def _default_identity() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
-class ResolverSettings(BaseModel):
+class AccessSettings(BaseModel):
+    """Who may read a component's /status and /metrics: the same three settings on every hoss component
+    (resolver.access)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    access: Literal["open", "kubernetes"] = "open"
+    """Who may read /status and /metrics: 'open' (anyone who reaches host:port), or 'kubernetes': a bearer token
+    the apiserver accepts (TokenReview) whose user may get <component>/status (<component>/metrics) in API group
+    hoss.io, where <component> is dispatchers, resolvers or workers, in access_namespace (SubjectAccessReview; the
+    ClusterRole hoss-viewer grants it); 401/403 otherwise. Health probes, the resolver's review paths (the
+    apiserver's client certificate guards them) and the dispatcher's dashboard files stay open."""
+    access_namespace: str = Field(default="hoss-system", min_length=1)
+    """Namespace of the SubjectAccessReview (access 'kubernetes'): hoss-viewer bound there by a RoleBinding, or
+    cluster-wide by a ClusterRoleBinding, lets a user read."""
+    access_cache_seconds: float = Field(default=10.0, gt=0)
+    """How long a token's review is remembered (access 'kubernetes')."""
+
+
+class ResolverSettings(AccessSettings):
     """Settings of ``hoss-resolver``, the admission webhook that guards every binding."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)

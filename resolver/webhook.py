@@ -52,8 +52,9 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from resolver import admission
+from resolver.access import TokenAccess, challenge
 from resolver.errors import LedgerUnavailable, ResolverError
-from resolver.httpserver import HttpServer, Request, Response
+from resolver.httpserver import Handler, HttpServer, Request, Response
 from resolver.kube import Json, KubeError, api_client, raise_if_cancelled
 from resolver.leader import KubeLeaseAPI, LeaderElector
 from resolver.ledger import (
@@ -194,6 +195,8 @@ class WebhookState:
     get_pod: PodReader | None = None
     elector: LeaderElector | None = None
     server: HttpServer | None = None
+    access: TokenAccess | None = None
+    """With it (``--access=kubernetes``), /status and /metrics need a bearer token it accepts."""
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     denials: collections.deque[Denial] = field(default_factory=lambda: collections.deque(maxlen=50))
     verdict_counts: collections.Counter[str] = field(default_factory=collections.Counter)
@@ -507,7 +510,8 @@ async def status(state: WebhookState, _request: Request) -> Response:
 
 
 def build_server(state: WebhookState) -> HttpServer:
-    """The resolver's HTTP(S) endpoints: POST /validate-binding, GET /healthz, /readyz, /metrics, /status."""
+    """The resolver's HTTP(S) endpoints: POST /validate-binding and /validate-system (the apiserver's client
+    certificate, `WebhookState.refusal`), GET /healthz, /readyz (open: probes), /metrics, /status (``state.access``)."""
     routes: dict[tuple[str, str], Callable[[WebhookState, Request], Awaitable[Response]]] = {
         ("POST", "/validate-binding"): validate_binding,
         ("POST", "/validate-system"): validate_system,
@@ -521,8 +525,22 @@ def build_server(state: WebhookState) -> HttpServer:
     def too_large(_request: Request) -> Response:
         return _json({"error": f"AdmissionReview larger than {limit} bytes"}, status=400)
 
+    def bound(path: str, handler: Callable[[WebhookState, Request], Awaitable[Response]]) -> Handler:
+        access = state.access
+        if access is None or path not in access.paths:
+            return functools.partial(handler, state)
+
+        async def guarded(request: Request) -> Response:
+            refusal = await access.authorize(request.path, request.headers.get("authorization", ""))
+            if refusal is not None:
+                code, message = refusal
+                return Response(code, orjson.dumps({"error": message}), JSON, challenge(code))
+            return await handler(state, request)
+
+        return guarded
+
     server = HttpServer(
-        {route: functools.partial(handler, state) for route, handler in routes.items()},
+        {(method, path): bound(path, handler) for (method, path), handler in routes.items()},
         max_body_bytes=limit, too_large=too_large,
     )
     state.server = server
@@ -719,7 +737,12 @@ async def running_resolver(settings: ResolverSettings) -> AsyncIterator[list[asy
         async def get_pod(namespace: str, name: str) -> Json:
             return await rest.get_pod(namespace, name, timeout=POD_READ_TIMEOUT_SECONDS)
 
-        state = WebhookState(settings=settings, ledger=review_ledger, get_pod=get_pod, elector=elector)
+        access = None
+        if settings.access == "kubernetes":
+            access = TokenAccess(rest, resource="resolvers", namespace=settings.access_namespace,
+                                 cache_seconds=settings.access_cache_seconds)
+        state = WebhookState(settings=settings, ledger=review_ledger, get_pod=get_pod, elector=elector,
+                             access=access)
         context = tls_context(settings.tls_cert_file, settings.tls_key_file, settings.client_ca_file)
         if settings.client_ca_file is None:
             log.warning(

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from aiohttp import web
 from redis.asyncio import Redis
 
+from resolver.access import TokenAccess
 from resolver.rest import KubeREST
 from resolver.settings import SettingsError, load_settings
 from workers.core import Worker
@@ -26,7 +27,11 @@ async def serve(settings: WorkerSettings) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, worker.stopping.set)
-    runner = web.AppRunner(build_app(worker), access_log=None)
+    access = None
+    if settings.access == "kubernetes":
+        access = TokenAccess(rest, resource="workers", namespace=settings.access_namespace,
+                             cache_seconds=settings.access_cache_seconds)
+    runner = web.AppRunner(build_app(worker, access=access), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, settings.host, settings.port).start()
     try:

@@ -1,4 +1,5 @@
-"""The worker's HTTP server: /healthz, /readyz, /metrics and /status."""
+"""The worker's HTTP server: /healthz, /readyz, /metrics and /status (the last two behind resolver.access when
+``--access=kubernetes``)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,13 @@ from aiohttp import web
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from resolver.access import TokenAccess, middleware
 from workers.core import Worker
 
 
-def build_app(worker: Worker) -> web.Application:
-    app = web.Application()
+def build_app(worker: Worker, *, access: TokenAccess | None = None) -> web.Application:
+    """The routes; with ``access``, /status and /metrics need a bearer token it accepts."""
+    app = web.Application(middlewares=[middleware(access)] if access is not None else [])
 
     async def healthz(_request: web.Request) -> web.Response:
         unwell = worker.supervisor.health()

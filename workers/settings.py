@@ -6,16 +6,16 @@ import os
 import socket
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
-from resolver.settings import RedisURL
+from resolver.settings import AccessSettings, RedisURL
 
 
 def _default_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
-class WorkerSettings(BaseModel):
+class WorkerSettings(AccessSettings):
     """Settings of one scheduler worker."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
@@ -32,9 +32,9 @@ class WorkerSettings(BaseModel):
     """Redis holding the ledger and the work queues: redis://user:password@host:port/db; rediss:// for TLS (see
     hoss-resolver's redis_url)."""
     host: str = "0.0.0.0"
-    """Address of the /healthz and /metrics server."""
+    """Address of the /healthz, /metrics and /status server."""
     port: int = Field(default=8090, ge=0, le=65535)
-    """Port of the /healthz and /metrics server (0: any free port)."""
+    """Port of the /healthz, /metrics and /status server (0: any free port)."""
     reservation_ttl_seconds: float = Field(default=30.0, gt=0)
     """How long a reservation holds if the worker never binds (the worker died)."""
     heartbeat_interval_seconds: float = Field(default=1.0, gt=0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
@@ -58,9 +59,11 @@ async def wait_all_bound(cluster: Cluster, namespace: str, count: int, *, timeou
 
 
 async def status_access(plane: LocalPlane, namespace: str) -> dict[str, int]:
-    """A dispatcher with ``--access=kubernetes`` beside the session's, asked for /status and /metrics by: nobody, a
-    forged token, a ServiceAccount without the ClusterRole hoss-viewer, and one bound to it. The HTTP status of
-    each (keys ``<who> <path>``), and of /healthz without a token."""
+    """A dispatcher, a second resolver replica (a follower on the plane's sync Lease) and a worker, each with
+    ``--access=kubernetes``, beside the session's, asked for /status and /metrics by: nobody, a forged token, a
+    ServiceAccount without the ClusterRole hoss-viewer, and one bound to it. The HTTP status of each (keys
+    ``<component> <who> <path>``), and of each one's health probe without a token (``<component> nobody
+    /healthz``)."""
     viewer, stranger = f"viewer-{namespace}"[:60], f"stranger-{namespace}"[:60]
     binding = f"hoss-viewer-{namespace}"[:60]
     await asyncio.to_thread(plane.kubectl, "-n", namespace, "create", "serviceaccount", viewer)
@@ -73,23 +76,43 @@ async def status_access(plane: LocalPlane, namespace: str) -> dict[str, int]:
         "stranger": (await asyncio.to_thread(plane.kubectl, "-n", namespace, "create", "token", stranger)).strip(),
         "viewer": (await asyncio.to_thread(plane.kubectl, "-n", namespace, "create", "token", viewer)).strip(),
     }
+    access = "--access=kubernetes"
     name = f"hoss-dispatcher-access-{namespace}"[:60]
-    # A Lease and a scheduler name of its own: it must neither take the session dispatcher's role nor dispatch.
-    process = await asyncio.to_thread(
-        plane.start_dispatcher, name=name,
-        extra_args=["--access=kubernetes", f"--lease-name={name}", f"--scheduler-names={name}"],
-    )
+    worker_id = f"access-{namespace}"[:50]
+    resolver_name = f"hoss-resolver-access-{namespace}"[:60]
+    started: list[str] = []
     outcomes: dict[str, int] = {}
     try:
-        async with aiohttp.ClientSession() as session:
-            for who, token in tokens.items():
-                headers = {"Authorization": f"Bearer {token}"} if token else {}
-                for path in ("/status", "/metrics"):
-                    async with session.get(f"http://127.0.0.1:{process.port}{path}", headers=headers) as response:
-                        outcomes[f"{who} {path}"] = response.status
-            async with session.get(f"http://127.0.0.1:{process.port}/healthz") as response:
-                outcomes["nobody /healthz"] = response.status
+        # A policy no test of the session sends pods to, so the worker is never given work.
+        worker = await asyncio.to_thread(plane.start_worker, worker_id, policies=["gang-topology"],
+                                         extra_args=[access], wait=False)
+        started.append(worker.name)
+        # The resolver takes the plane's sync Lease name, so it is a follower: one sync per ledger.
+        resolver = await asyncio.to_thread(plane.start_resolver, name=resolver_name, extra_args=[access])
+        started.append(resolver.name)
+        # A Lease and a scheduler name of its own: it must neither take the session dispatcher's role nor dispatch.
+        dispatcher = await asyncio.to_thread(
+            plane.start_dispatcher, name=name,
+            extra_args=[access, f"--lease-name={name}", f"--scheduler-names={name}"],
+        )
+        started.append(dispatcher.name)
+        await asyncio.to_thread(plane.wait_healthy, [worker])
+        tls = ssl.create_default_context(cafile=str(plane.pki_dir / "ca.crt"))
+        urls = {
+            "dispatcher": f"http://127.0.0.1:{dispatcher.port}",
+            "resolver": f"https://127.0.0.1:{resolver.port}",
+            "worker": f"http://127.0.0.1:{worker.port}",
+        }
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls)) as session:
+            for component, url in urls.items():
+                for who, token in tokens.items():
+                    headers = {"Authorization": f"Bearer {token}"} if token else {}
+                    for path in ("/status", "/metrics"):
+                        async with session.get(url + path, headers=headers) as response:
+                            outcomes[f"{component} {who} {path}"] = response.status
+                async with session.get(url + "/healthz") as response:
+                    outcomes[f"{component} nobody /healthz"] = response.status
     finally:
-        await asyncio.to_thread(plane.stop_process, name)
+        await asyncio.to_thread(plane.stop_processes, started)
         await asyncio.to_thread(plane.kubectl, "delete", "clusterrolebinding", binding, "--ignore-not-found")
     return outcomes

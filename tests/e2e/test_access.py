@@ -1,4 +1,5 @@
-"""The dispatcher's /status and /metrics with --access=kubernetes: only a token whose user holds hoss-viewer."""
+"""/status and /metrics with --access=kubernetes, on the dispatcher, a resolver replica and a worker alike: only a
+token whose user holds hoss-viewer reads them; health probes stay open."""
 
 from __future__ import annotations
 
@@ -6,15 +7,17 @@ from deploy.local.cluster import Cluster
 from deploy.local.plane import LocalPlane
 from tests.e2e.hoss import status_access
 
+EXPECTED = {"nobody": 401, "forged": 401, "stranger": 403, "viewer": 200}
+
 
 async def test_status_and_metrics_need_a_token_of_a_hoss_viewer(
     plane: LocalPlane, cluster: Cluster, namespace: str
 ) -> None:
     outcomes = await status_access(plane, namespace)
-    assert outcomes == {
-        "nobody /status": 401, "nobody /metrics": 401,
-        "forged /status": 401, "forged /metrics": 401,
-        "stranger /status": 403, "stranger /metrics": 403,
-        "viewer /status": 200, "viewer /metrics": 200,
-        "nobody /healthz": 200,
+    expected = {
+        **{f"{component} {who} {path}": code
+           for component in ("dispatcher", "resolver", "worker")
+           for who, code in EXPECTED.items() for path in ("/status", "/metrics")},
+        **{f"{component} nobody /healthz": 200 for component in ("dispatcher", "resolver", "worker")},
     }
+    assert outcomes == expected

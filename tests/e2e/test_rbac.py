@@ -4,9 +4,9 @@ The session's plane runs with the apiserver's audit log (Metadata level, the hos
 scenario here drives every path that needs a grant: pods placed, a pod that fits nowhere (its PodScheduled
 condition and FailedScheduling event), a pod for a policy no worker serves (NoWorkerForPolicy), a PodGroup gang
 (its status), a preemption (PodDisruptionBudgets listed, an eviction), both Lease elections, the resolver's sync
-and a pod read, and a dispatcher with --access=kubernetes (TokenReview, SubjectAccessReview). Then the audit log
-of the whole session so far (this scenario and any test before it) is compared with the rules bound to each
-component's ServiceAccount: a grant no call used fails the test, and so does any call the apiserver refused.
+and a pod read, and a dispatcher, a resolver and a worker with --access=kubernetes (TokenReview,
+SubjectAccessReview). Then the audit log of the whole session so far (this scenario and any test before it) is
+compared with the rules bound to each component's ServiceAccount: a grant no call used fails the test, and so does any call the apiserver refused.
 """
 
 from __future__ import annotations
@@ -171,8 +171,10 @@ async def test_every_verb_granted_to_a_component_is_one_it_uses_and_none_is_refu
             await wait_until(podgroup_status, timeout=60, what="the dispatcher to write the PodGroup's status")
             # Preemption: a high-priority pod evicts a low-priority one from a full node (PDBs listed, an eviction).
             await preempt_once(plane, cluster, namespace)
-        # The dispatcher's --access=kubernetes: TokenReview and SubjectAccessReview.
-        assert (await status_access(plane, namespace))["viewer /status"] == 200
+        # --access=kubernetes on the dispatcher, a resolver and a worker: TokenReview and SubjectAccessReview.
+        outcomes = await status_access(plane, namespace)
+        assert {c: outcomes[f"{c} viewer /status"] for c in ("dispatcher", "resolver", "worker")} == {
+            "dispatcher": 200, "resolver": 200, "worker": 200}
     finally:
         await cluster.delete_pods(namespace)
         await cluster.delete_nodes(nodes)
