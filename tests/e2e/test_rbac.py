@@ -6,7 +6,8 @@ condition and FailedScheduling event), a pod for a policy no worker serves (NoWo
 (its status), a preemption (PodDisruptionBudgets listed, an eviction), both Lease elections, the resolver's sync
 and a pod read, and a dispatcher, a resolver and a worker with --access=kubernetes (TokenReview,
 SubjectAccessReview). Then the audit log of the whole session so far (this scenario and any test before it) is
-compared with the rules bound to each component's ServiceAccount: a grant no call used fails the test, and so does any call the apiserver refused.
+compared with the rules bound to each component's ServiceAccount: a grant no call used fails the test, and so does
+any call the apiserver refused.
 """
 
 from __future__ import annotations
