@@ -46,10 +46,12 @@ from dispatcher.intake import (
     dispatch_order,
     item_uids,
     left_by_deletion,
+    namespace_labels,
     parse_pending_pod,
     plan_work_items,
     pod_uid,
     single_item,
+    with_namespaces,
 )
 from dispatcher.leader import LeaderElector
 from dispatcher.queue import BOUND_PREFIX, GangMember, WorkerInfo, WorkItem, WorkQueue
@@ -207,6 +209,10 @@ class Dispatcher:
         self.synced = asyncio.Event()
         """Set once the pending-pod watch has listed."""
         self.pending: dict[str, PendingPod] = {}
+        self.namespaces: dict[str, dict[str, str]] | None = None
+        """Labels by namespace (None until the namespace watch listed, or without one): they resolve pods'
+        namespaceSelectors into their compact forms."""
+        self.namespaces_synced = asyncio.Event()
         self.dispatched: Assignments = Assignments()
         """pod uid -> worker id, this replica's copy of the Redis map."""
         self.waiting: dict[str, Waiting] = {}
@@ -277,13 +283,53 @@ class Dispatcher:
         else:
             self._observe(raw)
 
+    def namespace_handlers(self) -> InformerHandlers:
+        return InformerHandlers(on_list=self.on_namespace_list, on_event=self.on_namespace_event)
+
+    async def on_namespace_list(self, items: list[Json]) -> None:
+        self.namespaces = dict(entry for entry in map(namespace_labels, items) if entry is not None)
+        self._namespaces_changed(None)
+        self.namespaces_synced.set()
+
+    async def on_namespace_event(self, kind: str, raw: Json) -> None:
+        entry = namespace_labels(raw)
+        if entry is None or self.namespaces is None:
+            return
+        name, labels = entry
+        if kind == "DELETED":
+            changed = self.namespaces.pop(name, None) is not None
+        else:
+            changed = self.namespaces.get(name) != labels
+            self.namespaces[name] = labels
+        if changed:
+            self._namespaces_changed(name)
+
+    def _namespaces_changed(self, name: str | None) -> None:
+        """Namespace labels changed (of `name`, or of any): recompute the compact forms that read them (pods of
+        that namespace, pods with namespaceSelectors), resend those already dispatched and dispatch the others
+        now, as their inter-pod terms may now hold elsewhere."""
+        assert self.namespaces is not None
+        for uid, pod in list(self.pending.items()):
+            if name is not None and pod.namespace != name and '"selected"' not in pod.compact:
+                continue
+            updated = with_namespaces(pod, self.namespaces)
+            if updated is pod:
+                continue
+            self.pending[uid] = updated
+            if uid in self.dispatched:
+                self._changed[uid] = None
+            elif not updated.gated:
+                self._handed_back.pop(uid, None)
+                self._fresh[uid] = None
+            self._wakeup.set()
+
     def _observe(self, raw: Json) -> str | None:
         """Apply one pod's current state; the uid when it is (still) pending and ours."""
         try:
             uid = pod_uid(raw)
             pod = parse_pending_pod(
                 raw, scheduler_names=self.settings.scheduler_names, default_policy=self.settings.default_policy,
-                seen_at=self._clock(),
+                seen_at=self._clock(), namespaces=self.namespaces,
             )
         except PodSpecError as error:
             name = (raw.get("metadata") or {}).get("name", "?")

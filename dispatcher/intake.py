@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -93,10 +94,12 @@ def _unschedulable(status: Json) -> tuple[str | None, str | None]:
 
 
 def parse_pending_pod(
-    raw: Json, *, scheduler_names: Collection[str], default_policy: str, seen_at: float
+    raw: Json, *, scheduler_names: Collection[str], default_policy: str, seen_at: float,
+    namespaces: Mapping[str, Mapping[str, str]] | None = None,
 ) -> PendingPod | None:
     """The pod when the dispatcher should place it (one of our scheduler names, unbound, not being deleted, not
-    finished), else None. Raises `PodSpecError` naming the field of a malformed pod."""
+    finished), else None. Raises `PodSpecError` naming the field of a malformed pod. `namespaces` (labels by
+    namespace) resolve the pod's namespaceSelectors into its compact form."""
     uid = pod_uid(raw)
     metadata: Json = raw["metadata"]
     spec = raw.get("spec") or {}
@@ -110,7 +113,7 @@ def parse_pending_pod(
     if spec.get("nodeName") or metadata.get("deletionTimestamp") or status.get("phase") in TERMINAL_PHASES:
         return None
     unschedulable = _unschedulable(status)
-    encoded = compact.encode(compact.compact_pod(raw))
+    encoded = compact.encode(compact.compact_pod(raw, namespaces=namespaces))
     priority = spec.get("priority")
     return PendingPod(
         uid=uid,
@@ -128,6 +131,30 @@ def parse_pending_pod(
         priority=priority if isinstance(priority, int) and not isinstance(priority, bool) else 0,
         gated=bool(spec.get("schedulingGates")),
     )
+
+
+def with_namespaces(pod: PendingPod, namespaces: Mapping[str, Mapping[str, str]]) -> PendingPod:
+    """`pod` with its compact form's namespace context recomputed from `namespaces` (the same pod when it did not
+    change)."""
+    form = compact.decode(pod.compact)
+    form[compact.NAMESPACES] = compact.namespace_context(form, namespaces)
+    encoded = compact.encode(form)
+    updated = compact.digest(encoded)
+    if updated == pod.digest:
+        return pod
+    return dataclasses.replace(pod, compact=encoded.decode(), digest=updated)
+
+
+def namespace_labels(raw: Json) -> tuple[str, dict[str, str]] | None:
+    """A namespace's name and labels, None when it has no name (malformed labels read as none)."""
+    metadata = raw.get("metadata") if isinstance(raw.get("metadata"), dict) else {}
+    assert isinstance(metadata, dict)
+    name = metadata.get("name")
+    if not isinstance(name, str) or not name:
+        return None
+    labels = metadata.get("labels")
+    valid = isinstance(labels, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items())
+    return name, dict(labels) if valid and isinstance(labels, dict) else {}
 
 
 def left_by_deletion(raw: Json) -> bool:

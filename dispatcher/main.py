@@ -86,13 +86,21 @@ async def running_dispatcher(settings: DispatcherSettings) -> AsyncIterator[Runn
         stack.push_async_callback(runner.cleanup)
         await web.TCPSite(runner, settings.host, settings.port).start()
         supervise = state.supervisor.run
-        informer = asyncio.create_task(
-            supervise("pending-pod-watch", lambda: run_informer(
+        namespaces = asyncio.create_task(
+            supervise("namespace-watch", lambda: run_informer(
+                "namespaces", core.list_namespace, dispatcher.namespace_handlers())),
+            name="namespace-watch",
+        )
+        stack.push_async_callback(cancel_and_wait, namespaces)
+
+        async def watch_pending() -> None:
+            await dispatcher.namespaces_synced.wait()  # compact forms resolve namespaceSelectors from the start
+            await run_informer(
                 "pending-pods", core.list_pod_for_all_namespaces, dispatcher.handlers(), synced=dispatcher.synced,
                 field_selector=pending_pods_selector(settings.scheduler_names),
-            )),
-            name="pending-pod-watch",
-        )
+            )
+
+        informer = asyncio.create_task(supervise("pending-pod-watch", watch_pending), name="pending-pod-watch")
         stack.push_async_callback(cancel_and_wait, informer)
         podgroups = asyncio.create_task(supervise("podgroup-watch", lambda: watch_podgroups(api, dispatcher)),
                                         name="podgroup-watch")

@@ -14,7 +14,7 @@ changed while it was queued is caught before it is reserved (see `dispatcher.que
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import orjson
@@ -63,11 +63,12 @@ def _volumes(value: object) -> list[Json]:
     ]
 
 
-def compact_pod(pod: Mapping[str, Any]) -> Json:
+def compact_pod(pod: Mapping[str, Any], *, namespaces: Mapping[str, Mapping[str, str]] | None = None) -> Json:
     """The scheduling-relevant part of a raw pod, in the pod's own JSON shape, with ``v`` = `COMPACT_VERSION`.
 
     Malformed parts are kept as they are, so the worker's parser reports them by field, as it would on the full
-    pod.
+    pod. With `namespaces` (every namespace's labels, from the dispatcher's watch) the form also carries
+    `NAMESPACES`: see `namespace_context`.
     """
     metadata = pod.get("metadata")
     spec = pod.get("spec")
@@ -91,7 +92,100 @@ def compact_pod(pod: Mapping[str, Any]) -> Json:
         compact["spec"] = picked
     else:
         compact["spec"] = spec
+    if namespaces is not None:
+        compact[NAMESPACES] = namespace_context(compact, namespaces)
     return compact
+
+
+NAMESPACES = "namespaces"
+"""Top-level key of a compact pod with what the worker needs of namespaces (`namespace_context`)."""
+AFFINITY_KINDS = ("podAffinity", "podAntiAffinity")
+
+
+def selector_key(selector: object) -> str:
+    """How a namespaceSelector names its resolved namespaces in `NAMESPACES` ``selected`` (canonical JSON)."""
+    return orjson.dumps(selector, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def requirement_holds(operator: str, values: Collection[str], value: str | None) -> bool:
+    """One label selector requirement (In, NotIn, Exists, DoesNotExist) against a label's `value` (None: absent)."""
+    if operator == "In":
+        return value is not None and value in values
+    if operator == "NotIn":
+        return value is None or value not in values
+    if operator == "Exists":
+        return value is not None
+    return operator == "DoesNotExist" and value is None
+
+
+def _selector_holds(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool | None:
+    """A metav1.LabelSelector against `labels`; None when it is malformed (the worker's parser names the field)."""
+    pairs = selector.get("matchLabels") or {}
+    expressions = selector.get("matchExpressions") or []
+    if not isinstance(pairs, dict) or not isinstance(expressions, list):
+        return None
+    holds = all(labels.get(key) == value for key, value in pairs.items())
+    for expression in expressions:
+        if not isinstance(expression, dict) or not isinstance(expression.get("operator"), str) \
+                or not isinstance(expression.get("values") or [], list):
+            return None
+        holds = holds and requirement_holds(expression["operator"], expression.get("values") or [],
+                                            labels.get(str(expression.get("key"))))
+    return holds
+
+
+def namespace_selectors(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The non-empty namespaceSelectors of a pod's inter-pod terms, required and preferred ({} selects every
+    namespace and needs no labels)."""
+    spec = pod.get("spec")
+    affinity = spec.get("affinity") if isinstance(spec, dict) else None
+    if not isinstance(affinity, dict):
+        return []
+    found: list[Mapping[str, Any]] = []
+    for kind in AFFINITY_KINDS:
+        section = affinity.get(kind)
+        if not isinstance(section, dict):
+            continue
+        terms = section.get("requiredDuringSchedulingIgnoredDuringExecution")
+        preferred = section.get("preferredDuringSchedulingIgnoredDuringExecution")
+        listed = [*(terms if isinstance(terms, list) else []),
+                  *(entry.get("podAffinityTerm") for entry in (preferred if isinstance(preferred, list) else [])
+                    if isinstance(entry, dict))]
+        for term in listed:
+            selector = term.get("namespaceSelector") if isinstance(term, dict) else None
+            if isinstance(selector, dict) and (selector.get("matchLabels") or selector.get("matchExpressions")):
+                found.append(selector)
+    return found
+
+
+def namespace_context(pod: Mapping[str, Any], namespaces: Mapping[str, Mapping[str, str]]) -> Json:
+    """What a worker needs of namespaces to read the pod's inter-pod terms as kube-scheduler does:
+
+    - ``labels``: the labels of the pod's own namespace (absent when the namespace is unknown), against which
+      the namespaceSelectors of pods already placed are matched (kube-scheduler matches an existing pod's term
+      by the incoming pod's namespace labels);
+    - ``selected``: for each non-empty namespaceSelector of the pod's own terms (by `selector_key`), the
+      namespaces it selects now, sorted; a term's namespaces are then its ``namespaces`` list plus these.
+    """
+    metadata = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
+    own = namespaces.get(str(metadata.get("namespace") or "default")) if isinstance(metadata, dict) else None
+    context: Json = {}
+    if own is not None:
+        context["labels"] = dict(own)
+    selected: Json = {}
+    for selector in namespace_selectors(pod):
+        names = []
+        for name, labels in namespaces.items():
+            holds = _selector_holds(selector, labels)
+            if holds is None:
+                break
+            if holds:
+                names.append(name)
+        else:
+            selected[selector_key(selector)] = sorted(names)
+    if selected:
+        context["selected"] = selected
+    return context
 
 
 def compact_node(node: Mapping[str, Any]) -> Json:

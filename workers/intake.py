@@ -66,8 +66,9 @@ _TEMPLATES_MAX = 4096
 
 def _shape(raw: Json) -> bytes:
     metadata = raw.get("metadata") or {}
-    return orjson.dumps([metadata.get("namespace"), metadata.get("labels"), raw.get("spec")],
-                        option=orjson.OPT_SORT_KEYS)
+    return orjson.dumps(
+        [metadata.get("namespace"), metadata.get("labels"), raw.get("spec"), raw.get(compact.NAMESPACES)],
+        option=orjson.OPT_SORT_KEYS)
 
 
 def _parsed(raw: Json) -> tuple[PodView, bytes]:

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from resolver.compact import VOLUME_SOURCES_NEEDING_STORAGE
+from resolver.compact import NAMESPACES, VOLUME_SOURCES_NEEDING_STORAGE, selector_key
 from resolver.errors import PodSpecError, QuantityError
 from resolver.resources import ResourceVector, pod_requests
 from workers import payload
@@ -126,6 +126,9 @@ class PodView:
     """Preferred pod anti-affinity terms (InterPodAffinity's score)."""
     spread_constraints: tuple[SpreadConstraint, ...] = ()
     """spec.topologySpreadConstraints (PodTopologySpread: DoNotSchedule filters, ScheduleAnyway scores)."""
+    namespace_labels: dict[str, str] | None = None
+    """The labels of the pod's namespace (from the dispatcher; None: unknown), matched by placed pods' terms'
+    namespaceSelectors."""
 
     @property
     def hard_spread(self) -> tuple[SpreadConstraint, ...]:
@@ -175,16 +178,23 @@ def parse_pod(pod: Mapping[str, Any]) -> PodView:
     tolerations = payload.items(spec.get("tolerations"), field="spec.tolerations", error=error)
     gates = payload.items(spec.get("schedulingGates"), field="spec.schedulingGates", error=error)
     namespace = payload.string(metadata.get("namespace"), field="metadata.namespace", error=error) or "default"
+    context = payload.mapping(pod.get(NAMESPACES), field=NAMESPACES, error=error)
+    selected = payload.mapping(context.get("selected"), field=f"{NAMESPACES}.selected", error=error)
+
+    def resolve(selector: Mapping[str, object]) -> frozenset[str] | None:
+        names = selected.get(selector_key(selector))
+        return frozenset(str(name) for name in names) if isinstance(names, list) else None
+
     inter_pod = {
         key: parse_terms(
             payload.mapping(affinity.get(key), field=f"spec.affinity.{key}", error=error).get(REQUIRED),
-            field=f"spec.affinity.{key}.{REQUIRED}", owner_namespace=namespace)
+            field=f"spec.affinity.{key}.{REQUIRED}", owner_namespace=namespace, resolve=resolve)
         for key in POD_AFFINITY_KINDS
     }
     preferred = {
         key: parse_weighted_terms(
             payload.mapping(affinity.get(key), field=f"spec.affinity.{key}", error=error).get(PREFERRED),
-            field=f"spec.affinity.{key}.{PREFERRED}", owner_namespace=namespace)
+            field=f"spec.affinity.{key}.{PREFERRED}", owner_namespace=namespace, resolve=resolve)
         for key in POD_AFFINITY_KINDS
     }
     return PodView(
@@ -212,6 +222,8 @@ def parse_pod(pod: Mapping[str, Any]) -> PodView:
         preferred_affinity_terms=preferred["podAffinity"],
         preferred_anti_affinity_terms=preferred["podAntiAffinity"],
         spread_constraints=parse_spread(spec.get("topologySpreadConstraints"), pod_labels=labels),
+        namespace_labels=payload.string_map(context.get("labels"), field=f"{NAMESPACES}.labels", error=error)
+        if context.get("labels") is not None else None,
         scheduling_gates=tuple(
             payload.string(payload.mapping(gate, field=f"spec.schedulingGates[{i}]", error=error,
                                            required=True).get("name"),
@@ -232,8 +244,8 @@ def check_supported(pod: Mapping[str, Any]) -> None:
 
     Refused: volumes backed by storage the scheduler must check (VolumeBinding, VolumeZone,
     VolumeRestrictions, NodeVolumeLimits: see `resolver.compact.VOLUME_SOURCES_NEEDING_STORAGE`) and
-    resourceClaims (DynamicResources); a non-empty namespaceSelector in inter-pod terms is refused by
-    `parse_pod`. Call it on a pod `parse_pod` accepted.
+    resourceClaims (DynamicResources); a non-empty namespaceSelector the dispatcher did not resolve is refused
+    by `parse_pod`. Call it on a pod `parse_pod` accepted.
     """
     spec = pod.get("spec") or {}
     for position, volume in enumerate(spec.get("volumes") or []):

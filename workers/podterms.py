@@ -4,9 +4,12 @@ A term (``requiredDuringSchedulingIgnoredDuringExecution`` of podAffinity or pod
 the pod's namespace is in the term's namespaces and its labels satisfy the term's selector, as kube-scheduler's
 ``AffinityTerm.Matches`` decides. Namespaces resolve against the namespace of the pod that owns the term: an
 empty ``namespaces`` list without a ``namespaceSelector`` means that namespace alone; an empty
-``namespaceSelector`` (``{}``) means every namespace. A non-empty ``namespaceSelector`` needs namespace labels,
-which workers do not have: `parse_terms` raises `UnsupportedPodField` for it on an incoming pod, and
-``lenient`` (existing pods) reads it as every namespace, which can only refuse more nodes, never fewer.
+``namespaceSelector`` (``{}``) means every namespace. A non-empty ``namespaceSelector`` adds the namespaces
+whose labels it selects, as kube-scheduler merges them: for the incoming pod the dispatcher resolved it into a
+namespace list carried in the compact pod (`resolver.compact.namespace_context`, passed here as ``resolve``;
+`parse_terms` raises `UnsupportedPodField` when it was not resolved); a pod already placed (``lenient``) keeps
+the selector, matched against the incoming pod's namespace labels (kube-scheduler's ``nsLabels``), read as
+every namespace when those are unknown (which can only refuse more nodes).
 ``matchLabelKeys``/``mismatchLabelKeys`` need nothing here: the apiserver merges them into ``labelSelector``
 when the pod is created. A missing ``labelSelector`` matches no pod; an empty one matches every pod.
 Preferred terms (`WeightedPodTerm`) are the same terms with a weight 1..100.
@@ -20,9 +23,10 @@ apiserver already merged them into only gets the same requirement twice).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from resolver.compact import requirement_holds
 from resolver.errors import PodSpecError
 from workers import payload
 from workers.errors import UnsupportedPodField
@@ -37,14 +41,7 @@ class LabelRequirement:
     values: frozenset[str]
 
     def matches(self, labels: Mapping[str, str]) -> bool:
-        value = labels.get(self.key)
-        if self.operator == "In":
-            return value is not None and value in self.values
-        if self.operator == "NotIn":
-            return value is None or value not in self.values
-        if self.operator == "Exists":
-            return value is not None
-        return value is None
+        return requirement_holds(self.operator, self.values, labels.get(self.key))
 
 
 @dataclass(frozen=True)
@@ -66,22 +63,35 @@ class PodAffinityTerm:
     """None: the term has no labelSelector and matches no pod."""
     namespaces: frozenset[str] | None
     """None: every namespace."""
+    namespace_selector: LabelSelector | None = None
+    """A placed pod's non-empty namespaceSelector: also the namespaces whose labels it selects."""
 
-    def in_namespaces(self, namespace: str) -> bool:
-        """Whether a pod of `namespace` is in the term's namespaces (for pods already known to match its selector)."""
-        return self.namespaces is None or namespace in self.namespaces
+    def in_namespaces(self, namespace: str, namespace_labels: Mapping[str, str] | None = None) -> bool:
+        """Whether a pod of `namespace` (whose namespace has `namespace_labels`, None: unknown) is in the term's
+        namespaces (for pods already known to match its selector)."""
+        if self.namespaces is None or namespace in self.namespaces:
+            return True
+        if self.namespace_selector is None:
+            return False
+        return namespace_labels is None or self.namespace_selector.matches(namespace_labels)
 
-    def matches(self, namespace: str, labels: Mapping[str, str]) -> bool:
+    def matches(self, namespace: str, labels: Mapping[str, str],
+                namespace_labels: Mapping[str, str] | None = None) -> bool:
         """kube-scheduler's ``AffinityTerm.Matches`` for a pod of `namespace` with `labels`."""
-        if self.selector is None or (self.namespaces is not None and namespace not in self.namespaces):
+        if self.selector is None or not self.in_namespaces(namespace, namespace_labels):
             return False
         return self.selector.matches(labels)
 
 
+Resolve = Callable[[Mapping[str, object]], "frozenset[str] | None"]
+"""The namespaces a non-empty namespaceSelector selects, None when unknown (see `resolver.compact`)."""
+
+
 def parse_terms(raw: object, *, field: str, owner_namespace: str, lenient: bool = False,
-                single: bool = False) -> tuple[PodAffinityTerm, ...]:
+                single: bool = False, resolve: Resolve | None = None) -> tuple[PodAffinityTerm, ...]:
     """The required terms at `field` (a list); raises `PodSpecError` naming a bad field, `UnsupportedPodField` for
-    a non-empty namespaceSelector unless `lenient`. `single`: `raw` is ``[term]`` and `field` names the term."""
+    a non-empty namespaceSelector `resolve` does not know, unless `lenient` (the selector is then kept).
+    `single`: `raw` is ``[term]`` and `field` names the term."""
     terms = []
     for position, item in enumerate(payload.items(raw, field=field, error=PodSpecError)):
         term_field = field if single else f"{field}[{position}]"
@@ -94,18 +104,25 @@ def parse_terms(raw: object, *, field: str, owner_namespace: str, lenient: bool 
         listed = payload.items(term.get("namespaces"), field=f"{term_field}.namespaces", error=PodSpecError)
         names = {payload.string(n, field=f"{term_field}.namespaces[{i}]", error=PodSpecError)
                  for i, n in enumerate(listed)}
-        namespace_selector = term.get("namespaceSelector")
+        raw_selector = term.get("namespaceSelector")
         namespaces: frozenset[str] | None
-        if namespace_selector is None:
+        namespace_selector = None
+        if raw_selector is None:
             namespaces = frozenset(names or {owner_namespace})
-        elif isinstance(namespace_selector, Mapping) and not namespace_selector.get("matchLabels") \
-                and not namespace_selector.get("matchExpressions"):
-            namespaces = None  # {} selects every namespace
-        elif lenient:
-            namespaces = None
         else:
-            raise UnsupportedPodField(f"{term_field}.namespaceSelector")
-        terms.append(PodAffinityTerm(topology_key=key, selector=selector, namespaces=namespaces))
+            parsed = _selector(raw_selector, field=f"{term_field}.namespaceSelector")
+            if not parsed.requirements:
+                namespaces = None  # {} selects every namespace
+            elif lenient:
+                namespaces, namespace_selector = frozenset(names), parsed
+            else:
+                assert isinstance(raw_selector, Mapping)
+                selected = resolve(raw_selector) if resolve is not None else None
+                if selected is None:
+                    raise UnsupportedPodField(f"{term_field}.namespaceSelector")  # not resolved by a dispatcher
+                namespaces = frozenset(names) | selected
+        terms.append(PodAffinityTerm(topology_key=key, selector=selector, namespaces=namespaces,
+                                     namespace_selector=namespace_selector))
     return tuple(terms)
 
 
@@ -152,8 +169,8 @@ class WeightedPodTerm:
     term: PodAffinityTerm
 
 
-def parse_weighted_terms(raw: object, *, field: str, owner_namespace: str,
-                         lenient: bool = False) -> tuple[WeightedPodTerm, ...]:
+def parse_weighted_terms(raw: object, *, field: str, owner_namespace: str, lenient: bool = False,
+                         resolve: Resolve | None = None) -> tuple[WeightedPodTerm, ...]:
     """The preferred terms at `field` (a list of ``{weight, podAffinityTerm}``); errors as `parse_terms`."""
     weighted = []
     for position, item in enumerate(payload.items(raw, field=field, error=PodSpecError)):
@@ -165,7 +182,7 @@ def parse_weighted_terms(raw: object, *, field: str, owner_namespace: str,
                 continue
             raise PodSpecError(field=f"{entry_field}.weight", reason=f"must be in the range 1-100, got {weight}")
         [term] = parse_terms([entry.get("podAffinityTerm")], field=f"{entry_field}.podAffinityTerm",
-                             owner_namespace=owner_namespace, lenient=lenient, single=True)
+                             owner_namespace=owner_namespace, lenient=lenient, single=True, resolve=resolve)
         weighted.append(WeightedPodTerm(weight=weight, term=term))
     return tuple(weighted)
 

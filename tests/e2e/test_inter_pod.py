@@ -122,3 +122,43 @@ async def test_kube_scheduler_and_hoss_given_the_same_pods_satisfy_the_same_cons
         assert outcomes["hoss"] == outcomes["default-scheduler"] == ([1] * 10, 4, True), outcomes
         assert oversold_nodes(await cluster.raw_list("list_node"),
                               await cluster.raw_list("list_namespaced_pod", namespace)) == {}
+
+
+async def test_a_namespace_selector_follows_pods_in_the_namespaces_it_selects_and_namespace_labels_requeue(
+    plane: LocalPlane, dispatcher: Process, cluster: Cluster, namespace: str
+) -> None:
+    other = f"{namespace[:50]}-sel"
+    await cluster.ensure_namespace(other)
+    plane.kubectl("label", "namespace", namespace, f"e2e-db={namespace[:60]}")
+    try:
+        async with node_set(cluster, 4, labels={"spec-set": "ns-select"}), workers(plane, FOUR):
+            [db] = pinned(hoss_pods("db", 1, labels={"app": "db"}), "spec-set", "ns-select")
+            await cluster.create_pods([db], namespace=namespace)
+            [placed] = [p for p in await wait_all_bound(cluster, namespace, 1) if p["spec"].get("nodeName")]
+
+            def follower(name: str, selector: dict[str, str]) -> Json:
+                [pod] = pinned(hoss_pods(name, 1), "spec-set", "ns-select")
+                pod["spec"]["affinity"] = {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                    {"labelSelector": {"matchLabels": {"app": "db"}}, "topologyKey": HOST,
+                     "namespaceSelector": {"matchLabels": selector}}]}}
+                return pod
+
+            # selects the db's namespace by its label: follows the db from another namespace
+            # selects a label no namespace has yet: waits, until the db's namespace gets it
+            await cluster.create_pods([follower("now", {"e2e-db": namespace[:60]}),
+                                       follower("later", {"e2e-later": "yes"})], namespace=other)
+            pods = await wait_all_bound(cluster, other, 1)
+            where = {p["metadata"]["name"]: p["spec"].get("nodeName") for p in pods}
+            assert where == {"now-0000": placed["spec"]["nodeName"], "later-0000": None}, where
+
+            async def later_refused() -> tuple[bool, str]:
+                reason, message = await scheduled_condition(cluster, other, "later-0000")
+                return "node(s) didn't match pod affinity rules" in message, f"{reason}: {message}"
+
+            await wait_until(later_refused, timeout=60, what="the unmatched follower to give kube-scheduler's reason")
+            plane.kubectl("label", "namespace", namespace, "e2e-later=yes")
+            pods = await wait_all_bound(cluster, other, 2, timeout=60)
+            assert {p["spec"]["nodeName"] for p in pods} == {placed["spec"]["nodeName"]}
+    finally:
+        await cluster.delete_pods(other)
+        plane.kubectl("delete", "namespace", other, "--wait=false", "--ignore-not-found")

@@ -458,3 +458,42 @@ async def test_dispatch_round_against_unreachable_redis_pauses_instead_of_failin
         await unreachable.aclose()
     assert list(dispatcher.pending) == ["uid-1"], "the pod is still there to be sent when Redis is back"
     assert len([r for r in caplog.records if "Redis unreachable" in r.getMessage()]) == 1, "logged once per outage"
+
+
+def namespace(name: str, **labels: str) -> Json:
+    return {"metadata": {"name": name, "labels": labels}}
+
+
+async def test_namespace_selectors_are_resolved_into_the_work_item_and_a_label_change_resends_it(
+        queue: WorkQueue) -> None:
+    selective = {"topologyKey": "zone", "labelSelector": {"matchLabels": {"app": "db"}},
+                 "namespaceSelector": {"matchLabels": {"env": "prod"}}}
+    raw = pending_pod(1)
+    raw["spec"]["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [selective]}}
+    plain = pending_pod(2)
+    dispatcher = Dispatcher(queue=queue, settings=settings(), rng=random.Random(11))
+    await dispatcher.on_namespace_list([namespace("team", env="dev"), namespace("db", env="prod")])
+    await dispatcher.on_list([raw, plain])
+    await beat(queue, "a")
+    assert (await dispatcher.tick()).dispatched == 2
+
+    def selected(fields: Any) -> Any:
+        return json.loads(WorkItem.decode(fields).pod)["namespaces"]
+
+    entries: Any = await queue.redis.xrange(queue_key("a"))
+    forms = {WorkItem.decode(fields).uid: selected(fields) for _id, fields in entries}
+    key = '{"matchLabels":{"env":"prod"}}'
+    assert forms == {"uid-1": {"labels": {"env": "dev"}, "selected": {key: ["db"]}},
+                     "uid-2": {"labels": {"env": "dev"}}}
+    # a namespace unrelated to pod 2 gains env=prod: pod 1's selector now selects it, pod 2 is unchanged
+    await dispatcher.on_namespace_event("MODIFIED", namespace("cache", env="prod"))
+    await dispatcher.tick()
+    entries = await queue.redis.xrange(queue_key("a"))
+    resent = [(WorkItem.decode(fields).uid, selected(fields)) for _id, fields in entries[2:]]
+    assert resent == [("uid-1", {"labels": {"env": "dev"}, "selected": {key: ["cache", "db"]}})]
+    # the pods' own namespace changes its labels: both forms carry the new ones
+    await dispatcher.on_namespace_event("MODIFIED", namespace("team", env="prod"))
+    await dispatcher.tick()
+    entries = await queue.redis.xrange(queue_key("a"))
+    resent = [(WorkItem.decode(fields).uid, selected(fields)["labels"]) for _id, fields in entries[3:]]
+    assert sorted(resent) == [("uid-1", {"env": "prod"}), ("uid-2", {"env": "prod"})]

@@ -6,6 +6,7 @@ import json
 from collections.abc import AsyncIterator
 
 import fakeredis
+import numpy as np
 import pytest
 
 from resolver import compact
@@ -117,11 +118,95 @@ def test_terms_match_the_owners_namespace_unless_they_list_others() -> None:
     assert verdict(parse_pod(pod("web", anti=[everywhere])), nodes)["n1"] == ANTI_AFFINITY_MISMATCH
 
 
-def test_a_namespace_selector_with_labels_is_refused_by_name() -> None:
+NAMESPACE_LABELS = {"team": {"env": "prod"}, "other": {"env": "prod"}, "dev": {"env": "dev"}}
+
+
+def resolved(raw: Json, namespaces: dict[str, dict[str, str]] | None = None) -> PodView:
+    """The pod as a worker reads it from the dispatcher's compact form, namespaceSelectors resolved."""
+    form = compact.compact_pod(raw, namespaces=NAMESPACE_LABELS if namespaces is None else namespaces)
+    return parse_pod(compact.decode(compact.encode(form)))
+
+
+def selecting(key: str, namespaces: list[str] | None = None, **labels: str) -> Json:
+    """An anti-affinity term on app=db whose namespaceSelector matches `labels`."""
+    return {**term(key, app="db"), "namespaceSelector": {"matchLabels": labels},
+            **({"namespaces": namespaces} if namespaces else {})}
+
+
+def test_a_namespace_selector_adds_the_namespaces_it_selects_to_the_listed_ones() -> None:
+    nodes = cluster()
+    running(nodes, pod("db-1", labels={"app": "db"}, namespace="other"), "n1")
+    running(nodes, pod("db-2", labels={"app": "db"}, namespace="dev"), "n3")
+    # env=prod selects team and other: the db pod in other (n1) counts, the one in dev (n3) does not.
+    assert verdict(resolved(pod("web", anti=[selecting(HOST, env="prod")])), nodes) == {
+        "n1": ANTI_AFFINITY_MISMATCH, "n2": "", "n3": "", "n4": "", "n5": ""}
+    # namespaces plus the selected ones: listing dev adds n3.
+    assert verdict(resolved(pod("web", anti=[selecting(HOST, ["dev"], env="prod")])), nodes) == {
+        "n1": ANTI_AFFINITY_MISMATCH, "n2": "", "n3": ANTI_AFFINITY_MISMATCH, "n4": "", "n5": ""}
+
+
+def test_a_namespace_selector_selecting_nothing_does_not_fall_back_to_the_pods_own_namespace() -> None:
+    nodes = cluster()
+    running(nodes, pod("db", labels={"app": "db"}, namespace="team"), "n2")
+    # kube-scheduler: the own namespace only when there are neither namespaces nor a namespaceSelector.
+    assert set(verdict(resolved(pod("web", anti=[selecting(HOST, env="staging")])), nodes).values()) == {""}
+    assert verdict(resolved(pod("web", anti=[term(HOST, app="db")])), nodes)["n2"] == ANTI_AFFINITY_MISMATCH
+
+
+def test_required_affinity_follows_a_pod_in_a_selected_namespace() -> None:
+    nodes = cluster()
+    running(nodes, pod("db", labels={"app": "db"}, namespace="other"), "n4")
+    follower = {**term(ZONE, app="db"), "namespaceSelector": {"matchExpressions": [
+        {"key": "env", "operator": "In", "values": ["prod"]}]}}
+    assert verdict(resolved(pod("f", affinity=[follower])), nodes) == {
+        "n1": AFFINITY_MISMATCH, "n2": AFFINITY_MISMATCH, "n3": "", "n4": "", "n5": AFFINITY_MISMATCH}
+    # once other is relabelled env=dev, nothing matches and f (not matching its own term) fits nowhere
+    moved = {**NAMESPACE_LABELS, "other": {"env": "dev"}}
+    assert set(verdict(resolved(pod("f", affinity=[follower]), moved), nodes).values()) == {AFFINITY_MISMATCH}
+
+
+def test_an_existing_pods_namespace_selector_matches_the_incoming_pods_namespace_labels() -> None:
+    nodes = cluster()
+    guard = {**term(ZONE, app="web"), "namespaceSelector": {"matchLabels": {"env": "prod"}}}
+    running(nodes, pod("guard", labels={"app": "guard"}, namespace="other", anti=[guard]), "n3")
+    # web in team (env=prod) is kept out of zone b; web in dev (env=dev) is not
+    assert verdict(resolved(pod("web", labels={"app": "web"}, namespace="team")), nodes) == {
+        "n1": "", "n2": "", "n3": EXISTING_ANTI_AFFINITY, "n4": EXISTING_ANTI_AFFINITY, "n5": ""}
+    assert set(verdict(resolved(pod("web", labels={"app": "web"}, namespace="dev")), nodes).values()) == {""}
+    # namespace labels unknown (a form no dispatcher resolved): the selector is read as every namespace
+    unknown = parse_pod(pod("web", labels={"app": "web"}, namespace="dev"))
+    assert verdict(unknown, nodes)["n3"] == EXISTING_ANTI_AFFINITY
+
+
+def test_preferred_terms_with_a_namespace_selector_score_only_selected_namespaces() -> None:
+    nodes = cluster()
+    running(nodes, pod("db-1", labels={"app": "db"}, namespace="other"), "n1")
+    running(nodes, pod("db-2", labels={"app": "db"}, namespace="dev"), "n3")
+    raw = pod("web")
+    raw["spec"]["affinity"] = {"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 10, "podAffinityTerm": {**term(ZONE, app="db"),
+                                           "namespaceSelector": {"matchLabels": {"env": "prod"}}}}]}}
+    plugin = InterPodAffinity()
+    incoming = resolved(raw)
+    raw_scores = plugin.score(incoming, nodes, np.ones(len(nodes), dtype=np.bool_))
+    # zone a holds db-1 (other: selected) -> +10; zone b's db-2 is in dev (not selected) -> 0
+    assert dict(zip(nodes.names, raw_scores.tolist(), strict=True)) == {
+        "n1": 10.0, "n2": 10.0, "n3": 0.0, "n4": 0.0, "n5": 0.0}
+
+
+def test_a_namespace_selector_no_dispatcher_resolved_is_refused_by_name() -> None:
     selective = {**term(HOST, app="db"), "namespaceSelector": {"matchLabels": {"team": "a"}}}
     with pytest.raises(UnsupportedPodField, match=r"podAntiAffinity\.requiredDuringSchedulingIgnoredDuringExecution"
                                                   r"\[0\]\.namespaceSelector"):
         parse_pod(pod("web", anti=[selective]))
+
+
+def test_the_compact_form_resolves_namespace_selectors_and_carries_the_own_namespace_labels() -> None:
+    raw = pod("web", anti=[selecting(HOST, env="prod")])
+    context = compact.compact_pod(raw, namespaces=NAMESPACE_LABELS)[compact.NAMESPACES]
+    key = compact.selector_key({"matchLabels": {"env": "prod"}})
+    assert context == {"labels": {"env": "prod"}, "selected": {key: ["other", "team"]}}
+    assert compact.NAMESPACES not in compact.compact_pod(raw), "no namespaces given: nothing claimed"
 
 
 def test_match_expressions_and_a_missing_selector() -> None:

@@ -67,7 +67,7 @@ def test_a_work_item_with_a_refused_field_is_unschedulable_not_malformed() -> No
     assert work.problem == "hoss does not support spec.resourceClaims yet"
 
 
-def test_a_namespace_selector_with_labels_is_refused_by_its_path_in_preferred_terms_too() -> None:
+def test_a_namespace_selector_no_dispatcher_resolved_is_refused_by_its_path_in_preferred_terms_too() -> None:
     term = {"weight": 5, "podAffinityTerm": {"topologyKey": "zone", "labelSelector": {},
                                              "namespaceSelector": {"matchLabels": {"team": "a"}}}}
     pod = with_spec(affinity={"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [term]}})

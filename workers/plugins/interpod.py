@@ -21,7 +21,8 @@ already placed, + weight of their preferred affinity terms and - weight of their
 that match the incoming pod, + 1 for each of their required affinity terms that matches it (kube-scheduler's
 hardPodAffinityWeight 1). A node scores the sum over the domains it is in; kube-scheduler's normalisation maps
 the feasible nodes' scores linearly onto 0..100 (truncated), all 0 when they are equal. Existing pods' terms with
-a non-empty namespaceSelector are read as selecting every namespace (workers have no namespace labels).
+a non-empty namespaceSelector match the incoming pod by its namespace's labels, which the dispatcher sends
+along (see `workers.podterms`).
 
 The
 cost is one numpy comparison per distinct (topologyKey, value) pair, plus a walk over the pods a selector can
@@ -88,7 +89,7 @@ class InterPodAffinity(TakesNoArgs):
         forbidden: dict[str, set[str]] = {}
         for holder in nodes.anti_holders.values():
             for term in holder.anti:
-                if term.matches(pod.namespace, pod.labels):
+                if term.matches(pod.namespace, pod.labels, pod.namespace_labels):
                     forbidden.setdefault(term.topology_key, set()).update(
                         _domain_values(nodes, [holder], term.topology_key))
         for key, values in forbidden.items():
@@ -147,13 +148,13 @@ class InterPodAffinity(TakesNoArgs):
                         add(term, placed.node, sign * weighted.weight)
         for holder in nodes.score_holders.values():
             for term in holder.affinity:
-                if term.matches(pod.namespace, pod.labels):
+                if term.matches(pod.namespace, pod.labels, pod.namespace_labels):
                     add(term, holder.node, HARD_POD_AFFINITY_WEIGHT)
             for weighted in holder.preferred:
-                if weighted.term.matches(pod.namespace, pod.labels):
+                if weighted.term.matches(pod.namespace, pod.labels, pod.namespace_labels):
                     add(weighted.term, holder.node, weighted.weight)
             for weighted in holder.preferred_anti:
-                if weighted.term.matches(pod.namespace, pod.labels):
+                if weighted.term.matches(pod.namespace, pod.labels, pod.namespace_labels):
                     add(weighted.term, holder.node, -weighted.weight)
         total = np.zeros(rows, dtype=np.float64)
         for key, values in domains.items():
