@@ -19,6 +19,8 @@ from typing import Any
 
 import orjson
 
+from resolver.resources import NODE_RESERVATION_ANNOTATION
+
 Json = dict[str, Any]
 
 COMPACT_VERSION = 1
@@ -202,10 +204,18 @@ def compact_node(node: Mapping[str, Any]) -> Json:
     ]
     return {
         "v": COMPACT_VERSION,
-        "metadata": _pick(metadata, ("name", "labels")),
+        "metadata": {**_pick(metadata, ("name", "labels")), **_node_annotations(metadata)},
         "spec": _pick(spec, ("taints", "unschedulable")),
         "status": {**_pick(status, ("allocatable", "capacity")), "conditions": ready},
     }
+
+
+def _node_annotations(metadata: Mapping[str, Any]) -> Json:
+    """The node annotations a decision reads: only the reserved resources (`NODE_RESERVATION_ANNOTATION`)."""
+    annotations = metadata.get("annotations")
+    if not isinstance(annotations, dict) or NODE_RESERVATION_ANNOTATION not in annotations:
+        return {}
+    return {"annotations": {NODE_RESERVATION_ANNOTATION: annotations[NODE_RESERVATION_ANNOTATION]}}
 
 
 def encode(compact: Json) -> bytes:

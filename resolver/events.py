@@ -57,6 +57,14 @@ def pod_event(
     return event
 
 
+def node_event(*, name: str, uid: str, reason: str, message: str, component: str, warning: bool = True) -> Json:
+    """A core/v1 Event about a node (recorded in namespace ``default``, as the kubelet records node events)."""
+    event = pod_event(namespace="default", name=name, uid=uid, reason=reason, message=message,
+                      component=component, warning=warning)
+    event["involvedObject"] = {"apiVersion": "v1", "kind": "Node", "name": name, "uid": uid}
+    return event
+
+
 def scheduled_event(*, namespace: str, name: str, uid: str, node: str, component: str) -> Json:
     """The Normal ``Scheduled`` event kube-scheduler records after a successful binding, worded as it words it."""
     return pod_event(

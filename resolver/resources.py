@@ -10,6 +10,7 @@ Raw payloads are the JSON dicts the apiserver returns (camelCase keys); bad inpu
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Iterable, Mapping
@@ -223,14 +224,65 @@ def pod_requests(pod: Mapping[str, Any]) -> ResourceVector:
     return vector
 
 
+NODE_RESERVATION_ANNOTATION = "node.koordinator.sh/reservation"
+"""Koordinator's node annotation for resources kept back from pods (system daemons, headroom): JSON
+``{"resources": {"cpu": "5", "memory": "4Gi"}}``; ``reservedCPUs`` (a cpuset such as ``"0-3,8"``) counts as that
+many CPUs and wins over ``resources.cpu``, as in Koordinator."""
+_CPUSET = re.compile(r"\d+(-\d+)?(,\d+(-\d+)?)*")
+
+
 def node_allocatable(node: Mapping[str, Any]) -> ResourceVector:
-    """The node's ``status.allocatable`` (or ``status.capacity`` when allocatable is not reported yet)."""
+    """The room pods may use on the node: ``status.allocatable`` (or ``status.capacity`` when allocatable is not
+    reported yet) less what its `NODE_RESERVATION_ANNOTATION` keeps back (never below zero). A malformed
+    annotation is ignored here; `node_reservation` names the problem."""
     status = _mapping(node.get("status"), field="status", error=NodeSpecError)
     for field in ("allocatable", "capacity"):
         if status.get(field):
             quantities = _quantities(status[field], field=f"status.{field}", error=NodeSpecError)
-            return {resource: to_base_units(resource, amount) for resource, amount in quantities.items()}
+            allocatable = {resource: to_base_units(resource, amount) for resource, amount in quantities.items()}
+            try:
+                reserved = node_reservation(node)
+            except NodeSpecError:
+                return allocatable
+            return {resource: max(0, amount - reserved.get(resource, 0)) for resource, amount in allocatable.items()}
     raise NodeSpecError(field="status.allocatable", reason="missing, and so is status.capacity")
+
+
+def node_reservation(node: Mapping[str, Any]) -> ResourceVector:
+    """What the node's `NODE_RESERVATION_ANNOTATION` keeps back from pods ({} without the annotation); raises
+    NodeSpecError naming the annotation and its value when it is not the JSON Koordinator defines."""
+    metadata = node.get("metadata")
+    annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
+    raw = annotations.get(NODE_RESERVATION_ANNOTATION) if isinstance(annotations, Mapping) else None
+    if raw is None:
+        return {}
+    field = f"metadata.annotations[{NODE_RESERVATION_ANNOTATION}]"
+
+    def bad(reason: str) -> NodeSpecError:
+        return NodeSpecError(field=field, reason=f"{reason} (value {str(raw)[:200]!r}); the annotation is ignored")
+
+    try:
+        value = json.loads(raw) if isinstance(raw, str) else None
+    except ValueError as error:
+        raise bad(f"not JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise bad('expected a JSON object like {"resources": {"cpu": "5"}}')
+    try:
+        quantities = _quantities(value.get("resources"), field=f"{field}.resources", error=NodeSpecError)
+    except (QuantityError, NodeSpecError) as error:
+        amount = f" {error.value!r}" if isinstance(error, QuantityError) else ""
+        raise bad(f"{error.field.removeprefix(field + '.')}: invalid{amount}: {error.reason}") from None
+    reserved = {resource: to_base_units(resource, amount) for resource, amount in quantities.items()}
+    cpus = value.get("reservedCPUs")
+    if cpus not in (None, ""):
+        if not isinstance(cpus, str) or not _CPUSET.fullmatch(cpus.replace(" ", "")):
+            raise bad(f"reservedCPUs {cpus!r} is not a cpuset such as \"0-3,8\"")
+        ids: set[int] = set()
+        for part in cpus.replace(" ", "").split(","):
+            first, _, last = part.partition("-")
+            ids.update(range(int(first), int(last or first) + 1))
+        reserved["cpu"] = len(ids) * 1000
+    return reserved
 
 
 def _container_requests(container: object, *, field: str) -> _Quantities:

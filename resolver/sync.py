@@ -36,10 +36,18 @@ from typing import Any, Literal
 from kubernetes_asyncio import client
 
 from resolver import compact
-from resolver.errors import LedgerNotReadyError, LedgerUnavailable, ResolverError
+from resolver.errors import LedgerNotReadyError, LedgerUnavailable, NodeSpecError, ResolverError
+from resolver.events import node_event, post_event
 from resolver.kube import InformerHandlers, Json, KubeError, raise_if_cancelled, request_json, run_informer
 from resolver.ledger import AdmittedEntry, BoundPod, Ledger, Overcommit, Placement
-from resolver.resources import ResourceVector, node_allocatable, pod_requests, status_resources_key
+from resolver.resources import (
+    NODE_RESERVATION_ANNOTATION,
+    ResourceVector,
+    node_allocatable,
+    node_reservation,
+    pod_requests,
+    status_resources_key,
+)
 
 log = logging.getLogger(__name__)
 
@@ -223,6 +231,9 @@ class LedgerSync:
         self._audit_interval = audit_interval_seconds
         self._epoch: str | None = None
         self._stamp: int | None = None
+        self._bad_reservations: dict[str, object] = {}
+        """node -> the malformed reservation annotation already warned about"""
+        self._background: set[asyncio.Future[None]] = set()
         """the epoch this sync last rebuilt, and the last stamp it read (see Ledger.tick)"""
 
     async def run(self) -> None:
@@ -268,6 +279,28 @@ class LedgerSync:
 
     # --- nodes -------------------------------------------------------------------------------------------
 
+    def _check_reservation(self, name: str, node: Json) -> None:
+        """Warn (log and a Warning event on the node, once per value) about a malformed node reservation
+        annotation; `node_allocatable` ignores it, so the node keeps its full allocatable."""
+        raw = ((node.get("metadata") or {}).get("annotations") or {}).get(NODE_RESERVATION_ANNOTATION)
+        try:
+            node_reservation(node)
+        except NodeSpecError as error:
+            if self._bad_reservations.get(name) != raw:
+                self._bad_reservations[name] = raw
+                log.warning("node %s: %s", name, error)
+                self._spawn(post_event(self.core, node_event(name=name, uid=str((node.get("metadata") or {})
+                                                                                .get("uid", "")),
+                                                            reason="InvalidNodeReservation", message=str(error),
+                                                            component="hoss-resolver")))
+            return
+        self._bad_reservations.pop(name, None)
+
+    def _spawn(self, work: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     @staticmethod
     def _node_view(node: Json) -> tuple[str, NodeRecord]:
         """The node's name, and what the ledger keeps of it: allocatable, labels and the compact description
@@ -283,6 +316,7 @@ class LedgerSync:
                 with _logged_skip("node", node):
                     name, record = self._node_view(node)
                     self.nodes[name] = record
+                    self._check_reservation(name, node)
         if self.synced.is_set():
             await self.rebuild()
 
@@ -293,6 +327,7 @@ class LedgerSync:
             async with self._lock:
                 if kind == "DELETED":
                     self.nodes.pop(name, None)
+                    self._bad_reservations.pop(name, None)
                     if self.synced.is_set():
                         await self._apply(self.ledger.remove_node(name))
                         # As the rebuild does: pods that still name the node stay counted on it (registered
@@ -306,6 +341,7 @@ class LedgerSync:
                     return
                 previous = self.nodes.get(name)
                 self.nodes[name] = record
+                self._check_reservation(name, node)
                 if self.synced.is_set() and previous != record:
                     alloc, labels, spec = record
                     await self._apply(self.ledger.sync_node(node=name, allocatable=alloc, labels=labels, spec=spec))

@@ -4,10 +4,10 @@ The session's plane runs with the apiserver's audit log (Metadata level, the hos
 scenario here drives every path that needs a grant: pods placed, a pod that fits nowhere (its PodScheduled
 condition and FailedScheduling event), a pod for a policy no worker serves (NoWorkerForPolicy), a PodGroup gang
 (its status), a preemption (PodDisruptionBudgets listed, an eviction), both Lease elections, the resolver's sync
-and a pod read, and a dispatcher, a resolver and a worker with --access=kubernetes (TokenReview,
-SubjectAccessReview). Then the audit log of the whole session so far (this scenario and any test before it) is
-compared with the rules bound to each component's ServiceAccount: a grant no call used fails the test, and so does
-any call the apiserver refused.
+and a pod read, a malformed node reservation annotation (the resolver's Warning event), and a dispatcher, a
+resolver and a worker with --access=kubernetes (TokenReview, SubjectAccessReview). Then the audit log of the whole
+session so far (this scenario and any test before it) is compared with the rules bound to each component's
+ServiceAccount: a grant no call used fails the test, and so does any call the apiserver refused.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from kubernetes_asyncio import client
 
 from deploy.local.cluster import Cluster, pod_manifest, wait_until
 from deploy.local.plane import HOSS_COMPONENTS, HOSS_NAMESPACE, RBAC_MANIFEST, LocalPlane, Process
+from resolver.resources import NODE_RESERVATION_ANNOTATION
 from tests.e2e.hoss import hoss_pods, status_access, wait_all_bound, workers
 
 Grant = tuple[str, str, str]
@@ -139,6 +140,9 @@ async def test_every_verb_granted_to_a_component_is_one_it_uses_and_none_is_refu
     nodes = await cluster.create_nodes(2, prefix="rbac", capacity=CAPACITY)
     try:
         await cluster.wait_nodes_ready(nodes)
+        # A malformed node reservation annotation: the resolver warns with an event on the node.
+        await asyncio.to_thread(plane.kubectl, "annotate", "node", nodes[1],
+                                f"{NODE_RESERVATION_ANNOTATION}=not-json")
         async with workers(plane, [("rbac-1", ["default"])]):
             await cluster.create_pods(
                 [

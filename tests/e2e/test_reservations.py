@@ -1,0 +1,96 @@
+"""Reservations and job dependencies on the real plane (issue 15): the node reservation annotation takes room
+from hoss and kube-scheduler pods alike; a Reservation holds room a foreign kube-scheduler pod cannot take and its
+owner consumes; a Job that depends on another starts only after it completes.
+
+One hoss worker for the module; every test has nodes of its own, selected by a label, so other tests' nodes and
+pods do not interfere."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Iterator
+
+import pytest
+
+from deploy.local.cluster import Cluster, Json, pod_manifest, wait_until
+from deploy.local.plane import LocalPlane, Process
+from resolver.resources import NODE_RESERVATION_ANNOTATION, pod_requests
+
+_names = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def hoss_worker(plane: LocalPlane, dispatcher: Process) -> Iterator[Process]:
+    process = plane.start_worker("reserve-0")
+    try:
+        yield process
+    finally:
+        plane.stop_process(process.name)
+
+
+def pinned(name: str, pool: str, *, cpu: str, scheduler: str = "hoss", extra: dict[str, str] | None = None) -> Json:
+    pod = pod_manifest(name, requests={"cpu": cpu, "memory": "100Mi", **(extra or {})}, scheduler_name=scheduler)
+    if extra:
+        pod["spec"]["containers"][0]["resources"]["limits"] = dict(extra)
+    pod["spec"]["nodeSelector"] = {"e2e.hoss.io/pool": pool}
+    return pod
+
+
+async def bound_cpu(cluster: Cluster, namespace: str) -> tuple[int, list[str]]:
+    pods = await cluster.raw_list("list_namespaced_pod", namespace)
+    on = [p for p in pods if p["spec"].get("nodeName")]
+    return sum(pod_requests(p).get("cpu", 0) for p in on), sorted(p["metadata"]["name"] for p in on)
+
+
+async def test_a_node_reservation_annotation_takes_room_from_hoss_and_kube_scheduler_pods(
+    plane: LocalPlane, cluster: Cluster, namespace: str, hoss_worker: Process
+) -> None:
+    pool = f"nres-{next(_names)}-{namespace}"[:60]
+    [node] = await cluster.create_nodes(1, prefix=pool[:50], capacity={"cpu": "8", "memory": "16Gi", "pods": "110"},
+                                        labels={"e2e.hoss.io/pool": pool})
+    try:
+        await cluster.wait_nodes_ready([node])
+        await asyncio.to_thread(plane.kubectl, "annotate", "node", node,
+                                f'{NODE_RESERVATION_ANNOTATION}={{"resources":{{"cpu":"5"}}}}')
+        # 8 cpu, 5 kept back: a 4-cpu kube-scheduler pod is refused by the webhook (kube-scheduler does not know
+        # the annotation, the ledger does), and hoss binds three of four 1-cpu pods.
+        await cluster.create_pods([pinned("kube-4cpu", pool, cpu="4", scheduler="default-scheduler")],
+                                  namespace=namespace)
+
+        async def denied() -> tuple[bool, str]:
+            messages = [e.message or "" for e in await cluster.events_for(namespace, "kube-4cpu")]
+            return any("hoss: node" in m and "free 3" in m for m in messages), str(messages[-2:])
+
+        await wait_until(denied, timeout=90, what="the webhook to refuse the kube-scheduler pod")
+        await cluster.create_pods([pinned(f"hoss-{i}", pool, cpu="1") for i in range(4)], namespace=namespace)
+
+        # Which hoss pod waits depends on order; three are bound and the fourth is told why.
+        async def three_any() -> tuple[bool, str]:
+            cpu, names = await bound_cpu(cluster, namespace)
+            return cpu == 3000 and len(names) == 3 and "kube-4cpu" not in names, f"{cpu} {names}"
+
+        await wait_until(three_any, timeout=90, what="three hoss pods bound in the 3 cpu left")
+        await asyncio.sleep(2)
+        assert (await bound_cpu(cluster, namespace))[0] == 3000, "nothing more fits beside the reservation"
+
+        # A malformed value: a Warning event on the node names it, the annotation is ignored, the room comes back.
+        await asyncio.to_thread(plane.kubectl, "annotate", "--overwrite", "node", node,
+                                f"{NODE_RESERVATION_ANNOTATION}=cpu=5")
+
+        async def warned() -> tuple[bool, str]:
+            events = await cluster.raw_list("list_namespaced_event", "default",
+                                            field_selector=f"involvedObject.name={node}")
+            found = [e["message"] for e in events if e.get("reason") == "InvalidNodeReservation"]
+            return bool(found) and "'cpu=5'" in found[0], str(found)
+
+        await wait_until(warned, timeout=60, what="a Warning event naming the malformed annotation")
+
+        async def all_bound() -> tuple[bool, str]:
+            cpu, names = await bound_cpu(cluster, namespace)
+            return cpu == 8000, f"{cpu} {names}"
+
+        await wait_until(all_bound, timeout=120, what="the kube-scheduler pod and the fourth hoss pod to bind")
+    finally:
+        await cluster.delete_pods(namespace)
+        await cluster.delete_nodes([node])
