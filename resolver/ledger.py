@@ -94,6 +94,8 @@ class Reserved:
     """The pod holds an assumed entry on `node` (new, refreshed or moved there), or is already bound there."""
 
     node: str
+    consumed: bool = False
+    """The pod took the room of the Reservation it named (`BatchPod.reservation`), whose entry is gone."""
 
 
 @dataclass(frozen=True)
@@ -225,6 +227,9 @@ class BatchPod:
     tentative: bool = False
     """The worker counted this pod as placed when it decided the later pods of the batch: if it is refused, a
     later pod with inter_pod_keys is refused too (its decision may have relied on it)."""
+    reservation: str = ""
+    """uid of a Reservation the pod may consume: on that Reservation's node its room is given to the pod in the
+    same call (`Reserved.consumed`); see 'Reservations' in resolver/lua/reserve_batch.lua."""
 
 
 @dataclass(frozen=True)
@@ -296,6 +301,14 @@ class Placement:
 
 GangMember = Placement
 BoundPod = Placement
+
+RESERVATION_PREFIX: Final = "Reservation/"
+"""The `pod` of a Reservation's entry is 'Reservation/<name>' (no pod key has an upper-case namespace)."""
+
+
+def reservation_key(name: str) -> str:
+    """The ledger's name for the entry of the Reservation `name`."""
+    return f"{RESERVATION_PREFIX}{name}"
 
 
 @dataclass(frozen=True)
@@ -406,7 +419,7 @@ class Ledger:
             return []
         encoded = orjson.dumps([
             [item.uid, item.pod, item.digest, list(item.candidates), _vector_args(item.request)[1:], item.ports,
-             item.meta, item.inter_pod_keys, item.position, 1 if item.tentative else 0]
+             item.meta, item.inter_pod_keys, item.position, 1 if item.tentative else 0, item.reservation]
             for item in pods
         ])
         reply = await self._run("reserve_batch", [owner, _ttl_ms(ttl_seconds), encoded.decode()])
@@ -457,6 +470,27 @@ class Ledger:
     async def nominations(self) -> dict[str, Nomination]:
         """The nominations in force, by uid."""
         return decode_nominations(_ready_or_raise(await self._run("nominations", []))[1:])
+
+    # -- Reservations: room held for pods that do not exist yet ----------------------------------------------
+
+    async def hold_reservation(self, *, uid: str, name: str, candidates: Sequence[str], request: Mapping[str, int],
+                               meta: str = "", owner: str, ttl_seconds: float) -> BatchResult | LedgerNotReady:
+        """Step 1 of holding room for a future pod (a Koordinator Reservation `name` with metadata.uid `uid`):
+        an assumed entry on the first of `candidates` it fits, fit-checked like any pod's reservation (nominations
+        included), expiring after `ttl_seconds` unless step 2 follows. Step 2, once the Reservation's status names
+        the node (phase Available), is `keep_reservation`; the sync keeps it from then on and releases it when the
+        Reservation leaves Available or is deleted. An owner pod takes the room by naming `uid` in
+        `BatchPod.reservation`."""
+        results = await self.reserve_batch(
+            [BatchPod(uid=uid, pod=reservation_key(name), digest="", candidates=candidates, request=request,
+                      meta=meta)], owner=owner, ttl_seconds=ttl_seconds)
+        return results if isinstance(results, LedgerNotReady) else results[0]
+
+    async def keep_reservation(self, *, uid: str, name: str, node: str, request: Mapping[str, int],
+                               meta: str = "") -> None:
+        """Step 2: the Reservation's status names `node`, so its entry is the apiserver's truth (bound, never
+        expires); the same write the sync makes when it sees the Reservation Available."""
+        await self.bind_many([Placement(uid=uid, pod=reservation_key(name), node=node, request=request, meta=meta)])
 
     async def resize(
         self, *, uid: str, pod: str, node: str, request: Mapping[str, int], owner: str,
@@ -864,7 +898,7 @@ def decode_batch_result(item: Sequence[object]) -> BatchResult:
     """One 5-item result of reserve_batch.lua."""
     kind, node = _text(item[0]), _text(item[1])
     if kind == "reserved":
-        return Reserved(node)
+        return Reserved(node, consumed=_text(item[2]) == "consumed")
     if kind == "bound":
         return HeldElsewhere(node=node, state="bound")
     if kind == "stale":

@@ -502,8 +502,9 @@ class Worker:
                 self.nodes.sub_used(decision.candidates[0], pod.request)
             tentative = pod.host_ports or pod.reads_pod_index
             placed = self.nodes.pods.get(pod.uid) if tentative else None
+            result = results[index] if isinstance(results, list) else None
             if placed is not None and placed.node == decision.candidates[0] and not (
-                    isinstance(results, list) and results[index] == Reserved(placed.node)):
+                    isinstance(result, Reserved) and result.node == placed.node):
                 self.nodes.remove_pod(pod.uid)  # the tentative placement did not happen
         if isinstance(results, LedgerNotReady):
             for work, _pod, _decision in decided:

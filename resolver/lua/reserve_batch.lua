@@ -2,7 +2,8 @@
 -- ARGV: prefix, owner, ttl_ms, then the pods as one JSON array (one argument is far cheaper for the client to
 --       send than thousands): [[uid, pod (namespace/name), digest, [candidate nodes], [resource, amount, ...],
 --       host ports, meta, inter-pod topology keys ('k1,k2'), change-stream position of the decision, tentative
---       (1: the worker counted the pod as placed when deciding the later pods of the batch)], ...] with amounts as
+--       (1: the worker counted the pod as placed when deciding the later pods of the batch), reservation uid
+--       (a Reservation the pod may consume, '' for none; see 'Reservations' below)], ...] with amounts as
 --       decimal strings (kept exact); host ports and meta as placements carry them (see next_placement in
 --       common.lua).
 -- Per pod, in order (earlier pods' reservations count for later ones):
@@ -23,8 +24,15 @@
 --                                                         wanted, free; a taken host port reads resource
 --                                                         'hostPort <protocol>/<ip>/<port>', wanted 1, free 0), or
 --                                                         unknown when no candidate is a node
+-- Reservations: a Reservation's room is a bound entry whose pod is 'Reservation/<name>' (written by the worker
+-- that placed it, kept by the sync while the Reservation is Available). A pod that names it consumes it on the
+-- Reservation's node: the fit check gives the Reservation's request back, and on success the Reservation's
+-- entry is dropped in the same call as the pod's is added, so the room passes from one to the other and no
+-- other pod or scheduler can take it between. On any other node (or when the entry is gone) the pod is
+-- checked as usual.
 -- Reply: NOT_READY, or a flat list of count results of 5 items each:
---   {'reserved', node, '', 0, 0} | {'bound', node, '', 0, 0} | {'stale', marker, '', 0, 0}
+--   {'reserved', node, '', 0, 0} | {'reserved', node, 'consumed', 0, 0} (the pod took its Reservation's room)
+--   | {'bound', node, '', 0, 0} | {'stale', marker, '', 0, 0}
 --   | {'conflict', node, resource, wanted, free} | {'unknown', node, '', 0, 0}
 if not is_ready() then
   return NOT_READY
@@ -51,6 +59,13 @@ for _, item in ipairs(cjson.decode(next_arg())) do
   local inter_pod_keys = item[8] or ''
   local position = item[9] or ''
   local tentative = item[10] == 1
+  local reservation = nil
+  if item[11] and item[11] ~= '' then
+    local held = read_entry(item[11])
+    if held and held.state == 'bound' and string.sub(held.pod, 1, 12) == 'Reservation/' then
+      reservation = held
+    end
+  end
   local request = {}
   for i = 1, #item[5], 2 do
     table.insert(request, {item[5][i], item[5][i + 1]})
@@ -73,7 +88,8 @@ for _, item in ipairs(cjson.decode(next_arg())) do
     for _, node in ipairs(candidates) do
       if redis.call('SISMEMBER', NODES, node) == 1 then
         local p = {uid = uid, pod = pod, node = node, request = request, current = entry}
-        local conflict = check_fit({p})
+        local consumed = reservation and reservation.node == node and reservation or nil
+        local conflict = check_fit(consumed and {p, {node = node, request = {}, current = consumed}} or {p})
         local port = not conflict and port_conflict(node, ports, entry, nil)
         if port then
           conflict = {'conflict', node, 'hostPort ' .. port, 1, 0}
@@ -91,9 +107,12 @@ for _, item in ipairs(cjson.decode(next_arg())) do
           if entry then
             drop(entry)
           end
+          if consumed then
+            drop(consumed)
+          end
           hold(uid, pod, node, request, 'assumed', owner, deadline, ports, meta)
           drop_nomination(uid)
-          result = {'reserved', node}
+          result = {'reserved', node, consumed and 'consumed' or ''}
           break
         end
       elseif not result then
