@@ -270,7 +270,8 @@ def pod_meta(pod: Mapping[str, Any], *, request: Mapping[str, int] | None = None
     ('TCP/0.0.0.0/80,UDP/10.0.0.1/53', '' for none), and its meta for the workers' pod index (JSON: namespace,
     name, labels, host ports, required anti-affinity terms as ``anti``, for InterPodAffinity's score the required
     affinity terms ``aff`` and the preferred ones ``paff``/``panti``, and for preemption spec.priority (left out
-    when 0), the effective `request` when given, and metadata.creationTimestamp) -- what NodePorts,
+    when 0), the effective `request` when given, metadata.creationTimestamp, and ``terminating`` when
+    metadata.deletionTimestamp is set) -- what NodePorts,
     InterPodAffinity, PodTopologySpread and DefaultPreemption read of the pods already on a node. The scripts read
     the priority too: room held for a preempting pod is kept from pods of lower priority."""
     metadata = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
@@ -293,6 +294,8 @@ def pod_meta(pod: Mapping[str, Any], *, request: Mapping[str, int] | None = None
         meta["request"] = dict(request)
     if isinstance(metadata.get("creationTimestamp"), str) and metadata["creationTimestamp"]:
         meta["created"] = metadata["creationTimestamp"]
+    if metadata.get("deletionTimestamp"):
+        meta["terminating"] = True  # PodTopologySpread counts no terminating pod (InterPodAffinity still does)
     affinity = spec.get("affinity") if isinstance(spec.get("affinity"), dict) else {}
     assert isinstance(affinity, dict)
     anti = affinity.get("podAntiAffinity") if isinstance(affinity.get("podAntiAffinity"), dict) else {}

@@ -90,6 +90,8 @@ class PodInfo:
     status_key: str = ""
     """`resolver.resources.status_resources_key`: a change (an in-place resize the kubelet allocated or actuated,
     no new generation) recomputes the request."""
+    terminating: bool = False
+    """metadata.deletionTimestamp is set: a change rewrites the meta (PodTopologySpread ignores such pods)."""
 
     @property
     def key(self) -> str:
@@ -131,6 +133,7 @@ def parse_pod(pod: Json, *, known: PodInfo | None = None) -> PodInfo:
         meta=meta,
         labels=labels if isinstance(labels := metadata.get("labels"), dict) else {},
         status_key=status_key,
+        terminating=bool(metadata.get("deletionTimestamp")),
     )
 
 
@@ -394,6 +397,7 @@ class LedgerSync:
             and known.node == ((pod.get("spec") or {}).get("nodeName") or None)
             and known.labels == (metadata.get("labels") or {})
             and known.status_key == status_resources_key(pod)
+            and known.terminating == bool(metadata.get("deletionTimestamp"))
         ):
             return  # a status update (most events): nothing the mirror or the ledger keeps has changed
         info = self._parse(pod)

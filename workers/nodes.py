@@ -108,6 +108,9 @@ class PlacedPod:
     """Its preferred pod affinity terms (scored for incoming pods they match)."""
     preferred_anti: tuple[WeightedPodTerm, ...] = ()
     """Its preferred pod anti-affinity terms (scored, negatively, for incoming pods they match)."""
+    terminating: bool = False
+    """metadata.deletionTimestamp is set: PodTopologySpread does not count it (kube-scheduler's
+    countPodsMatchSelector); it still counts for InterPodAffinity, NodePorts and resources, as there."""
 
     @property
     def scores_others(self) -> bool:
@@ -156,6 +159,7 @@ def parse_placed(uid: str, node: str, meta: str) -> PlacedPod:
         request={str(k): v for k, v in request.items() if isinstance(v, int) and not isinstance(v, bool)}
         if isinstance(request, dict) else {},
         created=str(value.get("created") or ""),
+        terminating=value.get("terminating") is True,
     )
 
 

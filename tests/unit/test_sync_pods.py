@@ -188,3 +188,15 @@ async def test_a_label_change_rewrites_the_pods_meta_for_the_workers_index(sync:
     assert counting(sync).calls == [("bind_many", 1), ("bind_many", 1)]
     loaded = await sync.ledger.load()
     assert [(uid, node, json.loads(meta)["labels"]) for uid, node, meta in loaded.pods] == [("a", "n1", {"app": "db"})]
+
+
+async def test_a_deletion_timestamp_marks_the_pods_meta_terminating_for_the_workers_index(sync: LedgerSync) -> None:
+    await sync._on_pod_event("ADDED", pod("a"))
+    await sync.flush_pods()
+    terminating = pod("a")
+    terminating["metadata"]["deletionTimestamp"] = "2026-11-23T02:00:00Z"  # set without a new generation
+    await sync._on_pod_event("MODIFIED", terminating)
+    await sync.flush_pods()
+    assert counting(sync).calls == [("bind_many", 1), ("bind_many", 1)]
+    loaded = await sync.ledger.load()
+    assert [(uid, json.loads(meta).get("terminating")) for uid, _node, meta in loaded.pods] == [("a", True)]

@@ -306,3 +306,24 @@ def test_a_gang_member_with_a_do_not_schedule_constraint_is_refused_by_name_and_
     assert refused.problem == "hoss does not support spec.topologySpreadConstraints (DoNotSchedule) in a gang " \
                               "member yet"
     assert not parse_work("1-0", gang(constraint(hard=False))).problem
+
+
+def test_terminating_pods_count_in_no_spread_domain_but_still_in_inter_pod_affinity() -> None:
+    nodes = cluster()
+    running(nodes, "n1")
+    leaving = raw_pod("leaving", labels=WEB)
+    leaving["metadata"]["deletionTimestamp"] = "2026-11-23T02:00:00Z"
+    running(nodes, "n2", raw=leaving)
+    running(nodes, "n3")
+    running(nodes, "n4")
+    # zone a holds 1 live + 1 terminating web pod, b and c 1 each: counted 1/1/1, so every zone passes maxSkew 1
+    # (counting the terminating one, zone a would be 2 + 1 - 1 = 2 > 1).
+    assert verdict(spread_pod("web", constraint()), nodes) == {
+        "n1": "", "n2": "", "n3": "", "n4": "", "n5": MISSING_LABEL}
+    # kube-scheduler's InterPodAffinity has no such exception: the terminating pod still repels on its node.
+    raw = raw_pod("other", labels={"app": "other"})
+    raw["spec"]["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": WEB}, "topologyKey": HOST}]}}
+    mask = InterPodAffinity().filter(parse_pod(raw), nodes).mask
+    assert dict(zip(nodes.names, mask.tolist(), strict=True)) == {
+        "n1": False, "n2": False, "n3": False, "n4": False, "n5": True}

@@ -7,7 +7,8 @@ Over the workers' pod index (`NodeTable.pods`, every pod holding a ledger entry)
   constraint's node inclusion policies: ``nodeAffinityPolicy: Honor`` (the default) keeps only nodes matching the
   pod's nodeSelector and required node affinity, ``nodeTaintsPolicy: Honor`` (default Ignore) only nodes without
   a NoSchedule/NoExecute taint the pod does not tolerate. A domain (a value of the topology key) exists when a
-  counted node has it; its count is the number of pods on its counted nodes that are in the pod's namespace and
+  counted node has it; its count is the number of pods on its counted nodes that are in the pod's namespace, not
+  terminating (metadata.deletionTimestamp set; kube-scheduler skips them, InterPodAffinity does not) and
   match the constraint's selector (an empty selector counts none; matchLabelKeys are merged, see
   `workers.podterms`).
 - filter (DoNotSchedule): a node without a constraint's key is refused with ``node(s) didn't match pod topology
@@ -78,7 +79,7 @@ def pods_per_node(nodes: NodeTable, constraint: SpreadConstraint, namespace: str
     if constraint.selector is None or not constraint.selector.requirements:
         return counts
     rows = [row for pod in nodes.pods_matching(constraint.selector)
-            if pod.namespace == namespace and (row := nodes.index.get(pod.node)) is not None]
+            if pod.namespace == namespace and not pod.terminating and (row := nodes.index.get(pod.node)) is not None]
     if rows:
         np.add.at(counts, np.asarray(rows, dtype=np.intp), 1)
     return counts
