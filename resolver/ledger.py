@@ -52,6 +52,11 @@ Key layout (one hash tag, so every script's keys are in one slot and it runs on 
     {hoss}:nominated               hash uid -> JSON (node, priority, deadline, request): room held for a preempting
                                    pod; new entries of lower priority must fit beside it (common.lua, Nominations)
     {hoss}:node:<name>:nominated   set of the uids nominated to the node
+    {hoss}:quotas                  set of the namespaces with an elastic quota (scheduler-plugins' ElasticQuota)
+    {hoss}:quota:ns:<ns>           hash min:<resource> / max:<resource> -> amount (base units)
+    {hoss}:nsused                  hash '<ns>/<resource>' -> sum of the requests of the namespace's entries
+    {hoss}:quota:sum:used, :sum:min  hash resource -> sum over the quota namespaces of used, of min
+                                   (see 'Elastic quotas' in common.lua: the rule every entry-creating script checks)
 """
 
 from __future__ import annotations
@@ -161,6 +166,60 @@ class Conflict:
 
     def __str__(self) -> str:
         return f"{self.resource} does not fit on node {self.node}: wanted {self.wanted}, free {self.free}"
+
+
+@dataclass(frozen=True)
+class QuotaExceeded(Conflict):
+    """The pod's namespace's elastic quota refuses it (on every node): `resource` is the whole message, e.g.
+    'quota team-a: nvidia.com/gpu 6 used + 2 requested > max 6'; `free` is what the quota leaves. A Conflict,
+    so code that knows only conflicts still refuses."""
+
+    @property
+    def namespace(self) -> str:
+        return self.resource.removeprefix("quota ").split(":", 1)[0]
+
+    def __str__(self) -> str:
+        return self.resource
+
+
+def _conflict(node: str, resource: str, wanted: int, free: int) -> Conflict:
+    if not node and resource.startswith("quota "):
+        return QuotaExceeded(node=node, resource=resource, wanted=wanted, free=free)
+    return Conflict(node=node, resource=resource, wanted=wanted, free=free)
+
+
+@dataclass(frozen=True)
+class ElasticQuota:
+    """A namespace's elastic quota as the ledger enforces it (base units; a resource missing from `max` is not
+    limited, one missing from `min` is guaranteed 0)."""
+
+    namespace: str
+    min: ResourceVector
+    max: ResourceVector
+
+
+@dataclass(frozen=True)
+class QuotaUse:
+    """An elastic quota and what its namespace's entries (assumed, admitted and bound) use now."""
+
+    quota: ElasticQuota
+    used: ResourceVector
+
+    @property
+    def borrowed(self) -> ResourceVector:
+        """What the namespace uses above its min, of the resources its quota names (in min or max)."""
+        named = self.quota.min.keys() | self.quota.max.keys()
+        return {r: a - self.quota.min.get(r, 0) for r, a in self.used.items()
+                if r in named and a > self.quota.min.get(r, 0)}
+
+
+@dataclass(frozen=True)
+class QuotaReport:
+    """Every elastic quota with its use, and the sums the borrowing rule compares (used <= min)."""
+
+    quotas: list[QuotaUse]
+    sum_min: ResourceVector
+    sum_used: ResourceVector
 
 
 @dataclass(frozen=True)
@@ -658,6 +717,27 @@ class Ledger:
         logger.info("rebuilt the ledger: %d nodes, %d bound pods, epoch %s", len(node_list), len(bound_list), epoch)
         return epoch
 
+    async def set_quotas(self, quotas: Iterable[ElasticQuota], *, deleted: Iterable[str] = (),
+                         replace: bool = False) -> int:
+        """Write elastic quotas (and drop those of the `deleted` namespaces); `replace`: `quotas` are all of them,
+        every other namespace loses its quota. Runs whether or not the ledger is ready. Returns how many
+        namespaces have a quota."""
+        args: list[str | int] = [1 if replace else 0]
+        items: list[str | int] = []
+        count = 0
+        for quota in quotas:
+            items.extend([quota.namespace, 1, *_vector_args(quota.min), *_vector_args(quota.max)])
+            count += 1
+        for namespace in deleted:
+            items.extend([namespace, 0, 0, 0])
+            count += 1
+        reply = await self._run("set_quotas", [*args, count, *items])
+        return int(_text(reply[1]))
+
+    async def quotas(self) -> QuotaReport:
+        """Every elastic quota with its namespace's use, read at one instant."""
+        return decode_quotas_reply(await self._run("quotas", []))
+
     async def mark_not_ready(self) -> None:
         """Make every write but rebuild refuse until the next rebuild (e.g. while the sync re-lists)."""
         await self._call(self._redis.delete(READY_KEY))
@@ -811,7 +891,7 @@ def _refusal(reply: Sequence[object]) -> Conflict | UnknownNode | LedgerNotReady
     cursor = _Cursor(reply)
     kind = cursor.text()
     if kind == "conflict":
-        return Conflict(node=cursor.text(), resource=cursor.text(), wanted=cursor.number(), free=cursor.number())
+        return _conflict(cursor.text(), cursor.text(), cursor.number(), cursor.number())
     if kind == "unknown_node":
         return UnknownNode(cursor.text())
     if kind == "not_ready":
@@ -894,6 +974,17 @@ def decode_entries_reply(reply: Sequence[object]) -> list[PodEntry]:
     return entries
 
 
+def decode_quotas_reply(reply: Sequence[object]) -> QuotaReport:
+    """The reply of quotas.lua."""
+    cursor = _Cursor(reply)
+    quotas = []
+    for _ in range(cursor.number()):
+        namespace = cursor.text()
+        quota = ElasticQuota(namespace=namespace, min=cursor.vector(), max=cursor.vector())
+        quotas.append(QuotaUse(quota=quota, used=cursor.vector()))
+    return QuotaReport(quotas=quotas, sum_min=cursor.vector(), sum_used=cursor.vector())
+
+
 def decode_batch_result(item: Sequence[object]) -> BatchResult:
     """One 5-item result of reserve_batch.lua."""
     kind, node = _text(item[0]), _text(item[1])
@@ -904,7 +995,7 @@ def decode_batch_result(item: Sequence[object]) -> BatchResult:
     if kind == "stale":
         return Stale(node)
     if kind == "conflict":
-        return Conflict(node=node, resource=_text(item[2]), wanted=int(_text(item[3])), free=int(_text(item[4])))
+        return _conflict(node, _text(item[2]), int(_text(item[3])), int(_text(item[4])))
     if kind == "unknown":
         return UnknownNode(node)
     raise LedgerUnavailable(f"unexpected reserve_batch result {list(item)!r}")

@@ -40,6 +40,7 @@ from resolver.errors import LedgerNotReadyError, LedgerUnavailable, NodeSpecErro
 from resolver.events import node_event, post_event
 from resolver.kube import InformerHandlers, Json, KubeError, raise_if_cancelled, request_json, run_informer
 from resolver.ledger import AdmittedEntry, BoundPod, Ledger, Overcommit, Placement
+from resolver.quotas import QuotaMirror, keep_status, watch_quotas
 from resolver.resources import (
     NODE_RESERVATION_ANNOTATION,
     ResourceVector,
@@ -212,7 +213,10 @@ class LedgerSync:
         audit_interval_seconds: float = 60.0,
     ) -> None:
         self.ledger = ledger
+        self.api = api
         self.core: Any = client.CoreV1Api(api)
+        self.quotas = QuotaMirror(ledger)
+        """the cluster's ElasticQuotas, written to the ledger as they change and whole before every rebuild"""
         self.pods = PodIndex()
         self.nodes: dict[str, NodeRecord] = {}
         self.stats = SyncStats()
@@ -260,9 +264,12 @@ class LedgerSync:
                 )
             )
             group.create_task(self._pod_flush_loop())
+            group.create_task(watch_quotas(self.api, self.quotas))
             await self._nodes_listed.wait()
             await self._pods_listed.wait()
+            await self.quotas.listed.wait()
             await self.rebuild()
+            group.create_task(keep_status(self.api, self.quotas))
             group.create_task(self._expire_loop())
             group.create_task(self._watchdog_loop())
             group.create_task(self._verify_loop())
@@ -273,6 +280,9 @@ class LedgerSync:
         async with self._lock:
             nodes = [(name, alloc, labels, spec) for name, (alloc, labels, spec) in self.nodes.items()]
             self._stamp = (await self.ledger.tick())[1]  # the rebuild leaves the stamp as it is
+            if self.quotas.listed.is_set():
+                # before the rebuild marks the ledger ready, so a Redis that lost its data enforces them at once
+                await self.ledger.set_quotas(self.quotas.quotas(), replace=True)
             epoch = await self.ledger.rebuild(nodes=nodes, bound=self.pods.bound())
             self._epoch = epoch
         self.stats.rebuilds += 1

@@ -66,6 +66,7 @@ from resolver.ledger import (
     Ledger,
     LedgerNotReady,
     NeedRequest,
+    QuotaExceeded,
     UnknownNode,
 )
 from resolver.redisclient import PipelinedRedis
@@ -94,6 +95,11 @@ def verdict_for(result: ConfirmResult, *, binding: admission.BindingRequest) -> 
             return admission.Verdict(allowed=True, reason="reserved")
         case Confirmed(foreign=True):
             return admission.Verdict(allowed=True, reason="fits")
+        case QuotaExceeded():
+            return admission.Verdict(
+                allowed=False, reason="quota", code=403,
+                message=f"hoss: {binding.pod_key} on node {binding.node} denied: {result}",
+            )
         case Conflict(node=node, resource=resource, wanted=wanted, free=free):
             return admission.Verdict(
                 allowed=False,

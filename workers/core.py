@@ -55,6 +55,7 @@ from resolver.ledger import (
     HeldElsewhere,
     Ledger,
     LedgerNotReady,
+    QuotaExceeded,
     Reserved,
     Stale,
     UnknownNode,
@@ -83,6 +84,12 @@ COUNTERS = ("bound", "conflicts", "denied", "unschedulable", "malformed", "retri
 
 CONFLICT_ROUNDS = 3
 """Batches in a row a pod may lose to conflicts before it backs off like an unschedulable pod."""
+
+
+
+def quota_message(refusal: QuotaExceeded) -> str:
+    """The FailedScheduling message of a pod its namespace's elastic quota refuses."""
+    return f"{refusal}."
 
 
 class Binder(Protocol):
@@ -525,6 +532,10 @@ class Worker:
                     self.count("stale")
                     # A newer version follows in our stream (keep the uid dispatched), or the pod is gone.
                     self._done(work, forget=marker == GONE)
+                case QuotaExceeded():
+                    # The namespace's elastic quota refuses the pod on every node: unschedulable, with the quota
+                    # named (scheduler-plugins' CapacityScheduling refuses it in PreFilter likewise).
+                    self._unschedulable(work, quota_message(result))
                 case Conflict(node=node):
                     self.count("conflicts")
                     conflicted.add(node)
@@ -636,6 +647,8 @@ class Worker:
                 # A member is bound already: the gang started before (members were recreated or re-sent).
                 self.count("gone")
                 self._done(work)
+            case QuotaExceeded():
+                self._unschedulable(work, quota_message(result))
             case Conflict(node=node):
                 self.count("conflicts")
                 await self._refresh_usage(sorted({m.node for m in members} | {node}))

@@ -362,6 +362,95 @@ local function inter_pod_stale(node, own_keys, pos)
   return nil
 end
 
+-- Elastic quotas (scheduler-plugins' ElasticQuota, one per namespace; written by the resolver's sync).
+--   {hoss}:quotas          set of the namespaces that have an ElasticQuota
+--   {hoss}:quota:ns:<ns>   hash 'min:<resource>' / 'max:<resource>' -> amount (a resource missing from max is
+--                          not limited; one missing from min is guaranteed 0)
+--   {hoss}:nsused          hash '<ns>/<resource>' -> sum of the requests of the namespace's entries (every
+--                          namespace, every state: assumed, admitted and bound all count, as kube-scheduler's
+--                          assumed pods do for CapacityScheduling)
+--   {hoss}:quota:sum:used  hash resource -> sum of nsused over the namespaces that have a quota
+--   {hoss}:quota:sum:min   hash resource -> sum of the quotas' min (only resources some quota names in min)
+-- The rule is CapacityScheduling's PreFilter: a new entry (or a growth) of amount a of resource r for a pod in
+-- namespace ns with a quota is refused when used(ns, r) + a > max(ns, r), or, for a resource some quota names
+-- in min, when sum over quota namespaces of used(r) + a > sum of min(r): tenants borrow only the guaranteed
+-- share other tenants leave idle, so every tenant can always get back to its min by reclaiming borrowed pods.
+-- Pods of namespaces without a quota are not limited and not counted in the sums.
+local QUOTAS = PREFIX .. ':quotas'
+local NS_USED = PREFIX .. ':nsused'
+local QUOTA_SUM_USED = PREFIX .. ':quota:sum:used'
+local QUOTA_SUM_MIN = PREFIX .. ':quota:sum:min'
+local function quota_key(ns)
+  return PREFIX .. ':quota:ns:' .. ns
+end
+
+local function namespace_of(pod)
+  return string.match(pod or '', '^([^/]*)/') or ''
+end
+
+local has_quota_cache = {}
+local function has_quota(ns)
+  if has_quota_cache[ns] == nil then
+    has_quota_cache[ns] = redis.call('SISMEMBER', QUOTAS, ns) == 1
+  end
+  return has_quota_cache[ns]
+end
+
+-- sign '' adds the request to the namespace's used totals, '-' takes it off.
+local function change_ns_used(pod, request, sign)
+  local ns = namespace_of(pod)
+  local quota = has_quota(ns)
+  for _, item in ipairs(request) do
+    if tonumber(item[2]) ~= 0 then
+      if redis.call('HINCRBY', NS_USED, ns .. '/' .. item[1], sign .. item[2]) == 0 then
+        redis.call('HDEL', NS_USED, ns .. '/' .. item[1])
+      end
+      if quota and redis.call('HINCRBY', QUOTA_SUM_USED, item[1], sign .. item[2]) == 0 then
+        redis.call('HDEL', QUOTA_SUM_USED, item[1])
+      end
+    end
+  end
+end
+
+-- The refusal of `request` for pod (namespace/name) by its namespace's quota, or nil. `back` is a request the
+-- call gives back in the same namespace (the pod's current entry it replaces); `extra` per resource what other
+-- placements of the same call add in that namespace (a gang). The refusal is a conflict on node '' whose
+-- resource field is the message, e.g. 'quota team-a: nvidia.com/gpu 6 used + 2 requested > max 6'.
+local function quota_conflict(pod, request, back, extra)
+  local ns = namespace_of(pod)
+  if not has_quota(ns) then
+    return nil
+  end
+  local given = {}
+  for _, item in ipairs(back or {}) do
+    given[item[1]] = (given[item[1]] or 0) + tonumber(item[2])
+  end
+  local key = quota_key(ns)
+  for _, item in ipairs(request) do
+    local resource = item[1]
+    local wanted = tonumber(item[2]) + ((extra or {})[resource] or 0)
+    local net = wanted - (given[resource] or 0)
+    if net > 0 then
+      local used = (tonumber(redis.call('HGET', NS_USED, ns .. '/' .. resource)) or 0) - (given[resource] or 0)
+      local max = tonumber(redis.call('HGET', key, 'max:' .. resource))
+      if max and used + wanted > max then
+        return {'conflict', '', 'quota ' .. ns .. ': ' .. resource .. ' ' .. int_str(used) .. ' used + '
+                .. int_str(wanted) .. ' requested > max ' .. int_str(max), wanted, max - used}
+      end
+      local min_sum = tonumber(redis.call('HGET', QUOTA_SUM_MIN, resource))
+      if min_sum then
+        local total = (tonumber(redis.call('HGET', QUOTA_SUM_USED, resource)) or 0) - (given[resource] or 0)
+        if total + wanted > min_sum then
+          return {'conflict', '', 'quota ' .. ns .. ': ' .. resource .. ' ' .. int_str(total)
+                  .. ' used by all quotas + ' .. int_str(wanted) .. ' requested > ' .. int_str(min_sum)
+                  .. ' guaranteed (sum of min)', wanted, min_sum - total}
+        end
+      end
+    end
+  end
+  return nil
+end
+
 -- Writes the entry of uid (which must not exist) and adds its request to the node's used totals and its host
 -- ports to the node's ports. deadline (ms) only for state 'assumed'; bound entries never expire. ports and meta
 -- ('' or nil: none) are kept in the entry; meta is published on the change stream for the workers' pod index.
@@ -393,11 +482,13 @@ local function hold(uid, pod, node, request, state, owner, deadline, ports, meta
   redis.call('HSET', pod_key(uid), unpack(fields))
   redis.call('SADD', node_key(node, state), uid)
   change_used(node, request, '')
+  change_ns_used(pod, request, '')
 end
 
 -- Removes an entry read by read_entry and gives its request back to its node.
 local function drop(entry)
   change_used(entry.node, entry.request, '-')
+  change_ns_used(entry.pod, entry.request, '-')
   change_ports(entry.node, entry.ports, -1)
   pod_event(entry.uid, entry.node, nil)
   domains_changed(entry.node, entry.meta, -1)

@@ -6,7 +6,8 @@
 -- An entry on this node confirms it: an assumed or admitted one becomes admitted (it no longer expires, moves or
 -- is released by its worker; the sync looks at it again after verify_after_ms), a bound one stays. No entry (a
 -- foreign scheduler's binding, a pod created on a node) is fit-checked (beside the room held for preempting pods of
--- at least its priority, read from its meta; see 'Nominations' in common.lua) and held as admitted for owner. An
+-- at least its priority, read from its meta; see 'Nominations' in common.lua; and against its namespace's
+-- elastic quota, see 'Elastic quotas') and held as admitted for owner. An
 -- entry elsewhere is refused. dry_run 1 (the apiserver's dryRun) gives the same answer and writes nothing.
 -- Reply: {'confirmed', node, foreign (0|1)} | {'conflict', ...} | {'unknown_node', node}
 --        | {'held_elsewhere', node, state} | {'need_request'} | NOT_READY
@@ -35,7 +36,9 @@ end
 if has_request == 0 then
   return {'need_request'}
 end
-local conflict = check_fit({p}) or nominated_conflict(p.node, p.uid, p.meta, p.request, nil)
+-- The quota first, as CapacityScheduling's PreFilter runs before any node filter.
+local conflict = quota_conflict(p.pod, p.request, nil, nil) or check_fit({p})
+  or nominated_conflict(p.node, p.uid, p.meta, p.request, nil)
 if conflict then
   return conflict
 end

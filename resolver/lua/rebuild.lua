@@ -37,6 +37,8 @@ for _, node in ipairs(redis.call('SMEMBERS', NODES)) do
   end
   remove_node(node)
 end
+-- Namespace totals are recomputed from the entries below (elastic quotas' definitions stay).
+redis.call('DEL', NS_USED, QUOTA_SUM_USED)
 
 for _, node in ipairs(nodes) do
   redis.call('SADD', NODES, node.name)

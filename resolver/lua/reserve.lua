@@ -2,6 +2,7 @@
 -- ARGV: prefix, owner, ttl_ms, count, then count placements (uid, pod, node, n, n resource/amount pairs,
 -- ports, meta). Host ports must be free on each node, counting the other placements of the call, and the room
 -- held there for preempting pods of at least the placement's priority must stay free.
+-- A member its namespace's elastic quota refuses answers {'conflict', '', 'quota <ns>: ...', wanted, left}.
 -- A port conflict answers {'conflict', node, 'hostPort <protocol>/<ip>/<port>', 1, 0}.
 -- Per placement: assumed on the same node -> refreshed (request and owner replaced); assumed on another node ->
 -- moved; bound or admitted (the webhook allowed its binding: it may be bound already) on the same node -> left
@@ -27,6 +28,23 @@ for _ = 1, next_number() do
   else
     p.current = entry
     table.insert(placements, p)
+  end
+end
+-- Elastic quotas first (CapacityScheduling's PreFilter): the members of a namespace count together (see
+-- 'Elastic quotas' in common.lua).
+local quota_adding = {}
+for _, p in ipairs(placements) do
+  local ns = namespace_of(p.pod)
+  local refusal = quota_conflict(p.pod, p.request, p.current and p.current.request, quota_adding[ns])
+  if refusal then
+    return refusal
+  end
+  quota_adding[ns] = quota_adding[ns] or {}
+  for _, item in ipairs(p.request) do
+    quota_adding[ns][item[1]] = (quota_adding[ns][item[1]] or 0) + tonumber(item[2])
+  end
+  for _, item in ipairs(p.current and p.current.request or {}) do
+    quota_adding[ns][item[1]] = (quota_adding[ns][item[1]] or 0) - tonumber(item[2])
   end
 end
 local conflict = check_fit(placements)

@@ -15,6 +15,9 @@
 --     (the decision may have counted that pod there: a spread count, a pod to be affine to)
 --                                                      -> conflict, its first candidate, resource 'inter-pod
 --                                                         batch'
+--   the pod's namespace has an elastic quota it would exceed (see 'Elastic quotas' in common.lua)
+--                                                      -> conflict, node '', resource 'quota <ns>: ...' (the
+--                                                         message), wanted, room left
 --   else the first candidate that is a node, fits, has the pod's host ports free, whose inter-pod domains
 --     did not change since the decision (see 'Inter-pod domains' in common.lua) and where the room held for
 --     preempting pods of at least the pod's priority (from its meta) stays free (see 'Nominations')
@@ -84,8 +87,9 @@ for _, item in ipairs(cjson.decode(next_arg())) do
   elseif refused_tentative and inter_pod_keys ~= '' and position ~= '' then
     answer('conflict', candidates[1] or '', 'inter-pod batch', 1, 0)
   else
-    local result = nil
-    for _, node in ipairs(candidates) do
+    -- The namespace's elastic quota (see 'Elastic quotas' in common.lua) is the same on every node.
+    local result = quota_conflict(pod, request, entry and entry.request, nil)
+    for _, node in ipairs(result and {} or candidates) do
       if redis.call('SISMEMBER', NODES, node) == 1 then
         local p = {uid = uid, pod = pod, node = node, request = request, current = entry}
         local consumed = reservation and reservation.node == node and reservation or nil

@@ -2,7 +2,7 @@
 -- spec and what the kubelet allocated, as kube-scheduler counts a pod being resized).
 -- ARGV: prefix, owner, verify_after_ms, dry_run (0|1), then one placement (uid, pod, node, n, n resource/amount
 -- pairs, ports, meta).
--- The pod's entry on node takes the new request when it fits (only growth is checked, counting what its current
+-- The pod's entry on node takes the new request when it fits (and its namespace's elastic quota allows the growth) (only growth is checked, counting what its current
 -- request gives back); its state stays. No entry (the sync has not seen the pod bound yet): fit-checked and held
 -- as admitted, as a foreign binding is. An entry on another node is refused. dry_run 1 writes nothing.
 -- Reply: {'confirmed', node, 0|1 (1: no entry before)} | {'conflict', ...} | {'unknown_node', node}
@@ -22,7 +22,7 @@ if entry and entry.node ~= p.node then
   return {'held_elsewhere', entry.node, entry.state}
 end
 p.current = entry
-local conflict = check_fit({p})
+local conflict = quota_conflict(p.pod, p.request, entry and entry.request, nil) or check_fit({p})
 if conflict then
   return conflict
 end
@@ -36,6 +36,7 @@ if not entry then
 end
 -- Replace the request in place: the entry keeps its state, owner, ports, meta and admission.
 change_used(entry.node, entry.request, '-')
+change_ns_used(entry.pod, entry.request, '-')
 local key = pod_key(entry.uid)
 for _, item in ipairs(entry.request) do
   redis.call('HDEL', key, 'r:' .. item[1])
@@ -44,5 +45,6 @@ for _, item in ipairs(p.request) do
   redis.call('HSET', key, 'r:' .. item[1], item[2])
 end
 change_used(entry.node, p.request, '')
+change_ns_used(entry.pod, p.request, '')
 publish()
 return {'confirmed', p.node, 0}

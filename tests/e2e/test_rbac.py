@@ -137,6 +137,12 @@ async def test_every_verb_granted_to_a_component_is_one_it_uses_and_none_is_refu
         {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup",
          "metadata": {"name": "rbac-pg", "namespace": namespace}, "spec": {"minMember": 2}},
     )
+    # An elastic quota the pods below stay within: the resolver's sync lists and watches it and writes its status.
+    await custom.create_namespaced_custom_object(
+        "scheduling.x-k8s.io", "v1alpha1", namespace, "elasticquotas",
+        {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "ElasticQuota",
+         "metadata": {"name": "rbac-eq", "namespace": namespace}, "spec": {"max": {"pods": 100}}},
+    )
     nodes = await cluster.create_nodes(2, prefix="rbac", capacity=CAPACITY)
     try:
         await cluster.wait_nodes_ready(nodes)
@@ -174,6 +180,14 @@ async def test_every_verb_granted_to_a_component_is_one_it_uses_and_none_is_refu
                 return status.get("scheduled") == 2, str(status)
 
             await wait_until(podgroup_status, timeout=60, what="the dispatcher to write the PodGroup's status")
+
+            async def quota_status() -> tuple[bool, str]:
+                quota = await custom.get_namespaced_custom_object(
+                    "scheduling.x-k8s.io", "v1alpha1", namespace, "elasticquotas", "rbac-eq")
+                used = (quota.get("status") or {}).get("used") or {}
+                return int(used.get("pods", 0)) > 0, str(used)
+
+            await wait_until(quota_status, timeout=60, what="the resolver to write the ElasticQuota's status.used")
             # Preemption: a high-priority pod evicts a low-priority one from a full node (PDBs listed, an eviction).
             await preempt_once(plane, cluster, namespace)
         # --access=kubernetes on the dispatcher, a resolver and a worker: TokenReview and SubjectAccessReview.
