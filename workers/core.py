@@ -134,7 +134,8 @@ class Worker:
         self.preemptor = None if rest is None else Preemptor(
             rest, Ledger(redis), record=self._record, component=f"hoss-worker/{settings.id}",
             hold_seconds=settings.preemption_hold_seconds)
-        """Preemption for unschedulable pods of priority > 0 (`workers.preempt`); None without an apiserver."""
+        """Preemption for unschedulable pods above the lowest placed priority (`workers.preempt`); None without an
+        apiserver."""
         self.queue = WorkQueue(redis)
         self.ledger = Ledger(redis)
         profiles, default = load_profiles(settings.policies_file)
@@ -473,7 +474,7 @@ class Worker:
                 self._failed(work, error)
                 continue
             if isinstance(decision, Unschedulable):
-                if self.preemptor is not None and eligible(pod):
+                if self.preemptor is not None and eligible(pod, self.nodes):
                     preempting.append((work, pod, profile, decision.message))
                 else:
                     self._unschedulable(work, decision.message)

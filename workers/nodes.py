@@ -247,6 +247,8 @@ class NodeTable:
         """label key -> value -> uids of the indexed pods with that label (narrows selector matching)."""
         self.anti_holders: dict[str, PlacedPod] = {}
         """The indexed pods that have required anti-affinity terms, by uid."""
+        self._priorities: dict[int, int] = {}
+        """spec.priority -> how many indexed pods have it (`lowest_priority`)."""
         self.score_holders: dict[str, PlacedPod] = {}
         """The indexed pods whose terms weigh in InterPodAffinity's score of others (`PlacedPod.scores_others`)."""
 
@@ -424,6 +426,7 @@ class NodeTable:
         self.remove_pod(pod.uid)
         self.pods[pod.uid] = pod
         self.pods_on.setdefault(pod.node, set()).add(pod.uid)
+        self._priorities[pod.priority] = self._priorities.get(pod.priority, 0) + 1
         for key, value in pod.labels.items():
             self._by_label.setdefault(key, {}).setdefault(value, set()).add(pod.uid)
         if pod.anti:
@@ -441,6 +444,10 @@ class NodeTable:
             return None
         self.anti_holders.pop(uid, None)
         self.score_holders.pop(uid, None)
+        if self._priorities.get(pod.priority, 0) > 1:
+            self._priorities[pod.priority] -= 1
+        else:
+            self._priorities.pop(pod.priority, None)
         for key, value in pod.labels.items():
             values = self._by_label.get(key, {})
             labelled = values.get(value)
@@ -474,6 +481,12 @@ class NodeTable:
         self._by_label.clear()
         self.anti_holders.clear()
         self.score_holders.clear()
+        self._priorities.clear()
+
+    def lowest_priority(self) -> int | None:
+        """The lowest spec.priority of the indexed pods (None without pods): whether any pod could be a victim
+        of a preemptor, in a few steps (the distinct priorities of a cluster are few)."""
+        return min(self._priorities) if self._priorities else None
 
     def pods_matching(self, selector: LabelSelector) -> list[PlacedPod]:
         """The indexed pods whose labels satisfy `selector` (narrowed by its first In or Exists requirement)."""

@@ -1,8 +1,9 @@
 """Preemption, as kube-scheduler's DefaultPreemption does it, for a pod that fits nowhere.
 
 The common path pays nothing: a worker calls this only for a pod it found unschedulable, that is no gang member
-and has ``spec.priority > 0`` (so the pods of a cluster without PriorityClasses never preempt; a pod of priority
-0 would only find victims of negative priority, which hoss does not look for).
+and has a priority above 0 or above the lowest in its pod index (a pod of priority 0 or below preempts pods of
+lower, negative priority, as in kube-scheduler; in a cluster without PriorityClasses every pod has 0 and none
+looks).
 
 The pure part (no I/O), kube-scheduler's rules over the worker's node table and pod index:
 
@@ -243,9 +244,14 @@ def preemption_policy(raw: Mapping[str, object]) -> str:
     return policy if isinstance(policy, str) and policy else "PreemptLowerPriority"
 
 
-def eligible(pod: PodView) -> bool:
-    """Whether the worker should look at preemption at all for this unschedulable pod (cheap, no I/O)."""
-    return pod.priority > 0
+def eligible(pod: PodView, table: NodeTable) -> bool:
+    """Whether the worker should look at preemption at all for this unschedulable pod (cheap, no I/O): a positive
+    priority, or some placed pod of strictly lower priority whatever the sign (kube-scheduler lets any pod preempt
+    pods of lower priority; in a cluster without PriorityClasses every pod has 0 and none looks)."""
+    if pod.priority > 0:
+        return True  # also to say why none was made, as kube-scheduler's message does
+    lowest = table.lowest_priority()
+    return lowest is not None and lowest < pod.priority
 
 
 @dataclass

@@ -17,6 +17,7 @@ from workers.preempt import (
     Budget,
     Candidate,
     candidates,
+    eligible,
     parse_budget,
     pick,
     preemption_policy,
@@ -162,3 +163,31 @@ def test_preemption_policy_is_read_from_the_spec() -> None:
     never = raw_pod("p")
     never["spec"]["preemptionPolicy"] = "Never"
     assert preemption_policy(never) == "Never"
+
+
+def test_a_pod_of_priority_zero_or_below_preempts_pods_of_strictly_lower_negative_priority(profile: Profile) -> None:
+    nodes = table(raw_node("n1", NODE), raw_node("n2", NODE))
+    place(nodes, "zero", "n1", cpu=4000, priority=0)
+    place(nodes, "batch", "n2", cpu=4000, priority=-10)
+    default = preemptor("2", priority=0)
+    assert eligible(default, nodes), "a pod of -10 is placed: a pod of 0 may preempt"
+    found = candidates(profile, default, nodes, [])
+    assert [(c.node, names(c)) for c in found] == [("n2", ["batch"])], "never its peer of equal priority 0"
+    below = preemptor("2", priority=-20)
+    assert not eligible(below, nodes) and candidates(profile, below, nodes, []) == []
+    # a negative preemptor still preempts what is lower still
+    place(nodes, "scavenger", "n1", cpu=0, priority=-100)
+    assert eligible(preemptor("2", priority=-50), nodes)
+
+
+def test_pods_of_priority_zero_do_not_look_at_preemption_when_nothing_placed_is_lower(profile: Profile) -> None:
+    nodes = table(raw_node("n1", NODE))
+    assert not eligible(preemptor("2", priority=0), nodes), "no pod placed"
+    zero = place(nodes, "zero", "n1", cpu=4000, priority=0)
+    assert not eligible(preemptor("2", priority=0), nodes), "the cluster without PriorityClasses: every pod is 0"
+    assert eligible(preemptor("2", priority=1), nodes)
+    place(nodes, "low", "n1", cpu=0, priority=-1)
+    assert eligible(preemptor("2", priority=0), nodes)
+    nodes.remove_pod("uid-low")
+    assert not eligible(preemptor("2", priority=0), nodes), "the index forgets a priority once its last pod left"
+    assert zero.priority == 0
