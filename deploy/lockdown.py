@@ -43,7 +43,7 @@ _LEDGER_SCRIPT_COMMANDS = (
 )
 """What the ledger's Lua scripts (resolver/lua) call; Redis checks a script's commands against its caller's ACL
 (tests/unit/test_redis_acl.py checks that this lists every command the scripts call)."""
-_CONNECTION_COMMANDS = "+ping +hello +client|setname +select +evalsha +script|load +multi +exec +discard"
+_CONNECTION_COMMANDS = "+ping +hello +client|setname +select +evalsha +evalsha_ro +script|load +multi +exec +discard"
 """Every component's connection set-up and script calls (redis-py also sends CLIENT SETINFO, on Redis >= 7.2)."""
 _LEDGER_KEYS = ("ready", "epoch", "nodes", "node:*", "pod:*", "assumed", "changes", "ipa:*", "nominated", "stats",
                 "verify", "quotas", "quota:*", "nsused")
@@ -56,12 +56,11 @@ def _writes(keys: Sequence[str]) -> list[str]:
 
 
 REDIS_ACL: dict[str, str] = {
-    # Work streams, worker registry, dispatched map and podver; reads the ledger (snapshot) and resolver stats.
-    # `ready` is writable only because Redis counts a script's declared keys (EVALSHA ... {hoss}:ready) as written;
-    # the snapshot script it runs only reads it. `nominated`: a preemptor that left the pending set gives up its
-    # held room (the mark-gone script).
+    # Work streams, worker registry, dispatched map and podver; reads the ledger (the snapshot script, run with
+    # EVALSHA_RO so its declared key {hoss}:ready counts as read) and resolver stats. `nominated`: a preemptor that
+    # left the pending set gives up its held room (the mark-gone script).
     "hoss-dispatcher": " ".join([
-        "resetkeys %R~{hoss}:*", *_writes((*_QUEUE_KEYS, "ready", "nominated")), "resetchannels -@all",
+        "resetkeys %R~{hoss}:*", *_writes((*_QUEUE_KEYS, "nominated")), "resetchannels -@all",
         _CONNECTION_COMMANDS,
         "+xadd +xrange +xlen +xreadgroup +xinfo|groups +xgroup|create +xack +xdel +hset +hget +hdel +hgetall +hmget",
         "+sadd +srem +smembers +scard +sismember +del +exists +get +pexpire +scan +time +xrevrange",

@@ -62,6 +62,7 @@ Key layout (one hash tag, so every script's keys are in one slot and it runs on 
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.resources
 import logging
 import secrets
@@ -73,7 +74,7 @@ from typing import Any, Final, Literal, Self
 import orjson
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from resolver.errors import LedgerNotReadyError, LedgerUnavailable
 from resolver.resources import MAX_UNITS, ResourceVector
@@ -419,7 +420,7 @@ class Ledger:
     def __init__(self, client: Redis, *, owns_client: bool = False) -> None:
         self._redis = client
         self._owns_client = owns_client
-        self._scripts: dict[str, AsyncScript] = {}
+        self._scripts: dict[str, AsyncScript | _ReadOnlyScript] = {}
 
     @classmethod
     def from_url(cls, url: str) -> Ledger:
@@ -810,7 +811,11 @@ class Ledger:
     async def _run(self, name: str, args: Sequence[str | int]) -> list[Any]:
         script = self._scripts.get(name)
         if script is None:
-            script = self._scripts[name] = self._redis.register_script(_script_source(name))
+            source = _script_source(name)
+            script = self._scripts[name] = (
+                _ReadOnlyScript(self._redis, source) if name in READ_ONLY_SCRIPTS
+                else self._redis.register_script(source)
+            )
         reply = await self._call(script(keys=[READY_KEY], args=[KEY_PREFIX, *args]))
         if not isinstance(reply, list):
             raise LedgerUnavailable(f"ledger script {name} replied {reply!r}, expected a list")
@@ -848,6 +853,40 @@ def _vector_args(vector: Mapping[str, int]) -> list[str | int]:
 def _placement_args(placement: Placement) -> list[str | int]:
     return [placement.uid, placement.pod, placement.node, *_vector_args(placement.request), placement.ports,
             placement.meta]
+
+
+READ_ONLY_SCRIPTS: Final = frozenset({"snapshot", "entries", "load", "nominations"})
+"""The scripts that only read; they run with EVALSHA_RO."""
+
+
+class _ReadOnlyScript:
+    """A script run with EVALSHA_RO (Redis 7.0): Redis refuses any write it attempts and counts the keys it declares
+    ({hoss}:ready) as read, so a user that may only read the ledger (the dispatcher's) can run it. Plain EVALSHA
+    counts declared keys as written, whatever the script does.
+
+    A server that does not know EVALSHA_RO (Redis before 7.0, or fakeredis in unit tests) gets plain EVALSHA; the
+    ACL still decides there (a read-only user is refused with NOPERM), so nothing is opened by it."""
+
+    def __init__(self, client: Redis, source: str) -> None:
+        self._client = client
+        self._source = source
+        self._sha = hashlib.sha1(source.encode()).hexdigest()  # Redis names scripts by their SHA-1
+        self._plain: AsyncScript | None = None
+
+    async def __call__(self, keys: Sequence[str], args: Sequence[str | int]) -> Any:
+        if self._plain is not None:
+            return await self._plain(keys=keys, args=args)
+        try:
+            return await self._client.evalsha_ro(self._sha, len(keys), *keys, *args)
+        except NoScriptError:
+            await self._client.script_load(self._source)
+            return await self._client.evalsha_ro(self._sha, len(keys), *keys, *args)
+        except ResponseError as error:
+            if not str(error).lower().startswith("unknown command"):
+                raise
+            logger.warning("Redis has no EVALSHA_RO (before 7.0): read-only ledger scripts run with EVALSHA")
+            self._plain = self._client.register_script(self._source)
+            return await self._plain(keys=keys, args=args)
 
 
 @functools.cache

@@ -12,7 +12,8 @@ password`` first on every new connection; ``rediss://`` connects over TLS with t
 `PipelinedRedis._ssl_context`).
 
 `PipelinedRedis` offers exactly what `resolver.ledger.Ledger` uses of its client for the webhook's operations:
-``register_script`` (EVALSHA, loading the script on NOSCRIPT), ``exists``, ``get``, ``delete`` and ``aclose``.
+``register_script`` (EVALSHA, loading the script on NOSCRIPT), ``evalsha_ro`` and ``script_load`` (read-only
+scripts), ``exists``, ``get``, ``delete`` and ``aclose``.
 Errors are redis-py's (ConnectionError, TimeoutError, ResponseError, NoScriptError), so the ledger turns them into
 LedgerUnavailable as it does for redis-py's. There is no per-call timeout: callers bound their calls (the webhook
 uses asyncio.timeout); a call cancelled that way leaves its reply to be read and dropped. A lost connection fails
@@ -109,6 +110,12 @@ class PipelinedRedis:
 
     def register_script(self, source: str) -> _Script:
         return _Script(self, source)
+
+    async def evalsha_ro(self, sha: str, numkeys: int, *keys_and_args: Any) -> Any:
+        return await self.execute("EVALSHA_RO", sha, numkeys, *keys_and_args)
+
+    async def script_load(self, source: str) -> str:
+        return str(await self.execute("SCRIPT", "LOAD", source))
 
     async def exists(self, *keys: str) -> int:
         return int(await self.execute("EXISTS", *keys))

@@ -4,6 +4,7 @@ workers; the resolver's pipelined client for the webhook) connecting with a ``re
 
 from __future__ import annotations
 
+import importlib.resources
 import shutil
 import subprocess
 import time
@@ -18,8 +19,10 @@ import redis
 import redis.asyncio
 from redis.exceptions import AuthenticationError, ConnectionError, NoPermissionError, ResponseError
 
+from deploy import lockdown
 from deploy.local import pki
-from resolver.ledger import Ledger
+from deploy.local.plane import _redis_version
+from resolver.ledger import KEY_PREFIX, READY_KEY, Ledger
 from resolver.redisclient import PipelinedRedis
 from resolver.settings import ResolverSettings, SettingsError, load_settings
 from resolver.webhook import ledger_redis
@@ -145,3 +148,91 @@ def test_a_missing_tls_file_in_the_redis_url_stops_start_up_naming_it(tmp_path: 
         load_settings(ResolverSettings, ["--tls-cert-file=c", "--tls-key-file=k",
                                          f"--redis-url=redis://h:6379/0?ssl_certfile={missing}"],
                       prog="hoss-resolver", description="")
+
+
+@pytest.fixture(scope="module")
+def hoss_acl_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """A real redis-server loading the ACL file hoss deploys (deploy.lockdown.redis_acl: one user per component,
+    the default user off); the Redis URL of each component."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.fail("redis-server is not on PATH; `make deps` installs it (Debian package redis-server)")
+    workdir = tmp_path_factory.mktemp("redis-acl")
+    passwords = lockdown.new_passwords((*lockdown.COMPONENTS, "admin"))
+    acl = workdir / "users.acl"
+    acl.write_text(lockdown.redis_acl(passwords, admin=True, client_setinfo=_redis_version(binary) >= (7, 2)))
+    port = _free_loopback_port()
+    log = workdir / "redis.log"
+    process = subprocess.Popen(
+        [binary, "--bind", "127.0.0.1", "--port", str(port), "--aclfile", str(acl), "--save", "", "--appendonly",
+         "no", "--dir", str(workdir), "--logfile", str(log)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+    )
+    urls = {user: f"redis://{user}:{password}@127.0.0.1:{port}/0" for user, password in passwords.items()}
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            if process.poll() is not None:
+                pytest.fail(f"redis-server (ACL) exited with {process.returncode}:\n{log.read_text()}")
+            try:
+                with redis.Redis.from_url(urls["admin"], socket_connect_timeout=0.5) as probe:
+                    probe.ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"redis-server (ACL) did not answer within 10s:\n{log.read_text()}")
+                time.sleep(0.05)
+        yield urls
+    finally:
+        _stop(process)
+
+
+async def test_the_dispatcher_reads_the_ledger_but_cannot_write_the_ready_flag(hoss_acl_redis: dict[str, str]) -> None:
+    """The dispatcher's user may only read the ledger: its snapshot runs (EVALSHA_RO), but writing {hoss}:ready
+    (which would make the webhook deny every binding) gets NOPERM, and so does the same script through plain
+    EVALSHA, which Redis counts as writing its declared keys."""
+    async with Ledger.from_url(hoss_acl_redis["hoss-resolver"]) as resolver:
+        await resolver.rebuild(nodes=[("n1", {"cpu": 2000, "pods": 10}, {"zone": "a"})], bound=[])
+    dispatcher = redis.asyncio.Redis.from_url(hoss_acl_redis["hoss-dispatcher"], decode_responses=True)
+    try:
+        ledger = Ledger(dispatcher)
+        snapshot = await ledger.snapshot()
+        assert snapshot.ready and set(snapshot.nodes) == {"n1"}
+        assert snapshot.nodes["n1"].alloc["cpu"] == 2000
+        assert await ledger.entries() == []
+        for write in (dispatcher.set(READY_KEY, "0"), dispatcher.delete(READY_KEY), dispatcher.expire(READY_KEY, 1)):
+            with pytest.raises(NoPermissionError):
+                await write
+        source = (importlib.resources.files("resolver") / "lua" / "common.lua").read_text() + "\n" + (
+            importlib.resources.files("resolver") / "lua" / "snapshot.lua").read_text()
+        sha = await dispatcher.script_load(source)
+        with pytest.raises(NoPermissionError, match="key"):
+            await dispatcher.evalsha(sha, 1, READY_KEY, KEY_PREFIX, 0)
+        # What it does write still works: the work queues' keys.
+        await dispatcher.hset(f"{KEY_PREFIX}:dispatched", "uid-1", "worker-1")
+        assert await dispatcher.hget(f"{KEY_PREFIX}:dispatched", "uid-1") == "worker-1"
+    finally:
+        await dispatcher.aclose()
+    async with redis.asyncio.Redis.from_url(hoss_acl_redis["admin"], decode_responses=True) as admin:
+        assert await admin.get(READY_KEY) is not None, "the ready flag must have survived the dispatcher's attempts"
+
+
+async def test_read_only_scripts_run_for_every_component_and_cannot_write(hoss_acl_redis: dict[str, str]) -> None:
+    """Workers and the resolver's pipelined client run the read-only scripts too (EVALSHA_RO, loading them on
+    NOSCRIPT); Redis refuses a write from a script run that way, whoever runs it."""
+    async with redis.asyncio.Redis.from_url(hoss_acl_redis["admin"]) as admin:
+        await admin.script_flush()
+    async with Ledger.from_url(hoss_acl_redis["hoss-resolver"]) as resolver:
+        await resolver.rebuild(nodes=[("n1", {"cpu": 2000, "pods": 10}, {})], bound=[])
+    async with Ledger.from_url(hoss_acl_redis["hoss-worker"]) as worker:
+        loaded = await worker.load()
+        assert loaded.ready and set(loaded.nodes) == {"n1"}
+        assert await worker.nominations() == {}
+    review = Ledger(cast(redis.asyncio.Redis, PipelinedRedis(hoss_acl_redis["hoss-resolver"])), owns_client=True)
+    try:
+        assert (await review.snapshot()).ready
+    finally:
+        await review.close()
+    async with redis.asyncio.Redis.from_url(hoss_acl_redis["admin"]) as admin:
+        with pytest.raises(ResponseError, match=r"[Ww]rite commands are not allowed"):
+            await admin.eval_ro("return redis.call('SET', KEYS[1], '0')", 1, READY_KEY)
