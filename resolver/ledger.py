@@ -855,7 +855,7 @@ def _placement_args(placement: Placement) -> list[str | int]:
             placement.meta]
 
 
-READ_ONLY_SCRIPTS: Final = frozenset({"snapshot", "entries", "load", "nominations"})
+READ_ONLY_SCRIPTS: Final = frozenset({"snapshot", "entries", "load", "nominations", "quotas"})
 """The scripts that only read; they run with EVALSHA_RO."""
 
 

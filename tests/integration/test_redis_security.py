@@ -228,6 +228,7 @@ async def test_read_only_scripts_run_for_every_component_and_cannot_write(hoss_a
         loaded = await worker.load()
         assert loaded.ready and set(loaded.nodes) == {"n1"}
         assert await worker.nominations() == {}
+        assert (await worker.quotas()).quotas == []
     review = Ledger(cast(redis.asyncio.Redis, PipelinedRedis(hoss_acl_redis["hoss-resolver"])), owns_client=True)
     try:
         assert (await review.snapshot()).ready
