@@ -26,7 +26,8 @@ Json = dict[str, Any]
 COMPACT_VERSION = 1
 """Bumped when the compact shape changes; a reader refuses a version it does not know."""
 
-_POD_METADATA = ("uid", "namespace", "name", "labels", "annotations", "creationTimestamp", "generation")
+_POD_METADATA = ("uid", "namespace", "name", "labels", "annotations", "creationTimestamp", "generation",
+                 "ownerReferences")
 _POD_SPEC = (
     "schedulerName", "nodeName", "nodeSelector", "affinity", "tolerations", "priority", "priorityClassName",
     "preemptionPolicy", "topologySpreadConstraints", "schedulingGates", "overhead", "resources", "hostNetwork",
@@ -265,6 +266,17 @@ def host_ports(pod: Mapping[str, Any]) -> list[str]:
     return ports
 
 
+def controller_uid(pod: Mapping[str, Any]) -> str:
+    """The uid of the pod's controller (the ownerReference with ``controller: true``), or ''."""
+    metadata = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
+    assert isinstance(metadata, dict)
+    owners = metadata.get("ownerReferences")
+    for ref in owners if isinstance(owners, list) else []:
+        if isinstance(ref, dict) and ref.get("controller") is True and isinstance(ref.get("uid"), str):
+            return str(ref["uid"])
+    return ""
+
+
 def pod_meta(pod: Mapping[str, Any], *, request: Mapping[str, int] | None = None) -> tuple[str, str]:
     """What the ledger keeps of a placed pod beyond its request: its host ports as the reserve scripts check them
     ('TCP/0.0.0.0/80,UDP/10.0.0.1/53', '' for none), and its meta for the workers' pod index (JSON: namespace,
@@ -273,7 +285,8 @@ def pod_meta(pod: Mapping[str, Any], *, request: Mapping[str, int] | None = None
     when 0), the effective `request` when given, metadata.creationTimestamp, and ``terminating`` when
     metadata.deletionTimestamp is set) -- what NodePorts,
     InterPodAffinity, PodTopologySpread and DefaultPreemption read of the pods already on a node. The scripts read
-    the priority too: room held for a preempting pod is kept from pods of lower priority."""
+    the priority too: room held for a preempting pod is kept from pods of lower priority; and ``owner``, the
+    controller's uid, by which a replacement pod claims the room the rescheduler held for the pod it replaces."""
     metadata = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
     assert isinstance(metadata, dict)
     labels = metadata.get("labels")
@@ -296,6 +309,9 @@ def pod_meta(pod: Mapping[str, Any], *, request: Mapping[str, int] | None = None
         meta["created"] = metadata["creationTimestamp"]
     if metadata.get("deletionTimestamp"):
         meta["terminating"] = True  # PodTopologySpread counts no terminating pod (InterPodAffinity still does)
+    owner = controller_uid(pod)
+    if owner:
+        meta["owner"] = owner  # the rescheduler's hold for a moved pod is claimed by its replacement's controller
     affinity = spec.get("affinity") if isinstance(spec.get("affinity"), dict) else {}
     assert isinstance(affinity, dict)
     anti = affinity.get("podAntiAffinity") if isinstance(affinity.get("podAntiAffinity"), dict) else {}

@@ -300,6 +300,28 @@ class Nomination:
     node: str
     priority: int
     request: ResourceVector
+    owner: str = ""
+    """For the rescheduler's hold of a moved pod's room: the controller whose replacement pod claims it."""
+    pin: bool = False
+    """A rescheduler's hold (`Ledger.hold_moves`): workers steer the pod it is for onto its node."""
+
+
+MOVE_PRIORITY: Final = 2**31
+"""Priority of the rescheduler's holds: above every pod's (system-node-critical is 2,000,001,000), so no other
+pod and no foreign binding takes held room."""
+
+
+@dataclass(frozen=True)
+class MoveHold:
+    """Room the rescheduler holds before it evicts: for the pending pod (`key` its uid, `owner` ''), or for the
+    replacement of a moved pod (`key` 'move/<uid>', `owner` its controller's uid). `freeing`: what the plan's
+    evictions free on `node` (the hold may count it)."""
+
+    key: str
+    node: str
+    request: ResourceVector
+    owner: str = ""
+    freeing: ResourceVector = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -526,6 +548,25 @@ class Ledger:
     async def unnominate(self, uid: str) -> bool:
         """End the nomination of `uid`; False when it had none."""
         return int(_ready_or_raise(await self._run("unnominate", [uid]))[1]) == 1
+
+    async def hold_moves(self, holds: Sequence[MoveHold], *, ttl_seconds: float,
+                         priority: int = MOVE_PRIORITY) -> Conflict | UnknownNode | str | None:
+        """Hold every room of a move plan for `ttl_seconds`, all or nothing (resolver/lua/hold_moves.lua).
+
+        None when held; a Conflict or UnknownNode naming the first hold that does not fit; or the node of a
+        pending pod that already holds an entry."""
+        payload = orjson.dumps([[h.key, h.node, h.owner, [x for r, a in h.request.items() for x in (r, str(a))],
+                                 {r: str(a) for r, a in h.freeing.items()}] for h in holds]).decode()
+        reply = _ready_or_raise(await self._run("hold_moves", [_ttl_ms(ttl_seconds), int(priority), payload]))
+        kind = _text(reply[0])
+        if kind == "held":
+            return None
+        if kind == "placed":
+            return _text(reply[2])
+        refusal = _refusal(reply)
+        if isinstance(refusal, Conflict | UnknownNode):
+            return refusal
+        raise LedgerUnavailable(f"unexpected hold_moves reply {reply!r}")
 
     async def nominations(self) -> dict[str, Nomination]:
         """The nominations in force, by uid."""
@@ -1062,7 +1103,8 @@ def decode_nominations(flat: Sequence[object]) -> dict[str, Nomination]:
             value = orjson.loads(_text(flat[i + 1]))
             request = {str(k): int(v) for k, v in dict(value.get("request") or {}).items()}
             result[uid] = Nomination(uid=uid, node=str(value["node"]), priority=int(value.get("priority") or 0),
-                                     request=request)
+                                     request=request, owner=str(value.get("owner") or ""),
+                                     pin=bool(value.get("pin")))
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
             logger.warning("nomination of %s is unreadable: %r", uid, flat[i + 1])
     return result

@@ -563,6 +563,10 @@ class Worker:
                 self.http = aiohttp.ClientSession()
             return await decide_with_extenders(profile, pod, work.raw, self.nodes, rng=self.rng, top=top,
                                                session=self.http)
+        if self.feed.holds:
+            held = self.feed.held_nodes(pod.uid, compact.controller_uid(work.raw))
+            if held:
+                return self._decide_held(profile, pod, held)
         key = signature(work)
         cached = shared.get(key)
         if cached is not None and len(cached[0].feasible) == len(self.nodes):
@@ -575,6 +579,18 @@ class Worker:
         shared[key] = (evaluation, set())
         self.metric_batch.labels("full").inc()
         return choose(evaluation, self.nodes, rng=self.rng, top=top)
+
+    def _decide_held(self, profile: Profile, pod: PodView, held: Sequence[str]) -> Placement | Unschedulable:
+        """A pod the rescheduler holds room for (it made room for it, or it replaces a pod it moved) goes onto a
+        node of its hold, as kube-scheduler tries a nominated node first; until the room is free there (the moved
+        pods are still leaving), it waits, so that it does not take room elsewhere and undo the plan."""
+        evaluation = evaluate(profile, pod, self.nodes)
+        allowed = np.array([name in held for name in self.nodes.names], dtype=bool)
+        others = int(np.count_nonzero(evaluation.feasible & ~allowed))
+        restricted = evaluation.restricted(
+            allowed, {f"node(s) were not where hoss-rescheduler holds room for the pod ({', '.join(held)})": others}
+            if others else None)
+        return choose(restricted, self.nodes, rng=self.rng, top=self.settings.candidates)
 
     async def _refresh_usage(self, names: Sequence[str]) -> None:
         usage = await self.ledger.node_usage(names)

@@ -13,6 +13,9 @@ the latest entry is the ledger's truth at that moment.
 The feed also keeps the table's pod index (`NodeTable.pods`: which pods run or are reserved on each node, with
 their namespace, labels and host ports): the load brings every entry, and each ``u`` entry says which pods the
 call placed (``p:<uid>``) or removed (``x:<uid>``). NodePorts, InterPodAffinity and PodTopologySpread read it.
+
+And the rescheduler's holds (``h`` entries, `holds`): a pod the rescheduler made room for, or the replacement of a
+pod it moved, is steered onto the node where its room is held (`held_nodes`; see rescheduler/execute.py).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from collections.abc import Callable
 
 from resolver import compact
 from resolver.errors import LedgerUnavailable, ResolverError
-from resolver.ledger import Change, Ledger, parse_used
+from resolver.ledger import Change, Ledger, Nomination, decode_nominations, parse_used
 from workers.nodes import NodeTable, parse_placed
 
 log = logging.getLogger(__name__)
@@ -48,6 +51,9 @@ class NodeFeed:
         """Called when some node gained room or a node appeared (pods waiting for room may now fit)."""
         self.position = "0-0"
         self.epoch: str | None = None
+        self.holds: dict[str, Nomination] = {}
+        """The rescheduler's holds in force (``h`` entries; `Ledger.hold_moves`), by key: the pod each is for is
+        steered onto its node (`held_node`)."""
         self.loaded = asyncio.Event()
         self.reloads = 0
         self.applied = 0
@@ -74,6 +80,8 @@ class NodeFeed:
             self.table.place_pod(parse_placed(uid, node, meta))
         self.position = snapshot.last_change
         self.epoch = snapshot.epoch
+        # Read after the load: a hold that changed in between is in the stream after this position as well.
+        self.holds = {key: hold for key, hold in (await self.ledger.nominations()).items() if hold.pin}
         self.reloads += 1
         self.loaded.set()
         if self.on_room is not None:
@@ -119,9 +127,28 @@ class NodeFeed:
                         self.table.remove_node(name)
                 elif change.kind == "d":
                     self.table.remove_node(name)
+                elif change.kind == "h":
+                    self._hold(name, value)
         if room and self.on_room is not None:
             self.on_room()
         return False
+
+    def _hold(self, key: str, raw: str) -> None:
+        if not raw:
+            self.holds.pop(key, None)
+            return
+        for hold in decode_nominations([key, raw]).values():
+            self.holds[key] = hold
+
+    def held_nodes(self, uid: str, owner: str) -> list[str]:
+        """The nodes where the rescheduler holds room for this pod: its own hold (by uid), else the holds its
+        controller's replacement pods may claim (by owner). Empty: none."""
+        own = self.holds.get(uid)
+        if own is not None:
+            return [own.node]
+        if not owner:
+            return []
+        return sorted({hold.node for hold in self.holds.values() if hold.owner == owner})
 
     async def step(self) -> None:
         """Read and apply what the stream holds after our position (waiting briefly for it)."""

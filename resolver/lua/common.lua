@@ -705,6 +705,12 @@ local function read_nomination(uid)
   return value
 end
 
+-- A rescheduler's hold (field pin) is announced on the change stream ('h' entries: uid -> the nomination's
+-- JSON, or '' once it ended), so that workers steer the pod it is for onto its node (workers/feed.py).
+local function announce_hold(uid, raw)
+  add_change({'t', 'h', uid, raw})
+end
+
 local function drop_nomination(uid)
   local nomination = read_nomination(uid)
   if not nomination then
@@ -713,6 +719,9 @@ local function drop_nomination(uid)
   redis.call('HDEL', NOMINATED, uid)
   if type(nomination.node) == 'string' and nomination.node ~= '' then
     redis.call('SREM', node_key(nomination.node, 'nominated'), uid)
+  end
+  if nomination.pin then
+    announce_hold(uid, '')
   end
   return true
 end
@@ -729,14 +738,42 @@ local function meta_priority(meta)
   return 0
 end
 
+-- The controller a placement's meta names (`resolver.compact.pod_meta` field owner: its controller's uid), or ''.
+local function meta_owner(meta)
+  if not meta or meta == '' or not string.find(meta, '"owner"', 1, true) then
+    return ''
+  end
+  local ok, value = pcall(cjson.decode, meta)
+  if ok and type(value) == 'table' and type(value.owner) == 'string' then
+    return value.owner
+  end
+  return ''
+end
+
+-- Whether a rescheduler's hold for pods of `owner` covers `request` (the replacement of a moved pod: same
+-- controller, a request no larger than the hold's).
+local function claims(nomination, owner, request)
+  if owner == '' or nomination.owner ~= owner or type(nomination.request) ~= 'table' then
+    return false
+  end
+  for _, item in ipairs(request or {}) do
+    if tonumber(item[2]) > (tonumber(nomination.request[item[1]]) or 0) then
+      return false
+    end
+  end
+  return true
+end
+
 -- Per resource, the room held on node for nominated pods other than uid with priority >= priority; drops the
--- expired nominations it meets.
-local function held_for_others(node, uid, priority)
+-- expired nominations it meets. One rescheduler's hold that a pod of `owner` with `request` may claim (see
+-- claims) is not counted: its uid is returned second.
+local function held_for_others(node, uid, priority, owner, request)
   local held = {}
+  local claim = nil
   local key = node_key(node, 'nominated')
   local uids = redis.call('SMEMBERS', key)
   if #uids == 0 then
-    return held
+    return held, claim
   end
   local now = now_ms()
   for _, other in ipairs(uids) do
@@ -746,7 +783,12 @@ local function held_for_others(node, uid, priority)
         redis.call('SREM', key, other)
         if nomination and nomination.node == node then
           redis.call('HDEL', NOMINATED, other)
+          if nomination.pin then
+            announce_hold(other, '')
+          end
         end
+      elseif claim == nil and claims(nomination, owner or '', request) then
+        claim = other
       elseif (tonumber(nomination.priority) or 0) >= priority then
         for resource, amount in pairs(type(nomination.request) == 'table' and nomination.request or {}) do
           held[resource] = (held[resource] or 0) + (tonumber(amount) or 0)
@@ -754,20 +796,32 @@ local function held_for_others(node, uid, priority)
       end
     end
   end
-  return held
+  return held, claim
+end
+
+-- The rescheduler's hold the last successful nominated_conflict let its pod claim (nil: none); the caller ends
+-- it once the pod holds its entry there (consume_claim).
+local move_claim = nil
+
+local function consume_claim(claim)
+  if claim then
+    drop_nomination(claim)
+  end
 end
 
 -- A conflict when `request` (of pod uid with that meta; `current` its entry, whose request on this node is given
 -- back) does not fit on node beside the room held there for others (see above), or nil. `extra`, when given,
 -- is what other placements of the same call add to node (per resource).
 local function nominated_conflict(node, uid, meta, request, current, extra)
+  move_claim = nil
   if any_nominated == nil then
     any_nominated = redis.call('HLEN', NOMINATED) > 0
   end
   if not any_nominated then
     return nil
   end
-  local held = held_for_others(node, uid, meta_priority(meta))
+  local held, claim = held_for_others(node, uid, meta_priority(meta), meta_owner(meta), request)
+  move_claim = claim
   if next(held) == nil then
     return nil
   end

@@ -42,12 +42,15 @@ local conflict = quota_conflict(p.pod, p.request, nil, nil) or check_fit({p})
 if conflict then
   return conflict
 end
+local claim = move_claim
 local port = port_conflict(p.node, p.ports, nil, nil)
 if port then
   return {'conflict', p.node, 'hostPort ' .. port, 1, 0}
 end
 if not dry_run then
   admit(p, owner, via, now_ms() + verify_after_ms)
+  drop_nomination(p.uid)
+  consume_claim(claim)
   publish()
 end
 return {'confirmed', p.node, 1}

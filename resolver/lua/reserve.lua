@@ -58,6 +58,7 @@ for _, p in ipairs(placements) do
   if held then
     return held
   end
+  p.claim = move_claim
   adding[p.node] = adding[p.node] or {}
   for _, item in ipairs(p.request) do
     adding[p.node][item[1]] = (adding[p.node][item[1]] or 0) + tonumber(item[2])
@@ -80,6 +81,7 @@ for _, p in ipairs(placements) do
     drop(p.current)
   end
   hold(p.uid, p.pod, p.node, p.request, 'assumed', owner, deadline, p.ports, p.meta)
+  consume_claim(p.claim)
 end
 publish()
 return {'reserved'}

@@ -22,7 +22,8 @@
 --     did not change since the decision (see 'Inter-pod domains' in common.lua) and where the room held for
 --     preempting pods of at least the pod's priority (from its meta) stays free (see 'Nominations')
 --                                                      -> reserved, that node (an assumed entry elsewhere moves;
---                                                         the pod's own nomination ends)
+--                                                         the pod's own nomination ends, and so does the
+--                                                         rescheduler's hold it claimed there, if any)
 --   else                                               -> conflict, the last candidate's misfit (node, resource,
 --                                                         wanted, free; a taken host port reads resource
 --                                                         'hostPort <protocol>/<ip>/<port>', wanted 1, free 0), or
@@ -114,8 +115,10 @@ for _, item in ipairs(cjson.decode(next_arg())) do
           if consumed then
             drop(consumed)
           end
+          local claim = move_claim
           hold(uid, pod, node, request, 'assumed', owner, deadline, ports, meta)
           drop_nomination(uid)
+          consume_claim(claim)
           result = {'reserved', node, consumed and 'consumed' or ''}
           break
         end

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import orjson
+
 from rescheduler.plan import GPU, Node, Pod, fragmentation, plan_defragment, plan_for_pending
+from resolver.ledger import Change
+from workers.feed import NodeFeed
+from workers.nodes import NodeTable
 
 
 def node(name: str, used: int, gpus: int = 8, held: int = 0) -> Node:
@@ -118,3 +123,17 @@ def test_defragment_never_moves_part_of_a_gang_and_leaves_packed_clusters_alone(
     assert plan is not None and moved(plan) == [("ns/a", "node1", "node2")]
     packed = [pod("a", 8, "node1"), pod("b", 4, "node2"), pod("c", 4, "node2")]
     assert plan_defragment([node("node1", 8), node("node2", 8), node("node3", 0)], packed) is None
+
+
+def test_the_worker_feed_follows_the_rescheduler_holds() -> None:
+    # 'h' entries (resolver/lua/hold_moves.lua) set and end holds; held_nodes steers the pod by uid or owner.
+    feed = NodeFeed(None, NodeTable())  # type: ignore[arg-type]  # apply() reads no ledger
+    hold = orjson.dumps({"node": "node2", "request": {GPU: "3"}, "owner": "rs-b", "pin": 1}).decode()
+    pin = orjson.dumps({"node": "node1", "request": {GPU: "4"}, "owner": "", "pin": 1}).decode()
+    feed.apply([Change(id="1-0", kind="h", items=[("move/b", hold)]),
+                Change(id="1-1", kind="h", items=[("c", pin)])])
+    assert feed.held_nodes("b2", "rs-b") == ["node2"]
+    assert feed.held_nodes("c", "") == ["node1"]
+    assert feed.held_nodes("other", "rs-other") == []
+    feed.apply([Change(id="1-2", kind="h", items=[("move/b", "")])])
+    assert feed.held_nodes("b2", "rs-b") == []

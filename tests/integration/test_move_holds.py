@@ -1,0 +1,125 @@
+"""The rescheduler's holds in the ledger (resolver/lua/hold_moves.lua, 'Nominations' in common.lua) on a real
+redis-server: all or nothing and fit-checked, kept from every other pod and foreign binding, claimed by the pod
+they are for (the pending pod by uid, a moved pod's replacement by its controller), announced to the workers."""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+import pytest
+
+from resolver.ledger import BatchPod, Confirmed, Conflict, Ledger, MoveHold, Placement, Reserved
+
+pytestmark = pytest.mark.integration
+
+GPU = "nvidia.com/gpu"
+NODE = {"cpu": 96_000, "memory": 768 << 30, "pods": 110, GPU: 8}
+
+
+def meta(owner: str = "", priority: int = 0) -> str:
+    value: dict[str, object] = {"namespace": "ns"}
+    if owner:
+        value["owner"] = owner
+    if priority:
+        value["priority"] = priority
+    return orjson.dumps(value).decode()
+
+
+def gpus(n: int) -> dict[str, int]:
+    return {"cpu": 1000, "pods": 1, GPU: n}
+
+
+def item(uid: str, *candidates: str, n: int, owner: str = "", priority: int = 0) -> BatchPod:
+    return BatchPod(uid=uid, pod=f"ns/{uid}", digest="", candidates=candidates, request=gpus(n),
+                    meta=meta(owner, priority))
+
+
+@pytest.fixture
+async def example(ledger: Ledger) -> Ledger:
+    """node1 runs A (4 GPUs) and B (3), node2 is empty: the issue's example."""
+    await ledger.rebuild(nodes=[("node1", NODE, {}), ("node2", NODE, {})], bound=[
+        Placement(uid="a", pod="ns/a", node="node1", request=gpus(4), meta=meta("rs-a")),
+        Placement(uid="b", pod="ns/b", node="node1", request=gpus(3), meta=meta("rs-b")),
+    ])
+    return ledger
+
+
+def plan_holds() -> list[MoveHold]:
+    # C (pending, 4 GPUs) on node1, counting the 3 B frees there; B's replacement (controller rs-b) on node2.
+    return [MoveHold(key="c", node="node1", request=gpus(4), freeing=gpus(3)),
+            MoveHold(key="move/b", node="node2", request=gpus(3), owner="rs-b")]
+
+
+async def test_holds_are_all_or_nothing_and_fit_checked(example: Ledger) -> None:
+    # Without counting B's departure C's hold does not fit node1: nothing is held, B's hold included.
+    refused = await example.hold_moves([MoveHold(key="move/b", node="node2", request=gpus(3), owner="rs-b"),
+                                        MoveHold(key="c", node="node1", request=gpus(4))], ttl_seconds=60)
+    assert refused == Conflict(node="node1", resource=GPU, wanted=4, free=1)
+    assert await example.nominations() == {}
+    assert await example.hold_moves(plan_holds(), ttl_seconds=60) is None
+    held = await example.nominations()
+    assert {(k, h.node, h.owner, h.pin) for k, h in held.items()} == {("c", "node1", "", True),
+                                                                      ("move/b", "node2", "rs-b", True)}
+    # A second plan cannot hold room already held: node2 has 8 - 3 left.
+    refused = await example.hold_moves([MoveHold(key="move/x", node="node2", request=gpus(6), owner="rs-x")],
+                                       ttl_seconds=60)
+    assert refused == Conflict(node="node2", resource=GPU, wanted=6, free=5)
+    # A pending pod already placed is not held for.
+    await example.reserve_batch([item("d", "node2", n=1)], owner="w", ttl_seconds=30)
+    assert await example.hold_moves([MoveHold(key="d", node="node2", request=gpus(1))], ttl_seconds=60) == "node2"
+
+
+async def test_held_room_is_kept_from_other_pods_of_any_priority_and_from_foreign_bindings(example: Ledger) -> None:
+    await example.hold_moves(plan_holds(), ttl_seconds=60)
+    results = await example.reserve_batch([item("x", "node2", n=6, priority=2_000_001_000)], owner="w",
+                                          ttl_seconds=30)
+    assert results == [Conflict(node="node2", resource=f"{GPU} (held for a preempting pod)", wanted=6, free=5)]
+    refused = await example.confirm(uid="f", pod="ns/f", node="node2", request=gpus(6), owner="foreign:k",
+                                    verify_after_seconds=30, meta=meta())
+    assert isinstance(refused, Conflict)
+    # A pod of another controller cannot claim B's hold; a replacement asking more than was held cannot either.
+    results = await example.reserve_batch([item("y", "node2", n=8, owner="rs-y"),
+                                           item("b-big", "node2", n=8, owner="rs-b")], owner="w", ttl_seconds=30)
+    assert isinstance(results, list) and [type(r) for r in results] == [Conflict, Conflict]
+    # Room beside the hold stays usable: 5 GPUs on node2.
+    assert await example.reserve_batch([item("z", "node2", n=5)], owner="w", ttl_seconds=30) == [Reserved("node2")]
+
+
+async def test_the_replacement_and_the_pending_pod_claim_their_holds(example: Ledger) -> None:
+    await example.hold_moves(plan_holds(), ttl_seconds=60)
+    # B's replacement (same controller, same shape) takes node2's held room, and the hold ends.
+    assert await example.reserve_batch([item("b2", "node2", n=3, owner="rs-b")], owner="w",
+                                       ttl_seconds=30) == [Reserved("node2")]
+    assert set(await example.nominations()) == {"c"}
+    # B leaves node1; only C may take the 4 GPUs freed there.
+    await example.release_many(["b"])
+    results = await example.reserve_batch([item("other", "node1", n=4, priority=1000)], owner="w", ttl_seconds=30)
+    assert isinstance(results, list) and isinstance(results[0], Conflict)
+    assert await example.reserve_batch([item("c", "node1", n=4)], owner="w", ttl_seconds=30) == [Reserved("node1")]
+    assert await example.nominations() == {}
+    usage = await example.node_usage(["node1", "node2"])
+    assert usage["node1"][1][GPU] == 8 and usage["node2"][1][GPU] == 3
+
+
+async def test_a_foreign_binding_of_the_replacement_claims_the_hold(example: Ledger) -> None:
+    await example.hold_moves(plan_holds(), ttl_seconds=60)
+    allowed = await example.confirm(uid="b2", pod="ns/b2", node="node2", request=gpus(3), owner="foreign:k",
+                                    verify_after_seconds=30, meta=meta("rs-b"))
+    assert allowed == Confirmed("node2", foreign=True)
+    assert set(await example.nominations()) == {"c"}
+
+
+async def test_holds_are_announced_on_the_change_stream_and_end_at_their_deadline(example: Ledger) -> None:
+    start = (await example.load()).last_change
+    await example.hold_moves(plan_holds(), ttl_seconds=0.05)
+    await example.unnominate("c")
+    changes = [c for c in await example.changes(start) if c.kind == "h"]
+    assert [(c.items[0][0], bool(c.items[0][1])) for c in changes] == [("c", True), ("move/b", True),
+                                                                       ("c", False)]
+    held = orjson.loads(changes[1].items[0][1])
+    assert held["owner"] == "rs-b" and held["node"] == "node2"
+    # Past its deadline the hold no longer counts, and the first script that meets it drops and announces it.
+    await asyncio.sleep(0.1)
+    assert await example.reserve_batch([item("x", "node2", n=8)], owner="w", ttl_seconds=30) == [Reserved("node2")]
+    assert [c.items[0] for c in await example.changes(start) if c.kind == "h"][-1] == ("move/b", "")
