@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import datetime
 import json
+import os
+import signal
 import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -359,6 +361,117 @@ async def test_hole5_the_audit_finds_repairs_and_reports_drift(
         await cluster.delete_pods(namespace)
         await cluster.delete_nodes([node])
         plane.stop_resolver()
+        plane.ensure_resolver()
+
+
+REPLICA_LEASE = ["--lease-name=hoss-resolver-sync-replicas", "--lease-duration-seconds=4",
+                 "--renew-deadline-seconds=3", "--renew-interval-seconds=1"]
+"""Both replicas of the two-replica test on a Lease of their own, short enough that a killed leader's Lease lapses in
+4 s (the plane's resolver is stopped meanwhile: one sync per ledger)."""
+
+
+async def replica_status(plane: LocalPlane, port: int) -> Json:
+    context = ssl.create_default_context(cafile=str(plane.pki_dir / "ca.crt"))
+    async with aiohttp.ClientSession() as session, session.get(
+        f"https://127.0.0.1:{port}/status", ssl=context
+    ) as response:
+        response.raise_for_status()
+        status: Json = await response.json()
+        return status
+
+
+async def review_by_apiserver(plane: LocalPlane, port: int, namespace: str, pod: Json, node: str,
+                              *, dry_run: bool) -> Json:
+    """A binding review posted straight to the replica on ``port``, signed as the apiserver (its webhook client
+    certificate), as the apiserver would send it for an admin's binding; the replica's response."""
+    context = ssl.create_default_context(cafile=str(plane.pki_dir / "ca.crt"))
+    context.load_cert_chain(plane.webhook_client_dir / "apiserver.crt", plane.webhook_client_dir / "apiserver.key")
+    name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
+    review = {
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": f"review-{name}", "operation": "CREATE", "dryRun": dry_run, "name": name, "namespace": namespace,
+            "kind": {"group": "", "version": "v1", "kind": "Binding"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"}, "subResource": "binding",
+            "userInfo": {"username": "admin"},
+            "object": {"apiVersion": "v1", "kind": "Binding",
+                       "metadata": {"name": name, "namespace": namespace, "uid": uid},
+                       "target": {"apiVersion": "v1", "kind": "Node", "name": node}},
+        },
+    }
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context)) as session, session.post(
+        f"https://127.0.0.1:{port}/validate-binding", json=review
+    ) as response:
+        assert response.status == 200, await response.text()
+        answer: Json = (await response.json())["response"]
+        return answer
+
+
+async def test_hole5_two_resolver_replicas_one_syncs_both_judge_and_the_survivor_takes_over(
+    plane: LocalPlane, cluster: Cluster, namespace: str, ledger: Ledger, tmp_path: Path
+) -> None:
+    """Two resolver processes on one Redis: only the Lease holder syncs (the follower leaves the ledger alone), both
+    judge bindings against the shared ledger, and when the leader is killed (SIGKILL: no Lease handed back) the
+    other takes the sync over without erasing the bound pods' entries, and keeps refusing what does not fit."""
+    node = "h5-ha-0000"
+    try:
+        plane.stop_resolver()
+        first = plane.start_resolver(extra_args=REPLICA_LEASE)  # the plane's name: the webhook calls it
+        plane.register_webhook()
+        node = await one_node(cluster, "h5-ha", "2")
+        pods = {name: await create(cluster, namespace, pod_on(name, None, cpu))
+                for name, cpu in (("a", "500m"), ("b", "500m"), ("c", "500m"), ("big", "1"), ("small", "500m"))}
+        for name in ("a", "b", "c"):
+            await binding(cluster, namespace, pods[name], node)
+        await ledger_agrees(cluster, ledger, node)
+        epoch = await ledger.epoch()
+        second = plane.start_resolver(name="hoss-resolver-replica", extra_args=REPLICA_LEASE)
+        leaders = {port: (await replica_status(plane, port))["leader"] for port in (first.port, second.port)}
+        assert leaders == {first.port: True, second.port: False}
+        # The follower judges against the shared ledger: 1500m of 2000m used, so 1000m more is refused, 500m fits.
+        denied = await review_by_apiserver(plane, second.port, namespace, pods["big"], node, dry_run=True)
+        assert not denied["allowed"] and "has no room" in denied["status"]["message"], denied
+        allowed = await review_by_apiserver(plane, second.port, namespace, pods["small"], node, dry_run=True)
+        assert allowed["allowed"], allowed
+        assert await ledger.epoch() == epoch, "the follower rebuilt the ledger"
+
+        config = plane.webhook_configuration()
+        hooks: list[Json] = config["webhooks"]  # type: ignore[assignment]
+        os.killpg(first.pid, signal.SIGKILL)
+        plane.stop_process(first.name)
+
+        async def took_over() -> tuple[bool, str]:
+            status = await replica_status(plane, second.port)
+            synced = bool(status["leader"] and status["sync"] and status["sync"]["synced"])
+            return synced, f"leader {status['leader']}, sync {status['sync']}"
+
+        await wait_until(took_over, timeout=30, what="the surviving replica to take the sync over")
+        bound = {e.uid: (e.state, e.node) for e in await ledger.entries() if e.node == node}
+        assert bound == {pods[n]["metadata"]["uid"]: ("bound", node) for n in ("a", "b", "c")}
+        assert await ledger_cpu(ledger, node) == 1500
+        # The webhook now calls the survivor.
+        for hook in hooks:
+            hook["clientConfig"]["url"] = hook["clientConfig"]["url"].replace(f":{first.port}/", f":{second.port}/")
+        (tmp_path / "webhook.json").write_text(json.dumps(config))
+        await asyncio.to_thread(plane.kubectl, "apply", "-f", str(tmp_path / "webhook.json"))
+
+        async def refused_for_room() -> tuple[bool, str]:
+            try:
+                await binding(cluster, namespace, pods["big"], node)
+            except KubeError as error:
+                return "has no room" in str(error), str(error)
+            return True, "bound: oversold"
+
+        await wait_until(refused_for_room, timeout=30, what="the survivor to refuse the binding that does not fit")
+        await binding(cluster, namespace, pods["small"], node)
+        await ledger_agrees(cluster, ledger, node)
+        assert await apiserver_cpu(cluster, node) == 2000
+    finally:
+        await cluster.delete_pods(namespace)
+        await cluster.delete_nodes([node])
+        plane.stop_resolver()
+        plane.stop_process("hoss-resolver-replica")
+        plane.kubectl("-n", "hoss-system", "delete", "lease", "hoss-resolver-sync-replicas", "--ignore-not-found")
         plane.ensure_resolver()
 
 
