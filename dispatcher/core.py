@@ -57,6 +57,7 @@ from dispatcher.leader import LeaderElector
 from dispatcher.queue import BOUND_PREFIX, GangMember, WorkerInfo, WorkItem, WorkQueue
 from dispatcher.routing import choose_worker
 from dispatcher.settings import DispatcherSettings
+from dispatcher.spreading import SelectorSources
 from dispatcher.status import (
     BoundRate,
     DispatcherMetrics,
@@ -182,6 +183,10 @@ def _always_leader() -> bool:
     return True
 
 
+SPREAD_SOURCE_KINDS = ("service", "rc", "rs", "ss")
+"""What the default spread selector is made of (`dispatcher.spreading`)."""
+
+
 class Dispatcher:
     """The intake (informer handlers), the leader's rounds and the follower's read-only refresh.
 
@@ -213,6 +218,9 @@ class Dispatcher:
         """Labels by namespace (None until the namespace watch listed, or without one): they resolve pods'
         namespaceSelectors into their compact forms."""
         self.namespaces_synced = asyncio.Event()
+        self.spread_sources = SelectorSources()
+        """Services' and controllers' selectors: the default spread selector of each pod's compact form."""
+        self.spread_synced = {kind: asyncio.Event() for kind in SPREAD_SOURCE_KINDS}
         self.dispatched: Assignments = Assignments()
         """pod uid -> worker id, this replica's copy of the Redis map."""
         self.waiting: dict[str, Waiting] = {}
@@ -283,6 +291,18 @@ class Dispatcher:
         else:
             self._observe(raw)
 
+    def spread_handlers(self, kind: str) -> InformerHandlers:
+        """Handlers of the watch of Services (``service``) or of one controller kind (``rc``, ``rs``, ``ss``)."""
+
+        async def on_list(items: list[Json]) -> None:
+            self.spread_sources.replace(kind, items)
+            self.spread_synced[kind].set()
+
+        async def on_event(event: str, raw: Json) -> None:
+            self.spread_sources.apply(kind, event, raw)
+
+        return InformerHandlers(on_list=on_list, on_event=on_event)
+
     def namespace_handlers(self) -> InformerHandlers:
         return InformerHandlers(on_list=self.on_namespace_list, on_event=self.on_namespace_event)
 
@@ -329,7 +349,7 @@ class Dispatcher:
             uid = pod_uid(raw)
             pod = parse_pending_pod(
                 raw, scheduler_names=self.settings.scheduler_names, default_policy=self.settings.default_policy,
-                seen_at=self._clock(), namespaces=self.namespaces,
+                seen_at=self._clock(), namespaces=self.namespaces, sources=self.spread_sources,
             )
         except PodSpecError as error:
             name = (raw.get("metadata") or {}).get("name", "?")

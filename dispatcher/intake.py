@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from dispatcher.queue import WorkItem
 from dispatcher.routing import policy_of
+from dispatcher.spreading import SelectorSources
 from resolver import compact
 from resolver.errors import PodSpecError
 from resolver.kube import Json
@@ -95,11 +96,12 @@ def _unschedulable(status: Json) -> tuple[str | None, str | None]:
 
 def parse_pending_pod(
     raw: Json, *, scheduler_names: Collection[str], default_policy: str, seen_at: float,
-    namespaces: Mapping[str, Mapping[str, str]] | None = None,
+    namespaces: Mapping[str, Mapping[str, str]] | None = None, sources: SelectorSources | None = None,
 ) -> PendingPod | None:
     """The pod when the dispatcher should place it (one of our scheduler names, unbound, not being deleted, not
     finished), else None. Raises `PodSpecError` naming the field of a malformed pod. `namespaces` (labels by
-    namespace) resolve the pod's namespaceSelectors into its compact form."""
+    namespace) resolve the pod's namespaceSelectors into its compact form; `sources` give it the selector of the
+    cluster-default spread constraints (`dispatcher.spreading`)."""
     uid = pod_uid(raw)
     metadata: Json = raw["metadata"]
     spec = raw.get("spec") or {}
@@ -113,7 +115,9 @@ def parse_pending_pod(
     if spec.get("nodeName") or metadata.get("deletionTimestamp") or status.get("phase") in TERMINAL_PHASES:
         return None
     unschedulable = _unschedulable(status)
-    encoded = compact.encode(compact.compact_pod(raw, namespaces=namespaces))
+    default_spread = sources.default_selector(raw) if sources is not None \
+        and not spec.get("topologySpreadConstraints") else None
+    encoded = compact.encode(compact.compact_pod(raw, namespaces=namespaces, default_spread=default_spread))
     priority = spec.get("priority")
     return PendingPod(
         uid=uid,

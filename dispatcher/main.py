@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 import sys
@@ -93,8 +94,24 @@ async def running_dispatcher(settings: DispatcherSettings) -> AsyncIterator[Runn
         )
         stack.push_async_callback(cancel_and_wait, namespaces)
 
+        apps = client.AppsV1Api(api)
+        sources = {"service": core.list_service_for_all_namespaces,
+                   "rc": core.list_replication_controller_for_all_namespaces,
+                   "rs": apps.list_replica_set_for_all_namespaces,
+                   "ss": apps.list_stateful_set_for_all_namespaces}
+        for kind, call in sources.items():
+            watch = asyncio.create_task(
+                supervise(f"{kind}-selector-watch", functools.partial(
+                    run_informer, f"{kind}-selectors", call, dispatcher.spread_handlers(kind))),
+                name=f"{kind}-selector-watch",
+            )
+            stack.push_async_callback(cancel_and_wait, watch)
+
         async def watch_pending() -> None:
-            await dispatcher.namespaces_synced.wait()  # compact forms resolve namespaceSelectors from the start
+            # compact forms resolve namespaceSelectors and default spread selectors from the start
+            await dispatcher.namespaces_synced.wait()
+            for synced in dispatcher.spread_synced.values():
+                await synced.wait()
             await run_informer(
                 "pending-pods", core.list_pod_for_all_namespaces, dispatcher.handlers(), synced=dispatcher.synced,
                 field_selector=pending_pods_selector(settings.scheduler_names),

@@ -66,12 +66,15 @@ def _volumes(value: object) -> list[Json]:
     ]
 
 
-def compact_pod(pod: Mapping[str, Any], *, namespaces: Mapping[str, Mapping[str, str]] | None = None) -> Json:
+def compact_pod(pod: Mapping[str, Any], *, namespaces: Mapping[str, Mapping[str, str]] | None = None,
+                default_spread: Json | None = None) -> Json:
     """The scheduling-relevant part of a raw pod, in the pod's own JSON shape, with ``v`` = `COMPACT_VERSION`.
 
     Malformed parts are kept as they are, so the worker's parser reports them by field, as it would on the full
     pod. With `namespaces` (every namespace's labels, from the dispatcher's watch) the form also carries
-    `NAMESPACES`: see `namespace_context`.
+    `NAMESPACES`: see `namespace_context`. `default_spread` (the selector of kube-scheduler's cluster-default
+    spread constraints, see `dispatcher.spreading`) is kept as `DEFAULT_SPREAD` when the pod has no
+    topologySpreadConstraints of its own.
     """
     metadata = pod.get("metadata")
     spec = pod.get("spec")
@@ -97,7 +100,13 @@ def compact_pod(pod: Mapping[str, Any], *, namespaces: Mapping[str, Mapping[str,
         compact["spec"] = spec
     if namespaces is not None:
         compact[NAMESPACES] = namespace_context(compact, namespaces)
+    if default_spread and isinstance(spec, dict) and not spec.get("topologySpreadConstraints"):
+        compact[DEFAULT_SPREAD] = default_spread
     return compact
+
+
+DEFAULT_SPREAD = "defaultSpread"
+"""Top-level key of a compact pod: the label selector of the profile's default spread constraints."""
 
 
 NAMESPACES = "namespaces"

@@ -67,7 +67,8 @@ _TEMPLATES_MAX = 4096
 def _shape(raw: Json) -> bytes:
     metadata = raw.get("metadata") or {}
     return orjson.dumps(
-        [metadata.get("namespace"), metadata.get("labels"), raw.get("spec"), raw.get(compact.NAMESPACES)],
+        [metadata.get("namespace"), metadata.get("labels"), raw.get("spec"), raw.get(compact.NAMESPACES),
+         raw.get(compact.DEFAULT_SPREAD)],
         option=orjson.OPT_SORT_KEYS)
 
 

@@ -13,16 +13,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from resolver.compact import NAMESPACES, VOLUME_SOURCES_NEEDING_STORAGE, selector_key
+from resolver.compact import DEFAULT_SPREAD, NAMESPACES, VOLUME_SOURCES_NEEDING_STORAGE, selector_key
 from resolver.errors import PodSpecError, QuantityError
 from resolver.resources import ResourceVector, pod_requests
 from workers import payload
 from workers.errors import UnsupportedPodField
 from workers.nodes import ANY_HOST_IP, TAINT_EFFECTS, HostPort, PlacedPod, Taint
 from workers.podterms import (
+    LabelSelector,
     PodAffinityTerm,
     SpreadConstraint,
     WeightedPodTerm,
+    label_selector,
     parse_spread,
     parse_terms,
     parse_weighted_terms,
@@ -129,6 +131,9 @@ class PodView:
     namespace_labels: dict[str, str] | None = None
     """The labels of the pod's namespace (from the dispatcher; None: unknown), matched by placed pods' terms'
     namespaceSelectors."""
+    default_spread_selector: LabelSelector | None = None
+    """For a pod without spread constraints: the selector of kube-scheduler's cluster-default constraints (its
+    Services' and controller's, from the dispatcher; None: none), which PodTopologySpread's profile defaults use."""
 
     @property
     def hard_spread(self) -> tuple[SpreadConstraint, ...]:
@@ -140,7 +145,8 @@ class PodView:
         """Whether the pod has terms or constraints that depend on the pods already placed (its decision is then
         not shared with other pods of its signature once one of them is placed)."""
         return bool(self.affinity_terms or self.anti_affinity_terms or self.spread_constraints
-                    or self.preferred_affinity_terms or self.preferred_anti_affinity_terms)
+                    or self.preferred_affinity_terms or self.preferred_anti_affinity_terms
+                    or self.default_spread_selector is not None)
 
     @property
     def domain_keys(self) -> frozenset[str]:
@@ -224,6 +230,8 @@ def parse_pod(pod: Mapping[str, Any]) -> PodView:
         spread_constraints=parse_spread(spec.get("topologySpreadConstraints"), pod_labels=labels),
         namespace_labels=payload.string_map(context.get("labels"), field=f"{NAMESPACES}.labels", error=error)
         if context.get("labels") is not None else None,
+        default_spread_selector=label_selector(pod[DEFAULT_SPREAD], field=DEFAULT_SPREAD)
+        if pod.get(DEFAULT_SPREAD) and not spec.get("topologySpreadConstraints") else None,
         scheduling_gates=tuple(
             payload.string(payload.mapping(gate, field=f"spec.schedulingGates[{i}]", error=error,
                                            required=True).get("name"),

@@ -21,22 +21,29 @@ Over the workers' pod index (`NodeTable.pods`, every pod holding a ledger entry)
   node's own count, and the number of scored nodes as the domains), summed and rounded; normalised as
   kube-scheduler does, ``100 * (max + min - score) // max`` (all 100 when max is 0), so emptier domains win.
 
-Not done: the cluster-default constraints kube-scheduler applies to pods that have none (``ScheduleAnyway`` on
-hostname and zone for pods of Services and controllers) need the Services and controllers, which workers do not
-have; hoss spreads such pods by its profiles' scores instead. The cost for a pod without constraints is one tuple
-check per plugin call. Races between workers on DoNotSchedule constraints are settled by the ledger (the
-constraints' topology keys are inter-pod domain keys: see `resolver/lua/common.lua`, inter-pod domains).
+Cluster-default constraints, as kube-scheduler's: a pod without constraints of its own gets the profile's
+defaults (args ``defaultingType: System``, the default: ScheduleAnyway on hostname with maxSkew 3 and on
+``topology.kubernetes.io/zone`` with maxSkew 5; ``List`` with ``defaultConstraints``, ScheduleAnyway only; an
+empty List disables them) with the selector of the Services, ReplicationController, ReplicaSet or StatefulSet
+that select it, which the dispatcher puts in its compact form (`dispatcher.spreading`); none when that selector
+is empty. With System defaults a node lacking a key is still scored (kube-scheduler's requireAllTopologies is
+false then): it just gets nothing for that constraint. The cost for a pod without constraints or default
+selector is one tuple check per plugin call. Races between workers on DoNotSchedule constraints are settled by
+the ledger (the constraints' topology keys are inter-pod domain keys: see `resolver/lua/common.lua`, inter-pod
+domains).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, Self
 
 import numpy as np
 from numpy.typing import NDArray
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
-from workers.framework import MAX_NODE_SCORE, BoolArray, FilterResult, FloatArray, TakesNoArgs
+from workers.framework import MAX_NODE_SCORE, BoolArray, FilterResult, FloatArray
 from workers.nodes import NodeTable
 from workers.plugins.affinity import NodeAffinity
 from workers.plugins.taints import TaintToleration
@@ -46,6 +53,7 @@ from workers.podterms import SpreadConstraint
 CONSTRAINTS_NOT_MATCH = "node(s) didn't match pod topology spread constraints"
 MISSING_LABEL = f"{CONSTRAINTS_NOT_MATCH} (missing required label)"
 HOSTNAME = "kubernetes.io/hostname"
+ZONE = "topology.kubernetes.io/zone"
 IGNORED = -1.0
 """A raw score marking a node the score ignores (it lacks a topology key); normalised to 0."""
 
@@ -103,10 +111,61 @@ def _has_keys(nodes: NodeTable, constraints: Sequence[SpreadConstraint]) -> Bool
     return has
 
 
-class PodTopologySpread(TakesNoArgs):
+SYSTEM_DEFAULTS = ((HOSTNAME, 3), (ZONE, 5))
+"""kube-scheduler's System defaulting: ScheduleAnyway on hostname (maxSkew 3) and zone (maxSkew 5)."""
+
+
+class DefaultConstraint(BaseModel):
+    """One of a profile's List default constraints (kube-scheduler's ``defaultConstraints`` entry)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    max_skew: StrictInt = Field(alias="maxSkew", ge=1)
+    topology_key: str = Field(alias="topologyKey", min_length=1)
+    when_unsatisfiable: Literal["ScheduleAnyway"] = Field(alias="whenUnsatisfiable")
+    """Only ScheduleAnyway: a DoNotSchedule default would need the ledger's race rule, which reads the pod's
+    own constraints."""
+
+
+class PodTopologySpreadArgs(BaseModel):
+    """Args of PodTopologySpread, as kube-scheduler's PodTopologySpreadArgs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    defaulting_type: Literal["System", "List"] = Field(default="System", alias="defaultingType")
+    """System: kube-scheduler's defaults (`SYSTEM_DEFAULTS`); List: `default_constraints` (empty: none)."""
+    default_constraints: list[DefaultConstraint] = Field(default_factory=list, alias="defaultConstraints")
+
+    @model_validator(mode="after")
+    def _system_takes_no_list(self) -> PodTopologySpreadArgs:
+        if self.defaulting_type == "System" and self.default_constraints:
+            raise ValueError("defaultConstraints must be empty when defaultingType is System")
+        return self
+
+
+class PodTopologySpread:
     """Filter (DoNotSchedule) and score (ScheduleAnyway) of topology spread constraints; see the module docstring."""
 
     name = "PodTopologySpread"
+
+    def __init__(self, *, defaults: Sequence[tuple[str, int]] = SYSTEM_DEFAULTS, system: bool = True) -> None:
+        self.defaults = tuple(defaults)
+        """(topologyKey, maxSkew) of the ScheduleAnyway constraints a pod without its own gets."""
+        self.system = system
+
+    @classmethod
+    def from_args(cls, args: Mapping[str, Any]) -> Self:
+        parsed = PodTopologySpreadArgs.model_validate(args)
+        if parsed.defaulting_type == "System":
+            return cls()
+        return cls(defaults=[(c.topology_key, c.max_skew) for c in parsed.default_constraints], system=False)
+
+    def _defaulted(self, pod: PodView) -> tuple[SpreadConstraint, ...]:
+        """The profile's default constraints for a pod without its own, with its default selector."""
+        if pod.spread_constraints or pod.default_spread_selector is None or not self.defaults:
+            return ()
+        return tuple(SpreadConstraint(max_skew=skew, topology_key=key, hard=False,
+                                      selector=pod.default_spread_selector) for key, skew in self.defaults)
 
     def filter(self, pod: PodView, nodes: NodeTable) -> FilterResult:
         rows = len(nodes)
@@ -142,31 +201,39 @@ class PodTopologySpread(TakesNoArgs):
         return FilterResult.from_reasons(rows, reasons)
 
     def skips(self, pod: PodView, nodes: NodeTable) -> bool:
-        """No ScheduleAnyway constraint: nothing to score (every node would get 0)."""
-        return all(c.hard for c in pod.spread_constraints)
+        """No ScheduleAnyway constraint, own or defaulted: nothing to score (every node would get 0)."""
+        return all(c.hard for c in pod.spread_constraints) and not self._defaulted(pod)
 
     def score(self, pod: PodView, nodes: NodeTable, feasible: BoolArray) -> FloatArray:
         rows = len(nodes)
-        soft = [c for c in pod.spread_constraints if not c.hard] if pod.spread_constraints else []
+        soft: Sequence[SpreadConstraint] = [c for c in pod.spread_constraints if not c.hard]
+        # kube-scheduler's requireAllTopologies: only System defaults score nodes lacking one of the keys
+        require_all = bool(pod.spread_constraints) or not self.system
+        if not pod.spread_constraints:
+            soft = self._defaulted(pod)
         if not soft:
             return np.full(rows, IGNORED, dtype=np.float64)  # nothing to score: every node normalises to 0
-        with_all_keys = _has_keys(nodes, soft)
+        with_all_keys = _has_keys(nodes, soft) if require_all else np.ones(rows, dtype=np.bool_)
         scored = feasible & with_all_keys
         inclusion = _Inclusion(pod, nodes)
         total = np.zeros(rows, dtype=np.float64)
         for constraint in soft:
             per_node = pods_per_node(nodes, constraint, pod.namespace)
+            codes = nodes.label_codes(constraint.topology_key)
+            has = codes >= 0
             if constraint.topology_key == HOSTNAME:
                 count = per_node
                 size = int(np.count_nonzero(scored))
             else:
-                codes = nodes.label_codes(constraint.topology_key)
                 values = len(nodes.label_values(constraint.topology_key))
-                size = int(np.count_nonzero(np.bincount(codes[scored], minlength=values)))
+                # the distinct values among the scored nodes (a node lacking the key counts as the value "")
+                size = int(np.count_nonzero(np.bincount(codes[scored & has], minlength=values))) \
+                    + int(bool((scored & ~has).any()))
                 counts, _present = domain_counts(nodes, constraint.topology_key,
                                                  with_all_keys & inclusion.mask(constraint), per_node)
-                count = np.where(codes >= 0, counts[np.where(codes >= 0, codes, 0)] if counts.size else 0, 0)
-            total += count * math.log(size + 2) + (constraint.max_skew - 1)
+                count = np.where(has, counts[np.where(has, codes, 0)] if counts.size else 0, 0)
+            term = count * math.log(size + 2) + (constraint.max_skew - 1)
+            total += np.where(has, term, 0.0)  # a node lacking the key gets nothing for this constraint
         raw = np.floor(total + 0.5)  # Go's math.Round, on non-negative values
         raw[~with_all_keys] = IGNORED
         return raw
