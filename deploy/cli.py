@@ -16,6 +16,7 @@ from deploy.demo import run_demo
 from deploy.local import binaries
 from deploy.local.clean import clean
 from deploy.local.plane import LocalPlane, PlaneError, default_directory
+from rescheduler.oneshot import run_once
 
 
 def _say(message: str) -> None:
@@ -102,6 +103,19 @@ def _status(args: argparse.Namespace) -> int:
     token = args.token or os.environ.get("HOSS_TOKEN")
     print(status_view.render(status_view.fetch(url, token=token), url=url))
     return 0
+
+
+def _reschedule(args: argparse.Namespace) -> int:
+    kubeconfig, redis_url = args.kubeconfig, args.redis_url or os.environ.get("HOSS_REDIS_URL")
+    if kubeconfig is None or redis_url is None:
+        state = _plane(args).state()
+        kubeconfig = kubeconfig or str(_plane(args).kubeconfig("admin"))
+        redis_url = redis_url or state.redis_url
+    text, code = asyncio.run(run_once(kubeconfig=kubeconfig, redis_url=redis_url, dry_run=args.dry_run,
+                                      node_selector=args.node_selector, max_moves=args.max_moves,
+                                      as_json=args.json))
+    print(text)
+    return code
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -200,6 +214,16 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--token", help="bearer token for a dispatcher with --access=kubernetes (default $HOSS_TOKEN;"
                         " e.g. $(kubectl create token <a ServiceAccount bound to hoss-viewer>))")
     status.set_defaults(run=_status)
+
+    resched = with_dir(commands.add_parser(
+        "reschedule", help="one round of the GPU defragmenting rescheduler: print the plan and carry it out"))
+    resched.add_argument("--dry-run", action="store_true", help="print the plan and change nothing")
+    resched.add_argument("--kubeconfig", help="kubeconfig (default: the local plane's admin)")
+    resched.add_argument("--redis-url", help="Redis of the ledger (default $HOSS_REDIS_URL, else the local plane's)")
+    resched.add_argument("--node-selector", default="", help="only nodes with these labels (key=value,...)")
+    resched.add_argument("--max-moves", type=_positive, default=4, help="most pods one plan moves (default 4)")
+    resched.add_argument("--json", action="store_true", help="print the plan (and its outcome) as JSON")
+    resched.set_defaults(run=_reschedule)
 
     bench = with_dir(commands.add_parser("bench", help="benchmark hoss against kube-scheduler on the local plane"))
     bench.add_argument("--quick", action="store_true", help="a small version of every scenario (a few minutes)")

@@ -28,7 +28,7 @@ import yaml
 
 from deploy.local import pki
 
-COMPONENTS = ("hoss-dispatcher", "hoss-worker", "hoss-resolver")
+COMPONENTS = ("hoss-dispatcher", "hoss-worker", "hoss-resolver", "hoss-rescheduler")
 WEBHOOK_CLIENT_NAME = "kube-apiserver"
 """Common name of the apiserver's webhook client certificate; the resolver's --client-names."""
 WEBHOOK_CLIENT_CA_CONFIGMAP = "hoss-webhook-client-ca"
@@ -76,6 +76,13 @@ REDIS_ACL: dict[str, str] = {
         "resetkeys %R~{hoss}:*", *_writes((*_LEDGER_KEYS, "stamp", "resolver:*")), "resetchannels -@all",
         _CONNECTION_COMMANDS, *(f"+{c}" for c in _LEDGER_SCRIPT_COMMANDS.split()),
         "+xread +xrange +hmget +expire +incr +incrby",
+    ]),
+    # The rescheduler reads the ledger, holds and drops rooms ({hoss}:nominated, the per-node sets, the change
+    # stream's 'h' entries) through the ledger's scripts, and publishes its status for the dispatcher.
+    "hoss-rescheduler": " ".join([
+        "resetkeys %R~{hoss}:*", *_writes(("ready", "nominated", "node:*", "changes", "resched:*")),
+        "resetchannels -@all", _CONNECTION_COMMANDS, *(f"+{c}" for c in _LEDGER_SCRIPT_COMMANDS.split()),
+        "+hmget",
     ]),
 }
 """Each hoss component's Redis ACL rules (after ``on`` and its password). Besides the workers, only the resolver

@@ -58,7 +58,7 @@ WEBHOOK_MANIFEST = DEPLOY_DIR / "webhook.yaml"
 POLICIES_FILE = DEPLOY_DIR.parent / "configs" / "policies.yaml"
 KWOK_STAGES = Path(__file__).resolve().parent / "kwok" / "stages.yaml"
 HOSS_NAMESPACE = "hoss-system"
-HOSS_COMPONENTS = ("hoss-dispatcher", "hoss-worker", "hoss-resolver")
+HOSS_COMPONENTS = ("hoss-dispatcher", "hoss-worker", "hoss-resolver", "hoss-rescheduler")
 IDENTITIES = ("admin", "kube-scheduler", "kube-controller-manager", "kwok", *HOSS_COMPONENTS)
 CONTROLLERS = ("replicaset", "deployment", "job", "disruption", "namespace", "garbagecollector", "serviceaccount")
 """The kube-controller-manager controllers the local plane runs: workloads whose evicted pods come back (ReplicaSet,
@@ -443,7 +443,7 @@ class LocalPlane:
         if name.startswith("hoss-resolver"):
             # Only the plane's own resolver serves a certificate from the plane's CA; another may bring its own.
             return self._http_ok(f"https://127.0.0.1:{process.port}/readyz", verify=name == "hoss-resolver")
-        if name.startswith(("hoss-dispatcher", "hoss-worker")):
+        if name.startswith(("hoss-dispatcher", "hoss-worker", "hoss-rescheduler")):
             return self._http_ok(f"http://127.0.0.1:{process.port}/healthz")
         if process.port:
             return self._http_ok(f"https://127.0.0.1:{process.port}/healthz", verify=False)
@@ -750,6 +750,28 @@ class LocalPlane:
             binary="workers.main",
             env={"HOSS_REDIS_URL": state.redis_url_for("hoss-worker")},  # not on the command line: ps shows it
             wait=wait,
+        )
+
+    def start_rescheduler(
+        self, state: PlaneState | None = None, *, name: str = "hoss-rescheduler", extra_args: Sequence[str] = ()
+    ) -> Process:
+        """Start hoss-rescheduler with its own identity (`extra_args`: its settings, e.g. --node-selector)."""
+        state = state or self.state()
+        port = _free_port()
+        return self._spawn(
+            state,
+            name,
+            [
+                sys.executable, "-m", "rescheduler.main",
+                f"--kubeconfig={self.kubeconfig('hoss-rescheduler')}",
+                "--host=127.0.0.1",
+                f"--port={port}",
+                f"--identity={name}",
+                *extra_args,
+            ],
+            port=port,
+            binary="rescheduler.main",
+            env={"HOSS_REDIS_URL": state.redis_url_for("hoss-rescheduler")},  # not on the command line: ps shows it
         )
 
     def webhook_configuration(self) -> dict[str, object]:

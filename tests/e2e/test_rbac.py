@@ -31,6 +31,12 @@ Grant = tuple[str, str, str]
 RARE: dict[tuple[str, Grant], str] = {
     ("hoss-worker", ("", "pods", "get")): "a work item queued without its pod, by a dispatcher older than compact"
     " work items (rolling upgrade): workers/core.py Worker._fetch",
+    **{("hoss-rescheduler", grant): "a move plan carried out (rescheduler/execute.py); tests/e2e/test_defrag.py "
+       "runs one, before this test in a full run" for grant in (
+           ("", "pods", "list"), ("", "pods", "patch"), ("", "pods/eviction", "create"),
+           ("policy", "poddisruptionbudgets", "list"), ("", "events", "create"),
+           ("coordination.k8s.io", "leases", "get"), ("coordination.k8s.io", "leases", "create"),
+           ("coordination.k8s.io", "leases", "update"))},
 }
 """Grants used on a path this scenario cannot reach, each with the path; they must still be granted."""
 CAPACITY = {"cpu": "8", "memory": "32Gi", "pods": "110"}

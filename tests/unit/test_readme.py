@@ -10,13 +10,14 @@ from pydantic import BaseModel
 
 from deploy.cli import build_parser
 from dispatcher.settings import DispatcherSettings
+from rescheduler.settings import ReschedulerSettings
 from resolver.settings import ResolverSettings
 from workers.settings import WorkerSettings
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 
 
-@pytest.mark.parametrize("model", [ResolverSettings, DispatcherSettings, WorkerSettings])
+@pytest.mark.parametrize("model", [ResolverSettings, DispatcherSettings, WorkerSettings, ReschedulerSettings])
 def test_every_setting_is_in_the_readme_with_its_flag_and_env(model: type[BaseModel]) -> None:
     for name in model.model_fields:
         assert f"`--{name.replace('_', '-')}`" in README, name

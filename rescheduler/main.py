@@ -1,0 +1,108 @@
+"""hoss-rescheduler's process: the apiserver, the ledger, the election, rounds while leading, /healthz and /status."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+from aiohttp import web
+from redis.asyncio import Redis
+
+from rescheduler.service import Rescheduler
+from rescheduler.settings import ReschedulerSettings
+from resolver.errors import ResolverError
+from resolver.kube import KubeError, api_client
+from resolver.leader import KubeLeaseAPI, LeaderElector
+from resolver.ledger import Ledger
+from resolver.rest import KubeREST
+from resolver.settings import SettingsError, load_settings
+
+log = logging.getLogger("rescheduler")
+
+
+async def serve(settings: ReschedulerSettings) -> int:
+    loop = asyncio.get_running_loop()
+    stopping = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stopping.set)
+    async with contextlib.AsyncExitStack() as stack:
+        redis = Redis.from_url(settings.redis_url, decode_responses=True, socket_connect_timeout=2.0,
+                               socket_timeout=5.0, health_check_interval=30)
+        stack.push_async_callback(redis.aclose)
+        api = await api_client(settings.kubeconfig)
+        stack.push_async_callback(api.close)
+        rest = await KubeREST.connect(settings.kubeconfig)
+        stack.push_async_callback(rest.close)
+        elector = LeaderElector(
+            KubeLeaseAPI(api, name=settings.lease_name, namespace=settings.lease_namespace,
+                         request_timeout=settings.renew_deadline_seconds),
+            identity=settings.identity, lease_duration_seconds=settings.lease_duration_seconds,
+            renew_deadline_seconds=settings.renew_deadline_seconds,
+            renew_interval_seconds=settings.renew_interval_seconds,
+        )
+        rescheduler = Rescheduler(settings, rest=rest, ledger=Ledger(redis), redis=redis)
+
+        async def healthz(_request: web.Request) -> web.Response:
+            return web.json_response({"ok": True, "leader": elector.is_leader})
+
+        async def status(_request: web.Request) -> web.Response:
+            return web.json_response({**rescheduler.status(), "leader": elector.is_leader,
+                                      "identity": settings.identity})
+
+        app = web.Application()
+        app.router.add_get("/healthz", healthz)
+        app.router.add_get("/status", status)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        stack.push_async_callback(runner.cleanup)
+        await web.TCPSite(runner, settings.host, settings.port).start()
+        election = asyncio.create_task(elector.run(), name="leader-election")
+
+        async def rounds() -> None:
+            while not stopping.is_set():
+                if elector.is_leader:
+                    try:
+                        await rescheduler.round()
+                    except (ResolverError, KubeError, OSError, TimeoutError) as error:
+                        log.warning("round failed: %s; trying again next round", error)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stopping.wait(), settings.interval_seconds)
+
+        work = asyncio.create_task(rounds(), name="rounds")
+        log.info("hoss-rescheduler %s serving on %s:%s (lease %s/%s, every %gs, dry run %s)", settings.identity,
+                 settings.host, settings.port, settings.lease_namespace, settings.lease_name,
+                 settings.interval_seconds, settings.dry_run)
+        stop = asyncio.create_task(stopping.wait())
+        done, _ = await asyncio.wait([stop, work, election], return_when=asyncio.FIRST_COMPLETED)
+        failed = [t for t in (work, election) if t in done]
+        for task in (stop, work, election):
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(work, election, return_exceptions=True)
+        await elector.release()
+        for task in failed:
+            error = None if task.cancelled() else task.exception()
+            log.error("%s stopped unexpectedly", task.get_name(), exc_info=error)
+        return 1 if failed else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        settings = load_settings(
+            ReschedulerSettings, argv, prog="hoss-rescheduler",
+            description="hoss rescheduler: moves pods (holding their room in the ledger first) so that GPUs are "
+            "not stranded; leader-elected on a Lease",
+        )
+    except SettingsError as error:
+        print(error, file=sys.stderr)
+        return 2
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return asyncio.run(serve(settings))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,180 @@
+"""The GPU defragmenting rescheduler on the real plane: the example of issue 15, with a dry run first.
+
+node1 runs ReplicaSet A's pod (4 GPUs) and B's (3 GPUs) of 8; node2 is empty; ReplicaSet C's pod (4 GPUs) is
+created with the hoss.io/defragment scheduling gate. `hoss reschedule --dry-run` prints the plan (B to node2, C on
+node1) and changes nothing. hoss-rescheduler then holds node2's room for B's replacement and node1's for C, evicts
+B, releases C's gate: node1 ends full (A and C), node2 holds B's replacement, every ReplicaSet has its pod, and the
+independent oversell check (the apiserver's pods against the nodes' allocatable) is polled the whole time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+
+import aiohttp
+import pytest
+
+from deploy.local.cluster import Cluster, Json, oversold_nodes, wait_until
+from deploy.local.plane import LocalPlane, Process
+
+GPU = "nvidia.com/gpu"
+NODE = {"cpu": "32", "memory": "128Gi", "pods": "110", GPU: "8"}
+_sets = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def gpu_worker(plane: LocalPlane, dispatcher: Process) -> Iterator[None]:
+    process = plane.start_worker("defrag-1", policies=["gpu"])
+    try:
+        yield
+    finally:
+        plane.stop_process(process.name)
+
+
+def replicaset(name: str, gpus: int, key: str, *, gated: bool = False) -> Json:
+    spec: Json = {
+        "schedulerName": "hoss", "terminationGracePeriodSeconds": 0,
+        "tolerations": [{"key": key, "operator": "Exists", "effect": "NoSchedule"}],
+        "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                        "resources": {"requests": {"cpu": "1", "memory": "1Gi", GPU: str(gpus)},
+                                      "limits": {GPU: str(gpus)}}}],
+    }
+    if gated:
+        spec["schedulingGates"] = [{"name": "hoss.io/defragment"}]
+    return {"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": name},
+            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}},
+                     "template": {"metadata": {"labels": {"app": name, "hoss.io/policy": "gpu"}}, "spec": spec}}}
+
+
+def apply(plane: LocalPlane, namespace: str, items: list[Json]) -> None:
+    manifest = plane.directory / f"{namespace}-defrag.json"
+    manifest.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
+    plane.kubectl("apply", "-n", namespace, "-f", str(manifest))
+
+
+async def placement(cluster: Cluster, namespace: str) -> dict[str, tuple[str, str]]:
+    """app -> (node, uid) of each pod not being deleted."""
+    return {p["metadata"]["labels"]["app"]: (p["spec"].get("nodeName") or "", p["metadata"]["uid"])
+            for p in await cluster.raw_list("list_namespaced_pod", namespace)
+            if not p["metadata"].get("deletionTimestamp")}
+
+
+@contextlib.asynccontextmanager
+async def oversell_watch(cluster: Cluster) -> AsyncIterator[list[int]]:
+    """Poll the independent oversell check while the body runs; yields the list of checks made (each 0 oversold,
+    else the test fails at once)."""
+    checks: list[int] = []
+    found: list[dict[str, str]] = []
+
+    async def poll() -> None:
+        while True:
+            nodes = await cluster.raw_list("list_node")
+            pods = await cluster.raw_list("list_pod_for_all_namespaces")
+            oversold = oversold_nodes(nodes, pods)
+            checks.append(len(oversold))
+            if oversold:
+                found.append(oversold)
+            await asyncio.sleep(0.2)
+
+    task = asyncio.create_task(poll())
+    try:
+        yield checks
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert not found, f"oversold during the move: {found}"
+
+
+async def test_rescheduler_moves_b_so_that_c_joins_a_and_the_dry_run_changes_nothing(
+    plane: LocalPlane, cluster: Cluster, namespace: str, gpu_worker: None
+) -> None:
+    key = f"defrag.hoss.io/set-{next(_sets)}"
+    label = f"{key}={namespace[:63]}"
+    taint = {"key": key, "value": namespace[:63], "effect": "NoSchedule"}
+    (node1,) = await cluster.create_nodes(1, prefix=f"defrag-{namespace}"[:40] + "-1", capacity=NODE,
+                                          labels={key: namespace[:63]}, taints=[taint])
+    node2 = ""
+    rescheduler: Process | None = None
+    try:
+        await cluster.wait_nodes_ready([node1])
+        apply(plane, namespace, [replicaset("a", 4, key), replicaset("b", 3, key)])
+
+        async def a_and_b_on_node1() -> tuple[bool, str]:
+            seen = await placement(cluster, namespace)
+            return seen.get("a", ("",))[0] == node1 and seen.get("b", ("",))[0] == node1, str(seen)
+
+        await wait_until(a_and_b_on_node1, timeout=90, what="A and B bound on node1")
+        (node2,) = await cluster.create_nodes(1, prefix=f"defrag-{namespace}"[:40] + "-2", capacity=NODE,
+                                              labels={key: namespace[:63]}, taints=[taint])
+        await cluster.wait_nodes_ready([node2])
+        apply(plane, namespace, [replicaset("c", 4, key, gated=True)])
+
+        async def c_gated() -> tuple[bool, str]:
+            seen = await placement(cluster, namespace)
+            return "c" in seen, str(seen)
+
+        await wait_until(c_gated, timeout=60, what="C's pod created (gated)")
+        before = await placement(cluster, namespace)
+        b_name = next(p["metadata"]["name"] for p in await cluster.raw_list("list_namespaced_pod", namespace)
+                      if p["metadata"]["labels"]["app"] == "b")
+
+        # The dry run: the plan, and nothing changed.
+        dry = await asyncio.to_thread(
+            subprocess.run, [sys.executable, "-m", "deploy.cli", "reschedule", "--dry-run", "--dir",
+                             str(plane.directory), "--node-selector", label], capture_output=True, text=True,
+            timeout=120, check=False)
+        assert dry.returncode == 0, dry.stderr
+        assert f"for pending pod {namespace}/c-" in dry.stdout and f"(4 GPUs) on {node1}:" in dry.stdout, dry.stdout
+        assert f"move {namespace}/{b_name} (3 GPUs) from {node1} to {node2}" in dry.stdout, dry.stdout
+        assert "dry run: nothing was changed" in dry.stdout
+        await asyncio.sleep(1)
+        assert await placement(cluster, namespace) == before
+        assert before["c"][0] == ""
+
+        # The move, the oversell check polled all along.
+        async with oversell_watch(cluster) as checks:
+            rescheduler = plane.start_rescheduler(extra_args=[
+                f"--node-selector={label}", "--interval-seconds=1", "--min-stranded-gpus=0",
+                f"--lease-name=defrag-{namespace}"[:60], "--lease-namespace=hoss-system"])
+
+            async def moved() -> tuple[bool, str]:
+                seen = await placement(cluster, namespace)
+                done = (seen.get("a", ("",))[0] == node1 and seen.get("c", ("",))[0] == node1
+                        and seen.get("b", ("",))[0] == node2 and len(seen) == 3)
+                return done, str(seen)
+
+            await wait_until(moved, timeout=120, what="B moved to node2 and C beside A on node1")
+        after = await placement(cluster, namespace)
+        assert after["a"] == before["a"]  # A never moved
+        assert after["b"][1] != before["b"][1]  # B is a replacement, created by its ReplicaSet
+        assert after["c"][1] == before["c"][1]  # C is the pod that was pending
+        assert len(checks) >= 3
+
+        # Events on the moved pod and the nodes, and the outcome in the rescheduler's /status.
+        events = await cluster.events_for(namespace, b_name)
+        assert any(e.reason == "Rescheduled" and f"from node {node1} to node {node2}" in e.message for e in events)
+        node_events = await cluster.core.list_namespaced_event("default", field_selector="reason=Defragmenting")
+        assert {e.involved_object.name for e in node_events.items} >= {node1, node2}
+
+        async def completed() -> tuple[bool, str]:
+            async with aiohttp.ClientSession() as session, session.get(
+                    f"http://127.0.0.1:{rescheduler.port}/status") as response:
+                status = await response.json()
+            plans = status.get("plans") or []
+            return bool(plans) and plans[0]["outcome"] == "completed", str(plans[:1])
+
+        await wait_until(completed, timeout=60, what="the plan reported completed in /status")
+    finally:
+        if rescheduler is not None:
+            plane.stop_process(rescheduler.name)
+        for name in ("a", "b", "c"):
+            plane.kubectl("delete", "replicaset", name, "-n", namespace, "--ignore-not-found", "--wait=false")
+        await cluster.delete_pods(namespace)
+        await cluster.delete_nodes([n for n in (node1, node2) if n])
