@@ -474,7 +474,7 @@ class Worker:
                 self._failed(work, error)
                 continue
             if isinstance(decision, Unschedulable):
-                if self.preemptor is not None and eligible(pod, self.nodes):
+                if self.preemptor is not None and (eligible(pod, self.nodes) or await self._has_quota(pod.namespace)):
                     preempting.append((work, pod, profile, decision.message))
                 else:
                     self._unschedulable(work, decision.message)
@@ -496,6 +496,14 @@ class Worker:
             # After the batch's reservations, so that the table counts them (`workers.preempt`).
             assert self.preemptor is not None
             self._unschedulable(work, await self.preemptor.attempt(profile, pod, work.raw, self.nodes, message))
+
+    async def _has_quota(self, namespace: str) -> bool:
+        """Whether the namespace has an elastic quota (its pods reclaim); a ledger error reads as no."""
+        assert self.preemptor is not None
+        try:
+            return await self.preemptor.has_quota(namespace)
+        except (LedgerUnavailable, LedgerNotReadyError):
+            return False
 
     async def _reserve_decided(self, decided: Sequence[tuple[Work, PodView, Placement]], position: str) -> None:
         results = await self.ledger.reserve_batch(
@@ -519,6 +527,7 @@ class Worker:
                 self._retry_later(work, soon=True)
             return
         conflicted: set[str] = set()
+        reclaiming: list[tuple[Work, PodView, str]] = []
         for (work, pod, _decision), result in zip(decided, results, strict=True):
             match result:
                 case Reserved(node=node):
@@ -535,8 +544,12 @@ class Worker:
                     self._done(work, forget=marker == GONE)
                 case QuotaExceeded():
                     # The namespace's elastic quota refuses the pod on every node: unschedulable, with the quota
-                    # named (scheduler-plugins' CapacityScheduling refuses it in PreFilter likewise).
-                    self._unschedulable(work, quota_message(result))
+                    # named (scheduler-plugins' CapacityScheduling refuses it in PreFilter likewise); a tenant
+                    # within its min reclaims from tenants that borrow (`workers.preempt.reclaim_candidates`).
+                    if self.preemptor is not None and not work.item.members:
+                        reclaiming.append((work, pod, quota_message(result)))
+                    else:
+                        self._unschedulable(work, quota_message(result))
                 case Conflict(node=node):
                     self.count("conflicts")
                     conflicted.add(node)
@@ -552,6 +565,10 @@ class Worker:
         if conflicted:
             # The change stream brings the truth within moments; read those nodes now so the retry sees it.
             await self._refresh_usage(sorted(conflicted))
+        for work, pod, message in reclaiming:
+            assert self.preemptor is not None
+            profile = self.profiles.get(work.item.policy) or self.profiles[self.default_profile]
+            self._unschedulable(work, await self.preemptor.reclaim(profile, pod, work.raw, self.nodes, message))
 
     async def _decide(self, profile: Profile, work: Work,
                       shared: dict[bytes, tuple[Evaluation, set[str]]]) -> Placement | Unschedulable:

@@ -44,7 +44,7 @@ import numpy as np
 from resolver.errors import LedgerNotReadyError, LedgerUnavailable, PodSpecError, ResolverError
 from resolver.events import pod_event
 from resolver.kube import Json, KubeError
-from resolver.ledger import Ledger, Nomination
+from resolver.ledger import Ledger, Nomination, QuotaReport
 from resolver.resources import ResourceVector
 from resolver.rest import KubeREST, segment
 from workers.framework import Profile, evaluate
@@ -238,6 +238,117 @@ def candidates(profile: Profile, pod: PodView, table: NodeTable, budgets: Sequen
     return found
 
 
+def reclaimable(pod: PodView, quotas: QuotaReport) -> str:
+    """'' when `pod` may reclaim (its namespace has an elastic quota and stays within its min and max with it,
+    for every resource it requests that a quota governs), else why not."""
+    own = next((use for use in quotas.quotas if use.quota.namespace == pod.namespace), None)
+    if own is None:
+        return f"namespace {pod.namespace} has no elastic quota"
+    for resource, amount in pod.request.items():
+        if amount <= 0:
+            continue
+        used = own.used.get(resource, 0)
+        if resource in own.quota.max and used + amount > own.quota.max[resource]:
+            return f"quota {pod.namespace}: {resource} {used} used + {amount} requested > max"
+        if resource in quotas.sum_min and used + amount > own.quota.min.get(resource, 0):
+            return (f"quota {pod.namespace}: {resource} {used} used + {amount} requested > min "
+                    f"{own.quota.min.get(resource, 0)}: only a tenant within its min reclaims")
+    return ""
+
+
+def _newest_lowest_first(pods: Iterable[PlacedPod]) -> list[PlacedPod]:
+    """Lowest priority first, then the newest first (an empty timestamp is 'now'), then by uid."""
+    by_uid = sorted(pods, key=lambda p: p.uid)
+    newest = sorted(by_uid, key=lambda p: p.created or "~", reverse=True)
+    return sorted(newest, key=lambda p: p.priority)
+
+
+def reclaim_candidates(profile: Profile, pod: PodView, table: NodeTable, budgets: Sequence[Budget], *,
+                       quotas: QuotaReport, holds: Iterable[Nomination] = (),
+                       leaving: Iterable[PlacedPod] = (), coming: Mapping[str, int] | None = None) -> list[Candidate]:
+    """Nodes where evicting pods of tenants above their min lets `pod` (of a tenant within its min, see
+    `reclaimable`) in: CapacityScheduling's reclaim. Victims are pods of other namespaces with a quota that use more
+    than their min of a resource the pod needs and the quotas govern, lowest priority and newest first, never one
+    whose eviction would take its tenant below its min or violate a PodDisruptionBudget (whatever its priority, as
+    CapacityScheduling picks victims across quotas). On each candidate node victims are taken until the pod fits
+    there, then anywhere until the quota namespaces' use leaves room for it under the sum of min. `leaving`: pods
+    already being evicted (they count as gone); `coming`: what other reclaiming pods will add."""
+    governed = set(quotas.sum_min)
+    wanted = {r: a for r, a in pod.request.items() if a > 0 and r in governed}
+    gone = {p.uid for p in leaving}
+    above: dict[str, dict[str, int]] = {}
+    for use in quotas.quotas:
+        above[use.quota.namespace] = {r: use.used.get(r, 0) - use.quota.min.get(r, 0) for r in governed}
+    total = {r: quotas.sum_used.get(r, 0) + (coming or {}).get(r, 0) for r in governed}
+    for placed in leaving:
+        for r, a in placed.request.items():
+            if r in governed:
+                total[r] -= a
+                if placed.namespace in above:
+                    above[placed.namespace][r] -= a
+    need = {r: total[r] + a - quotas.sum_min[r] for r, a in wanted.items()}
+    eligible = _newest_lowest_first(
+        p for p in table.pods.values()
+        if p.uid not in gone and p.namespace != pod.namespace and p.namespace in above and not p.terminating
+        and p.node in table and any(p.request.get(r, 0) > 0 and above[p.namespace][r] > 0 for r in wanted))
+    _violating, eligible = split_by_budgets(eligible, budgets)
+    if not eligible:
+        return []
+    on_node: dict[str, ResourceVector] = {}
+    for placed in eligible:
+        freed = on_node.setdefault(placed.node, {})
+        for resource, amount in placed.request.items():
+            freed[resource] = freed.get(resource, 0) + amount
+    saved = {node: table.used_of(node) for node in on_node}
+    try:
+        for node, freed in on_node.items():  # what if every eligible pod were gone (synchronous, as in candidates)
+            table.sub_used(node, freed)
+        names = [table.names[row] for row in np.flatnonzero(evaluate(profile, pod, table).feasible)]
+    finally:
+        for node, used in saved.items():
+            table.set_used(node, used)
+    holds = list(holds)
+    found = []
+    for node in names:
+        alloc = dict(zip(table.resources, table.alloc[table.row(node)].tolist(), strict=True))
+        used = table.used_of(node)
+        held = _held(holds, node, pod.uid, pod.priority)
+        free = {r: alloc.get(r, 0) - used.get(r, 0) - held.get(r, 0) for r in set(alloc) | set(used) | set(held)}
+        room = {ns: dict(left) for ns, left in above.items()}
+        short = dict(need)
+        victims: list[PlacedPod] = []
+
+        def take(victim: PlacedPod, room: dict[str, dict[str, int]] = room, short: dict[str, int] = short,
+                 victims: list[PlacedPod] = victims) -> None:
+            left = room[victim.namespace]
+            if any(victim.request.get(r, 0) > left[r] for r in left if victim.request.get(r, 0) > 0):
+                return  # its tenant would fall below its min
+            for r in left:
+                left[r] -= victim.request.get(r, 0)
+            for r in short:
+                short[r] -= victim.request.get(r, 0)
+            victims.append(victim)
+
+        for victim in (p for p in eligible if p.node == node):
+            if _fits(pod.request, free):
+                break
+            before = len(victims)
+            take(victim)
+            if len(victims) > before:
+                for resource, amount in victim.request.items():
+                    free[resource] = free.get(resource, 0) + amount
+        if not _fits(pod.request, free):
+            continue
+        for victim in eligible:
+            if all(v <= 0 for v in short.values()):
+                break
+            if victim not in victims:
+                take(victim)
+        if victims and all(v <= 0 for v in short.values()):
+            found.append(Candidate(node=node, victims=tuple(sorted(victims, key=_importance)), violations=0))
+    return found
+
+
 def preemption_policy(raw: Mapping[str, object]) -> str:
     spec = raw.get("spec")
     policy = spec.get("preemptionPolicy") if isinstance(spec, dict) else None
@@ -259,6 +370,8 @@ class _InProgress:
     node: str
     victims: frozenset[str]
     until: float
+    reclaim: ResourceVector | None = None
+    """A reclaim's request (what it will add to its quota namespace's use); None for a priority preemption."""
 
 
 class Preemptor:
@@ -276,6 +389,8 @@ class Preemptor:
         self.clock = clock
         self._budgets: list[Budget] = []
         self._budgets_at = -1e18
+        self._quota_namespaces: set[str] = set()
+        self._quotas_at = -1e18
         self.in_progress: dict[str, _InProgress] = {}
         self.preempted = 0
         """Pods this worker evicted."""
@@ -300,7 +415,13 @@ class Preemptor:
 
     async def attempt(self, profile: Profile, pod: PodView, raw: Mapping[str, object], table: NodeTable,
                       message: str) -> str:
-        """Preempt for `pod`, which fits nowhere (`message` says why); returns its FailedScheduling message."""
+        """Preempt for `pod`, which fits nowhere (`message` says why); returns its FailedScheduling message. A pod
+        of a namespace with an elastic quota reclaims first (CapacityScheduling); if that starts nothing, a pod of
+        priority > 0 preempts lower-priority pods as kube-scheduler does."""
+        if await self.has_quota(pod.namespace):
+            started, text = await self._reclaim(profile, pod, raw, table, message)
+            if started or not eligible(pod, table):
+                return text
         if preemption_policy(raw) == NEVER:
             return f"{message} preemption: not eligible due to preemptionPolicy=Never."
         waiting = self.in_progress.get(pod.uid)
@@ -317,6 +438,62 @@ class Preemptor:
             log.warning("preemption for %s failed: %s", pod.key, error)
             return f"{message} preemption: failed: {error}"
 
+    async def has_quota(self, namespace: str) -> bool:
+        """Whether `namespace` has an elastic quota (the ledger's list, read at most once per `budgets_ttl_seconds`:
+        only pods of such namespaces look at reclaim)."""
+        if self.clock() - self._quotas_at >= self.budgets_ttl_seconds:
+            self._quota_namespaces = {use.quota.namespace for use in (await self.ledger.quotas()).quotas}
+            self._quotas_at = self.clock()
+        return namespace in self._quota_namespaces
+
+    async def reclaim(self, profile: Profile, pod: PodView, raw: Mapping[str, object], table: NodeTable,
+                      message: str) -> str:
+        """Reclaim for `pod`, which its namespace's elastic quota refused (`message`) while other tenants borrow:
+        evict borrowed pods (`reclaim_candidates`) through the preemption path; returns its FailedScheduling
+        message."""
+        return (await self._reclaim(profile, pod, raw, table, message))[1]
+
+    async def _reclaim(self, profile: Profile, pod: PodView, raw: Mapping[str, object], table: NodeTable,
+                       message: str) -> tuple[bool, str]:
+        """(whether a reclaim is under way for the pod, its message)."""
+        if preemption_policy(raw) == NEVER:
+            return False, f"{message} reclaim: not eligible due to preemptionPolicy=Never."
+        waiting = self.in_progress.get(pod.uid)
+        if waiting is not None and self.clock() < waiting.until:
+            left = sorted(uid for uid in waiting.victims if table.pods.get(uid, None) is not None
+                          and table.pods[uid].node == waiting.node)
+            if left:
+                return True, (f"{message} reclaim: in progress on node {waiting.node}: waiting for {len(left)} "
+                              f"evicted pod(s) to leave; the room is held for this pod.")
+        try:
+            quotas = await self.ledger.quotas()
+            why = reclaimable(pod, quotas)
+            if why:
+                return False, f"{message} reclaim: not attempted: {why}."
+            now = self.clock()
+            others = [p for uid, p in self.in_progress.items() if uid != pod.uid and now < p.until]
+            leaving = [table.pods[uid] for p in others for uid in p.victims if uid in table.pods]
+            coming: ResourceVector = {}
+            for p in others:
+                for resource, amount in (p.reclaim or {}).items():
+                    coming[resource] = coming.get(resource, 0) + amount
+            holds = await self.ledger.nominations()
+            found = reclaim_candidates(profile, pod, table, await self.budgets(), quotas=quotas,
+                                       holds=holds.values(), leaving=leaving, coming=coming)
+            chosen = pick(found)
+            if chosen is None:
+                self.in_progress.pop(pod.uid, None)
+                if pod.uid in holds:
+                    await self.ledger.unnominate(pod.uid)
+                return False, (f"{message} reclaim: no pods of tenants above their min can make room (without "
+                               f"taking a tenant below its min or violating a PodDisruptionBudget).")
+            text = await self._act(pod, chosen, message, what="reclaim", kind="borrowed")
+        except (LedgerUnavailable, LedgerNotReadyError, KubeError, aiohttp.ClientError, OSError,
+                TimeoutError) as error:
+            log.warning("reclaim for %s failed: %s", pod.key, error)
+            return False, f"{message} reclaim: failed: {error}"
+        return pod.uid in self.in_progress, text
+
     async def _preempt(self, profile: Profile, pod: PodView, table: NodeTable, message: str) -> str:
         if evaluate(profile, pod, table).feasible.any():
             # Room appeared since the decision (pods of the same batch that took it were refused): no eviction.
@@ -331,10 +508,14 @@ class Preemptor:
                 await self.ledger.unnominate(pod.uid)
             return (f"{message} preemption: 0/{len(table)} nodes are available: no preemption victims found "
                     f"for incoming pod.")
+        return await self._act(pod, chosen, message, what="preemption", kind="lower-priority")
+
+    async def _act(self, pod: PodView, chosen: Candidate, message: str, *, what: str, kind: str) -> str:
+        """Hold the room on the chosen node, evict its victims, set nominatedNodeName; the pod's message."""
         outcome = await self.ledger.nominate(uid=pod.uid, node=chosen.node, priority=pod.priority,
                                              request=pod.request, ttl_seconds=self.hold_seconds)
         if outcome != "nominated":
-            return f"{message} preemption: not started ({outcome} on {chosen.node})."
+            return f"{message} {what}: not started ({outcome} on {chosen.node})."
         refused: list[str] = []
         for victim in chosen.victims:
             why = await self._evict(victim, pod, chosen.node)
@@ -344,15 +525,16 @@ class Preemptor:
             # A budget (or the apiserver) kept a victim: give the room back; the pod tries again after its backoff.
             await self.ledger.unnominate(pod.uid)
             self.in_progress.pop(pod.uid, None)
-            return (f"{message} preemption: eviction on node {chosen.node} refused for "
+            return (f"{message} {what}: eviction on node {chosen.node} refused for "
                     f"{'; '.join(refused)}; the pod waits.")
         # Like kube-scheduler, the nomination shows once the victims are on their way out.
         await self._set_nominated(pod, chosen.node)
         self.in_progress[pod.uid] = _InProgress(node=chosen.node, victims=frozenset(v.uid for v in chosen.victims),
-                                                until=self.clock() + self.hold_seconds)
+                                                until=self.clock() + self.hold_seconds,
+                                                reclaim=dict(pod.request) if what == "reclaim" else None)
         names = ", ".join(f"{v.namespace}/{v.name or v.uid}" for v in chosen.victims)
-        return (f"{message} preemption: in progress on node {chosen.node}: evicted {len(chosen.victims)} "
-                f"lower-priority pod(s) ({names}); the room is held for this pod.")
+        return (f"{message} {what}: in progress on node {chosen.node}: evicted {len(chosen.victims)} "
+                f"{kind} pod(s) ({names}); the room is held for this pod.")
 
     async def _set_nominated(self, pod: PodView, node: str) -> None:
         try:
