@@ -7,8 +7,9 @@ purpose.
 
 Hole 2 (an admitted entry dropped before the sync saw the pod bound) is held open here by a resolver whose sync
 cannot start (its Lease is held by nobody), so the webhook admits while nothing records the pod bound. Hole 8 (a
-binding without uid matching a deleted pod of that name) depends on a race the real plane does not hold open; it is
-reproduced in tests/integration/test_oversell_holes_ledger.py, with the other ledger-level cases.
+binding without uid matched against a deleted pod of that name) needs the sync's watch to lag the apiserver: the
+resolver reaches the apiserver through a proxy that holds back what its open connections receive. Hole 5 also runs
+with two resolver processes on one Redis.
 """
 
 from __future__ import annotations
@@ -473,6 +474,122 @@ async def test_hole5_two_resolver_replicas_one_syncs_both_judge_and_the_survivor
         plane.stop_process("hoss-resolver-replica")
         plane.kubectl("-n", "hoss-system", "delete", "lease", "hoss-resolver-sync-replicas", "--ignore-not-found")
         plane.ensure_resolver()
+
+
+# -- hole 8: a binding without a uid ----------------------------------------------------------------------------
+
+
+class FreezableProxy:
+    """A TCP proxy to the apiserver whose connections open so far can be frozen: nothing the apiserver sends on them
+    reaches the client until `thaw`, while connections opened later pass freely. A resolver behind it keeps its
+    sync's watches (opened at start) and loses none of their events, only gets them late: a watch lag held open on
+    demand, without touching the resolver."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.gates: list[asyncio.Event] = []
+        self.server: asyncio.base_events.Server | None = None
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._connection, "127.0.0.1", 0)
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def _connection(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        gate = asyncio.Event()
+        gate.set()
+        self.gates.append(gate)
+        try:
+            upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        except OSError:
+            client_writer.close()
+            return
+
+        async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, held: asyncio.Event | None) -> None:
+            try:
+                while data := await reader.read(65536):
+                    if held is not None:
+                        await held.wait()
+                    writer.write(data)
+                    await writer.drain()
+            except (OSError, asyncio.IncompleteReadError):
+                pass
+            finally:
+                writer.close()
+
+        await asyncio.gather(pipe(client_reader, upstream_writer, None), pipe(upstream_reader, client_writer, gate))
+
+    def freeze(self) -> None:
+        for gate in self.gates:
+            gate.clear()
+
+    def thaw(self) -> None:
+        for gate in self.gates:
+            gate.set()
+
+    async def close(self) -> None:
+        self.thaw()
+        if self.server is not None:
+            self.server.close()
+
+
+async def test_hole8_a_binding_without_uid_is_judged_against_the_live_pod_not_a_deleted_namesake(
+    plane: LocalPlane, cluster: Cluster, namespace: str, ledger: Ledger, tmp_path: Path
+) -> None:
+    """The syncing resolver reaches the apiserver through a proxy that holds its watches' events back, so the sync
+    still indexes a deleted pod when a new pod of the same name, three times larger, is bound without a uid. Judged
+    by name against the deleted pod (a bound entry on that node: nothing to check) the binding would oversell the
+    node by 500m; judged against the live pod (a GET) it is refused."""
+    node = "h8-0000"
+    proxy = FreezableProxy(plane.state().apiserver_port)
+    try:
+        port = await proxy.start()
+        kubeconfig = json.loads(plane.kubeconfig("hoss-resolver").read_text())
+        kubeconfig["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{port}"
+        (tmp_path / "resolver-via-proxy.json").write_text(json.dumps(kubeconfig))
+        plane.stop_resolver()
+        # A Lease of its own, long enough that renewals held back by the proxy do not end its sync mid-test.
+        plane.start_resolver(extra_args=[
+            f"--kubeconfig={tmp_path / 'resolver-via-proxy.json'}", "--lease-name=hoss-resolver-sync-hole8",
+            "--lease-duration-seconds=60", "--renew-deadline-seconds=45", "--renew-interval-seconds=2",
+            "--audit-interval-seconds=600",  # an audit's fresh list would end the lag the test holds open
+        ])
+        plane.register_webhook()
+        node = await one_node(cluster, "h8", "2")
+
+        async def node_synced() -> tuple[bool, str]:
+            return node in await ledger.node_usage([node]), "the node not in the ledger yet"
+
+        await wait_until(node_synced, timeout=30, what="the sync to add the node to the ledger")
+        await create(cluster, namespace, pod_on("filler", node, "1"))
+        await create(cluster, namespace, pod_on("namesake", node, "500m"))
+        await ledger_agrees(cluster, ledger, node)
+        assert await ledger_cpu(ledger, node) == 1500
+
+        proxy.freeze()
+        await request_json(cluster.core.delete_namespaced_pod, "namesake", namespace, grace_period_seconds=0)
+        await wait_until(lambda: gone_from_apiserver(cluster, namespace, "namesake"), timeout=30,
+                         what="the deleted pod to leave the apiserver")
+        assert await ledger_cpu(ledger, node) == 1500, "the sync saw the deletion: the proxy did not hold it back"
+        await create(cluster, namespace, pod_on("namesake", None, "1500m"))
+        no_uid = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "namesake"},
+                  "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+        error = await refused(request_json(cluster.core.create_namespaced_pod_binding, "namesake", namespace, no_uid))
+        assert "has no room" in str(error), error
+        proxy.thaw()
+        await ledger_agrees(cluster, ledger, node)
+        assert await apiserver_cpu(cluster, node) == 1000
+    finally:
+        await proxy.close()
+        await cluster.delete_pods(namespace)
+        await cluster.delete_nodes([node])
+        plane.stop_resolver()
+        plane.kubectl("-n", "hoss-system", "delete", "lease", "hoss-resolver-sync-hole8", "--ignore-not-found")
+        plane.ensure_resolver()
+
+
+async def gone_from_apiserver(cluster: Cluster, namespace: str, name: str) -> tuple[bool, str]:
+    names = [p["metadata"]["name"] for p in await cluster.raw_list("list_namespaced_pod", namespace)]
+    return name not in names, f"pods {names}"
 
 
 # -- hole 6: the system namespaces ------------------------------------------------------------------------------

@@ -250,8 +250,8 @@ async def test_hole8_a_binding_without_uid_is_judged_against_the_live_pod_not_a_
     index.put(stale)  # the sync's index still holds the deleted pod of that name
 
     async def live_pod(namespace: str, name: str) -> Json:
-        # Stands in for the GET: the apiserver holds the new pod of that name (the e2e plane cannot hold the
-        # sync's DELETED event back long enough to race it).
+        # Stands in for the GET: the apiserver holds the new pod of that name (tests/e2e/test_oversell_holes.py
+        # holds the sync's DELETED event back on the real plane).
         return pod_json("new-uid", cpu="1500m")
 
     settings = ResolverSettings(tls_cert_file="unused", tls_key_file="unused")
