@@ -480,14 +480,22 @@ class Ledger:
             return Reserved(node)
         return result
 
-    async def reserve_gang(self, *, members: Sequence[GangMember], owner: str, ttl_seconds: float) -> GangResult:
-        """Reserve every member on its node, or nothing; members sharing a node must fit together."""
+    async def reserve_gang(self, *, members: Sequence[GangMember], owner: str, ttl_seconds: float,
+                           position: str = "", inter_pod_keys: Sequence[str] = ()) -> GangResult:
+        """Reserve every member on its node, or nothing; members sharing a node must fit together. With the
+        change-stream `position` the members were planned at, and each member's `inter_pod_keys` ('k1,k2', in
+        the members' order), a member whose inter-pod domains changed since refuses the whole gang (a
+        `Conflict` naming the domain), as `reserve_batch` refuses a single pod."""
         uids = [member.uid for member in members]
         if len(set(uids)) != len(uids):
             raise ValueError(f"gang members must have distinct uids, got {uids}")
+        if position and len(inter_pod_keys) != len(members):
+            raise ValueError("inter_pod_keys needs one entry per member")
         args: list[str | int] = [owner, _ttl_ms(ttl_seconds), len(members)]
         for member in members:
             args.extend(_placement_args(member))
+        if position:
+            args.extend([position, *inter_pod_keys])
         result = decode_reserve_reply(await self._run("reserve", args))
         if isinstance(result, GangReserved):
             logger.info("reserved gang of %d pods for %s", len(members), owner)

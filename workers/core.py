@@ -655,6 +655,7 @@ class Worker:
             return
         need = max(1, min(len(views), item.min_available - len(bound)))
         profile = self.profiles.get(item.policy) or self.profiles[self.default_profile]
+        position = self.feed.position  # the pod index the plan reads: the ledger refuses it if a domain moved on
         placement = place_gang(profile, views, self.nodes, rng=self.rng, min_available=need,
                                topology_key=profile.topology_key, gang=item.gang)
         if isinstance(placement, Unschedulable):
@@ -668,7 +669,8 @@ class Worker:
         members = [GangPlacementMember(uid=v.uid, pod=v.key, node=placement.assignments[v.uid], request=v.request,
                                        **ledger_meta(raws[v.uid], v.request)) for v in chosen]
         result = await self.ledger.reserve_gang(members=members, owner=self.settings.id,
-                                                ttl_seconds=self.settings.reservation_ttl_seconds)
+                                                ttl_seconds=self.settings.reservation_ttl_seconds,
+                                                position=position, inter_pod_keys=[inter_pod_keys(v) for v in chosen])
         match result:
             case GangReserved():
                 for placed in members:

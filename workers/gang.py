@@ -2,7 +2,8 @@
 
 `place_gang` decides for the whole gang on a scratch copy of the node table's usage: each member placed there
 consumes its request, so the next member sees the room that is left, exactly as the ledger will after the
-worker's one all-or-nothing ``reserve_gang`` call. The real `NodeTable` is never modified.
+worker's one all-or-nothing ``reserve_gang`` call. The real `NodeTable`'s usage is never modified; its pod
+index holds the planned members only while the plan is made.
 
 With a topology key (a node label naming the node's leaf switch), members that talk to each other should share
 as few leaf switches as possible, and the leaves chosen should be the tightest fit so that large free leaves stay
@@ -16,6 +17,10 @@ free for the next large gang:
    whole gang) the same for ``min_available`` members.
 3. Members are placed one by one, in the order given, each on the best node of the planned leaves under the
    profile's scores (e.g. bin-packing within the leaf); a member that does not fit there may go to any node.
+   Each member placed joins the pod index for the next member's decision (inter-pod affinity, anti-affinity,
+   topology spread count it, as kube-scheduler would count an earlier pod), and leaves it when the plan is
+   made; the worker's one ``reserve_gang`` call then checks that no inter-pod domain the plan read changed
+   since (the ledger's race rule, as for single pods).
 
 As many members as fit are placed; fewer than ``min_available`` makes the gang `Unschedulable`, with the
 kube-scheduler reasons of the first member that did not fit.
@@ -30,8 +35,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from workers.framework import BoolArray, Placement, Profile, Unschedulable, choose, evaluate, run_filters
-from workers.nodes import HostPort, NodeTable, NodeView
-from workers.pod import PodView
+from workers.nodes import HostPort, NodeTable, NodeView, PlacedPod
+from workers.pod import PodView, placed_view
 
 DEFAULT_TOPOLOGY_KEY = "topology.hoss.io/leaf"
 
@@ -90,18 +95,32 @@ def place_gang(
 
     assignments: dict[str, str] = {}
     first_miss: Unschedulable | None = None
-    for member in members:
-        evaluation = evaluate(profile, member, scratch)
-        decision = choose(evaluation.restricted(allowed), scratch, rng=rng, top=1) if allowed is not None else None
-        if not isinstance(decision, Placement):
-            decision = choose(evaluation, scratch, rng=rng, top=1)
-        if isinstance(decision, Placement):
-            node = decision.candidates[0]
-            scratch.add_used(node, member.request)
-            scratch.claim_ports(node, member.host_ports)  # two members never share a host port on a node
-            assignments[member.uid] = node
-        elif first_miss is None:
-            first_miss = decision
+    # Members with inter-pod terms or spread constraints (or that other pods' terms may read) are planned on the
+    # pod index too: each placed member joins it for the next one's decision, and leaves it afterwards.
+    indexed = any(member.reads_pod_index for member in members) or bool(nodes.anti_holders)
+    displaced: dict[str, PlacedPod | None] = {}
+    try:
+        for member in members:
+            evaluation = evaluate(profile, member, scratch)
+            decision = choose(evaluation.restricted(allowed), scratch, rng=rng, top=1) \
+                if allowed is not None else None
+            if not isinstance(decision, Placement):
+                decision = choose(evaluation, scratch, rng=rng, top=1)
+            if isinstance(decision, Placement):
+                node = decision.candidates[0]
+                scratch.add_used(node, member.request)
+                scratch.claim_ports(node, member.host_ports)  # two members never share a host port on a node
+                assignments[member.uid] = node
+                if indexed:
+                    displaced.setdefault(member.uid, nodes.pods.get(member.uid))
+                    nodes.place_pod(placed_view(member, node))
+            elif first_miss is None:
+                first_miss = decision
+    finally:
+        for uid, previous in displaced.items():
+            nodes.remove_pod(uid)
+            if previous is not None:
+                nodes.place_pod(previous)
 
     if len(assignments) < min_available:
         detail = f": {first_miss.message}" if first_miss is not None else ""

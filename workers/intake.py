@@ -47,7 +47,6 @@ def parse_work(message_id: str, item: WorkItem) -> Work:
                 raw = compact.decode(member.pod)
                 work.members.append((parse_pod(raw), raw))
                 check_supported(raw)
-                _no_inter_pod_terms(work.members[-1][0])
         else:
             work.raw = compact.decode(item.pod)
             work.pod, work.shape = _parsed(work.raw)
@@ -95,16 +94,6 @@ def ledger_meta(raw: Json, request: ResourceVector | None = None) -> dict[str, s
     which preemption reads) as keyword arguments."""
     ports, meta = compact.pod_meta(raw, request=request)
     return {"ports": ports, "meta": meta}
-
-
-def _no_inter_pod_terms(member: PodView) -> None:
-    """Gangs are reserved all at once by a script that does not check inter-pod domains: refuse their required
-    terms and DoNotSchedule spread constraints (preferences are only scores)."""
-    for key, terms in (("podAffinity", member.affinity_terms), ("podAntiAffinity", member.anti_affinity_terms)):
-        if terms:
-            raise UnsupportedPodField(f"spec.affinity.{key} in a gang member")
-    if member.hard_spread:
-        raise UnsupportedPodField("spec.topologySpreadConstraints (DoNotSchedule) in a gang member")
 
 
 def inter_pod_keys(pod: PodView) -> str:

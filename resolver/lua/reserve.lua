@@ -1,7 +1,11 @@
 -- reserve / reserve_gang: all placements become assumed entries of one owner, or nothing changes.
 -- ARGV: prefix, owner, ttl_ms, count, then count placements (uid, pod, node, n, n resource/amount pairs,
--- ports, meta). Host ports must be free on each node, counting the other placements of the call, and the room
--- held there for preempting pods of at least the placement's priority must stay free.
+-- ports, meta), then optionally the change-stream position of the decision and, per placement, its inter-pod
+-- topology keys ('k1,k2' or ''). Host ports must be free on each node, counting the other placements of the
+-- call, and the room held there for preempting pods of at least the placement's priority must stay free. With a
+-- position, no placement's inter-pod domains may have changed since (see 'Inter-pod domains' in common.lua):
+-- a gang planned member after member on the worker's pod index is reserved only if that index still holds.
+-- A stale domain answers {'conflict', node, 'inter-pod domain <key=value>', 1, 0}.
 -- A member its namespace's elastic quota refuses answers {'conflict', '', 'quota <ns>: ...', wanted, left}.
 -- A port conflict answers {'conflict', node, 'hostPort <protocol>/<ip>/<port>', 1, 0}.
 -- Per placement: assumed on the same node -> refreshed (request and owner replaced); assumed on another node ->
@@ -15,10 +19,22 @@ end
 local owner = next_arg()
 local ttl_ms = next_number()
 local placements = {}
+local all = {}
 for _ = 1, next_number() do
   local p = next_placement()
+  table.insert(all, p)
+end
+local position = next_arg() or ''
+for _, p in ipairs(all) do
+  p.inter_pod_keys = position ~= '' and next_arg() or ''
+end
+for _, p in ipairs(all) do
   if redis.call('SISMEMBER', NODES, p.node) == 0 then
     return {'unknown_node', p.node}
+  end
+  local stale = inter_pod_stale(p.node, p.inter_pod_keys, position)
+  if stale then
+    return {'conflict', p.node, stale, 1, 0}
   end
   local entry = read_entry(p.uid)
   if entry and entry.state ~= 'assumed' then

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
-from tests.unit.kube_objects import pod_view, raw_node, table
+from tests.unit.kube_objects import pod_view, raw_node, raw_pod, table
 from workers.framework import Profile, Unschedulable
 from workers.gang import GangPlacement, ScratchUsage, choose_leaves, gang_name, place_gang
 from workers.nodes import NodeTable
-from workers.pod import PodView
+from workers.pod import PodView, parse_pod
 from workers.profiles import load_profiles
 
 POLICIES = Path(__file__).resolve().parents[2] / "configs" / "policies.yaml"
@@ -228,3 +229,60 @@ def test_scratch_usage_changes_only_its_own_copy() -> None:
     with pytest.raises(ValueError, match=r"example\.com/fpga"):
         scratch.add_used("n0", {"example.com/fpga": 1})
     assert "example.com/fpga" not in nodes.resources
+
+
+# --- Inter-pod terms and spread: members planned one after another on the pod index ------------------------------
+
+def binpack_profile() -> Profile:
+    """MostAllocated: without their terms the members would all share one node."""
+    profiles, _ = load_profiles(POLICIES)
+    return profiles["binpack"]
+
+
+def member_raw(name: str, labels: dict[str, str]) -> dict[str, Any]:
+    raw = raw_pod(name, {"cpu": "1", "memory": "1Gi"}, labels={GROUP: "job-b", **labels})
+    raw["metadata"]["uid"] = f"uid-{name}"
+    return raw
+
+
+def test_anti_affine_members_of_one_gang_take_one_node_each_and_the_index_is_left_as_it_was() -> None:
+    nodes = table(*(raw_node(f"n{i}", NODE, labels={"kubernetes.io/hostname": f"n{i}"}) for i in range(3)))
+    gang = []
+    for i in range(3):
+        raw = member_raw(f"solo-{i}", {"app": "solo"})
+        raw["spec"]["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"labelSelector": {"matchLabels": {"app": "solo"}}, "topologyKey": "kubernetes.io/hostname"}]}}
+        gang.append(parse_pod(raw))
+    decision = placed(place_gang(binpack_profile(), gang, nodes, rng=np.random.default_rng(1), min_available=3,
+                                 topology_key=None))
+    # each 1-cpu member would fit beside the others on any node: only the anti-affinity spreads them
+    assert sorted(decision.assignments.values()) == ["n0", "n1", "n2"]
+    assert nodes.pods == {} and nodes.anti_holders == {}, "the planned members left the pod index"
+    # a fourth member finds no node: the gang of four does not fit
+    raw = member_raw("solo-3", {"app": "solo"})
+    raw["spec"]["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": {"app": "solo"}}, "topologyKey": "kubernetes.io/hostname"}]}}
+    four = [*gang, parse_pod(raw)]
+    message = refused(place_gang(binpack_profile(), four, nodes, rng=np.random.default_rng(1), min_available=4,
+                                 topology_key=None)).message
+    assert "only 3 of 4 members fit" in message and "didn't match pod anti-affinity rules" in message
+
+
+def test_members_with_do_not_schedule_spread_count_the_members_planned_before_them() -> None:
+    zone = "topology.kubernetes.io/zone"
+    nodes = table(*(raw_node(f"{z}-{i}", NODE, labels={zone: z}) for z in ("a", "b") for i in range(2)))
+    gang = []
+    for i in range(4):
+        raw = member_raw(f"web-{i}", {"app": "web"})
+        raw["spec"]["topologySpreadConstraints"] = [{"maxSkew": 1, "topologyKey": zone,
+                                                     "whenUnsatisfiable": "DoNotSchedule",
+                                                     "labelSelector": {"matchLabels": {"app": "web"}}}]
+        gang.append(parse_pod(raw))
+    decision = placed(place_gang(binpack_profile(), gang, nodes, rng=np.random.default_rng(3), min_available=4,
+                                 topology_key=None))
+    order = [decision.assignments[member.uid][0] for member in gang]
+    # after every member the zones differ by at most one (maxSkew 1), so the four end two and two
+    for step in range(1, 5):
+        counts = Counter(order[:step])
+        assert abs(counts["a"] - counts["b"]) <= 1, order
+    assert Counter(order) == {"a": 2, "b": 2}

@@ -294,17 +294,15 @@ async def test_a_spread_pod_after_a_refused_tentative_pod_of_its_batch_is_refuse
     assert results == [Reserved("n1"), Reserved("n2")]
 
 
-def test_a_gang_member_with_a_do_not_schedule_constraint_is_refused_by_name_and_a_soft_one_is_not() -> None:
+def test_gang_members_with_do_not_schedule_or_soft_constraints_are_accepted_for_placement() -> None:
     def gang(*constraints: Json) -> WorkItem:
         raw = raw_pod("m", labels=WEB)
         raw["spec"]["topologySpreadConstraints"] = list(constraints)
         member = GangMember("uid-m", "team", "m", pod=compact.encode(compact.compact_pod(raw)).decode())
         return WorkItem(uid="g", namespace="team", name="g", policy="default", gang="g", members=(member,))
 
-    refused = parse_work("1-0", gang(constraint()))
-    assert refused.unsupported
-    assert refused.problem == "hoss does not support spec.topologySpreadConstraints (DoNotSchedule) in a gang " \
-                              "member yet"
+    hard = parse_work("1-0", gang(constraint()))
+    assert not hard.problem and [view.hard_spread for view, _raw in hard.members] != [()]
     assert not parse_work("1-0", gang(constraint(hard=False))).problem
 
 
