@@ -8,11 +8,14 @@ looks).
 The pure part (no I/O), kube-scheduler's rules over the worker's node table and pod index:
 
 - Candidate nodes: the nodes where the pod passes every filter of its profile once every pod of lower priority on
-  them is gone (the filters run once over all nodes with those pods' requests taken off).
+  them is gone (the filters run once over all nodes with those pods' requests taken off, and, when host ports or
+  inter-pod terms may matter, those pods out of the pod index; each such candidate is then checked again with
+  only its own victims gone, `select_victims` with the profile).
 - Victims on a node (``SelectVictimsOnNode``): all lower-priority pods are removed; if the pod then fits (beside
   the room held for other nominated pods of at least its priority), pods are reprieved one by one, most important
   first (higher priority, then older), those whose eviction would violate a PodDisruptionBudget first; a pod
-  stays a victim only if the preemptor no longer fits with it back.
+  stays a victim only if the preemptor no longer fits with it back (no longer passes the filters, in the deep
+  check: a victim holding its host port or matching its anti-affinity stays a victim).
 - PodDisruptionBudget violations (``filterPodsWithPDBViolation``): per node, each matching budget's
   ``status.disruptionsAllowed`` is counted down by the pods that match it; a pod that takes one below zero
   violates it. A budget with an empty selector matches nothing here, as in kube-scheduler.
@@ -47,7 +50,7 @@ from resolver.kube import Json, KubeError
 from resolver.ledger import Ledger, Nomination, QuotaReport
 from resolver.resources import ResourceVector
 from resolver.rest import KubeREST, segment
-from workers.framework import Profile, evaluate
+from workers.framework import Profile, evaluate, run_filters
 from workers.nodes import NodeTable, PlacedPod
 from workers.pod import PodView
 from workers.podterms import LabelSelector, label_selector
@@ -144,9 +147,12 @@ def split_by_budgets(pods: Sequence[PlacedPod], budgets: Sequence[Budget]) -> tu
 
 
 def select_victims(pod: PodView, node: str, table: NodeTable, budgets: Sequence[Budget],
-                   holds: Iterable[Nomination] = ()) -> Candidate | None:
-    """The fewest victims on `node` that make room for `pod` (kube-scheduler's SelectVictimsOnNode, resources
-    only: the caller checked the other filters); None when even evicting every lower-priority pod is not enough."""
+                   holds: Iterable[Nomination] = (), *, profile: Profile | None = None) -> Candidate | None:
+    """The fewest victims on `node` that make room for `pod` (kube-scheduler's SelectVictimsOnNode); None when
+    even evicting every lower-priority pod is not enough. Without `profile` only resources are checked (the caller
+    checked the other filters); with it, the profile's filters run again with the victims gone from the node's
+    usage and pod index (host ports, inter-pod terms and spread they held), as kube-scheduler re-runs its filters,
+    and each reprieve too. The table is left as it was."""
     lower = sorted((p for uid in table.pods_on.get(node, ()) if (p := table.pods[uid]).priority < pod.priority),
                    key=_importance)
     if not lower:
@@ -160,14 +166,48 @@ def select_victims(pod: PodView, node: str, table: NodeTable, budgets: Sequence[
             free[resource] = free.get(resource, 0) + amount
     if not _fits(pod.request, free):
         return None
+    if profile is not None:
+        for victim in lower:
+            table.remove_pod(victim.uid)
+            table.sub_used(node, victim.request)
+    try:
+        return _reprieve(pod, node, table, budgets=budgets, lower=lower, free=free, profile=profile)
+    finally:
+        if profile is not None:
+            table.set_used(node, used)
+            for victim in lower:
+                if victim.uid not in table.pods:
+                    table.place_pod(victim)
+
+
+def _passes(profile: Profile, pod: PodView, table: NodeTable, node: str) -> bool:
+    """Whether `pod` passes every filter of `profile` on `node` as the table stands."""
+    feasible, _counts = run_filters(profile.filters, pod, table)
+    return bool(feasible[table.row(node)])
+
+
+def _reprieve(pod: PodView, node: str, table: NodeTable, *, budgets: Sequence[Budget], lower: Sequence[PlacedPod],
+              free: dict[str, int], profile: Profile | None) -> Candidate | None:
+    """`select_victims` once every lower-priority pod is out: reprieve them, most important first."""
+    if profile is not None and not _passes(profile, pod, table, node):
+        return None
     victims: list[PlacedPod] = []
 
     def reprieve(victim: PlacedPod) -> bool:
         back = {r: free.get(r, 0) - victim.request.get(r, 0) for r in set(free) | set(victim.request)}
         if _fits(pod.request, back):
-            free.clear()
-            free.update(back)
-            return True
+            if profile is None:
+                free.clear()
+                free.update(back)
+                return True
+            table.place_pod(victim)
+            table.add_used(node, victim.request)
+            if _passes(profile, pod, table, node):
+                free.clear()
+                free.update(back)
+                return True
+            table.remove_pod(victim.uid)
+            table.sub_used(node, victim.request)
         victims.append(victim)
         return False
 
@@ -217,25 +257,44 @@ def candidates(profile: Profile, pod: PodView, table: NodeTable, budgets: Sequen
                 freed[resource] = freed.get(resource, 0) + amount
     if not lower:
         return []
+    # Victims may hold what stops the pod besides room: host ports, pods its inter-pod terms or spread count, or
+    # anti-affinity terms of their own. Then the what-if takes them out of the pod index too, and each candidate
+    # node is checked again with only its own victims gone (kube-scheduler's filters on the node without them).
+    deep = bool(pod.host_ports or pod.reads_pod_index) or any(
+        (p := table.pods[uid]).ports or p.anti for node in lower for uid in table.pods_on.get(node, ())
+        if table.pods[uid].priority < pod.priority)
     saved = {node: table.used_of(node) for node in lower}
+    out = [p for p in table.pods.values() if p.priority < pod.priority and p.node in lower] if deep else []
     try:
         # What if every lower-priority pod were gone: which nodes would pass every filter? Synchronous, so no other
         # task of the worker sees the table in this state.
         for node, freed in lower.items():
             table.sub_used(node, freed)
+        for placed in out:
+            table.remove_pod(placed.uid)
         feasible = evaluate(profile, pod, table).feasible
         names = [table.names[row] for row in np.flatnonzero(feasible)]
     finally:
+        for placed in out:
+            table.place_pod(placed)
         for node, used in saved.items():
             table.set_used(node, used)
     holds = list(holds)
     found = []
+    checked = 0
     for node in names:
         if node in lower:
-            candidate = select_victims(pod, node, table, budgets, holds)
+            if deep and checked >= MAX_DEEP_CANDIDATES:
+                break
+            checked += 1
+            candidate = select_victims(pod, node, table, budgets, holds, profile=profile if deep else None)
             if candidate is not None:
                 found.append(candidate)
     return found
+
+
+MAX_DEEP_CANDIDATES = 100
+"""Candidate nodes checked with the filters re-run (kube-scheduler's minCandidateNodesAbsolute)."""
 
 
 def reclaimable(pod: PodView, quotas: QuotaReport) -> str:

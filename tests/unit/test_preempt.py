@@ -10,7 +10,7 @@ import pytest
 from resolver.ledger import Nomination
 from tests.unit.kube_objects import raw_node, raw_pod, table
 from workers.framework import Profile
-from workers.nodes import NodeTable, PlacedPod
+from workers.nodes import HostPort, NodeTable, PlacedPod
 from workers.pod import PodView, parse_pod
 from workers.podterms import label_selector
 from workers.preempt import (
@@ -191,3 +191,46 @@ def test_pods_of_priority_zero_do_not_look_at_preemption_when_nothing_placed_is_
     nodes.remove_pod("uid-low")
     assert not eligible(preemptor("2", priority=0), nodes), "the index forgets a priority once its last pod left"
     assert zero.priority == 0
+
+
+def test_a_victim_holding_the_host_port_the_preemptor_needs_is_evicted_and_one_that_does_not_is_reprieved(
+        profile: Profile) -> None:
+    nodes = table(raw_node("n1", NODE))
+    port = (HostPort(protocol="TCP", ip="0.0.0.0", port=8080),)
+    for name, ports in (("holder", port), ("bystander", ())):
+        placed = PlacedPod(uid=f"uid-{name}", node="n1", namespace="team", labels={"app": name}, ports=ports,
+                           name=name, priority=1, request={"cpu": 100, "pods": 1}, created="2026-01-01T00:00:00Z")
+        nodes.place_pod(placed)
+        nodes.add_used("n1", placed.request)
+    raw = raw_pod("urgent", {"cpu": "1"})
+    raw["spec"]["priority"] = 100
+    raw["spec"]["containers"][0]["ports"] = [{"containerPort": 80, "hostPort": 8080}]
+    urgent = parse_pod(raw)
+    # room is plenty: only the port stands in the way, and only its holder goes (kube-scheduler re-runs NodePorts)
+    [found] = candidates(profile, urgent, nodes, [])
+    assert (found.node, names(found)) == ("n1", ["holder"])
+    assert set(nodes.pods) == {"uid-holder", "uid-bystander"} and nodes.used_of("n1") == {"cpu": 200, "pods": 2}
+
+
+def test_a_victim_the_preemptors_anti_affinity_refuses_is_evicted_and_the_what_if_is_per_node(
+        profile: Profile) -> None:
+    host = "kubernetes.io/hostname"
+    zone = "topology.kubernetes.io/zone"
+    nodes = table(*(raw_node(f"n{i}", NODE, labels={host: f"n{i}", zone: "a"}) for i in (1, 2)))
+    place(nodes, "noisy-1", "n1", cpu=100, priority=1, labels={"app": "noisy"})
+    place(nodes, "noisy-2", "n2", cpu=100, priority=1, labels={"app": "noisy"})
+    place(nodes, "quiet", "n2", cpu=100, priority=1, labels={"app": "quiet"})
+    raw = raw_pod("urgent", {"cpu": "1"})
+    raw["spec"]["priority"] = 100
+    raw["spec"]["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": {"app": "noisy"}}, "topologyKey": zone}]}}
+    urgent = parse_pod(raw)
+    # Zone a holds a noisy pod on each node: evicting the one on the chosen node alone is not enough (the other
+    # node's noisy pod is in the same zone), so no node is a candidate, as kube-scheduler finds per node.
+    assert candidates(profile, urgent, nodes, []) == []
+    # With the anti-affinity on hostname, each node needs only its own noisy pod gone; quiet is reprieved.
+    raw["spec"]["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0][
+        "topologyKey"] = host
+    found = candidates(profile, parse_pod(raw), nodes, [])
+    assert sorted((c.node, names(c)) for c in found) == [("n1", ["noisy-1"]), ("n2", ["noisy-2"])]
+    assert len(nodes.pods) == 3 and nodes.anti_holders == {}
