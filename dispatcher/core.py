@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import aiohttp
+import orjson
 from redis.exceptions import RedisError
 
 from dispatcher.gangs import (
@@ -69,9 +70,11 @@ from dispatcher.status import (
     gang_view,
     pending_view,
 )
+from resolver import reservations
 from resolver.errors import LedgerUnavailable, PodSpecError
 from resolver.events import pod_event, post_event, set_unschedulable
 from resolver.kube import InformerHandlers, Json, KubeError
+from resolver.reservations import Reservation
 
 log = logging.getLogger(__name__)
 
@@ -225,6 +228,9 @@ class Dispatcher:
         """pod uid -> worker id, this replica's copy of the Redis map."""
         self.waiting: dict[str, Waiting] = {}
         self.podgroups: dict[GangKey, PodGroupSpec] = {}
+        self.reservations: dict[str, Reservation] = {}
+        """Koordinator Reservations by uid (dispatcher/reservations.py): a Pending one is placed like a pod (it sits
+        in `pending` under its uid); an Available one is offered to the pending pods it owns (`_with_hints`)."""
         # Members already bound count toward a gang's min-available (scheduler-plugins' Coscheduling). The pending
         # watch never sees bound pods, so the leader counts them by listing the gang's members by label, only for
         # gangs that changed (a member appeared or left the pending set; `gangs_dirty`), every few seconds
@@ -276,7 +282,7 @@ class Dispatcher:
             uid = self._observe(raw)
             if uid is not None:
                 listed.add(uid)
-        for uid in [uid for uid in self.pending if uid not in listed]:
+        for uid in [uid for uid in self.pending if uid not in listed and uid not in self.reservations]:
             self._drop(uid, deleted=False)
         log.info("pending-pod watch listed %d pods (%d to place)", len(items), len(self.pending))
 
@@ -565,7 +571,7 @@ class Dispatcher:
         loads = worker_loads(self.workers, self.dispatched)
         sent = 0
         batch: list[tuple[str, WorkItem]] = []
-        for item in [*plan_work_items(singles, attempts=self._attempts), *gang_items]:
+        for item in [*map(self._with_hints, plan_work_items(singles, attempts=self._attempts)), *gang_items]:
             uids = item_uids(item)
             worker = choose_worker(self.workers, item.policy, loads=loads, rng=self._rng)
             if worker is None:
@@ -594,6 +600,26 @@ class Dispatcher:
                       worker_id)
             sent += len(uids)
         return sent
+
+    def on_reservation_gone(self, uid: str) -> None:
+        """A Reservation left Pending (placed, used, failed) or was deleted: it is no longer placed as a pod."""
+        if uid in self.pending:
+            self._drop(uid, deleted=False)
+
+    def _with_hints(self, item: WorkItem) -> WorkItem:
+        """The item, its compact pod carrying the Available Reservations that own the pod (`reservations.HINTS`):
+        the worker prefers their nodes and takes their room. Not for gangs yet."""
+        pod = self.pending.get(item.uid)
+        if pod is None or not any(r.available for r in self.reservations.values()) or item.uid in self.reservations:
+            return item
+        metadata = {"uid": pod.uid, "namespace": pod.namespace, "name": pod.name, "labels": dict(pod.labels),
+                    "ownerReferences": list(pod.owner_references)}
+        owning = [r for r in self.reservations.values() if r.available and reservations.owns(r, {"metadata": metadata})]
+        if not owning:
+            return item
+        compact = orjson.loads(item.pod)
+        compact[reservations.HINTS] = reservations.hints(owning)
+        return dataclasses.replace(item, pod=orjson.dumps(compact, option=orjson.OPT_SORT_KEYS).decode())
 
     def wake(self) -> None:
         """Something changed that may let waiting pods go (e.g. a PodGroup appeared)."""

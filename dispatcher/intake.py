@@ -41,6 +41,8 @@ class PendingPod:
     """The version of `compact`; a change while the pod is queued sends the new version after the old."""
     priority: int = 0
     """spec.priority: higher is dispatched first (then the oldest), as kube-scheduler's PrioritySort orders."""
+    owner_references: tuple[Json, ...] = ()
+    """metadata.ownerReferences that are controllers (Reservation owners may name the controller)."""
     gated: bool = False
     """spec.schedulingGates is not empty: never dispatched (the apiserver set PodScheduled=False, reason
     SchedulingGated); the MODIFIED event that removes the last gate dispatches it at once."""
@@ -134,6 +136,8 @@ def parse_pending_pod(
         digest=compact.digest(encoded),
         priority=priority if isinstance(priority, int) and not isinstance(priority, bool) else 0,
         gated=bool(spec.get("schedulingGates")),
+        owner_references=tuple(r for r in references if isinstance(r, dict) and r.get("controller"))
+        if isinstance(references := metadata.get("ownerReferences"), list) else (),
     )
 
 

@@ -20,6 +20,7 @@ from dispatcher.intake import pending_pods_selector
 from dispatcher.leader import KubeLeaseAPI, LeaderElector
 from dispatcher.podgroups import track_gangs, watch_podgroups
 from dispatcher.queue import WorkQueue
+from dispatcher.reservations import end_reservations, watch_reservations
 from dispatcher.server import ServiceState, build_app
 from dispatcher.settings import DispatcherSettings
 from resolver.access import STATUS_PATHS, TokenAccess
@@ -122,6 +123,13 @@ async def running_dispatcher(settings: DispatcherSettings) -> AsyncIterator[Runn
         podgroups = asyncio.create_task(supervise("podgroup-watch", lambda: watch_podgroups(api, dispatcher)),
                                         name="podgroup-watch")
         stack.push_async_callback(cancel_and_wait, podgroups)
+        watched = asyncio.create_task(supervise("reservation-watch",
+                                                lambda: watch_reservations(api, dispatcher)),
+                                      name="reservation-watch")
+        stack.push_async_callback(cancel_and_wait, watched)
+        ending = asyncio.create_task(supervise("reservation-expiry", lambda: end_reservations(
+            api, dispatcher, lambda: elector.is_leader)), name="reservation-expiry")
+        stack.push_async_callback(cancel_and_wait, ending)
         gangs = asyncio.create_task(supervise("gang-counts", lambda: track_gangs(api, dispatcher,
                                                                                  lambda: elector.is_leader)),
                                     name="gang-counts")

@@ -35,11 +35,19 @@ from typing import Any, Literal
 
 from kubernetes_asyncio import client
 
-from resolver import compact
+from resolver import compact, reservations
 from resolver.errors import LedgerNotReadyError, LedgerUnavailable, NodeSpecError, ResolverError
 from resolver.events import node_event, post_event
-from resolver.kube import InformerHandlers, Json, KubeError, raise_if_cancelled, request_json, run_informer
-from resolver.ledger import AdmittedEntry, BoundPod, Ledger, Overcommit, Placement
+from resolver.kube import (
+    InformerHandlers,
+    Json,
+    KubeError,
+    list_objects,
+    raise_if_cancelled,
+    request_json,
+    run_informer,
+)
+from resolver.ledger import RESERVATION_PREFIX, AdmittedEntry, BoundPod, Ledger, Overcommit, Placement
 from resolver.quotas import QuotaMirror, keep_status, watch_quotas
 from resolver.resources import (
     NODE_RESERVATION_ANNOTATION,
@@ -217,6 +225,10 @@ class LedgerSync:
         self.core: Any = client.CoreV1Api(api)
         self.quotas = QuotaMirror(ledger)
         """the cluster's ElasticQuotas, written to the ledger as they change and whole before every rebuild"""
+        self.custom: Any = client.CustomObjectsApi(api)
+        self.reservations: dict[str, PodInfo] = {}
+        """Available Reservations by uid: entries 'Reservation/<name>' holding their room (resolver/reservations.py)"""
+        self._reservations_listed = asyncio.Event()
         self.pods = PodIndex()
         self.nodes: dict[str, NodeRecord] = {}
         self.stats = SyncStats()
@@ -265,9 +277,11 @@ class LedgerSync:
             )
             group.create_task(self._pod_flush_loop())
             group.create_task(watch_quotas(self.api, self.quotas))
+            group.create_task(self._watch_reservations())
             await self._nodes_listed.wait()
             await self._pods_listed.wait()
             await self.quotas.listed.wait()
+            await self._reservations_listed.wait()
             await self.rebuild()
             group.create_task(keep_status(self.api, self.quotas))
             group.create_task(self._expire_loop())
@@ -283,12 +297,73 @@ class LedgerSync:
             if self.quotas.listed.is_set():
                 # before the rebuild marks the ledger ready, so a Redis that lost its data enforces them at once
                 await self.ledger.set_quotas(self.quotas.quotas(), replace=True)
-            epoch = await self.ledger.rebuild(nodes=nodes, bound=self.pods.bound())
+            epoch = await self.ledger.rebuild(nodes=nodes, bound=self.bound())
             self._epoch = epoch
         self.stats.rebuilds += 1
         self.stats.last_rebuild_unix = time.time()
         self.synced.set()
-        log.info("ledger rebuilt: %d nodes, %d bound pods, epoch %s", len(nodes), len(self.pods.bound()), epoch)
+        log.info("ledger rebuilt: %d nodes, %d bound pods and Reservations, epoch %s", len(nodes), len(self.bound()),
+                 epoch)
+
+    def bound(self) -> list[BoundPod]:
+        """What the ledger must hold as bound: the bound pods and the Available Reservations."""
+        return [*self.pods.bound(), *(BoundPod(uid=r.uid, pod=r.key, node=r.node, request=r.request, meta=r.meta)
+                                      for r in self.reservations.values() if r.node)]
+
+    # --- Reservations ------------------------------------------------------------------------------------
+
+    async def _watch_reservations(self, *, recheck_seconds: float = 60.0) -> None:
+        """Mirror the Available Reservations when their CRD is installed (checked again now and then when not)."""
+        call = functools.partial(self.custom.list_cluster_custom_object, *reservations.API)
+        while True:
+            try:
+                await list_objects(call, limit=1)
+            except KubeError as error:
+                if error.status != 404:
+                    log.warning("cannot list Reservations: %s", error)
+                self._reservations_listed.set()  # none to hold
+                await asyncio.sleep(recheck_seconds)
+                continue
+            await run_informer("reservations", call, InformerHandlers(on_list=self._on_reservation_list,
+                                                                       on_event=self._on_reservation_event),
+                               synced=self._reservations_listed)
+
+    @staticmethod
+    def _reservation_view(obj: Json) -> tuple[str, PodInfo | None]:
+        """uid, and the entry holding the Reservation's room while it is Available and not expired (else None)."""
+        uid = str((obj.get("metadata") or {}).get("uid") or "")
+        try:
+            parsed = reservations.parse(obj)
+        except ResolverError as error:
+            log.warning("Reservation %s ignored: %s", (obj.get("metadata") or {}).get("name"), error)
+            return uid, None
+        if not parsed.available or parsed.expires_unix <= time.time():
+            return uid, None
+        return uid, PodInfo(uid=uid, namespace=RESERVATION_PREFIX.rstrip("/"), name=parsed.name, node=parsed.node,
+                            scheduler_name=parsed.scheduler_name, request=parsed.request, terminal=False,
+                            meta=parsed.meta())
+
+    async def _on_reservation_list(self, items: list[Json]) -> None:
+        async with self._lock:
+            self.reservations = {uid: info for uid, info in map(self._reservation_view, items) if info is not None}
+        if self.synced.is_set():
+            await self.rebuild()
+
+    async def _on_reservation_event(self, kind: str, obj: Json) -> None:
+        uid, info = self._reservation_view(obj)
+        if kind == "DELETED":
+            info = None
+        async with self._lock:
+            previous = self.reservations.pop(uid, None)
+            if info is not None:
+                self.reservations[uid] = info
+            if not self.synced.is_set() or previous == info:
+                return
+            if info is None:
+                await self._apply(self.ledger.release_many([uid]))
+            else:
+                await self._apply(self._bind([BoundPod(uid=uid, pod=info.key, node=info.node or "",
+                                                       request=info.request, meta=info.meta)]))
 
     # --- nodes -------------------------------------------------------------------------------------------
 
@@ -346,7 +421,7 @@ class LedgerSync:
                         # As the rebuild does: pods that still name the node stay counted on it (registered
                         # without allocatable, so nothing more is admitted there) until they go; a node
                         # re-created under the name finds them.
-                        standing = [p for p in self.pods.bound() if p.node == name]
+                        standing = [p for p in self.bound() if p.node == name]
                         if standing:
                             log.warning("node %s deleted while %d pods still name it; they stay counted", name,
                                         len(standing))
@@ -593,7 +668,7 @@ class LedgerSync:
                 return []  # changes in flight: the next round compares
             snapshot = await self.ledger.snapshot()
             entries = await self.ledger.entries()
-            expected = {p.uid: p for p in self.pods.bound()}
+            expected = {p.uid: p for p in self.bound()}
             drift: list[str] = []
             for name, (alloc, _labels, _spec) in self.nodes.items():
                 node = snapshot.nodes.get(name)

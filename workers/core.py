@@ -39,12 +39,13 @@ from typing import Any, Protocol
 
 import aiohttp
 import numpy as np
+import orjson
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from redis.asyncio import Redis
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from dispatcher.queue import GONE, GangMember, QueueLost, WorkerInfo, WorkItem, WorkQueue
-from resolver import compact
+from resolver import compact, reservations
 from resolver.errors import LedgerNotReadyError, LedgerUnavailable
 from resolver.events import EventSink, pod_event, scheduled_event, set_unschedulable
 from resolver.kube import Json, KubeError
@@ -59,6 +60,7 @@ from resolver.ledger import (
     Reserved,
     Stale,
     UnknownNode,
+    reservation_key,
 )
 from resolver.ledger import GangMember as GangPlacementMember
 from resolver.rest import KubeREST
@@ -75,6 +77,14 @@ from workers.nodes import NodeTable
 from workers.pod import PodView, placed_view
 from workers.preempt import Preemptor, eligible
 from workers.profiles import load_profiles
+from workers.reservations import (
+    Hint,
+    hints_of,
+    preferred_first,
+    reservation_event,
+    reservation_name,
+    write_status,
+)
 from workers.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -138,6 +148,8 @@ class Worker:
         apiserver."""
         self.queue = WorkQueue(redis)
         self.ledger = Ledger(redis)
+        self._consumed: dict[str, str] = {}
+        """pod uid -> the Reservation whose room its reservation took, until its binding is answered"""
         profiles, default = load_profiles(settings.policies_file)
         missing = [p for p in settings.policies if p not in profiles]
         if missing:
@@ -474,7 +486,8 @@ class Worker:
                 self._failed(work, error)
                 continue
             if isinstance(decision, Unschedulable):
-                if self.preemptor is not None and (eligible(pod, self.nodes) or await self._has_quota(pod.namespace)):
+                if self.preemptor is not None and not reservation_name(work.raw) and (
+                        eligible(pod, self.nodes) or await self._has_quota(pod.namespace)):
                     preempting.append((work, pod, profile, decision.message))
                 else:
                     self._unschedulable(work, decision.message)
@@ -507,10 +520,7 @@ class Worker:
 
     async def _reserve_decided(self, decided: Sequence[tuple[Work, PodView, Placement]], position: str) -> None:
         results = await self.ledger.reserve_batch(
-            [BatchPod(uid=pod.uid, pod=pod.key, digest=work.item.digest, candidates=decision.candidates,
-                      request=pod.request, **ledger_meta(work.raw, pod.request), inter_pod_keys=inter_pod_keys(pod),
-                      position=position, tentative=bool(pod.host_ports or pod.reads_pod_index))
-             for work, pod, decision in decided],
+            [self._batch_pod(work, pod, decision, position) for work, pod, decision in decided],
             owner=self.settings.id, ttl_seconds=self.settings.reservation_ttl_seconds,
         )
         for index, (_work, pod, decision) in enumerate(decided):
@@ -530,10 +540,15 @@ class Worker:
         reclaiming: list[tuple[Work, PodView, str]] = []
         for (work, pod, _decision), result in zip(decided, results, strict=True):
             match result:
-                case Reserved(node=node):
+                case Reserved(node=node, consumed=consumed):
                     if node in self.nodes:
                         self.nodes.add_used(node, pod.request)
                     self.conflict_rounds.pop(pod.uid, None)
+                    if name := reservation_name(work.raw):
+                        self._start_keep(work, pod, node, name)
+                        continue
+                    if consumed:
+                        self._consumed[pod.uid] = next(h.name for h in hints_of(work.raw) if h.node == node)
                     self._start_bind(work, [(pod, node)])
                 case HeldElsewhere():
                     self.count("gone")  # bound already (by us earlier, or by another scheduler)
@@ -570,6 +585,22 @@ class Worker:
             profile = self.profiles.get(work.item.policy) or self.profiles[self.default_profile]
             self._unschedulable(work, await self.preemptor.reclaim(profile, pod, work.raw, self.nodes, message))
 
+    @staticmethod
+    def _batch_pod(work: Work, pod: PodView, decision: Placement, position: str) -> BatchPod:
+        """The ledger's view of one decided pod: a Reservation to place holds room under 'Reservation/<name>'; a
+        pod owned by Reservations names the one on its best candidate that has one."""
+        meta = ledger_meta(work.raw, pod.request)
+        name = reservation_name(work.raw)
+        if name:
+            meta["meta"] = orjson.dumps({"namespace": pod.namespace, "priority": reservations.PRIORITY,
+                                         "reservation": name}).decode()
+        by_node = {h.node: h.uid for h in hints_of(work.raw)}
+        consume = next((by_node[c] for c in decision.candidates if c in by_node), "")
+        return BatchPod(uid=pod.uid, pod=reservation_key(name) if name else pod.key, digest=work.item.digest,
+                        candidates=decision.candidates, request=pod.request, **meta,
+                        inter_pod_keys=inter_pod_keys(pod), position=position,
+                        tentative=bool(pod.host_ports or pod.reads_pod_index), reservation=consume)
+
     async def _decide(self, profile: Profile, work: Work,
                       shared: dict[bytes, tuple[Evaluation, set[str]]]) -> Placement | Unschedulable:
         pod = work.pod
@@ -584,6 +615,9 @@ class Worker:
             held = self.feed.held_nodes(pod.uid, compact.controller_uid(work.raw))
             if held:
                 return self._decide_held(profile, pod, held)
+        hints = hints_of(work.raw)
+        if hints:
+            return self._decide_with_reservations(profile, pod, hints, top)
         key = signature(work)
         cached = shared.get(key)
         if cached is not None and len(cached[0].feasible) == len(self.nodes):
@@ -608,6 +642,29 @@ class Worker:
             allowed, {f"node(s) were not where hoss-rescheduler holds room for the pod ({', '.join(held)})": others}
             if others else None)
         return choose(restricted, self.nodes, rng=self.rng, top=self.settings.candidates)
+    def _decide_with_reservations(self, profile: Profile, pod: PodView, hints: Sequence[Hint],
+                                  top: int) -> Placement | Unschedulable:
+        """Decide with the room of the Reservations that own the pod given back on their nodes, and a feasible
+        Reservation node first (workers/reservations.py)."""
+        freed = [h for h in hints if h.node in self.nodes]
+        for hint in freed:
+            self.nodes.sub_used(hint.node, hint.request)
+        try:
+            evaluation = evaluate(profile, pod, self.nodes)
+            decision = choose(evaluation, self.nodes, rng=self.rng, top=top)
+        finally:
+            for hint in freed:
+                self.nodes.add_used(hint.node, hint.request)
+        if not isinstance(decision, Placement):
+            return decision
+        feasible = [h.node for h in freed if evaluation.feasible[self.nodes.index[h.node]]]
+        candidates = preferred_first(decision.candidates, feasible)
+        if candidates == decision.candidates:
+            return decision
+        scores = dict(zip(decision.candidates, decision.scores, strict=True))
+        best = max(decision.scores, default=0.0)
+        return dataclasses.replace(decision, candidates=candidates,
+                                   scores=[scores.get(c, best) for c in candidates])
 
     async def _refresh_usage(self, names: Sequence[str]) -> None:
         usage = await self.ledger.node_usage(names)
@@ -625,6 +682,14 @@ class Worker:
 
     def _unschedulable(self, work: Work, message: str) -> None:
         self.count("unschedulable")
+        if name := reservation_name(work.raw):
+            if self.last_message.get(work.item.uid) != message:
+                self.last_message[work.item.uid] = message
+                self._background(self._reservation_status(name, reservations.unschedulable_status(message)))
+                self._record(reservation_event(name, work.item.uid, reason="FailedScheduling", message=message,
+                                               component=self._component(), warning=True))
+            self._retry_later(work)
+            return
         for member in self._members(work.item):
             if self.last_message.get(member.uid) != message:
                 self.last_message[member.uid] = message
@@ -693,6 +758,41 @@ class Worker:
                 await self._refresh_usage(sorted({m.node for m in members}))
                 self._retry_later(work, soon=True)
 
+    # --- Reservations (workers/reservations.py) -----------------------------------------------------------
+
+    async def _reservation_status(self, name: str, patch: Json) -> None:
+        await write_status(self.rest, name, patch)
+
+    def _start_keep(self, work: Work, pod: PodView, node: str, name: str) -> None:
+        task = asyncio.create_task(self._keep(work, pod, node, name))
+        self._bind_tasks.add(task)
+        task.add_done_callback(self._bind_tasks.discard)
+
+    async def _keep(self, work: Work, pod: PodView, node: str, name: str) -> None:
+        """A Reservation's room is reserved on `node`: write its status Available there, then keep the room (the
+        sync does the same when it sees the status, so a worker that dies in between loses nothing)."""
+        if not await write_status(self.rest, name, reservations.available_status(node)):
+            await self._unreserve(pod, node)
+            self._retry_later(work)
+            return
+        try:
+            await self.ledger.keep_reservation(uid=pod.uid, name=name, node=node, request=pod.request,
+                                               meta=self._batch_pod(work, pod, Placement([node], [0.0], 1), "").meta)
+        except (LedgerUnavailable, LedgerNotReadyError) as error:
+            log.warning("Reservation %s: its room on %s is kept by the sync once it sees it (%s)", name, node, error)
+        self.count("reserved")
+        self.last_message.pop(pod.uid, None)
+        self._record(reservation_event(name, pod.uid, reason="Scheduled", message=f"Reservation {name} placed on "
+                                       f"{node}", component=self._component(), warning=False))
+        self._done(work, bound=True)
+
+    def _used_reservation(self, pod: PodView, node: str) -> None:
+        """The pod is bound where it took a Reservation's room: the Reservation succeeded, the pod its owner."""
+        name = self._consumed.pop(pod.uid, None)
+        if name is not None:
+            owner = {"namespace": pod.namespace, "name": pod.name, "uid": pod.uid}
+            self._background(self._reservation_status(name, reservations.succeeded_status(node, owner)))
+
     # --- binding -----------------------------------------------------------------------------------------
 
     def _start_bind(self, work: Work, placements: list[tuple[PodView, str]]) -> None:
@@ -704,6 +804,11 @@ class Worker:
         """Bind every placement of the item; acknowledge when all are bound, else try the item again."""
         item = work.item
         outcomes = await asyncio.gather(*(self._bind(pod, node) for pod, node in placements))
+        for (pod, node), (ok, _status) in zip(placements, outcomes, strict=True):
+            if ok:
+                self._used_reservation(pod, node)
+            else:
+                self._consumed.pop(pod.uid, None)  # the room is back with the Reservation after the sync's audit
         if all(ok for ok, _status in outcomes):
             self.backoff.pop(item.uid, None)
             for member in self._members(item):

@@ -265,10 +265,11 @@ class LocalPlane:
             self._start_apiserver(state, paths["kube-apiserver"])
             progress("applying RBAC for the hoss components (deploy/rbac.yaml)")
             self.kubectl("apply", "-f", str(RBAC_MANIFEST))
-            progress("installing the scheduler-plugins CRDs hoss uses (deploy/crds: PodGroup, ElasticQuota)")
+            progress("installing the CRDs hoss uses (deploy/crds: PodGroup, ElasticQuota, Reservation)")
             self.kubectl("apply", "-k", str(DEPLOY_DIR / "crds"))
             self.kubectl("wait", "--for=condition=Established", "crd/podgroups.scheduling.x-k8s.io",
-                         "crd/elasticquotas.scheduling.x-k8s.io", "--timeout=60s")
+                         "crd/elasticquotas.scheduling.x-k8s.io", "crd/reservations.scheduling.koordinator.sh",
+                         "--timeout=60s")
             progress("starting kube-controller-manager (" + ",".join(CONTROLLERS) + ")")
             self._start_controller_manager(state, paths["kube-controller-manager"])
             progress("starting kwok (fake kubelets)")

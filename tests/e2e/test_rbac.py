@@ -4,7 +4,8 @@ The session's plane runs with the apiserver's audit log (Metadata level, the hos
 scenario here drives every path that needs a grant: pods placed, a pod that fits nowhere (its PodScheduled
 condition and FailedScheduling event), a pod for a policy no worker serves (NoWorkerForPolicy), a PodGroup gang
 (its status), a preemption (PodDisruptionBudgets listed, an eviction), both Lease elections, the resolver's sync
-and a pod read, a malformed node reservation annotation (the resolver's Warning event), and a dispatcher, a
+and a pod read, a malformed node reservation annotation (the resolver's Warning event), a Reservation placed
+and expired, and a dispatcher, a
 resolver and a worker with --access=kubernetes (TokenReview, SubjectAccessReview). Then the audit log of the whole
 session so far (this scenario and any test before it) is compared with the rules bound to each component's
 ServiceAccount: a grant no call used fails the test, and so does any call the apiserver refused.
@@ -126,6 +127,28 @@ async def preempt_once(plane: LocalPlane, cluster: Cluster, namespace: str) -> N
         await cluster.delete_nodes([node])
 
 
+async def reserve_once(cluster: Cluster, namespace: str) -> None:
+    custom: Any = client.CustomObjectsApi(cluster.api)
+    name = f"rbac-{namespace}"[:60]
+    body = {"apiVersion": "scheduling.koordinator.sh/v1alpha1", "kind": "Reservation", "metadata": {"name": name},
+            "spec": {"template": {"spec": {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10",
+                                                           "resources": {"requests": {"cpu": "100m"}}}]}},
+                     "owners": [{"object": {"name": "nobody", "namespace": namespace}}], "ttl": "3s"}}
+    await custom.create_cluster_custom_object("scheduling.koordinator.sh", "v1alpha1", "reservations", body)
+    seen: set[str] = set()
+
+    async def failed() -> tuple[bool, str]:
+        found = await custom.get_cluster_custom_object("scheduling.koordinator.sh", "v1alpha1", "reservations", name)
+        phase = (found.get("status") or {}).get("phase", "")
+        seen.add(phase)
+        return phase == "Failed", str(sorted(seen))
+
+    try:
+        await wait_until(failed, timeout=60, what="the Reservation to be placed and then expire")
+    finally:
+        await custom.delete_cluster_custom_object("scheduling.koordinator.sh", "v1alpha1", "reservations", name)
+
+
 def test_granted_reads_roles_through_their_bindings() -> None:
     grants = granted(RBAC_MANIFEST)
     assert set(grants) == set(HOSS_COMPONENTS)
@@ -196,6 +219,9 @@ async def test_every_verb_granted_to_a_component_is_one_it_uses_and_none_is_refu
             await wait_until(quota_status, timeout=60, what="the resolver to write the ElasticQuota's status.used")
             # Preemption: a high-priority pod evicts a low-priority one from a full node (PDBs listed, an eviction).
             await preempt_once(plane, cluster, namespace)
+            # A Reservation: watched by the dispatcher and the resolver, placed by the worker (status Available),
+            # ended by the dispatcher when its ttl passes (status Failed).
+            await reserve_once(cluster, namespace)
         # --access=kubernetes on the dispatcher, a resolver and a worker: TokenReview and SubjectAccessReview.
         outcomes = await status_access(plane, namespace)
         assert {c: outcomes[f"{c} viewer /status"] for c in ("dispatcher", "resolver", "worker")} == {

@@ -8,10 +8,13 @@ pods do not interfere."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
+from kubernetes_asyncio import client
 
 from deploy.local.cluster import Cluster, Json, pod_manifest, wait_until
 from deploy.local.plane import LocalPlane, Process
@@ -94,3 +97,112 @@ async def test_a_node_reservation_annotation_takes_room_from_hoss_and_kube_sched
     finally:
         await cluster.delete_pods(namespace)
         await cluster.delete_nodes([node])
+
+
+def reservation(name: str, pool: str, *, gpus: str, owner_label: str, ttl: str = "10m") -> Json:
+    return {
+        "apiVersion": "scheduling.koordinator.sh/v1alpha1", "kind": "Reservation", "metadata": {"name": name},
+        "spec": {
+            "template": {"metadata": {"namespace": "default"}, "spec": {
+                "nodeSelector": {"e2e.hoss.io/pool": pool},
+                "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10", "resources": {
+                    "requests": {"cpu": "1", "nvidia.com/gpu": gpus}, "limits": {"nvidia.com/gpu": gpus}}}]}},
+            "owners": [{"labelSelector": {"matchLabels": {"app": owner_label}}}],
+            "ttl": ttl,
+        },
+    }
+
+
+async def reservation_status(cluster: Cluster, name: str) -> Json:
+    custom: Any = client.CustomObjectsApi(cluster.api)
+    found = await custom.get_cluster_custom_object("scheduling.koordinator.sh", "v1alpha1", "reservations", name)
+    return dict(found.get("status") or {})
+
+
+async def test_a_reservation_holds_room_a_kube_scheduler_pod_cannot_take_and_its_owner_uses(
+    plane: LocalPlane, cluster: Cluster, namespace: str, hoss_worker: Process
+) -> None:
+    pool = f"rsv-{next(_names)}-{namespace}"[:60]
+    name = f"train-{namespace}"[:60]
+    [node] = await cluster.create_nodes(1, prefix=pool[:50], capacity={"cpu": "8", "memory": "16Gi", "pods": "110",
+                                                                       "nvidia.com/gpu": "4"},
+                                        labels={"e2e.hoss.io/pool": pool})
+    custom: Any = client.CustomObjectsApi(cluster.api)
+    try:
+        await cluster.wait_nodes_ready([node])
+        await custom.create_cluster_custom_object("scheduling.koordinator.sh", "v1alpha1", "reservations",
+                                                  reservation(name, pool, gpus="4", owner_label=name))
+
+        async def available() -> tuple[bool, str]:
+            status = await reservation_status(cluster, name)
+            return status.get("phase") == "Available" and status.get("nodeName") == node, str(status)
+
+        await wait_until(available, timeout=90, what="hoss to place the Reservation")
+        # kube-scheduler sees 4 free GPUs (it knows no Reservation); the resolver refuses its binding.
+        await cluster.create_pods([pinned("kube-gpu", pool, cpu="1", scheduler="default-scheduler",
+                                          extra={"nvidia.com/gpu": "2"})], namespace=namespace)
+
+        async def refused() -> tuple[bool, str]:
+            messages = [e.message or "" for e in await cluster.events_for(namespace, "kube-gpu")]
+            return any("hoss: node" in m and "nvidia.com/gpu" in m for m in messages), str(messages[-2:])
+
+        await wait_until(refused, timeout=90, what="the resolver to refuse the kube-scheduler pod")
+        owner = pinned("owner", pool, cpu="1", extra={"nvidia.com/gpu": "4"})
+        owner["metadata"]["labels"] = {"app": name}
+        await cluster.create_pods([owner], namespace=namespace)
+
+        async def used() -> tuple[bool, str]:
+            status = await reservation_status(cluster, name)
+            _cpu, names = await bound_cpu(cluster, namespace)
+            owners = [o.get("name") for o in status.get("currentOwners") or []]
+            return status.get("phase") == "Succeeded" and owners == ["owner"] and names == ["owner"], \
+                f"{status.get('phase')} {owners} bound {names}"
+
+        await wait_until(used, timeout=90, what="the owner pod to take the Reservation's room")
+        pods = {p["metadata"]["name"]: p for p in await cluster.raw_list("list_namespaced_pod", namespace)}
+        assert pods["owner"]["spec"]["nodeName"] == node
+        assert not pods["kube-gpu"]["spec"].get("nodeName"), "the GPUs went to the owner, none is left"
+    finally:
+        await cluster.delete_pods(namespace)
+        with contextlib.suppress(Exception):
+            await custom.delete_cluster_custom_object("scheduling.koordinator.sh", "v1alpha1", "reservations", name)
+        await cluster.delete_nodes([node])
+
+
+async def test_an_expired_reservation_fails_and_frees_its_room(
+    plane: LocalPlane, cluster: Cluster, namespace: str, hoss_worker: Process
+) -> None:
+    pool = f"rsx-{next(_names)}-{namespace}"[:60]
+    name = f"brief-{namespace}"[:60]
+    [node] = await cluster.create_nodes(1, prefix=pool[:50], capacity={"cpu": "8", "memory": "16Gi", "pods": "110",
+                                                                       "nvidia.com/gpu": "4"},
+                                        labels={"e2e.hoss.io/pool": pool})
+    custom: Any = client.CustomObjectsApi(cluster.api)
+    try:
+        await cluster.wait_nodes_ready([node])
+        await custom.create_cluster_custom_object("scheduling.koordinator.sh", "v1alpha1", "reservations",
+                                                  reservation(name, pool, gpus="4", owner_label=name, ttl="5s"))
+
+        async def phase(wanted: str) -> tuple[bool, str]:
+            status = await reservation_status(cluster, name)
+            return status.get("phase") == wanted, str(status)
+
+        await wait_until(lambda: phase("Available"), timeout=60, what="hoss to place the Reservation")
+        await wait_until(lambda: phase("Failed"), timeout=60, what="the Reservation to expire")
+        reasons = [c.get("reason") for c in (await reservation_status(cluster, name)).get("conditions") or []]
+        assert "Expired" in reasons
+        # Its room is free again: a kube-scheduler pod takes all 4 GPUs.
+        await cluster.create_pods([pinned("kube-gpu", pool, cpu="1", scheduler="default-scheduler",
+                                          extra={"nvidia.com/gpu": "4"})], namespace=namespace)
+        await wait_until(lambda: _bound(cluster, namespace, "kube-gpu"), timeout=90,
+                         what="the kube-scheduler pod to bind in the freed room")
+    finally:
+        await cluster.delete_pods(namespace)
+        with contextlib.suppress(Exception):
+            await custom.delete_cluster_custom_object("scheduling.koordinator.sh", "v1alpha1", "reservations", name)
+        await cluster.delete_nodes([node])
+
+
+async def _bound(cluster: Cluster, namespace: str, name: str) -> tuple[bool, str]:
+    _cpu, names = await bound_cpu(cluster, namespace)
+    return name in names, str(names)

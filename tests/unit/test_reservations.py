@@ -1,0 +1,139 @@
+"""Koordinator Reservations read as Koordinator defines them (resolver/reservations.py), and the resolver's sync
+keeping an Available Reservation's room in the ledger until it is used, fails or is deleted."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import fakeredis
+import pytest
+from kubernetes_asyncio import client
+
+from resolver import reservations
+from resolver.ledger import Ledger, reservation_key
+from resolver.reservations import ReservationError, as_pod, owns, parse, parse_duration
+from resolver.sync import LedgerSync
+
+NOW = "2026-11-23T00:00:00Z"
+
+
+def raw(*, owners: list[Any] | None = None, phase: str = "", node: str = "", **spec: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "r1", "uid": "uid-r1", "creationTimestamp": NOW, "resourceVersion": "7"},
+        "spec": {"template": {"metadata": {"namespace": "team", "labels": {"x": "y"}}, "spec": {
+            "containers": [{"name": "c", "resources": {"requests": {"cpu": "2", "nvidia.com/gpu": "4"}}}]}},
+                 "owners": owners if owners is not None else [{"labelSelector": {"matchLabels": {"app": "train"}}}],
+                 **spec},
+        "status": {"phase": phase, "nodeName": node} if phase else {},
+    }
+
+
+def test_durations_are_go_durations() -> None:
+    assert parse_duration("90s", field="spec.ttl") == 90
+    assert parse_duration("1h30m", field="spec.ttl") == 5400
+    assert parse_duration("1.5m", field="spec.ttl") == 90
+    for bad in ("", "10", "ten minutes", "5d"):
+        with pytest.raises(ReservationError, match=r"spec\.ttl: invalid duration"):
+            parse_duration(bad, field="spec.ttl")
+
+
+def test_expiry_from_ttl_expires_or_a_day() -> None:
+    created = parse(raw()).expires_unix - reservations.DEFAULT_TTL_SECONDS
+    assert parse(raw(ttl="10m")).expires_unix == created + 600
+    assert parse(raw(ttl="10m", expires="2026-11-23T01:00:00Z")).expires_unix == created + 3600
+
+
+def test_the_view_and_its_request() -> None:
+    view = parse(raw(phase="Available", node="n1"))
+    assert view.available and not view.pending and view.allocate_once
+    assert view.request["nvidia.com/gpu"] == 4 and view.request["cpu"] == 2000
+    assert parse(raw()).pending
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"owners": []}, "spec.owners"),
+    ({"owners": [{"name": "x"}]}, "spec.owners[0]"),
+    ({"allocateOnce": "yes"}, "spec.allocateOnce"),
+    ({"ttl": "forever"}, "spec.ttl"),
+    ({"expires": "tomorrow"}, "spec.expires"),
+])
+def test_bad_fields_are_named(change: dict[str, Any], field: str) -> None:
+    broken = raw()
+    broken["spec"].update(change)
+    with pytest.raises(ReservationError) as raised:
+        parse(broken)
+    assert str(raised.value).startswith(field)
+
+
+def pod(labels: dict[str, str] | None = None, *, controller: dict[str, Any] | None = None,
+        name: str = "p", namespace: str = "team") -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace, "uid": "pod-uid", "labels": labels or {}}
+    if controller:
+        metadata["ownerReferences"] = [{**controller, "controller": True}]
+    return {"metadata": metadata}
+
+
+def test_owners_by_label_selector_object_and_controller() -> None:
+    by_label = parse(raw())
+    assert owns(by_label, pod({"app": "train"})) and not owns(by_label, pod({"app": "serve"}))
+    expressions = parse(raw(owners=[{"labelSelector": {"matchExpressions": [
+        {"key": "app", "operator": "In", "values": ["a", "b"]}, {"key": "canary", "operator": "DoesNotExist"}]}}]))
+    assert owns(expressions, pod({"app": "b"}))
+    assert not owns(expressions, pod({"app": "b", "canary": "1"}))
+    by_object = parse(raw(owners=[{"object": {"name": "p", "namespace": "team"}}]))
+    assert owns(by_object, pod()) and not owns(by_object, pod(namespace="other"))
+    job = {"apiVersion": "batch/v1", "kind": "Job", "name": "train", "uid": "job-uid"}
+    by_controller = parse(raw(owners=[{"controller": {"name": "train", "kind": "Job", "namespace": "team"}}]))
+    assert owns(by_controller, pod(controller=job))
+    assert not owns(by_controller, pod(controller={**job, "name": "other"}))
+    assert not owns(by_controller, pod())
+    # Any one entry matching is enough.
+    either = parse(raw(owners=[{"object": {"name": "q"}}, {"labelSelector": {"matchLabels": {"app": "train"}}}]))
+    assert owns(either, pod({"app": "train"}))
+
+
+def test_the_pod_the_dispatcher_places() -> None:
+    made = as_pod(parse(raw()), scheduler_name="hoss")
+    assert made["metadata"]["uid"] == "uid-r1" and made["metadata"]["namespace"] == "team"
+    assert made["metadata"]["annotations"][reservations.ANNOTATION] == "r1"
+    assert made["spec"]["schedulerName"] == "hoss"
+
+
+@pytest.fixture
+async def sync() -> AsyncIterator[LedgerSync]:
+    redis = fakeredis.FakeAsyncRedis(decode_responses=True)
+    api = client.ApiClient()
+    synced = LedgerSync(ledger=Ledger(redis), api=api)
+    synced.nodes["n1"] = ({"cpu": 8000, "nvidia.com/gpu": 8, "pods": 110}, {}, "")
+    await synced.rebuild()
+    yield synced
+    await api.close()
+    await redis.aclose()
+
+
+def fresh(**kwargs: Any) -> dict[str, Any]:
+    made = raw(**kwargs)
+    made["metadata"]["creationTimestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return made
+
+
+async def test_the_sync_holds_available_reservations_and_frees_them_when_they_end(sync: LedgerSync) -> None:
+    await sync._on_reservation_event("ADDED", fresh())
+    assert await sync.ledger.entries() == []  # Pending: nothing held yet
+    await sync._on_reservation_event("MODIFIED", fresh(phase="Available", node="n1"))
+    [entry] = await sync.ledger.entries()
+    assert (entry.uid, entry.pod, entry.state, entry.node) == ("uid-r1", reservation_key("r1"), "bound", "n1")
+    assert entry.request["nvidia.com/gpu"] == 4
+    assert await sync.audit() == []  # the audit counts it as the apiserver's truth
+    await sync.rebuild()
+    assert [e.uid for e in await sync.ledger.entries()] == ["uid-r1"]  # and a rebuild keeps it
+    await sync._on_reservation_event("MODIFIED", fresh(phase="Succeeded", node="n1"))
+    assert await sync.ledger.entries() == []
+    await sync._on_reservation_event("MODIFIED", fresh(phase="Available", node="n1"))
+    await sync._on_reservation_event("DELETED", fresh(phase="Available", node="n1"))
+    assert await sync.ledger.entries() == []
+    # An expired one holds nothing even before the dispatcher marks it Failed.
+    await sync._on_reservation_event("MODIFIED", fresh(phase="Available", node="n1", expires=NOW))
+    assert await sync.ledger.entries() == []
