@@ -32,6 +32,7 @@ import aiohttp
 import orjson
 from redis.exceptions import RedisError
 
+from dispatcher import dependencies
 from dispatcher.gangs import (
     GangCounts,
     GangKey,
@@ -229,6 +230,8 @@ class Dispatcher:
         self.waiting: dict[str, Waiting] = {}
         self.podgroups: dict[GangKey, PodGroupSpec] = {}
         self.reservations: dict[str, Reservation] = {}
+        self.jobs: dict[str, dict[str, dependencies.JobState]] = {}
+        """Jobs by namespace and name, for pods with ``hoss.io/depends-on`` (dispatcher/jobs.py)."""
         """Koordinator Reservations by uid (dispatcher/reservations.py): a Pending one is placed like a pod (it sits
         in `pending` under its uid); an Available one is offered to the pending pods it owns (`_with_hints`)."""
         # Members already bound count toward a gang's min-available (scheduler-plugins' Coscheduling). The pending
@@ -559,6 +562,7 @@ class Dispatcher:
         return now - when >= handback_delay(count, lag_seconds=self.settings.informer_lag_seconds)
 
     async def _send(self, pods: Sequence[PendingPod]) -> int:
+        pods = [pod for pod in pods if not self._waits_for_jobs(pod)]
         if not pods:
             return 0
         singles, gang_items = self._plan_gangs(pods)
@@ -600,6 +604,33 @@ class Dispatcher:
                       worker_id)
             sent += len(uids)
         return sent
+
+    def _waits_for_jobs(self, pod: PendingPod) -> bool:
+        """True (and the pod told why) when its ``hoss.io/depends-on`` Jobs do not allow it yet
+        (dispatcher/dependencies.py)."""
+        annotation = pod.annotations.get(dependencies.ANNOTATION)
+        if annotation is None:
+            return False
+        own = next((str(r.get("name")) for r in pod.owner_references if r.get("kind") == "Job"), None)
+        blocked = dependencies.verdict(annotation, own_job=own, jobs=self.jobs.get(pod.namespace, {}))
+        if blocked is None:
+            return False
+        self._wait(pod, reason=blocked[0], message=blocked[1])
+        return True
+
+    def on_job(self, namespace: str, name: str, state: dependencies.JobState | None) -> None:
+        """A Job changed (None: deleted): the pending pods of its namespace that depend on Jobs are looked at
+        again at once."""
+        jobs = self.jobs.setdefault(namespace, {})
+        if state is None:
+            jobs.pop(name, None)
+        else:
+            jobs[name] = state
+        for uid, pod in self.pending.items():
+            if pod.namespace == namespace and dependencies.ANNOTATION in pod.annotations \
+                    and uid not in self.dispatched:
+                self._fresh[uid] = None
+                self._wakeup.set()
 
     def on_reservation_gone(self, uid: str) -> None:
         """A Reservation left Pending (placed, used, failed) or was deleted: it is no longer placed as a pod."""

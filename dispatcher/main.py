@@ -17,6 +17,7 @@ from redis.asyncio import Redis
 
 from dispatcher.core import Dispatcher, KubeNotifier, cancel_and_wait, run_roles
 from dispatcher.intake import pending_pods_selector
+from dispatcher.jobs import watch_jobs
 from dispatcher.leader import KubeLeaseAPI, LeaderElector
 from dispatcher.podgroups import track_gangs, watch_podgroups
 from dispatcher.queue import WorkQueue
@@ -130,6 +131,8 @@ async def running_dispatcher(settings: DispatcherSettings) -> AsyncIterator[Runn
         ending = asyncio.create_task(supervise("reservation-expiry", lambda: end_reservations(
             api, dispatcher, lambda: elector.is_leader)), name="reservation-expiry")
         stack.push_async_callback(cancel_and_wait, ending)
+        jobs = asyncio.create_task(supervise("job-watch", lambda: watch_jobs(api, dispatcher)), name="job-watch")
+        stack.push_async_callback(cancel_and_wait, jobs)
         gangs = asyncio.create_task(supervise("gang-counts", lambda: track_gangs(api, dispatcher,
                                                                                  lambda: elector.is_leader)),
                                     name="gang-counts")

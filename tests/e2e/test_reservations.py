@@ -206,3 +206,79 @@ async def test_an_expired_reservation_fails_and_frees_its_room(
 async def _bound(cluster: Cluster, namespace: str, name: str) -> tuple[bool, str]:
     _cpu, names = await bound_cpu(cluster, namespace)
     return name in names, str(names)
+
+
+def job(name: str, pool: str, *, depends_on: str | None = None) -> Json:
+    template = pinned(name, pool, cpu="1")
+    template["metadata"] = {"labels": {"e2e.hoss.io/job": name}}
+    if depends_on is not None:
+        template["metadata"]["annotations"] = {"hoss.io/depends-on": depends_on}
+    template["spec"]["restartPolicy"] = "Never"
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name},
+            "spec": {"completions": 1, "parallelism": 1, "backoffLimit": 0, "template": template}}
+
+
+async def job_pods(cluster: Cluster, namespace: str, name: str) -> list[Json]:
+    return await cluster.raw_list("list_namespaced_pod", namespace, label_selector=f"e2e.hoss.io/job={name}")
+
+
+async def test_a_job_that_depends_on_another_starts_only_after_it_completes(
+    plane: LocalPlane, cluster: Cluster, namespace: str, hoss_worker: Process
+) -> None:
+    pool = f"dep-{next(_names)}-{namespace}"[:60]
+    [node] = await cluster.create_nodes(1, prefix=pool[:50], capacity={"cpu": "8", "memory": "16Gi", "pods": "110"},
+                                        labels={"e2e.hoss.io/pool": pool})
+    batch: Any = client.BatchV1Api(cluster.api)
+    try:
+        await cluster.wait_nodes_ready([node])
+        for manifest in (job("step1", pool), job("step2", pool, depends_on="step1:Complete"),
+                         job("loop-a", pool, depends_on="loop-b"), job("loop-b", pool, depends_on="loop-a:Running")):
+            await batch.create_namespaced_job(namespace, manifest)
+
+        async def waiting() -> tuple[bool, str]:
+            first = [p for p in await job_pods(cluster, namespace, "step1") if p["spec"].get("nodeName")]
+            second = await job_pods(cluster, namespace, "step2")
+            if not first or not second:
+                return False, f"step1 bound {len(first)}, step2 pods {len(second)}"
+            conditions = [c for c in (second[0].get("status") or {}).get("conditions") or []
+                          if c.get("type") == "PodScheduled"]
+            events = [e.message or "" for e in await cluster.events_for(namespace, second[0]["metadata"]["name"])]
+            ok = (not second[0]["spec"].get("nodeName") and bool(conditions)
+                  and conditions[0].get("reason") == "WaitingForDependency"
+                  and any("waiting for job step1 to be Complete" in m for m in events))
+            return ok, f"{conditions} {events[-1:]}"
+
+        await wait_until(waiting, timeout=90, what="step1 to run and step2 to wait for it, saying so")
+
+        async def cycle_refused() -> tuple[bool, str]:
+            messages = [e.message or "" for name in ("loop-a", "loop-b")
+                        for pod in await job_pods(cluster, namespace, name)
+                        for e in await cluster.events_for(namespace, pod["metadata"]["name"])]
+            return (sum("dependency cycle: job loop-" in m for m in messages) >= 2), str(messages[-2:])
+
+        await wait_until(cycle_refused, timeout=60, what="both pods of the cycle to be told about it")
+        await asyncio.sleep(2)
+        assert not [p for p in await job_pods(cluster, namespace, "step2") if p["spec"].get("nodeName")]
+
+        # No kubelet here: finish step1's pod by hand, as a container exiting 0 would.
+        [first] = await job_pods(cluster, namespace, "step1")
+        await cluster.call(cluster.core.patch_namespaced_pod_status, first["metadata"]["name"], namespace,
+                           {"status": {"phase": "Succeeded", "containerStatuses": [{
+                               "name": "main", "image": "registry.k8s.io/pause:3.10", "imageID": "", "ready": False,
+                               "restartCount": 0, "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}]}})
+
+        async def second_runs() -> tuple[bool, str]:
+            done = await batch.read_namespaced_job_status("step1", namespace)
+            complete = any(c.type == "Complete" and c.status == "True" for c in done.status.conditions or [])
+            second = [p for p in await job_pods(cluster, namespace, "step2") if p["spec"].get("nodeName")]
+            return complete and bool(second), f"step1 complete {complete}, step2 bound {len(second)}"
+
+        await wait_until(second_runs, timeout=120, what="step2 to be scheduled once step1 completed")
+        loops = [p for name in ("loop-a", "loop-b") for p in await job_pods(cluster, namespace, name)]
+        assert loops and not any(p["spec"].get("nodeName") for p in loops)
+    finally:
+        for name in ("step1", "step2", "loop-a", "loop-b"):
+            with contextlib.suppress(Exception):
+                await batch.delete_namespaced_job(name, namespace, propagation_policy="Background")
+        await cluster.delete_pods(namespace)
+        await cluster.delete_nodes([node])
