@@ -1,0 +1,99 @@
+"""Job dependencies and Reservation owners in the dispatcher on a real redis-server: a pod that depends on a Job
+is held back with its reason until the Job allows it (sent by the fast path on the Job's change); a pending pod an
+Available Reservation owns carries that Reservation to its worker."""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any
+
+import orjson
+import pytest
+
+from dispatcher import dependencies
+from dispatcher import reservations as dispatcher_reservations
+from dispatcher.queue import WorkItem, WorkQueue, queue_key
+from resolver import reservations
+from tests.integration.test_dispatcher_flow import beat, make_dispatcher, pending_pod, queue, stream_uids
+
+pytestmark = pytest.mark.integration
+__all__ = ["queue"]  # fixture (client comes from conftest)
+
+
+def job(name: str, **status: Any) -> dependencies.JobState:
+    return dependencies.job_state({"metadata": {"name": name}, "status": status})
+
+
+async def test_a_dependent_pod_waits_with_its_reason_and_goes_when_the_job_completes(queue: WorkQueue) -> None:
+    dependent = pending_pod(1)
+    dependent["metadata"]["annotations"] = {dependencies.ANNOTATION: "prepare:Complete"}
+    dispatcher = await make_dispatcher(queue, [dependent, pending_pod(2)])
+    namespace = dependent["metadata"]["namespace"]
+    await beat(queue, "w")
+
+    assert (await dispatcher.tick()).dispatched == 1
+    assert await stream_uids(queue, "w") == ["uid-2"]
+    waiting = dispatcher.waiting["uid-1"]
+    assert (waiting.reason, waiting.message) == (dependencies.WAITING,
+                                                  "waiting for job prepare to be Complete (now: not found)")
+
+    dispatcher.on_job(namespace, "prepare", job("prepare", active=1))
+    assert await dispatcher.dispatch_pending(fresh_only=True) == 0
+    assert "1 active" in dispatcher.waiting["uid-1"].message
+
+    dispatcher.on_job(namespace, "prepare", job("prepare", succeeded=1,
+                                                conditions=[{"type": "Complete", "status": "True"}]))
+    assert await dispatcher.dispatch_pending(fresh_only=True) == 1, "sent by the fast path on the Job's change"
+    assert await stream_uids(queue, "w") == ["uid-2", "uid-1"]
+    assert "uid-1" not in dispatcher.waiting
+
+
+async def test_a_failed_dependency_is_reported(queue: WorkQueue) -> None:
+    dependent = pending_pod(1)
+    dependent["metadata"]["annotations"] = {dependencies.ANNOTATION: "prepare"}
+    dispatcher = await make_dispatcher(queue, [dependent])
+    dispatcher.on_job(dependent["metadata"]["namespace"], "prepare",
+                      job("prepare", conditions=[{"type": "Failed", "status": "True"}]))
+    await beat(queue, "w")
+    assert (await dispatcher.tick()).dispatched == 0
+    assert dispatcher.waiting["uid-1"].reason == dependencies.FAILED
+
+
+async def test_an_owner_pod_carries_its_available_reservation(queue: WorkQueue) -> None:
+    owner = pending_pod(1)
+    owner["metadata"]["labels"] = {"app": "train"}
+    dispatcher = await make_dispatcher(queue, [owner, pending_pod(2)])
+    created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    reservation = {
+        "metadata": {"name": "slot", "uid": "rsv-uid", "creationTimestamp": created},
+        "spec": {"template": {"spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "2"}}}]}},
+                 "owners": [{"labelSelector": {"matchLabels": {"app": "train"}}}]},
+        "status": {"phase": "Available", "nodeName": "n1"},
+    }
+    dispatcher_reservations.observe(dispatcher, "ADDED", copy.deepcopy(reservation))
+    await beat(queue, "w")
+    assert (await dispatcher.tick()).dispatched == 2
+    entries: Any = await queue.redis.xrange(queue_key("w"))
+    pods = {item.uid: orjson.loads(item.pod) for item in (WorkItem.decode(fields) for _id, fields in entries)}
+    assert pods["uid-1"][reservations.HINTS] == [["rsv-uid", "slot", "n1", {"cpu": 2000, "pods": 1}]]
+    assert reservations.HINTS not in pods["uid-2"]
+
+
+async def test_a_pending_reservation_is_dispatched_as_a_pod_until_it_is_placed(queue: WorkQueue) -> None:
+    dispatcher = await make_dispatcher(queue, [])
+    created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    reservation = {
+        "metadata": {"name": "slot", "uid": "rsv-uid", "creationTimestamp": created},
+        "spec": {"template": {"spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "2"}}}]}},
+                 "owners": [{"object": {"name": "x"}}]},
+    }
+    dispatcher_reservations.observe(dispatcher, "ADDED", copy.deepcopy(reservation))
+    assert "rsv-uid" in dispatcher.pending
+    await dispatcher.on_list([])  # a re-list of pending pods does not drop it: it is no pod
+    assert "rsv-uid" in dispatcher.pending
+    await beat(queue, "w")
+    assert (await dispatcher.tick()).dispatched == 1
+    reservation["status"] = {"phase": "Available", "nodeName": "n1"}
+    dispatcher_reservations.observe(dispatcher, "MODIFIED", reservation)
+    assert "rsv-uid" not in dispatcher.pending
