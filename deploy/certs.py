@@ -193,6 +193,10 @@ def ca_bundle(new_ca: bytes, *, previous: bytes | None = None, now: datetime.dat
     return b"".join(c.public_bytes(serialization.Encoding.PEM) for c in bundle)
 
 
+ROUTER_WEBHOOK = "hoss-router"
+"""The router's MutatingWebhookConfiguration (deploy/router.yaml), whose caBundle `install` patches too."""
+
+
 def ca_bundle_patch(configuration: Json, bundle: bytes) -> list[Json]:
     """A JSON patch setting ``bundle`` as every webhook's caBundle, each guarded by a test of the webhook's name.
 
@@ -202,7 +206,7 @@ def ca_bundle_patch(configuration: Json, bundle: bytes) -> list[Json]:
     webhooks = configuration.get("webhooks") or []
     name = configuration.get("metadata", {}).get("name", "?")
     if not webhooks:
-        raise CertsError(f"ValidatingWebhookConfiguration {name} has no webhooks to give a caBundle")
+        raise CertsError(f"webhook configuration {name} has no webhooks to give a caBundle")
     value = base64.b64encode(bundle).decode()
     patch: list[Json] = []
     for index, webhook in enumerate(webhooks):
@@ -311,6 +315,14 @@ async def install(
             await admission.patch_validating_webhook_configuration(webhook, ca_bundle_patch(configuration, bundle))
         except ApiException as error:
             raise CertsError(f"cannot patch the caBundle of {configuration_kind}: {_reason(error)}") from error
+        # The router (deploy/router.yaml) is served by the same resolver: its caBundle follows, when installed.
+        router_kind = f"MutatingWebhookConfiguration {ROUTER_WEBHOOK}"
+        router = await _read(router_kind, admission.read_mutating_webhook_configuration, ROUTER_WEBHOOK)
+        if router is not None:
+            try:
+                await admission.patch_mutating_webhook_configuration(ROUTER_WEBHOOK, ca_bundle_patch(router, bundle))
+            except ApiException as error:
+                raise CertsError(f"cannot patch the caBundle of {router_kind}: {_reason(error)}") from error
         try:
             await apply_secret(dry_run=False)
         except ApiException as error:

@@ -147,10 +147,11 @@ def write(
     (plane / "webhook-kubeconfig.yaml").write_text(yaml.safe_dump(kubeconfig, sort_keys=False))
     admission = {
         "apiVersion": "apiserver.config.k8s.io/v1", "kind": "AdmissionConfiguration",
-        "plugins": [{"name": "ValidatingAdmissionWebhook", "configuration": {
+        # Both webhook plugins: the resolver's validating webhook and its router (a mutating webhook).
+        "plugins": [{"name": plugin, "configuration": {
             "apiVersion": "apiserver.config.k8s.io/v1", "kind": "WebhookAdmissionConfiguration",
             "kubeConfigFile": f"{control_plane_dir}/webhook-kubeconfig.yaml",
-        }}],
+        }} for plugin in ("ValidatingAdmissionWebhook", "MutatingAdmissionWebhook")],
     }
     (plane / "admission-configuration.yaml").write_text(yaml.safe_dump(admission, sort_keys=False))
 

@@ -206,6 +206,13 @@ class ResolverSettings(AccessSettings):
     """This replica's name in the Lease's holderIdentity (default hostname-pid)."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     """Logging level."""
+    scheduler_names: list[str] = Field(default_factory=lambda: ["hoss"], min_length=1)
+    """hoss's scheduler names (comma-separated in env and flags; the dispatcher's setting of the same name): the
+    router (POST /mutate-pod) sets the first as spec.schedulerName of the pods it routes."""
+    routing_file: str | None = None
+    """Routing rules for the router (configs/routing.yaml: namespace selector and pod selector -> policy); pods of
+    namespaces labelled hoss.io/policy=<policy> are routed without it. Read at start-up; a bad rule stops it,
+    naming the field."""
 
     @model_validator(mode="after")
     def _client_names_need_a_ca(self) -> Self:

@@ -46,6 +46,7 @@ import aiohttp
 import hiredis
 import orjson
 from cryptography import x509
+from kubernetes_asyncio import client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from redis.asyncio import Redis
@@ -55,7 +56,7 @@ from resolver import admission
 from resolver.access import TokenAccess, challenge
 from resolver.errors import LedgerUnavailable, ResolverError
 from resolver.httpserver import Handler, HttpServer, Request, Response
-from resolver.kube import Json, KubeError, api_client, raise_if_cancelled
+from resolver.kube import InformerHandlers, Json, KubeError, api_client, raise_if_cancelled, run_informer
 from resolver.leader import KubeLeaseAPI, LeaderElector
 from resolver.ledger import (
     STATS_KEY,
@@ -72,6 +73,7 @@ from resolver.ledger import (
 from resolver.redisclient import PipelinedRedis
 from resolver.resources import ResourceVector, format_quantity
 from resolver.rest import KubeREST
+from resolver.router import NamespaceLabels, Rule, load_rules, mutation_response, route
 from resolver.settings import ResolverSettings, SettingsError, load_settings
 from resolver.sync import LedgerSync, PodIndex, PodInfo, parse_pod
 
@@ -209,6 +211,11 @@ class WebhookState:
     review_latency: LatencyWindow = field(default_factory=LatencyWindow)
     ledger_stats: dict[str, str] = field(default_factory=dict)
     """``{hoss}:stats`` as last read (overcommits, audit_drift, stale_ledger), refreshed by publish_stats"""
+    namespaces: NamespaceLabels = field(default_factory=NamespaceLabels)
+    """Namespace labels for the router (an informer keeps them while the resolver runs)."""
+    routing_rules: list[Rule] = field(default_factory=list)
+    routed: collections.Counter[str] = field(default_factory=collections.Counter)
+    """Router outcomes: policy name of each routed pod, or 'unchanged'."""
 
     def __post_init__(self) -> None:
         self.hoss_usernames = frozenset(self.settings.hoss_usernames)
@@ -422,6 +429,27 @@ def _text(text: str, *, status: int = 200) -> Response:
     return Response(status, text.encode(), TEXT)
 
 
+async def mutate_pod(state: WebhookState, request: Request) -> Response:
+    """The router (`resolver.router`): route a pod being created to hoss when its namespace or a rule says so."""
+    refused = state.refusal(request)
+    if refused is not None:
+        return refused
+    try:
+        review = orjson.loads(request.body)
+        inner = review["request"]
+        uid, pod, namespace = str(inner["uid"]), inner.get("object") or {}, str(inner.get("namespace") or "")
+    except (orjson.JSONDecodeError, KeyError, TypeError) as error:
+        return _json({"error": f"malformed AdmissionReview: {error!r}"}, status=400)
+    if not isinstance(pod, dict):
+        return _json({"error": f"malformed AdmissionReview: request.object is not a pod: {pod!r:.80}"}, status=400)
+    patch, why = route(pod, state.namespaces.labels.get(namespace, {}), state.routing_rules,
+                       scheduler_name=state.settings.scheduler_names[0])
+    state.routed[why.removeprefix("policy ") if patch else "unchanged"] += 1
+    if patch:
+        log.debug("routed a pod of %s to %s (%s)", namespace, state.settings.scheduler_names[0], why)
+    return Response(200, mutation_response(uid, patch), JSON)
+
+
 async def validate_binding(state: WebhookState, request: Request, *, fail_open: bool = False) -> Response:
     started = time.perf_counter()
     refused = state.refusal(request)
@@ -521,6 +549,7 @@ def build_server(state: WebhookState) -> HttpServer:
     routes: dict[tuple[str, str], Callable[[WebhookState, Request], Awaitable[Response]]] = {
         ("POST", "/validate-binding"): validate_binding,
         ("POST", "/validate-system"): validate_system,
+        ("POST", "/mutate-pod"): mutate_pod,
         ("GET", "/healthz"): healthz,
         ("GET", "/readyz"): readyz,
         ("GET", "/metrics"): metrics,
@@ -748,7 +777,8 @@ async def running_resolver(settings: ResolverSettings) -> AsyncIterator[list[asy
             access = TokenAccess(rest, resource="resolvers", namespace=settings.access_namespace,
                                  cache_seconds=settings.access_cache_seconds)
         state = WebhookState(settings=settings, ledger=review_ledger, get_pod=get_pod, elector=elector,
-                             access=access)
+                             access=access,
+                             routing_rules=load_rules(settings.routing_file) if settings.routing_file else [])
         context = tls_context(settings.tls_cert_file, settings.tls_key_file, settings.client_ca_file)
         if settings.client_ca_file is None:
             log.warning(
@@ -770,6 +800,11 @@ async def running_resolver(settings: ResolverSettings) -> AsyncIterator[list[asy
             asyncio.create_task(sync_while_leading(state, elector, make_sync), name="sync-role"),
             asyncio.create_task(elector.run(), name="leader-election"),
             asyncio.create_task(publish_stats(state, stats_redis, instance=settings.identity), name="publish-stats"),
+            asyncio.create_task(
+                run_informer("namespaces", client.CoreV1Api(api).list_namespace,
+                             InformerHandlers(on_list=state.namespaces.on_list, on_event=state.namespaces.on_event)),
+                name="namespace-labels",
+            ),
             asyncio.create_task(
                 reload_certificates(
                     context, settings.tls_cert_file, settings.tls_key_file, client_ca_file=settings.client_ca_file

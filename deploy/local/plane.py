@@ -55,7 +55,9 @@ from deploy.local import binaries, pki
 DEPLOY_DIR = Path(__file__).resolve().parent.parent
 RBAC_MANIFEST = DEPLOY_DIR / "rbac.yaml"
 WEBHOOK_MANIFEST = DEPLOY_DIR / "webhook.yaml"
+ROUTER_MANIFEST = DEPLOY_DIR / "router.yaml"
 POLICIES_FILE = DEPLOY_DIR.parent / "configs" / "policies.yaml"
+ROUTING_FILE = DEPLOY_DIR.parent / "configs" / "routing.yaml"
 KWOK_STAGES = Path(__file__).resolve().parent / "kwok" / "stages.yaml"
 HOSS_NAMESPACE = "hoss-system"
 HOSS_COMPONENTS = ("hoss-dispatcher", "hoss-worker", "hoss-resolver", "hoss-rescheduler")
@@ -337,13 +339,13 @@ class LocalPlane:
             "apiVersion": "apiserver.config.k8s.io/v1",
             "kind": "AdmissionConfiguration",
             "plugins": [{
-                "name": "ValidatingAdmissionWebhook",
+                "name": plugin,  # the resolver's validating webhook and its router (mutating)
                 "configuration": {
                     "apiVersion": "apiserver.config.k8s.io/v1",
                     "kind": "WebhookAdmissionConfiguration",
                     "kubeConfigFile": str(kubeconfig),
                 },
-            }],
+            } for plugin in ("ValidatingAdmissionWebhook", "MutatingAdmissionWebhook")],
         }, indent=2))
 
     def _write_audit_policy(self) -> None:
@@ -689,6 +691,7 @@ class LocalPlane:
                 f"--client-ca-file={self.webhook_client_ca}",
                 f"--client-names={WEBHOOK_CLIENT_NAME}",
                 f"--enforce={enforce}",
+                f"--routing-file={ROUTING_FILE}",
                 *extra_args,
             ],
             port=port,
@@ -775,13 +778,14 @@ class LocalPlane:
             env={"HOSS_REDIS_URL": state.redis_url_for("hoss-rescheduler")},  # not on the command line: ps shows it
         )
 
-    def webhook_configuration(self) -> dict[str, object]:
-        """deploy/webhook.yaml, pointed at the local resolver by URL with the plane's CA as caBundle."""
+    def webhook_configuration(self, manifest: Path = WEBHOOK_MANIFEST) -> dict[str, object]:
+        """deploy/webhook.yaml (or `manifest`, e.g. deploy/router.yaml), pointed at the local resolver by URL with
+        the plane's CA as caBundle."""
         state = self.state()
         resolver = next((p for p in state.processes if p.name == "hoss-resolver"), None)
         if resolver is None:
             raise PlaneError("hoss-resolver is not running in this plane; start it before registering the webhook")
-        config: dict[str, Any] = yaml.safe_load(WEBHOOK_MANIFEST.read_text())
+        config: dict[str, Any] = yaml.safe_load(manifest.read_text())
         ca_bundle = base64.b64encode((self.pki_dir / "ca.crt").read_bytes()).decode()
         for hook in config["webhooks"]:
             path = hook["clientConfig"]["service"]["path"]
@@ -789,12 +793,17 @@ class LocalPlane:
         return config
 
     def register_webhook(self) -> None:
+        """Register the resolver's webhooks: the validating one on bindings and the router (deploy/router.yaml)."""
         manifest = self.directory / "webhook.json"
         manifest.write_text(json.dumps(self.webhook_configuration(), indent=2))
         self.kubectl("apply", "-f", str(manifest))
+        router = self.directory / "router.json"
+        router.write_text(json.dumps(self.webhook_configuration(ROUTER_MANIFEST), indent=2))
+        self.kubectl("apply", "-f", str(router))
 
     def unregister_webhook(self) -> None:
         self.kubectl("delete", "validatingwebhookconfiguration", "hoss-resolver", "--ignore-not-found")
+        self.kubectl("delete", "mutatingwebhookconfiguration", "hoss-router", "--ignore-not-found")
 
     def stop_process(self, name: str) -> None:
         """Stop one recorded process (e.g. an extra kube-scheduler) and forget it."""
