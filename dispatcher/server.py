@@ -6,7 +6,9 @@ import asyncio
 import importlib.resources
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
+import orjson
 from aiohttp import web
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -20,7 +22,7 @@ from dispatcher.settings import DispatcherSettings
 from dispatcher.status import RESOLVER_STATS_MATCH, SystemStatus, build_status, resolver_instance
 from resolver.access import TokenAccess, middleware
 from resolver.errors import LedgerUnavailable
-from resolver.ledger import Ledger, LedgerSnapshot
+from resolver.ledger import RESCHED_STATUS_KEY, Ledger, LedgerSnapshot
 from resolver.supervise import Supervisor
 
 
@@ -59,6 +61,7 @@ async def gather_status(state: ServiceState) -> SystemStatus:
     dispatched: dict[str, str] | None = None
     snapshot: LedgerSnapshot | None = None
     stats: dict[str, dict[str, str]] | None = None
+    rescheduler: dict[str, Any] | None = None
     redis_error: str | None = None
     try:
         async with asyncio.timeout(STATUS_TIMEOUT_SECONDS):
@@ -66,6 +69,7 @@ async def gather_status(state: ServiceState) -> SystemStatus:
             read_dispatched = await dispatcher.queue.dispatched()
             read_snapshot = await state.ledger.snapshot()
             read_stats = await read_resolver_stats(state.redis)
+            rescheduler = _json_object(await state.redis.get(RESCHED_STATUS_KEY))
     except TimeoutError:
         redis_error = f"no answer within {STATUS_TIMEOUT_SECONDS:.0f}s"
     except (LedgerUnavailable, RedisError) as error:
@@ -86,8 +90,20 @@ async def gather_status(state: ServiceState) -> SystemStatus:
         resolver_stats=stats,
         pending=dispatcher.pending_status(dispatched),
         gangs=dispatcher.gang_status(dispatched),
+        rescheduler=rescheduler,
         now_unix=now,
     )
+
+
+def _json_object(raw: object) -> dict[str, Any] | None:
+    """The rescheduler's published status, or None (none published, or unreadable)."""
+    if not isinstance(raw, str | bytes):
+        return None
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 async def status(request: web.Request) -> web.Response:

@@ -22,7 +22,7 @@ import heapq
 import logging
 import time
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
@@ -287,6 +287,11 @@ class SystemStatus(_Model):
     """Pending pods and why each waits."""
     gangs: list[GangStatus] = Field(default_factory=list)
     """Gangs among the pending pods, by name (at most 200)."""
+    rescheduler: dict[str, Any] | None = None
+    """What the hoss-rescheduler leader last published (``{hoss}:resched:status``): ``plans`` (newest first: reason,
+    pending pod and its node, ``moves`` with pod, gpus, from, to, fragmentation ``before`` and ``after``,
+    ``outcome`` and ``detail``), ``rounds``, ``evictions``, ``fragmentation``, ``published`` (unix); None when no
+    rescheduler runs."""
 
 
 class BoundRate:
@@ -616,6 +621,7 @@ def build_status(
     resolver_stats: Mapping[str, Mapping[str, str]] | None = None,
     pending: PendingStatus | None = None,
     gangs: Sequence[GangStatus] = (),
+    rescheduler: Mapping[str, Any] | None = None,
     now_unix: float | None = None,
 ) -> SystemStatus:
     """The /status document from what the service gathered. Pure (``now_unix`` defaults to the clock)."""
@@ -637,6 +643,7 @@ def build_status(
         pools=[] if snapshot is None else pool_statuses(snapshot),
         pending=pending if pending is not None else PendingStatus(total=queues.pending_total),
         gangs=list(gangs),
+        rescheduler=None if rescheduler is None else dict(rescheduler),
     )
 
 

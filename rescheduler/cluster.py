@@ -118,7 +118,8 @@ def _budgets_of(pod: Mapping[str, Any], budgets: Sequence[Budget]) -> tuple[str,
 
 
 async def read_cluster(rest: KubeREST, ledger: Ledger, *, node_selector: Mapping[str, str] | None = None,
-                       movable_kinds: Sequence[str] = DEFAULT_MOVABLE_KINDS) -> ClusterView:
+                       movable_kinds: Sequence[str] = DEFAULT_MOVABLE_KINDS,
+                       scheduler_names: Sequence[str] = ("hoss",)) -> ClusterView:
     """Read the ledger (nodes, used room, holds) and the apiserver (pods, PodDisruptionBudgets)."""
     table = NodeTable()
     feed = NodeFeed(ledger, table)
@@ -171,13 +172,15 @@ async def read_cluster(rest: KubeREST, ledger: Ledger, *, node_selector: Mapping
         gates = [g.get("name") for g in spec.get("schedulingGates") or [] if isinstance(g, dict)]
         if not node and any(g != DEFRAGMENT_GATE for g in gates):
             continue  # waiting for someone else's gate
+        if not node and spec.get("schedulerName", "default-scheduler") not in scheduler_names:
+            continue  # its scheduler would not look for the room held for it
         why = movable(raw, movable_kinds) if node else ""
         pod = Pod(key=pod_key(raw), uid=uid, node=node, request=request, movable=why,
                   owner=compact.controller_uid(raw), budgets=_budgets_of(raw, budgets), nodes=allowed_nodes)
         raw_by_uid[uid] = raw
         if node:
             placed.append(pod)
-        elif spec.get("schedulerName", "default-scheduler") and not metadata.get("deletionTimestamp"):
+        elif not metadata.get("deletionTimestamp"):
             pending.append(pod)
             if DEFRAGMENT_GATE in gates:
                 gated.add(uid)

@@ -26,12 +26,12 @@ from rescheduler.execute import EvictionLimit, Executor, PlanRecord
 from rescheduler.plan import Plan, fragmentation, plan_defragment, plan_for_pending
 from rescheduler.settings import ReschedulerSettings
 from resolver.kube import Json
-from resolver.ledger import KEY_PREFIX, Ledger
+from resolver.ledger import RESCHED_STATUS_KEY, Ledger
 from resolver.rest import KubeREST
 
 log = logging.getLogger(__name__)
 
-STATUS_KEY = f"{KEY_PREFIX}:resched:status"
+STATUS_KEY = RESCHED_STATUS_KEY
 """Where the leader publishes its status (JSON) for the dispatcher's /status and dashboard."""
 
 
@@ -102,7 +102,8 @@ class Rescheduler:
         dry = self.settings.dry_run if dry_run is None else dry_run
         self._pending_events = []
         view = await read_cluster(self.rest, self.ledger, node_selector=self.settings.node_labels,
-                                  movable_kinds=self.settings.movable_owner_kinds)
+                                  movable_kinds=self.settings.movable_owner_kinds,
+                                  scheduler_names=self.settings.scheduler_names)
         plan, ungate = choose(view, self.settings)
         self.rounds += 1
         self.last_round = time.time()

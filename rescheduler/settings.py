@@ -50,6 +50,9 @@ class ReschedulerSettings(BaseModel):
     node_selector: list[str] = Field(default_factory=list)
     """Only nodes with all these labels are looked at (key=value, comma-separated in env and flags); empty: every
     GPU node."""
+    scheduler_names: list[str] = Field(default_factory=lambda: ["hoss"], min_length=1)
+    """Pending pods of these schedulers are planned for (comma-separated in env and flags): hoss's workers place a
+    pod on the room held for it; another scheduler would not look for it."""
     movable_owner_kinds: list[str] = Field(
         default_factory=lambda: ["ReplicaSet", "StatefulSet", "Job", "ReplicationController"], min_length=1)
     """Controller kinds whose pods may be moved (their controller creates a replacement elsewhere;

@@ -352,6 +352,8 @@ class Change:
 
 
 CHANGES_KEY: Final = f"{KEY_PREFIX}:changes"
+RESCHED_STATUS_KEY: Final = f"{KEY_PREFIX}:resched:status"
+"""The rescheduler leader's last plans and outcomes (JSON), which the dispatcher's /status shows."""
 PODVER_KEY: Final = f"{KEY_PREFIX}:podver"
 
 

@@ -418,6 +418,23 @@ function renderGangs(status) {
   fillBody($("gangs"), rows, 4, "no gangs pending");
 }
 
+function renderRescheduler(status) {
+  // The hoss-rescheduler leader's last plans (README: GPU defragmentation); the panel only when one runs.
+  const resched = status.rescheduler;
+  $("rescheduler").closest(".panel").hidden = !resched;
+  if (!resched) return;
+  const plans = resched.plans || [];
+  const rows = plans.map((p) =>
+    el("tr", {},
+      el("td", { text: p.pending ? `room for ${p.pending} on ${p.pending_node}` : "defragment" }),
+      el("td", { text: (p.moves || []).map((m) => `${m.pod} (${m.gpus}) ${m.from} \u2192 ${m.to}`).join(", ") }),
+      el("td", { text: `${p.before.stranded} / ${p.before.whole_free} \u2192 ${p.after.stranded} / ${p.after.whole_free}` }),
+      el("td", { text: p.detail ? `${p.outcome}: ${p.detail}` : p.outcome }),
+    ));
+  fillBody($("rescheduler"), rows, 4, "no plan yet");
+  setText("rescheduler-summary", `${fmtInt(resched.rounds || 0)} rounds, ${fmtInt(resched.evictions || 0)} evictions`);
+}
+
 function render(status, fetchedAt) {
   renderHeader(status);
   renderBanner(statusProblems(status));
@@ -430,6 +447,7 @@ function render(status, fetchedAt) {
   renderNodes(status);
   renderPending(status);
   renderGangs(status);
+  renderRescheduler(status);
   renders += 1;
   document.body.dataset.loaded = "true";
   document.body.dataset.renders = String(renders);

@@ -93,7 +93,7 @@ async def oversell_watch(cluster: Cluster) -> AsyncIterator[list[int]]:
 
 
 async def test_rescheduler_moves_b_so_that_c_joins_a_and_the_dry_run_changes_nothing(
-    plane: LocalPlane, cluster: Cluster, namespace: str, gpu_worker: None
+    plane: LocalPlane, cluster: Cluster, namespace: str, gpu_worker: None, dispatcher: Process
 ) -> None:
     key = f"defrag.hoss.io/set-{next(_sets)}"
     label = f"{key}={namespace[:63]}"
@@ -171,6 +171,17 @@ async def test_rescheduler_moves_b_so_that_c_joins_a_and_the_dry_run_changes_not
             return bool(plans) and plans[0]["outcome"] == "completed", str(plans[:1])
 
         await wait_until(completed, timeout=60, what="the plan reported completed in /status")
+
+        # ... and in the dispatcher's /status (the dashboard's source), which reads what the leader published.
+        async def in_dispatcher_status() -> tuple[bool, str]:
+            async with aiohttp.ClientSession() as session, session.get(
+                    f"http://127.0.0.1:{dispatcher.port}/status") as response:
+                status = await response.json()
+            plans = (status.get("rescheduler") or {}).get("plans") or []
+            moves = plans[0]["moves"] if plans else []
+            return bool(plans) and plans[0]["outcome"] == "completed" and moves[0]["to"] == node2, str(plans[:1])
+
+        await wait_until(in_dispatcher_status, timeout=30, what="the plan in the dispatcher's /status")
     finally:
         if rescheduler is not None:
             plane.stop_process(rescheduler.name)
