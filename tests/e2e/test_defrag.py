@@ -150,7 +150,7 @@ async def test_rescheduler_moves_b_so_that_c_joins_a_and_the_dry_run_changes_not
                         and seen.get("b", ("",))[0] == node2 and len(seen) == 3)
                 return done, str(seen)
 
-            await wait_until(moved, timeout=120, what="B moved to node2 and C beside A on node1")
+            await wait_until(moved, timeout=180, what="B moved to node2 and C beside A on node1")
         after = await placement(cluster, namespace)
         assert after["a"] == before["a"]  # A never moved
         assert after["b"][1] != before["b"][1]  # B is a replacement, created by its ReplicaSet
@@ -181,7 +181,7 @@ async def test_rescheduler_moves_b_so_that_c_joins_a_and_the_dry_run_changes_not
             moves = plans[0]["moves"] if plans else []
             return bool(plans) and plans[0]["outcome"] == "completed" and moves[0]["to"] == node2, str(plans[:1])
 
-        await wait_until(in_dispatcher_status, timeout=30, what="the plan in the dispatcher's /status")
+        await wait_until(in_dispatcher_status, timeout=60, what="the plan in the dispatcher's /status")
     finally:
         if rescheduler is not None:
             plane.stop_process(rescheduler.name)
