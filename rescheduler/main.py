@@ -14,6 +14,7 @@ from redis.asyncio import Redis
 
 from rescheduler.service import Rescheduler
 from rescheduler.settings import ReschedulerSettings
+from resolver.access import TokenAccess, middleware
 from resolver.errors import ResolverError
 from resolver.kube import KubeError, api_client
 from resolver.leader import KubeLeaseAPI, LeaderElector
@@ -53,7 +54,12 @@ async def serve(settings: ReschedulerSettings) -> int:
             return web.json_response({**rescheduler.status(), "leader": elector.is_leader,
                                       "identity": settings.identity})
 
-        app = web.Application()
+        guards = []
+        if settings.access == "kubernetes":
+            access = TokenAccess(rest, resource="reschedulers", namespace=settings.access_namespace,
+                                 cache_seconds=settings.access_cache_seconds, paths={"/status": "status"})
+            guards.append(middleware(access))
+        app = web.Application(middlewares=guards)
         app.router.add_get("/healthz", healthz)
         app.router.add_get("/status", status)
         runner = web.AppRunner(app, access_log=None)

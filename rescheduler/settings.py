@@ -6,16 +6,16 @@ import os
 import socket
 from typing import Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
-from resolver.settings import RedisURL
+from resolver.settings import AccessSettings, RedisURL
 
 
 def _default_identity() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
-class ReschedulerSettings(BaseModel):
+class ReschedulerSettings(AccessSettings):
     """Settings of the defragmenting rescheduler."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)

@@ -1,8 +1,9 @@
 """Who may read a hoss component's /status and /metrics: anyone who reaches the port (``--access=open``), or
 (``--access=kubernetes``) only callers with a bearer token the apiserver vouches for, whose user may ``get`` the
 component's virtual resource in API group ``hoss.io``: ``dispatchers/status``, ``resolvers/metrics``,
-``workers/status`` and so on, what the ClusterRole ``hoss-viewer`` in deploy/rbac.yaml grants. This is what
-kube-rbac-proxy does, inside each component (the dispatcher, every worker and every resolver replica alike):
+``workers/status``, ``reschedulers/status`` and so on, what the ClusterRole ``hoss-viewer`` in deploy/rbac.yaml
+grants. This is what kube-rbac-proxy does, inside each component (the dispatcher, every worker, every resolver
+replica and the rescheduler alike):
 
 1. ``Authorization: Bearer <token>`` -> TokenReview: is the token valid, and whose is it (user, groups, uid, extra);
 2. SubjectAccessReview for that user: ``get`` on ``hoss.io/<resource>/<status|metrics>`` in the namespace

@@ -134,9 +134,9 @@ class AccessSettings(BaseModel):
     access: Literal["open", "kubernetes"] = "open"
     """Who may read /status and /metrics: 'open' (anyone who reaches host:port), or 'kubernetes': a bearer token
     the apiserver accepts (TokenReview) whose user may get <component>/status (<component>/metrics) in API group
-    hoss.io, where <component> is dispatchers, resolvers or workers, in access_namespace (SubjectAccessReview; the
-    ClusterRole hoss-viewer grants it); 401/403 otherwise. Health probes, the resolver's review paths (the
-    apiserver's client certificate guards them) and the dispatcher's dashboard files stay open."""
+    hoss.io, where <component> is dispatchers, resolvers, workers or reschedulers, in access_namespace
+    (SubjectAccessReview; the ClusterRole hoss-viewer grants it); 401/403 otherwise. Health probes, the resolver's
+    review paths (the apiserver's client certificate guards them) and the dispatcher's dashboard files stay open."""
     access_namespace: str = Field(default="hoss-system", min_length=1)
     """Namespace of the SubjectAccessReview (access 'kubernetes'): hoss-viewer bound there by a RoleBinding, or
     cluster-wide by a ClusterRoleBinding, lets a user read."""

@@ -656,8 +656,10 @@ class LocalPlane:
         name: str = "hoss-resolver",
         serving: pki.KeyPair | None = None,
         extra_args: Sequence[str] = (),
+        wait: bool = True,
     ) -> Process:
-        """Start hoss-resolver (the admission webhook) on a free port.
+        """Start hoss-resolver (the admission webhook) on a free port (``wait=False``: return at once, see
+        `wait_healthy`).
 
         Its serving certificate is ``serving`` when given (e.g. from ``hoss certs``), else one from the plane's CA.
         Another ``name`` runs a second resolver beside the plane's own (which the plane's webhook calls).
@@ -697,12 +699,15 @@ class LocalPlane:
             port=port,
             binary="resolver.webhook",
             env={"HOSS_REDIS_URL": state.redis_url_for("hoss-resolver")},  # not on the command line: ps shows it
+            wait=wait,
         )
 
     def start_dispatcher(
-        self, state: PlaneState | None = None, *, name: str = "hoss-dispatcher", extra_args: Sequence[str] = ()
+        self, state: PlaneState | None = None, *, name: str = "hoss-dispatcher", extra_args: Sequence[str] = (),
+        wait: bool = True,
     ) -> Process:
-        """Start hoss-dispatcher with its own identity; its HTTP port (status, dashboard) is in the Process."""
+        """Start hoss-dispatcher with its own identity; its HTTP port (status, dashboard) is in the Process
+        (``wait=False``: return at once, see `wait_healthy`)."""
         state = state or self.state()
         port = _free_port()
         return self._spawn(
@@ -719,6 +724,7 @@ class LocalPlane:
             port=port,
             binary="dispatcher.main",
             env={"HOSS_REDIS_URL": state.redis_url_for("hoss-dispatcher")},  # not on the command line: ps shows it
+            wait=wait,
         )
 
     def start_worker(
@@ -757,9 +763,11 @@ class LocalPlane:
         )
 
     def start_rescheduler(
-        self, state: PlaneState | None = None, *, name: str = "hoss-rescheduler", extra_args: Sequence[str] = ()
+        self, state: PlaneState | None = None, *, name: str = "hoss-rescheduler", extra_args: Sequence[str] = (),
+        wait: bool = True,
     ) -> Process:
-        """Start hoss-rescheduler with its own identity (`extra_args`: its settings, e.g. --node-selector)."""
+        """Start hoss-rescheduler with its own identity (`extra_args`: its settings, e.g. --node-selector;
+        ``wait=False``: return at once, see `wait_healthy`)."""
         state = state or self.state()
         port = _free_port()
         return self._spawn(
@@ -776,6 +784,7 @@ class LocalPlane:
             port=port,
             binary="rescheduler.main",
             env={"HOSS_REDIS_URL": state.redis_url_for("hoss-rescheduler")},  # not on the command line: ps shows it
+            wait=wait,
         )
 
     def webhook_configuration(self, manifest: Path = WEBHOOK_MANIFEST) -> dict[str, object]:

@@ -59,11 +59,11 @@ async def wait_all_bound(cluster: Cluster, namespace: str, count: int, *, timeou
 
 
 async def status_access(plane: LocalPlane, namespace: str) -> dict[str, int]:
-    """A dispatcher, a second resolver replica (a follower on the plane's sync Lease) and a worker, each with
-    ``--access=kubernetes``, beside the session's, asked for /status and /metrics by: nobody, a forged token, a
-    ServiceAccount without the ClusterRole hoss-viewer, and one bound to it. The HTTP status of each (keys
-    ``<component> <who> <path>``), and of each one's health probe without a token (``<component> nobody
-    /healthz``)."""
+    """A dispatcher, a second resolver replica (a follower on the plane's sync Lease), a worker and a rescheduler
+    (which serves /status only), each with ``--access=kubernetes``, beside the session's, asked for /status and
+    /metrics by: nobody, a forged token, a ServiceAccount without the ClusterRole hoss-viewer, and one bound to it.
+    The HTTP status of each (keys ``<component> <who> <path>``), and of each one's health probe without a token
+    (``<component> nobody /healthz``)."""
     viewer, stranger = f"viewer-{namespace}"[:60], f"stranger-{namespace}"[:60]
     binding = f"hoss-viewer-{namespace}"[:60]
     await asyncio.to_thread(plane.kubectl, "-n", namespace, "create", "serviceaccount", viewer)
@@ -83,31 +83,39 @@ async def status_access(plane: LocalPlane, namespace: str) -> dict[str, int]:
     started: list[str] = []
     outcomes: dict[str, int] = {}
     try:
-        # A policy no test of the session sends pods to, so the worker is never given work.
+        # Started together, then waited for together. A worker for a policy no test of the session sends pods to,
+        # so it is never given work. The resolver takes the plane's sync Lease name, so it is a follower: one sync
+        # per ledger. The dispatcher and the rescheduler (a dry run) get a Lease of their own, and the dispatcher a
+        # scheduler name of its own: neither may take a session component's role or act.
+        rescheduler_name = f"hoss-rescheduler-access-{namespace}"[:60]
         worker = await asyncio.to_thread(plane.start_worker, worker_id, policies=["gang-topology"],
                                          extra_args=[access], wait=False)
         started.append(worker.name)
-        # The resolver takes the plane's sync Lease name, so it is a follower: one sync per ledger.
-        resolver = await asyncio.to_thread(plane.start_resolver, name=resolver_name, extra_args=[access])
+        resolver = await asyncio.to_thread(plane.start_resolver, name=resolver_name, extra_args=[access], wait=False)
         started.append(resolver.name)
-        # A Lease and a scheduler name of its own: it must neither take the session dispatcher's role nor dispatch.
         dispatcher = await asyncio.to_thread(
             plane.start_dispatcher, name=name,
-            extra_args=[access, f"--lease-name={name}", f"--scheduler-names={name}"],
+            extra_args=[access, f"--lease-name={name}", f"--scheduler-names={name}"], wait=False,
         )
         started.append(dispatcher.name)
-        await asyncio.to_thread(plane.wait_healthy, [worker])
+        rescheduler = await asyncio.to_thread(
+            plane.start_rescheduler, name=rescheduler_name,
+            extra_args=[access, f"--lease-name={rescheduler_name}", "--dry-run=true"], wait=False,
+        )
+        started.append(rescheduler.name)
+        await asyncio.to_thread(plane.wait_healthy, [worker, resolver, dispatcher, rescheduler])
         tls = ssl.create_default_context(cafile=str(plane.pki_dir / "ca.crt"))
         urls = {
             "dispatcher": f"http://127.0.0.1:{dispatcher.port}",
             "resolver": f"https://127.0.0.1:{resolver.port}",
             "worker": f"http://127.0.0.1:{worker.port}",
+            "rescheduler": f"http://127.0.0.1:{rescheduler.port}",
         }
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls)) as session:
             for component, url in urls.items():
                 for who, token in tokens.items():
                     headers = {"Authorization": f"Bearer {token}"} if token else {}
-                    for path in ("/status", "/metrics"):
+                    for path in ("/status",) if component == "rescheduler" else ("/status", "/metrics"):
                         async with session.get(url + path, headers=headers) as response:
                             outcomes[f"{component} {who} {path}"] = response.status
                 async with session.get(url + "/healthz") as response:

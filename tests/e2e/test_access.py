@@ -1,5 +1,5 @@
-"""/status and /metrics with --access=kubernetes, on the dispatcher, a resolver replica and a worker alike: only a
-token whose user holds hoss-viewer reads them; health probes stay open."""
+"""/status and /metrics with --access=kubernetes, on the dispatcher, a resolver replica, a worker and the rescheduler
+alike: only a token whose user holds hoss-viewer reads them; health probes stay open."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ async def test_status_and_metrics_need_a_token_of_a_hoss_viewer(
         **{f"{component} {who} {path}": code
            for component in ("dispatcher", "resolver", "worker")
            for who, code in EXPECTED.items() for path in ("/status", "/metrics")},
-        **{f"{component} nobody /healthz": 200 for component in ("dispatcher", "resolver", "worker")},
+        **{f"rescheduler {who} /status": code for who, code in EXPECTED.items()},
+        **{f"{component} nobody /healthz": 200 for component in ("dispatcher", "resolver", "worker", "rescheduler")},
     }
     assert outcomes == expected

@@ -5,10 +5,10 @@ scenario here drives every path that needs a grant: pods placed, a pod that fits
 condition and FailedScheduling event), a pod for a policy no worker serves (NoWorkerForPolicy), a PodGroup gang
 (its status), a preemption (PodDisruptionBudgets listed, an eviction), both Lease elections, the resolver's sync
 and a pod read, a malformed node reservation annotation (the resolver's Warning event), a Reservation placed
-and expired, and a dispatcher, a
-resolver and a worker with --access=kubernetes (TokenReview, SubjectAccessReview). Then the audit log of the whole
-session so far (this scenario and any test before it) is compared with the rules bound to each component's
-ServiceAccount: a grant no call used fails the test, and so does any call the apiserver refused.
+and expired, and a dispatcher, a resolver, a worker and a rescheduler with --access=kubernetes (TokenReview,
+SubjectAccessReview). Then the audit log of the whole session so far (this scenario and any test before it) is
+compared with the rules bound to each component's ServiceAccount: a grant no call used fails the test, and so does
+any call the apiserver refused.
 """
 
 from __future__ import annotations
@@ -224,8 +224,8 @@ async def test_every_verb_granted_to_a_component_is_one_it_uses_and_none_is_refu
             await reserve_once(cluster, namespace)
         # --access=kubernetes on the dispatcher, a resolver and a worker: TokenReview and SubjectAccessReview.
         outcomes = await status_access(plane, namespace)
-        assert {c: outcomes[f"{c} viewer /status"] for c in ("dispatcher", "resolver", "worker")} == {
-            "dispatcher": 200, "resolver": 200, "worker": 200}
+        components = ("dispatcher", "resolver", "worker", "rescheduler")
+        assert {c: outcomes[f"{c} viewer /status"] for c in components} == dict.fromkeys(components, 200)
     finally:
         await cluster.delete_pods(namespace)
         await cluster.delete_nodes(nodes)
