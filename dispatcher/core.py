@@ -802,7 +802,8 @@ class Dispatcher:
         due = [
             (self.pending[uid], waiting)
             for uid, waiting in self.waiting.items()
-            if uid in self.pending and (waiting.notified_at is None or now - waiting.notified_at >= interval)
+            if uid in self.pending and uid not in self.reservations  # a Reservation is no pod to tell
+            and (waiting.notified_at is None or now - waiting.notified_at >= interval)
         ]
         if not due:
             return

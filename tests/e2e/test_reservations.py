@@ -169,7 +169,7 @@ async def test_a_reservation_holds_room_a_kube_scheduler_pod_cannot_take_and_its
         await cluster.delete_nodes([node])
 
 
-async def test_an_expired_reservation_fails_and_frees_its_room(
+async def test_an_expired_reservation_fails_and_frees_its_room_and_one_that_fits_nowhere_says_why(
     plane: LocalPlane, cluster: Cluster, namespace: str, hoss_worker: Process
 ) -> None:
     pool = f"rsx-{next(_names)}-{namespace}"[:60]
@@ -188,6 +188,17 @@ async def test_an_expired_reservation_fails_and_frees_its_room(
             return status.get("phase") == wanted, str(status)
 
         await wait_until(lambda: phase("Available"), timeout=60, what="hoss to place the Reservation")
+        # One that fits nowhere stays Pending and says why, as a pod would.
+        await custom.create_cluster_custom_object("scheduling.koordinator.sh", "v1alpha1", "reservations",
+                                                  reservation(f"{name}-big"[:60], pool, gpus="8", owner_label=name))
+
+        async def told() -> tuple[bool, str]:
+            status = await reservation_status(cluster, f"{name}-big"[:60])
+            conditions = [c for c in status.get("conditions") or [] if c.get("type") == "Scheduled"]
+            return (status.get("phase") == "Pending" and bool(conditions) and conditions[0]["status"] == "False"
+                    and "Insufficient nvidia.com/gpu" in conditions[0]["message"]), str(status)
+
+        await wait_until(told, timeout=60, what="the oversized Reservation to say why it is not placed")
         await wait_until(lambda: phase("Failed"), timeout=60, what="the Reservation to expire")
         reasons = [c.get("reason") for c in (await reservation_status(cluster, name)).get("conditions") or []]
         assert "Expired" in reasons
@@ -198,8 +209,10 @@ async def test_an_expired_reservation_fails_and_frees_its_room(
                          what="the kube-scheduler pod to bind in the freed room")
     finally:
         await cluster.delete_pods(namespace)
-        with contextlib.suppress(Exception):
-            await custom.delete_cluster_custom_object("scheduling.koordinator.sh", "v1alpha1", "reservations", name)
+        for each in (name, f"{name}-big"[:60]):
+            with contextlib.suppress(Exception):
+                await custom.delete_cluster_custom_object("scheduling.koordinator.sh", "v1alpha1", "reservations",
+                                                          each)
         await cluster.delete_nodes([node])
 
 
