@@ -725,8 +725,11 @@ class Worker:
                                topology_key=profile.topology_key, gang=item.gang)
         if isinstance(placement, Unschedulable):
             message = placement.message
-            if any(view.priority > 0 for view in views):
-                message += " preemption: not attempted: hoss does not preempt for gangs yet."
+            if self.preemptor is not None and len(views) + len(bound) >= item.min_available \
+                    and any(eligible(view, self.nodes) for view in views):
+                raws = {view.uid: raw for view, raw in work.members}
+                message = await self.preemptor.attempt_gang(
+                    profile, item.uid, [(view, raws[view.uid]) for view in views[:need]], self.nodes, message)
             self._unschedulable(work, message)
             return
         chosen = [v for v in views if v.uid in placement.assignments]

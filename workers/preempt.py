@@ -1,9 +1,9 @@
 """Preemption, as kube-scheduler's DefaultPreemption does it, for a pod that fits nowhere.
 
-The common path pays nothing: a worker calls this only for a pod it found unschedulable, that is no gang member
-and has a priority above 0 or above the lowest in its pod index (a pod of priority 0 or below preempts pods of
-lower, negative priority, as in kube-scheduler; in a cluster without PriorityClasses every pod has 0 and none
-looks).
+The common path pays nothing: a worker calls this only for a pod (or gang: `gang_victims`, all or nothing) it
+found unschedulable that has a priority above 0 or above the lowest in its pod index (a pod of priority 0 or
+below preempts pods of lower, negative priority, as in kube-scheduler; in a cluster without PriorityClasses every
+pod has 0 and none looks).
 
 The pure part (no I/O), kube-scheduler's rules over the worker's node table and pod index:
 
@@ -52,7 +52,7 @@ from resolver.resources import ResourceVector
 from resolver.rest import KubeREST, segment
 from workers.framework import Profile, evaluate, run_filters
 from workers.nodes import NodeTable, PlacedPod
-from workers.pod import PodView
+from workers.pod import PodView, placed_view
 from workers.podterms import LabelSelector, label_selector
 
 log = logging.getLogger(__name__)
@@ -408,6 +408,58 @@ def reclaim_candidates(profile: Profile, pod: PodView, table: NodeTable, budgets
     return found
 
 
+@dataclass(frozen=True)
+class GangStep:
+    """One gang member's part of a gang preemption: its node, and the victims evicted there for it (may be none)."""
+
+    member: PodView
+    node: str
+    victims: tuple[PlacedPod, ...]
+
+
+def gang_victims(profile: Profile, members: Sequence[PodView], table: NodeTable, budgets: Sequence[Budget],
+                 holds: Iterable[Nomination] = ()) -> list[GangStep] | None:
+    """Victims for every one of `members`, or None: all or nothing. Members are planned one after another on the
+    table as the earlier ones leave it (their victims out of usage and index, themselves placed): a member that
+    fits without evicting anyone takes the best node, else kube-scheduler's choice among its candidates
+    (`candidates`, `pick`). A member that finds neither makes the whole gang find nothing, so no pod is evicted
+    for a gang that could not be placed whole. The table is left as it was."""
+    holds = list(holds)
+    steps: list[GangStep] = []
+    used = {name: table.used_of(name) for name in table.names}
+    removed: list[PlacedPod] = []
+    placed: list[str] = []
+    try:
+        for member in members:
+            evaluation = evaluate(profile, member, table)
+            rows = np.flatnonzero(evaluation.feasible)
+            victims: tuple[PlacedPod, ...]
+            if rows.size:
+                node, victims = table.names[int(rows[np.argmax(evaluation.scores[rows])])], ()
+            else:
+                chosen = pick(candidates(profile, member, table, budgets, holds))
+                if chosen is None:
+                    return None
+                node, victims = chosen.node, chosen.victims
+            for victim in victims:
+                table.remove_pod(victim.uid)
+                table.sub_used(node, victim.request)
+                removed.append(victim)
+            table.add_used(node, member.request)
+            table.place_pod(placed_view(member, node))
+            placed.append(member.uid)
+            steps.append(GangStep(member=member, node=node, victims=tuple(victims)))
+        return steps
+    finally:
+        for uid in placed:
+            table.remove_pod(uid)
+        for victim in removed:
+            table.place_pod(victim)
+        for name, usage in used.items():
+            if table.used_of(name) != usage:
+                table.set_used(name, usage)
+
+
 def preemption_policy(raw: Mapping[str, object]) -> str:
     spec = raw.get("spec")
     policy = spec.get("preemptionPolicy") if isinstance(spec, dict) else None
@@ -496,6 +548,67 @@ class Preemptor:
                 TimeoutError) as error:
             log.warning("preemption for %s failed: %s", pod.key, error)
             return f"{message} preemption: failed: {error}"
+
+    async def attempt_gang(self, profile: Profile, key: str, members: Sequence[tuple[PodView, Mapping[str, object]]],
+                           table: NodeTable, message: str) -> str:
+        """Preempt for a gang whose `members` (those it needs) do not fit together: victims for every member or
+        none (`gang_victims`); every eviction is first tried as a dry run, so a budget that would refuse one
+        evicts nothing. Then each member's room is held (nominated), the victims are evicted and each member's
+        nominatedNodeName set. `key` names the gang's preemption while its victims leave. Returns the message."""
+        if any(preemption_policy(raw) == NEVER for _view, raw in members):
+            return f"{message} preemption: not eligible due to preemptionPolicy=Never."
+        waiting = self.in_progress.get(key)
+        if waiting is not None and self.clock() < waiting.until:
+            left = [uid for uid in waiting.victims if uid in table.pods]
+            if left:
+                return (f"{message} preemption: in progress for the gang: waiting for {len(left)} evicted pod(s) "
+                        f"to leave; the room is held for its members.")
+        views = [view for view, _raw in members]
+        try:
+            holds = await self.ledger.nominations()
+            steps = gang_victims(profile, views, table, await self.budgets(), holds.values())
+            if steps is None or not any(step.victims for step in steps):
+                return (f"{message} preemption: no victims make room for every member of the gang; nothing was "
+                        f"evicted.")
+            return await self._act_gang(key, steps, message)
+        except (LedgerUnavailable, LedgerNotReadyError, KubeError, aiohttp.ClientError, OSError,
+                TimeoutError) as error:
+            log.warning("gang preemption for %s failed: %s", key, error)
+            return f"{message} preemption: failed: {error}"
+
+    async def _act_gang(self, key: str, steps: Sequence[GangStep], message: str) -> str:
+        acting = [step for step in steps if step.victims]
+        refused = [f"{victim.namespace}/{victim.name or victim.uid}: {why}" for step in acting
+                   for victim in step.victims if (why := await self._evict(victim, step.member, step.node,
+                                                                            dry_run=True))]
+        if refused:
+            return (f"{message} preemption: eviction refused for {'; '.join(refused)} (dry run); nothing was "
+                    f"evicted; the gang waits.")
+        nominated: list[str] = []
+        for step in acting:
+            outcome = await self.ledger.nominate(uid=step.member.uid, node=step.node, priority=step.member.priority,
+                                                 request=step.member.request, ttl_seconds=self.hold_seconds)
+            if outcome != "nominated":
+                for uid in nominated:
+                    await self.ledger.unnominate(uid)
+                return f"{message} preemption: not started ({outcome} on {step.node}); nothing was evicted."
+            nominated.append(step.member.uid)
+        failed = [f"{victim.namespace}/{victim.name or victim.uid}: {why}" for step in acting
+                  for victim in step.victims if (why := await self._evict(victim, step.member, step.node))]
+        if failed:
+            # Refused after its dry run passed (a budget changed meanwhile): the others are gone already.
+            for uid in nominated:
+                await self.ledger.unnominate(uid)
+            return (f"{message} preemption: eviction refused for {'; '.join(failed)} after the dry run passed; "
+                    f"the gang waits.")
+        for step in acting:
+            await self._set_nominated(step.member, step.node)
+        victims = [victim for step in acting for victim in step.victims]
+        self.in_progress[key] = _InProgress(node="", victims=frozenset(v.uid for v in victims),
+                                            until=self.clock() + self.hold_seconds)
+        return (f"{message} preemption: in progress for the gang: evicted {len(victims)} lower-priority pod(s) "
+                f"on {len({step.node for step in acting})} node(s) for {len(acting)} member(s); the room is held "
+                f"for them.")
 
     async def has_quota(self, namespace: str) -> bool:
         """Whether `namespace` has an elastic quota (the ledger's list, read at most once per `budgets_ttl_seconds`:
@@ -601,8 +714,9 @@ class Preemptor:
         except (KubeError, aiohttp.ClientError, OSError, TimeoutError) as error:
             log.warning("cannot set status.nominatedNodeName of %s: %s", pod.key, error)
 
-    async def _evict(self, victim: PlacedPod, preemptor: PodView, node: str) -> str:
-        """Evict one victim; '' when it is evicted or gone, else why not."""
+    async def _evict(self, victim: PlacedPod, preemptor: PodView, node: str, *, dry_run: bool = False) -> str:
+        """Evict one victim; '' when it is evicted or gone, else why not. `dry_run`: only ask whether the
+        apiserver would (a PodDisruptionBudget refuses a dry run too), evicting nothing."""
         if not victim.name:
             return "its name is unknown to the ledger (written by an older hoss)"
         body = {"apiVersion": "policy/v1", "kind": "Eviction",
@@ -610,11 +724,13 @@ class Preemptor:
                 "deleteOptions": {"preconditions": {"uid": victim.uid}}}
         path = f"/api/v1/namespaces/{segment(victim.namespace)}/pods/{segment(victim.name)}/eviction"
         try:
-            await self.rest.request("POST", path, body=body)
+            await self.rest.request("POST", path, body=body, params={"dryRun": "All"} if dry_run else None)
         except KubeError as error:
             if error.status in (404, 409):
                 return ""  # gone already, or replaced (uid precondition): nothing of it is left to evict
             return str(error)
+        if dry_run:
+            return ""
         self.preempted += 1
         log.info("preempted %s/%s on %s for %s", victim.namespace, victim.name, node, preemptor.key)
         self.record(pod_event(namespace=victim.namespace, name=victim.name, uid=victim.uid, reason="Preempted",

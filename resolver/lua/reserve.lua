@@ -98,6 +98,7 @@ for _, p in ipairs(placements) do
   end
   hold(p.uid, p.pod, p.node, p.request, 'assumed', owner, deadline, p.ports, p.meta)
   consume_claim(p.claim)
+  drop_nomination(p.uid)  -- a member that preempted has its room now (as reserve_batch ends a pod's hold)
 end
 publish()
 return {'reserved'}

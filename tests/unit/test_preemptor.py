@@ -172,3 +172,62 @@ async def test_preemption_policy_never_asks_nothing_and_evicts_nothing(
     assert await driver.attempt(profile, pod, raw, nodes, "full.") == \
         "full. preemption: not eligible due to preemptionPolicy=Never."
     assert apiserver.seen == [] and events == [] and await ledger.nominations() == {}
+
+
+def member(name: str, cpu: str = "3") -> tuple[PodView, Json]:
+    raw = raw_pod(name, {"cpu": cpu})
+    raw["metadata"]["uid"] = f"uid-{name}"
+    raw["spec"]["priority"] = 100
+    return parse_pod(raw), raw
+
+
+def full_cluster() -> NodeTable:
+    """n1 and n2 (4 cpu each) each hold two 2-cpu pods of priority 1."""
+    nodes = table(raw_node("n1", NODE), raw_node("n2", NODE))
+    for node in ("n1", "n2"):
+        for i in range(2):
+            place(nodes, f"low-{node}-{i}", node, cpu=2000, priority=1)
+    return nodes
+
+
+async def test_a_gang_preempts_for_every_member_after_a_dry_run_of_every_eviction(
+    profile: Profile, apiserver: TLSApiserver, ledger: Ledger, preemptor: tuple[Preemptor, list[Json]]
+) -> None:
+    driver, events = preemptor
+    nodes = full_cluster()
+    message = await driver.attempt_gang(profile, "gang-a", [member("m1"), member("m2")], nodes, "no room.")
+    assert message == ("no room. preemption: in progress for the gang: evicted 4 lower-priority pod(s) on 2 node(s) "
+                       "for 2 member(s); the room is held for them.")
+    evictions = [(seen.raw_path.split("/")[-2], seen.query.get("dryRun")) for seen in apiserver.seen
+                 if seen.raw_path.endswith("/eviction")]
+    # every eviction is tried as a dry run before any is made
+    assert [dry for _name, dry in evictions] == ["All"] * 4 + [None] * 4
+    assert sorted(name for name, dry in evictions if dry is None) == [
+        "low-n1-0", "low-n1-1", "low-n2-0", "low-n2-1"]
+    assert {uid: hold.node for uid, hold in (await ledger.nominations()).items()} == {"uid-m1": "n1", "uid-m2": "n2"}
+    assert len(events) == 4 and len(nodes.pods) == 4, "the plan left the table as it was"
+
+
+async def test_a_gang_that_cannot_make_room_for_every_member_evicts_nothing(
+    profile: Profile, apiserver: TLSApiserver, ledger: Ledger, preemptor: tuple[Preemptor, list[Json]]
+) -> None:
+    driver, events = preemptor
+    nodes = full_cluster()
+    # three 3-cpu members on two 4-cpu nodes: two could preempt, the third never fits, so none does
+    message = await driver.attempt_gang(profile, "gang-b", [member("m1"), member("m2"), member("m3")], nodes, "x.")
+    assert message == "x. preemption: no victims make room for every member of the gang; nothing was evicted."
+    assert not [seen for seen in apiserver.seen if seen.raw_path.endswith("/eviction")]
+    assert await ledger.nominations() == {} and events == []
+    assert len(nodes.pods) == 4 and nodes.used_of("n1") == {"cpu": 4000, "pods": 2}
+
+
+async def test_a_budget_refusing_one_dry_run_keeps_every_victim_of_the_gang(
+    profile: Profile, apiserver: TLSApiserver, ledger: Ledger, preemptor: tuple[Preemptor, list[Json]]
+) -> None:
+    driver, events = preemptor
+    apiserver.refuse["value"] = True  # type: ignore[attr-defined]
+    message = await driver.attempt_gang(profile, "gang-c", [member("m1"), member("m2")], full_cluster(), "x.")
+    assert message.startswith("x. preemption: eviction refused for team/low-n1-")
+    assert message.endswith("(dry run); nothing was evicted; the gang waits.")
+    assert all(seen.query.get("dryRun") == "All" for seen in apiserver.seen if seen.raw_path.endswith("/eviction"))
+    assert await ledger.nominations() == {} and events == []
