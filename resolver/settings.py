@@ -177,6 +177,10 @@ class ResolverSettings(AccessSettings):
         default_factory=lambda: ["system:serviceaccount:hoss-system:hoss-worker"]
     )
     """User names whose bindings are hoss's own (comma-separated in env and flags)."""
+    hoss_scheduler_names: list[str] = Field(default_factory=lambda: ["hoss"], min_length=1)
+    """schedulerName values of hoss's pods (the dispatcher's scheduler_names; comma-separated in env and flags).
+    The syncing replica indexes the pending pods of every other scheduler, so their bindings are judged without a
+    GET of the pod."""
     verify_after_seconds: float = Field(default=2.0, gt=0)
     """How long after the webhook admits a binding (or a pod created on a node) the syncing replica first GETs the
     pod to see whether the write happened; the entry stays counted until the sync sees the pod bound or has proof

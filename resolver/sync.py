@@ -7,7 +7,11 @@ ready (Redis restarted empty or was flushed: the ready key and epoch are gone) a
 which the informers keep equal to the apiserver; until then the ledger answers "not ready" and the webhook denies.
 
 The pod informer watches bound pods only (field selector ``spec.nodeName!=``): a pending pod holds nothing in
-the ledger but its reservation. Pod events are queued by uid (the latest event of a pod wins) and applied in
+the ledger but its reservation. A third informer keeps the pending pods of other schedulers (not hoss's, by
+``spec.schedulerName``) in an index, so the webhook judges a foreign scheduler's binding without a GET of the pod;
+hoss's own pending pods never reach the resolver (their bindings carry a reservation).
+
+Pod events are queued by uid (the latest event of a pod wins) and applied in
 bursts: what gathers within POD_FLUSH_LINGER_SECONDS goes to the mirror and then to the ledger in one
 ``release_many`` and one ``bind_many`` call (per POD_WRITE_BATCH pods), so the watch never waits on Redis.
 
@@ -29,7 +33,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -69,6 +73,13 @@ POD_WRITE_BATCH = 256
 POD_FLUSH_LINGER_SECONDS = 0.1
 """How long pod events may gather before they are written: the bound state of a pod the webhook already holds
 resources for lags its binding by at most this much, and a burst costs one script call instead of many."""
+
+
+def foreign_pending_selector(scheduler_names: Sequence[str]) -> str:
+    """The field selector of the foreign pending pods informer: unbound, and scheduled by none of hoss's names."""
+    return ",".join(["spec.nodeName=", *(f"spec.schedulerName!={name}" for name in scheduler_names)])
+
+
 VERIFY_BATCH = 64
 """Most admitted entries checked per round of the verify loop."""
 VERIFY_RETRY_SECONDS = 2.0
@@ -219,6 +230,7 @@ class LedgerSync:
         verify_interval_seconds: float = 1.0,
         write_timeout_seconds: float = 60.0,
         audit_interval_seconds: float = 60.0,
+        hoss_scheduler_names: Sequence[str] = ("hoss",),
     ) -> None:
         self.ledger = ledger
         self.api = api
@@ -230,6 +242,9 @@ class LedgerSync:
         """Available Reservations by uid: entries 'Reservation/<name>' holding their room (resolver/reservations.py)"""
         self._reservations_listed = asyncio.Event()
         self.pods = PodIndex()
+        self.pending = PodIndex()
+        """unbound pods of other schedulers (requests and uid), for the webhook's judgement of their bindings"""
+        self._pending_selector = foreign_pending_selector(hoss_scheduler_names)
         self.nodes: dict[str, NodeRecord] = {}
         self.stats = SyncStats()
         self.synced = asyncio.Event()
@@ -273,6 +288,14 @@ class LedgerSync:
                     InformerHandlers(on_list=self._on_pod_list, on_event=self._on_pod_event),
                     synced=self._pods_listed,
                     field_selector=BOUND_PODS_SELECTOR,
+                )
+            )
+            group.create_task(
+                run_informer(
+                    "foreign pending pods",
+                    self.core.list_pod_for_all_namespaces,
+                    InformerHandlers(on_list=self._on_pending_list, on_event=self._on_pending_event),
+                    field_selector=self._pending_selector,
                 )
             )
             group.create_task(self._pod_flush_loop())
@@ -447,6 +470,30 @@ class LedgerSync:
                     self.pods.put(info)
         if self.synced.is_set():
             await self.rebuild()
+
+    async def _on_pending_list(self, items: list[Json]) -> None:
+        self.pending.clear()
+        for pod in items:
+            await self._on_pending_event("ADDED", pod)
+
+    async def _on_pending_event(self, kind: str, pod: Json) -> None:
+        """A foreign scheduler's pending pod: kept (its request and uid) until it leaves the selector (bound,
+        deleted). A view is recomputed only when the spec changed (a new metadata.generation)."""
+        metadata = pod.get("metadata") or {}
+        uid = metadata.get("uid")
+        if not isinstance(uid, str) or not uid:
+            return
+        if kind == "DELETED" or (pod.get("status") or {}).get("phase") in TERMINAL_PHASES:
+            self.pending.drop(uid)
+            return
+        known = self.pending.by_uid.get(uid)
+        if known is not None and known.generation is not None and known.generation == metadata.get("generation"):
+            return
+        try:
+            self.pending.put(parse_pod(pod))
+        except ResolverError as error:
+            self.pending.drop(uid)  # judged by GET, which reports the bad field
+            log.debug("pending pod %s/%s not indexed: %s", metadata.get("namespace"), metadata.get("name"), error)
 
     def _parse(self, pod: Json) -> PodInfo | None:
         uid = (pod.get("metadata") or {}).get("uid")

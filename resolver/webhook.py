@@ -209,6 +209,8 @@ class WebhookState:
     denials: collections.deque[Denial] = field(default_factory=lambda: collections.deque(maxlen=50))
     verdict_counts: collections.Counter[str] = field(default_factory=collections.Counter)
     review_latency: LatencyWindow = field(default_factory=LatencyWindow)
+    pod_reads: int = 0
+    """pods the webhook had to GET from the apiserver (a binding whose pod neither index of the sync held)"""
     ledger_stats: dict[str, str] = field(default_factory=dict)
     """``{hoss}:stats`` as last read (overcommits, audit_drift, stale_ledger), refreshed by publish_stats"""
     namespaces: NamespaceLabels = field(default_factory=NamespaceLabels)
@@ -249,6 +251,10 @@ class WebhookState:
         self._verdict_children: dict[tuple[bool, str], Any] = {}
         self.authenticate = self.settings.client_ca_file is not None
         self.client_names = frozenset(self.settings.client_names)
+        Gauge(
+            "hoss_resolver_pod_reads", "Pods the webhook read from the apiserver to judge a binding (neither the"
+            " index of bound pods nor that of other schedulers' pending pods held the pod)", registry=self.registry,
+        ).set_function(lambda: float(self.pod_reads))
         self.refused = Counter(
             "hoss_resolver_refused_reviews", "Reviews refused before judging: no client certificate (401) or a"
             " client name not allowed (403)", ["code"], registry=self.registry,
@@ -294,8 +300,13 @@ async def _pod_info(state: WebhookState, binding: admission.BindingRequest) -> P
     name (its DELETED event not applied yet), whose request and uid are not the live pod's."""
     index = state.sync.pods if state.sync is not None else state.pods
     found = index.find(uid=binding.pod_uid, key=binding.pod_key) if binding.pod_uid else None
+    if found is None and binding.pod_uid and state.sync is not None:
+        # a foreign scheduler's pending pod, as the sync's informer last saw it (same uid: the same pod, whose
+        # requests only an in-place resize changes, and that bumps the generation the informer follows)
+        found = state.sync.pending.find(uid=binding.pod_uid, key=binding.pod_key)
     if found is not None or state.get_pod is None:
         return found
+    state.pod_reads += 1
     try:
         async with asyncio.timeout(POD_READ_TIMEOUT_SECONDS):
             raw = await state.get_pod(binding.namespace, binding.pod)
@@ -527,6 +538,7 @@ async def status(state: WebhookState, _request: Request) -> Response:
             "leader_identity": None if elector is None else elector.holder,
             "sync": None if sync is None else {
                 "synced": sync.synced.is_set(), "nodes": len(sync.nodes), "pods": len(sync.pods.by_uid),
+                "foreign_pending_pods": len(sync.pending.by_uid),
                 **sync.stats.__dict__,
             },
             "enforce": state.settings.enforce,
@@ -534,6 +546,7 @@ async def status(state: WebhookState, _request: Request) -> Response:
             "ledger_last": {key: value for key, value in state.ledger_stats.items() if key.startswith("last_")},
             "verdicts": dict(state.verdict_counts),
             "review_latency_ms": state.review_latency.summary_ms(),
+            "pod_reads": state.pod_reads,
             "http": None if state.server is None else {
                 "connections_accepted": state.server.accepted, "connections_open": len(state.server.connections),
                 "requests": state.server.requests,
@@ -794,7 +807,8 @@ async def running_resolver(settings: ResolverSettings) -> AsyncIterator[list[asy
         def make_sync() -> LedgerSync:
             return LedgerSync(ledger=ledger, api=api, expire_interval_seconds=settings.expire_interval_seconds,
                               write_timeout_seconds=settings.write_timeout_seconds,
-                              audit_interval_seconds=settings.audit_interval_seconds)
+                              audit_interval_seconds=settings.audit_interval_seconds,
+                              hoss_scheduler_names=settings.hoss_scheduler_names)
 
         tasks = [
             asyncio.create_task(sync_while_leading(state, elector, make_sync), name="sync-role"),
