@@ -26,7 +26,7 @@ from resolver.ledger import KEY_PREFIX, READY_KEY, Ledger
 from resolver.redisclient import PipelinedRedis
 from resolver.settings import ResolverSettings, SettingsError, load_settings
 from resolver.webhook import ledger_redis
-from tests.integration.conftest import _free_loopback_port, _stop
+from tests.integration.conftest import _free_loopback_port, _stop, _wait_for_ping
 
 PASSWORD = "s3cret-for-the-test"
 
@@ -170,18 +170,7 @@ def hoss_acl_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[st
     )
     urls = {user: f"redis://{user}:{password}@127.0.0.1:{port}/0" for user, password in passwords.items()}
     try:
-        deadline = time.monotonic() + 10
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"redis-server (ACL) exited with {process.returncode}:\n{log.read_text()}")
-            try:
-                with redis.Redis.from_url(urls["admin"], socket_connect_timeout=0.5) as probe:
-                    probe.ping()
-                break
-            except redis.ConnectionError:
-                if time.monotonic() > deadline:
-                    pytest.fail(f"redis-server (ACL) did not answer within 10s:\n{log.read_text()}")
-                time.sleep(0.05)
+        _wait_for_ping(urls["admin"], process, log)
         yield urls
     finally:
         _stop(process)
