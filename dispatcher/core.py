@@ -71,7 +71,7 @@ from dispatcher.status import (
     gang_view,
     pending_view,
 )
-from resolver import reservations
+from resolver import compact, reservations
 from resolver.errors import LedgerUnavailable, PodSpecError
 from resolver.events import pod_event, post_event, set_unschedulable
 from resolver.kube import InformerHandlers, Json, KubeError
@@ -549,7 +549,8 @@ class Dispatcher:
             pod, worker = self.pending.get(uid), self.dispatched.get(uid)
             if pod is None or worker is None or self._gang(pod) is not None:
                 continue
-            if await self.queue.resend_changed(worker, single_item(pod, attempt=self._attempts.get(uid, 0))):
+            item = self._with_hints(single_item(pod, attempt=self._attempts.get(uid, 0)))
+            if await self.queue.resend_changed(worker, item):
                 log.info("pod %s changed while queued on worker %s: its new version follows", pod.key, worker)
 
     def _needs_worker(self, uid: str, now: float) -> bool:
@@ -648,9 +649,23 @@ class Dispatcher:
         owning = [r for r in self.reservations.values() if r.available and reservations.owns(r, {"metadata": metadata})]
         if not owning:
             return item
-        compact = orjson.loads(item.pod)
-        compact[reservations.HINTS] = reservations.hints(owning)
-        return dataclasses.replace(item, pod=orjson.dumps(compact, option=orjson.OPT_SORT_KEYS).decode())
+        form = orjson.loads(item.pod)
+        form[reservations.HINTS] = reservations.hints(owning)
+        encoded = compact.encode(form)
+        # A version of its own: sent again when a Reservation becomes Available, it makes the worker's older copy
+        # stale, as a changed pod does.
+        return dataclasses.replace(item, pod=encoded.decode(), digest=compact.digest(encoded))
+
+    def on_reservation_available(self, reservation: Reservation) -> None:
+        """A Reservation became Available: its owners already sent to a worker (which may be backing off with
+        nothing else fitting) are sent again with it, behind their old version (`_resend_changed`)."""
+        for uid, pod in self.pending.items():
+            if uid in self.dispatched and uid not in self.reservations and self._gang(pod) is None:
+                metadata = {"uid": pod.uid, "namespace": pod.namespace, "name": pod.name, "labels": dict(pod.labels),
+                            "ownerReferences": list(pod.owner_references)}
+                if reservations.owns(reservation, {"metadata": metadata}):
+                    self._changed[uid] = None
+                    self._wakeup.set()
 
     def wake(self) -> None:
         """Something changed that may let waiting pods go (e.g. a PodGroup appeared)."""

@@ -37,7 +37,10 @@ def observe(dispatcher: Dispatcher, kind: str, obj: Json) -> None:
         dispatcher.reservations.pop(uid, None)
         dispatcher.on_reservation_gone(uid)
         return
+    before = dispatcher.reservations.get(uid)
     dispatcher.reservations[uid] = parsed
+    if parsed.available and (before is None or not before.available):
+        dispatcher.on_reservation_available(parsed)
     ours = not parsed.scheduler_name or parsed.scheduler_name in names
     if ours and parsed.pending and parsed.allocate_once and parsed.expires_unix > time.time():
         dispatcher._observe(reservations.as_pod(parsed, scheduler_name=parsed.scheduler_name or names[0]))

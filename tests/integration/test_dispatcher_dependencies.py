@@ -97,3 +97,31 @@ async def test_a_pending_reservation_is_dispatched_as_a_pod_until_it_is_placed(q
     reservation["status"] = {"phase": "Available", "nodeName": "n1"}
     dispatcher_reservations.observe(dispatcher, "MODIFIED", reservation)
     assert "rsv-uid" not in dispatcher.pending
+
+
+async def test_an_owner_sent_before_its_reservation_was_placed_is_sent_again_with_it(queue: WorkQueue) -> None:
+    """The owner is on a worker already (waiting: nothing else fits) when its Reservation becomes Available: a new
+    version carrying the Reservation follows the old one, which the ledger then answers stale."""
+    owner = pending_pod(1)
+    owner["metadata"]["labels"] = {"app": "train"}
+    dispatcher = await make_dispatcher(queue, [owner])
+    await beat(queue, "w")
+    assert (await dispatcher.tick()).dispatched == 1
+    created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    reservation = {
+        "metadata": {"name": "slot", "uid": "rsv-uid", "creationTimestamp": created},
+        "spec": {"template": {"spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "2"}}}]}},
+                 "owners": [{"labelSelector": {"matchLabels": {"app": "train"}}}]},
+    }
+    dispatcher_reservations.observe(dispatcher, "ADDED", copy.deepcopy(reservation))
+    reservation["status"] = {"phase": "Available", "nodeName": "n1"}
+    dispatcher_reservations.observe(dispatcher, "MODIFIED", reservation)
+    await dispatcher.dispatch_pending(fresh_only=True)
+    entries: Any = await queue.redis.xrange(queue_key("w"))
+    items = [WorkItem.decode(fields) for _id, fields in entries if WorkItem.decode(fields).uid == "uid-1"]
+    assert len(items) == 2
+    old, new = items
+    assert reservations.HINTS not in orjson.loads(old.pod)
+    assert orjson.loads(new.pod)[reservations.HINTS][0][:3] == ["rsv-uid", "slot", "n1"]
+    assert new.digest != old.digest
+    assert await queue.redis.hget("{hoss}:podver", "uid-1") in (new.digest, new.digest.encode())
