@@ -83,16 +83,24 @@ def base(plane: LocalPlane) -> list[Json]:
 
 
 def test_webhook_of_the_base_fails_closed_on_bindings_and_calls_the_resolver_service(base: list[Json]) -> None:
-    hook, system = named(base, "ValidatingWebhookConfiguration")["hoss-resolver"]["webhooks"]
-    for entry, policy, path, operator in ((hook, "Fail", "/validate-binding", "NotIn"),
-                                          (system, "Ignore", "/validate-system", "In")):
+    entries = named(base, "ValidatingWebhookConfiguration")["hoss-resolver"]["webhooks"]
+    assert [e["name"] for e in entries] == ["binding.resolver.hoss.io", "pods.resolver.hoss.io",
+                                            "system.resolver.hoss.io", "system-pods.resolver.hoss.io"]
+    for entry, policy, path, operator in zip(entries, ("Fail", "Fail", "Ignore", "Ignore"),
+                                             ("/validate-binding", "/validate-binding", "/validate-system",
+                                              "/validate-system"), ("NotIn", "NotIn", "In", "In"), strict=True):
         assert entry["failurePolicy"] == policy
         assert entry["sideEffects"] == "NoneOnDryRun"
-        create, resize = entry["rules"]
-        assert create["operations"] == ["CREATE"]
-        assert set(create["resources"]) == {"pods/binding", "bindings", "pods"}
-        assert (resize["operations"], resize["resources"]) == (["UPDATE"], ["pods/resize"])
-        assert [c["name"] for c in entry["matchConditions"]] == ["bindings-and-pods-on-a-node", "not-a-mirror-pod"]
+        if entry["name"].endswith("pods.resolver.hoss.io"):
+            create, resize = entry["rules"]
+            assert (create["operations"], create["resources"]) == (["CREATE"], ["pods"])
+            assert (resize["operations"], resize["resources"]) == (["UPDATE"], ["pods/resize"])
+            assert [c["name"] for c in entry["matchConditions"]] == ["pod-on-a-node", "not-a-mirror-pod"]
+        else:
+            # bindings need no matchConditions, so the apiserver evaluates no CEL for them
+            (create,) = entry["rules"]
+            assert (create["operations"], set(create["resources"])) == (["CREATE"], {"pods/binding", "bindings"})
+            assert "matchConditions" not in entry
         assert entry["clientConfig"] == {
             "service": {"name": "hoss-resolver", "namespace": HOSS_NAMESPACE, "path": path, "port": 443}
         }
