@@ -417,7 +417,10 @@ async def test_hole5_two_resolver_replicas_one_syncs_both_judge_and_the_survivor
     node = "h5-ha-0000"
     try:
         plane.stop_resolver()
-        first = plane.start_resolver(extra_args=REPLICA_LEASE)  # the plane's name: the webhook calls it
+        # Both at once: whichever takes the Lease first syncs. The first has the plane's name: the webhook calls it.
+        replicas = [plane.start_resolver(extra_args=REPLICA_LEASE, wait=False),
+                    plane.start_resolver(name="hoss-resolver-replica", extra_args=REPLICA_LEASE, wait=False)]
+        plane.wait_healthy(replicas)
         plane.register_webhook()
         node = await one_node(cluster, "h5-ha", "2")
         pods = {name: await create(cluster, namespace, pod_on(name, None, cpu))
@@ -426,23 +429,23 @@ async def test_hole5_two_resolver_replicas_one_syncs_both_judge_and_the_survivor
             await binding(cluster, namespace, pods[name], node)
         await ledger_agrees(cluster, ledger, node)
         epoch = await ledger.epoch()
-        second = plane.start_resolver(name="hoss-resolver-replica", extra_args=REPLICA_LEASE)
-        leaders = {port: (await replica_status(plane, port))["leader"] for port in (first.port, second.port)}
-        assert leaders == {first.port: True, second.port: False}
+        leading = {p.name: (await replica_status(plane, p.port))["leader"] for p in replicas}
+        assert sorted(leading.values()) == [False, True], leading
+        leader, follower = sorted(replicas, key=lambda p: not leading[p.name])
         # The follower judges against the shared ledger: 1500m of 2000m used, so 1000m more is refused, 500m fits.
-        denied = await review_by_apiserver(plane, second.port, namespace, pods["big"], node, dry_run=True)
+        denied = await review_by_apiserver(plane, follower.port, namespace, pods["big"], node, dry_run=True)
         assert not denied["allowed"] and "has no room" in denied["status"]["message"], denied
-        allowed = await review_by_apiserver(plane, second.port, namespace, pods["small"], node, dry_run=True)
+        allowed = await review_by_apiserver(plane, follower.port, namespace, pods["small"], node, dry_run=True)
         assert allowed["allowed"], allowed
         assert await ledger.epoch() == epoch, "the follower rebuilt the ledger"
 
         config = plane.webhook_configuration()
         hooks: list[Json] = config["webhooks"]  # type: ignore[assignment]
-        os.killpg(first.pid, signal.SIGKILL)
-        plane.stop_process(first.name)
+        os.killpg(leader.pid, signal.SIGKILL)
+        plane.stop_process(leader.name)
 
         async def took_over() -> tuple[bool, str]:
-            status = await replica_status(plane, second.port)
+            status = await replica_status(plane, follower.port)
             synced = bool(status["leader"] and status["sync"] and status["sync"]["synced"])
             return synced, f"leader {status['leader']}, sync {status['sync']}"
 
@@ -450,9 +453,10 @@ async def test_hole5_two_resolver_replicas_one_syncs_both_judge_and_the_survivor
         bound = {e.uid: (e.state, e.node) for e in await ledger.entries() if e.node == node}
         assert bound == {pods[n]["metadata"]["uid"]: ("bound", node) for n in ("a", "b", "c")}
         assert await ledger_cpu(ledger, node) == 1500
-        # The webhook now calls the survivor.
+        # The webhook calls the survivor (already so when the killed leader was the second replica).
         for hook in hooks:
-            hook["clientConfig"]["url"] = hook["clientConfig"]["url"].replace(f":{first.port}/", f":{second.port}/")
+            hook["clientConfig"]["url"] = hook["clientConfig"]["url"].replace(f":{replicas[0].port}/",
+                                                                              f":{follower.port}/")
         (tmp_path / "webhook.json").write_text(json.dumps(config))
         await asyncio.to_thread(plane.kubectl, "apply", "-f", str(tmp_path / "webhook.json"))
 
