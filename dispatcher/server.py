@@ -22,7 +22,7 @@ from dispatcher.settings import DispatcherSettings
 from dispatcher.status import RESOLVER_STATS_MATCH, SystemStatus, build_status, resolver_instance
 from resolver.access import TokenAccess, middleware
 from resolver.errors import LedgerUnavailable
-from resolver.ledger import RESCHED_STATUS_KEY, Ledger, LedgerSnapshot
+from resolver.ledger import RESCHED_STATUS_KEY, Ledger, LedgerSnapshot, QuotaReport
 from resolver.supervise import Supervisor
 
 
@@ -60,6 +60,7 @@ async def gather_status(state: ServiceState) -> SystemStatus:
     dead: set[str] = set()
     dispatched: dict[str, str] | None = None
     snapshot: LedgerSnapshot | None = None
+    quotas: QuotaReport | None = None
     stats: dict[str, dict[str, str]] | None = None
     rescheduler: dict[str, Any] | None = None
     redis_error: str | None = None
@@ -70,12 +71,14 @@ async def gather_status(state: ServiceState) -> SystemStatus:
             read_snapshot = await state.ledger.snapshot()
             read_stats = await read_resolver_stats(state.redis)
             rescheduler = _json_object(await state.redis.get(RESCHED_STATUS_KEY))
+            read_quotas = await state.ledger.quotas()
     except TimeoutError:
         redis_error = f"no answer within {STATUS_TIMEOUT_SECONDS:.0f}s"
     except (LedgerUnavailable, RedisError) as error:
         redis_error = str(error) or type(error).__name__
     else:
         live, dead, dispatched, snapshot, stats = read_live, read_dead, read_dispatched, read_snapshot, read_stats
+        quotas = read_quotas
     return build_status(
         identity=state.settings.identity,
         leader=state.elector.is_leader,
@@ -91,6 +94,7 @@ async def gather_status(state: ServiceState) -> SystemStatus:
         pending=dispatcher.pending_status(dispatched),
         gangs=dispatcher.gang_status(dispatched),
         rescheduler=rescheduler,
+        quotas=quotas,
         now_unix=now,
     )
 

@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from dispatcher.gangs import GangKey, PodGroupSpec, gang_of, gang_state
 from dispatcher.queue import PREFIX, WorkerInfo
-from resolver.ledger import LedgerSnapshot, NodeSnapshot
+from resolver.ledger import LedgerSnapshot, NodeSnapshot, QuotaReport
 from resolver.resources import gpu_spread
 
 log = logging.getLogger(__name__)
@@ -180,6 +180,20 @@ class PoolStatus(_Model):
     """Per resource, over the pool's nodes."""
 
 
+class QuotaStatus(_Model):
+    """A namespace's elastic quota (scheduler-plugins ElasticQuota) and its use, from the ledger."""
+
+    namespace: str
+    min: dict[str, int]
+    """spec.min in base units (milli-CPU, bytes, counts): guaranteed to the namespace."""
+    max: dict[str, int]
+    """spec.max in base units; a resource missing is not limited."""
+    used: dict[str, int]
+    """What the namespace's pods hold in the ledger (reserved, admitted and bound), in base units."""
+    borrowed: dict[str, int]
+    """used above min, per resource the quota names: what the namespace borrows of others' idle guarantee."""
+
+
 class PendingPodStatus(_Model):
     pod: str
     """namespace/name"""
@@ -292,6 +306,8 @@ class SystemStatus(_Model):
     pending pod and its node, ``moves`` with pod, gpus, from, to, fragmentation ``before`` and ``after``,
     ``outcome`` and ``detail``), ``rounds``, ``evictions``, ``fragmentation``, ``published`` (unix); None when no
     rescheduler runs."""
+    quotas: list[QuotaStatus] = Field(default_factory=list)
+    """Elastic quotas by namespace, with use and borrowing; empty when there are none or Redis is unreachable."""
 
 
 class BoundRate:
@@ -622,6 +638,7 @@ def build_status(
     pending: PendingStatus | None = None,
     gangs: Sequence[GangStatus] = (),
     rescheduler: Mapping[str, Any] | None = None,
+    quotas: QuotaReport | None = None,
     now_unix: float | None = None,
 ) -> SystemStatus:
     """The /status document from what the service gathered. Pure (``now_unix`` defaults to the clock)."""
@@ -644,6 +661,11 @@ def build_status(
         pending=pending if pending is not None else PendingStatus(total=queues.pending_total),
         gangs=list(gangs),
         rescheduler=None if rescheduler is None else dict(rescheduler),
+        quotas=[] if quotas is None else [
+            QuotaStatus(namespace=use.quota.namespace, min=dict(use.quota.min), max=dict(use.quota.max),
+                        used=dict(use.used), borrowed=use.borrowed)
+            for use in quotas.quotas
+        ],
     )
 
 

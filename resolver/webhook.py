@@ -38,9 +38,9 @@ import signal
 import ssl
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 import aiohttp
 import hiredis
@@ -48,7 +48,9 @@ import orjson
 from cryptography import x509
 from kubernetes_asyncio import client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
@@ -68,6 +70,7 @@ from resolver.ledger import (
     LedgerNotReady,
     NeedRequest,
     QuotaExceeded,
+    QuotaReport,
     UnknownNode,
 )
 from resolver.redisclient import PipelinedRedis
@@ -218,6 +221,8 @@ class WebhookState:
     routing_rules: list[Rule] = field(default_factory=list)
     routed: collections.Counter[str] = field(default_factory=collections.Counter)
     """Router outcomes: policy name of each routed pod, or 'unchanged'."""
+    quota_report: QuotaReport | None = None
+    """Elastic quotas and their use as last read (publish_stats), for /metrics and /status."""
 
     def __post_init__(self) -> None:
         self.hoss_usernames = frozenset(self.settings.hoss_usernames)
@@ -248,6 +253,7 @@ class WebhookState:
             Gauge(f"hoss_ledger_{counter}", what, registry=self.registry).set_function(
                 functools.partial(self._ledger_counter, counter)
             )
+        self.registry.register(QuotaCollector(self))
         self._verdict_children: dict[tuple[bool, str], Any] = {}
         self.authenticate = self.settings.client_ca_file is not None
         self.client_names = frozenset(self.settings.client_names)
@@ -552,8 +558,39 @@ async def status(state: WebhookState, _request: Request) -> Response:
                 "requests": state.server.requests,
             },
             "recent_denials": [d.__dict__ for d in reversed(state.denials)],
+            "routed": dict(state.routed),
+            "quotas": [] if state.quota_report is None else [
+                {"namespace": use.quota.namespace, "min": use.quota.min, "max": use.quota.max, "used": use.used,
+                 "borrowed": use.borrowed} for use in state.quota_report.quotas
+            ],
         }
     )
+
+
+class QuotaCollector(Collector):
+    """hoss_quota_{min,max,used,borrowed}{namespace,resource}: each elastic quota and its use (base units), from the
+    ledger as `publish_stats` last read it."""
+
+    HELP: ClassVar[dict[str, str]] = {
+        "min": "ElasticQuota spec.min (base units: milli-CPU, bytes, counts)",
+        "max": "ElasticQuota spec.max (base units); a resource missing is not limited",
+        "used": "What the namespace's pods hold in the ledger (reserved, admitted, bound), base units",
+        "borrowed": "used above min, per resource the quota names (borrowed from others' idle guarantee)",
+    }
+
+    def __init__(self, state: WebhookState) -> None:
+        self.state = state
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        families = {name: GaugeMetricFamily(f"hoss_quota_{name}", text, labels=["namespace", "resource"])
+                    for name, text in self.HELP.items()}
+        report = self.state.quota_report
+        for use in report.quotas if report is not None else ():
+            for name, vector in (("min", use.quota.min), ("max", use.quota.max), ("used", use.used),
+                                 ("borrowed", use.borrowed)):
+                for resource, amount in vector.items():
+                    families[name].add_metric([use.quota.namespace, resource], amount)
+        yield from families.values()
 
 
 def build_server(state: WebhookState) -> HttpServer:
@@ -690,6 +727,11 @@ async def publish_stats(state: WebhookState, redis: Redis, *, instance: str, int
             state.ledger_stats = dict((await pipe.execute())[-1] or {})
         except RedisError as error:
             log.warning("cannot publish resolver stats: %s", error)
+        try:
+            async with asyncio.timeout(LEDGER_CALL_TIMEOUT_SECONDS):
+                state.quota_report = await state.ledger.quotas()
+        except (ResolverError, TimeoutError) as error:
+            log.warning("cannot read elastic quotas' use: %s", error or "no answer")
         raise_if_cancelled()
         await asyncio.sleep(interval)
 

@@ -435,6 +435,28 @@ function renderRescheduler(status) {
   setText("rescheduler-summary", `${fmtInt(resched.rounds || 0)} rounds, ${fmtInt(resched.evictions || 0)} evictions`);
 }
 
+function renderQuotas(status) {
+  const quotas = status.quotas || [];
+  // Elastic quotas only when there are some.
+  $("quotas").closest(".panel").hidden = quotas.length === 0;
+  const rows = [];
+  for (const q of quotas) {
+    const resources = [...new Set([...Object.keys(q.min), ...Object.keys(q.max)])].sort();
+    for (const r of resources) {
+      const borrowed = q.borrowed[r] || 0;
+      rows.push(el("tr", { "data-quota": q.namespace, "data-resource": r, "data-borrowed": String(borrowed) },
+        el("td", {}, el("span", { class: "clip", text: q.namespace })),
+        el("td", { text: r }),
+        el("td", { class: "num", text: fmtQuantity(r, q.used[r] || 0) }),
+        el("td", { class: "num", text: fmtQuantity(r, q.min[r] || 0) }),
+        el("td", { class: "num", text: r in q.max ? fmtQuantity(r, q.max[r]) : "-" }),
+        el("td", { class: "num", text: borrowed ? fmtQuantity(r, borrowed) : "" }),
+      ));
+    }
+  }
+  fillBody($("quotas"), rows, 6, "no elastic quotas");
+}
+
 function render(status, fetchedAt) {
   renderHeader(status);
   renderBanner(statusProblems(status));
@@ -448,6 +470,7 @@ function render(status, fetchedAt) {
   renderPending(status);
   renderGangs(status);
   renderRescheduler(status);
+  renderQuotas(status);
   renders += 1;
   document.body.dataset.loaded = "true";
   document.body.dataset.renders = String(renders);

@@ -776,6 +776,22 @@ local function held_for_others(node, uid, priority, owner, request)
     return held, claim
   end
   local now = now_ms()
+  -- Two preempting pods of equal priority nominated to one node (two workers may pick the same victims) would
+  -- each keep the other out for the holds' lifetime: between them, the one nominated first (earlier deadline,
+  -- then smaller uid) counts for the later one and not the other way round.
+  local mine = read_nomination(uid)
+  local my_deadline = nil
+  if mine and mine.node == node then
+    my_deadline = tonumber(mine.deadline) or 0
+  end
+  local function counts(nomination, other)
+    local p = tonumber(nomination.priority) or 0
+    if p ~= priority or my_deadline == nil then
+      return p >= priority
+    end
+    local d = tonumber(nomination.deadline) or 0
+    return d < my_deadline or (d == my_deadline and other < uid)
+  end
   for _, other in ipairs(uids) do
     if other ~= uid then
       local nomination = read_nomination(other)
@@ -789,7 +805,7 @@ local function held_for_others(node, uid, priority, owner, request)
         end
       elseif claim == nil and claims(nomination, owner or '', request) then
         claim = other
-      elseif (tonumber(nomination.priority) or 0) >= priority then
+      elseif counts(nomination, other) then
         for resource, amount in pairs(type(nomination.request) == 'table' and nomination.request or {}) do
           held[resource] = (held[resource] or 0) + (tonumber(amount) or 0)
         end

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import aiohttp
 import pytest
 from kubernetes_asyncio import client
 
@@ -71,7 +72,8 @@ def gpu_pods(prefix: str, count: int) -> list[Json]:
 
 
 async def test_the_a_b_example_borrow_then_reclaim(
-    plane: LocalPlane, cluster: Cluster, namespace: str, tenant_b: str, quota_workers: list[Process]
+    plane: LocalPlane, dispatcher: Process, cluster: Cluster, namespace: str, tenant_b: str,
+    quota_workers: list[Process],
 ) -> None:
     tenant_a = namespace
     nodes = await cluster.create_nodes(5, prefix=f"{namespace[:40]}-g", capacity=GPU_NODE)
@@ -134,6 +136,13 @@ async def test_the_a_b_example_borrow_then_reclaim(
             return (a.get(GPU), b.get(GPU)) == ("4", "6"), f"A {a}, B {b}"
 
         await wait_until(status_written, timeout=30, what="status.used to show A 4 and B 6")
+
+        # The dispatcher's /status (the dashboard's source) shows use and borrowing per tenant.
+        async with aiohttp.ClientSession() as session, session.get(
+                f"http://127.0.0.1:{dispatcher.port}/status") as response:
+            quotas = {q["namespace"]: q for q in (await response.json())["quotas"]}
+        assert quotas[tenant_a]["used"][GPU] == 4 and quotas[tenant_a]["borrowed"] == {}
+        assert quotas[tenant_b]["used"][GPU] == 6 and quotas[tenant_b]["min"] == {GPU: 6}
     finally:
         await cluster.delete_pods(tenant_a)
         await cluster.delete_pods(tenant_b)

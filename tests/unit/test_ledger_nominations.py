@@ -59,6 +59,24 @@ async def test_held_room_keeps_pods_of_lower_or_equal_priority_out_but_not_highe
     assert results == [Reserved("n2")]
 
 
+async def test_two_equal_nominees_for_one_room_the_first_nominated_takes_it(ledger: Ledger) -> None:
+    """Two workers may nominate two preemptors of equal priority to the same room (the same victims): each must
+    not keep the other out for the holds' lifetime. The one nominated first counts for the other, not back."""
+    await ledger.bind(uid="victimless", pod="ns/old", node="n1", request={"cpu": 3000, "pods": 1})
+    for uid in ("first", "second"):
+        assert await ledger.nominate(uid=uid, node="n1", priority=100, request={"cpu": 1000, "pods": 1},
+                                     ttl_seconds=60) == "nominated"
+        await asyncio.sleep(0.01)  # a later deadline
+    results = await ledger.reserve_batch([item("second", "n1", cpu=1000, priority=100)], owner="w", ttl_seconds=30)
+    assert results == [Conflict(node="n1", resource="cpu (held for a preempting pod)", wanted=1000, free=0)]
+    results = await ledger.reserve_batch([item("first", "n1", cpu=1000, priority=100)], owner="w", ttl_seconds=30)
+    assert results == [Reserved("n1")]
+    # A pod of that priority that is not nominated still leaves both holds alone.
+    await ledger.release("first")
+    results = await ledger.reserve_batch([item("other", "n1", cpu=1000, priority=100)], owner="w", ttl_seconds=30)
+    assert results == [Conflict(node="n1", resource="cpu (held for a preempting pod)", wanted=1000, free=0)]
+
+
 async def test_the_preemptor_takes_its_room_and_its_nomination_ends(ledger: Ledger) -> None:
     await ledger.nominate(uid="p", node="n1", priority=100, request={"cpu": 4000, "pods": 1}, ttl_seconds=60)
     assert set(await ledger.nominations()) == {"p"}

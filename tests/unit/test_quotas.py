@@ -4,9 +4,11 @@ status.used as it writes it."""
 from __future__ import annotations
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from resolver.ledger import ElasticQuota, QuotaExceeded, QuotaReport, QuotaUse, decode_batch_result
 from resolver.quotas import QuotaMirror, QuotaSpecError, parse_elastic_quota, used_status, write_used
+from resolver.webhook import QuotaCollector
 
 
 def _eq(namespace: str, name: str, spec: object) -> dict[str, object]:
@@ -58,3 +60,16 @@ async def test_status_is_written_only_when_use_changes() -> None:
     assert await write_used(report, mirror, written, write) == 1
     assert await write_used(report, mirror, written, write) == 0
     assert writes == [("t", "q", {"cpu": "500m"})]
+
+
+def test_metrics_show_use_and_borrowing_per_tenant() -> None:
+    class State:
+        quota_report = QuotaReport([QuotaUse(ElasticQuota("a", {"nvidia.com/gpu": 4}, {"nvidia.com/gpu": 6}),
+                                             {"nvidia.com/gpu": 6})], {"nvidia.com/gpu": 10}, {"nvidia.com/gpu": 6})
+
+    registry = CollectorRegistry()
+    registry.register(QuotaCollector(State()))  # type: ignore[arg-type]  # only quota_report is read
+    text = generate_latest(registry).decode()
+    assert 'hoss_quota_used{namespace="a",resource="nvidia.com/gpu"} 6.0' in text
+    assert 'hoss_quota_borrowed{namespace="a",resource="nvidia.com/gpu"} 2.0' in text
+    assert 'hoss_quota_max{namespace="a",resource="nvidia.com/gpu"} 6.0' in text
