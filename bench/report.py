@@ -17,6 +17,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from bench import churn as churn_scenario
 from bench.scenarios import PROCESS_GROUPS
 
 # The CPU columns of the throughput table (CPU seconds per 1,000 pods); every process is in the JSON.
@@ -85,6 +86,9 @@ def table(results: dict[str, Any]) -> str:
                              f"{r['partly_used_gpu_nodes']:>13}{r['stranded_gpus']:>15}")
         lines.append("   kube-scheduler MostAllocated: NodeResourcesFit scoringStrategy MostAllocated, cpu 1, "
                      "memory 1, nvidia.com/gpu 3 (the upstream bin-packing example)")
+    churned = scenarios.get("gpu_churn", {})
+    if churned:
+        lines.append(churn_scenario.table(churned))
     found = results.get("targets") or targets(results)
     lines.append("targets (from the figures above; a target naming no worker count holds for every hoss-Nw run, the "
                  "worst is shown)")
@@ -233,10 +237,22 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     else:
         add("hoss p99 latency <= kube-scheduler's", None, "n/a")
 
+    churned = scenarios.get("gpu_churn", {})
+    anchor = churned.get("kube-scheduler MostAllocated")
+    moved = churned.get("hoss (gpu policy) + rescheduler")
+    if isinstance(anchor, dict) and isinstance(moved, dict):
+        met = (moved["stranded_gpus"] * 2 <= anchor["stranded_gpus"]
+               and moved["fully_free_gpu_nodes"] >= anchor["fully_free_gpu_nodes"] and moved["pods_lost"] == 0
+               and moved["max_oversold_during_moves"] == 0)
+        add("GPU churn: rescheduler <= half the anchor's stranded GPUs, >= its free nodes", met,
+            f"{moved['stranded_gpus']} vs {anchor['stranded_gpus']} stranded, {moved['fully_free_gpu_nodes']} vs "
+            f"{anchor['fully_free_gpu_nodes']} free nodes, {moved['pods_lost']} lost, "
+            f"{moved['max_oversold_during_moves']} oversold during moves")
     runs = [(f"throughput {name}", row) for name, row in tput.items()]
     runs += [(f"contention {name}", row) for name, row in scenarios.get("contention", {}).items()
              if isinstance(row, dict) and name != "2x kube-scheduler"]
     runs += [(f"GPU mix {name}", row) for name, row in scenarios.get("gpu_mix", {}).items() if isinstance(row, dict)]
+    runs += [(f"GPU churn {name}", row) for name, row in churned.items() if isinstance(row, dict)]
     counted = [(name, row["oversold_nodes"]) for name, row in runs if isinstance(row.get("oversold_nodes"), int)]
     oversold = [f"{name}: {n}" for name, n in counted if n]
     unguarded = scenarios.get("contention", {}).get("2x kube-scheduler", {}).get("oversold_nodes")

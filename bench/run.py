@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import pipeline, report, scenarios
+from bench import churn, pipeline, report, scenarios
 from deploy.local import binaries
 from deploy.local.cluster import Cluster
 from deploy.local.plane import POLICIES_FILE, LocalPlane, PlaneError
@@ -78,6 +78,8 @@ async def run_bench(*, plane: LocalPlane, quick: bool, json_path: Path, chart_pa
             contention = {**scenarios.contention_header(size),
                           "2x kube-scheduler": await scenarios.contention_kube(bench, size)}
             gpu = {**scenarios.gpu_header(size), **await scenarios.gpu_mix_kube(bench, size)}
+            # GPU mix with churn (bench/churn.py), full runs only: kube-scheduler MostAllocated as the anchor.
+            churned = {} if quick else await churn.churn_kube(bench)
             # hoss alone: the plane's kube-scheduler stopped, the resolver up with its webhook registered.
             bench.hoss_alone()
             throughput.update(await scenarios.throughput_hoss(bench, size, pipeline_ceiling=PIPELINE_CEILING))
@@ -86,6 +88,9 @@ async def run_bench(*, plane: LocalPlane, quick: bool, json_path: Path, chart_pa
             figures["contention"] = contention
             gpu.update(await scenarios.gpu_mix_hoss(bench, size, policies=gpu_policies))
             figures["gpu_mix"] = gpu
+            if not quick:
+                churned.update(await churn.churn_hoss(bench))
+                figures["gpu_churn"] = churned
             hoss_core = scenarios.core_scale(size, policies_file=POLICIES_FILE, progress=progress)
             # kube-scheduler alone again, last: its worker-core scenario leaves thousands of nodes behind.
             bench.kube_alone()

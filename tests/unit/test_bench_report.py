@@ -132,3 +132,18 @@ def test_a_target_read_from_an_incomplete_run_is_not_measured() -> None:
     assert pinned["met"] is None and pinned["value"] == "incomplete run: hoss-1w-pinned bound 0 of 100 pods"
     assert found["hoss-1w pods/s >= 1.0x kube-scheduler"]["met"] is True
     assert "! hoss-1w-pinned: only 0 of 100 pods bound" in report.table(results)
+
+
+def test_the_churn_target_reads_the_anchor_and_the_rescheduler_rows() -> None:
+    anchor = {"placed": 29, "fully_free_gpu_nodes": 7, "partly_used_gpu_nodes": 6, "stranded_gpus": 21,
+              "oversold_nodes": 0}
+    moved = {"placed": 29, "fully_free_gpu_nodes": 9, "partly_used_gpu_nodes": 1, "stranded_gpus": 5,
+             "oversold_nodes": 0, "pods_lost": 0, "max_oversold_during_moves": 0, "plans": 2, "completed_plans": 2,
+             "pods_moved": 4, "oversold_checks": 20, "seconds": 23.2}
+    results = {"scenarios": {"gpu_churn": {"kube-scheduler MostAllocated": anchor,
+                                           "hoss (gpu policy) + rescheduler": moved}}}
+    (target,) = [t for t in report.targets(results) if t["target"].startswith("GPU churn")]
+    assert target["met"] is True
+    results["scenarios"]["gpu_churn"]["hoss (gpu policy) + rescheduler"] = {**moved, "stranded_gpus": 11}
+    (target,) = [t for t in report.targets(results) if t["target"].startswith("GPU churn")]
+    assert target["met"] is False
