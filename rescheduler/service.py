@@ -12,6 +12,7 @@ The last plans and their outcomes are kept (`Rescheduler.status`) for the proces
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import logging
 import time
@@ -93,14 +94,26 @@ class Rescheduler:
         self.last_round: float | None = None
         self.last_fragmentation: Json | None = None
         self.dry_plans: list[Json] = []
-        self._pending_events: list[Json] = []
+        self._posting: set[asyncio.Task[None]] = set()
+        self.dry_run_round = False
 
     def _post_event(self, event: Json) -> None:
-        self._pending_events.append(event)
+        """Posted at once (a plan may wait minutes for its outcome), in the background."""
+        if self.dry_run_round:
+            return
+        task = asyncio.get_running_loop().create_task(self._post(event))
+        self._posting.add(task)
+        task.add_done_callback(self._posting.discard)
+
+    async def _post(self, event: Json) -> None:
+        try:
+            await self.rest.create_event(event)
+        except Exception as error:
+            log.warning("cannot record event %s: %s", event.get("reason"), error)
 
     async def round(self, *, dry_run: bool | None = None) -> RoundResult:
         dry = self.settings.dry_run if dry_run is None else dry_run
-        self._pending_events = []
+        self.dry_run_round = dry
         view = await read_cluster(self.rest, self.ledger, node_selector=self.settings.node_labels,
                                   movable_kinds=self.settings.movable_owner_kinds,
                                   scheduler_names=self.settings.scheduler_names)
@@ -118,17 +131,10 @@ class Rescheduler:
                 await self.executor.release_gate(view.raw[uid])
             if plan is not None:
                 record = await self.executor.run(plan, view)
-            await self._flush_events()
+            if self._posting:
+                await asyncio.wait(set(self._posting), timeout=10)
         await self.publish()
         return RoundResult(plan=plan, record=record)
-
-    async def _flush_events(self) -> None:
-        for event in self._pending_events:
-            try:
-                await self.rest.create_event(event)
-            except Exception as error:
-                log.warning("cannot record event %s: %s", event.get("reason"), error)
-        self._pending_events = []
 
     def status(self) -> Json:
         return {

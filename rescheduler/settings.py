@@ -8,7 +8,7 @@ from typing import Literal, Self
 
 from pydantic import ConfigDict, Field, model_validator
 
-from resolver.settings import AccessSettings, RedisURL
+from resolver.settings import AccessSettings, RedisURL, check_lease_timing
 
 
 def _default_identity() -> str:
@@ -87,10 +87,5 @@ class ReschedulerSettings(AccessSettings):
 
     @model_validator(mode="after")
     def _lease_timing_is_ordered(self) -> Self:
-        if not self.renew_interval_seconds < self.renew_deadline_seconds < self.lease_duration_seconds:
-            raise ValueError(
-                "lease timing must satisfy renew_interval_seconds < renew_deadline_seconds < lease_duration_seconds"
-                f" (got {self.renew_interval_seconds} < {self.renew_deadline_seconds}"
-                f" < {self.lease_duration_seconds})"
-            )
+        check_lease_timing(self.renew_interval_seconds, self.renew_deadline_seconds, self.lease_duration_seconds)
         return self

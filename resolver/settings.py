@@ -243,10 +243,14 @@ class ResolverSettings(AccessSettings):
     @model_validator(mode="after")
     def _lease_timing_is_ordered(self) -> Self:
         # The leader must stop syncing before another replica may take over, and must try to renew before it stops.
-        if not self.renew_interval_seconds < self.renew_deadline_seconds < self.lease_duration_seconds:
-            raise ValueError(
-                "lease timing must satisfy renew_interval_seconds < renew_deadline_seconds < lease_duration_seconds"
-                f" (got {self.renew_interval_seconds} < {self.renew_deadline_seconds}"
-                f" < {self.lease_duration_seconds})"
-            )
+        check_lease_timing(self.renew_interval_seconds, self.renew_deadline_seconds, self.lease_duration_seconds)
         return self
+
+
+def check_lease_timing(renew_interval: float, renew_deadline: float, lease_duration: float) -> None:
+    """A leader must try to renew before it gives up, and give up before another replica may take over."""
+    if not renew_interval < renew_deadline < lease_duration:
+        raise ValueError(
+            "lease timing must satisfy renew_interval_seconds < renew_deadline_seconds < lease_duration_seconds"
+            f" (got {renew_interval} < {renew_deadline} < {lease_duration})"
+        )

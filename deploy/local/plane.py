@@ -708,22 +708,28 @@ class LocalPlane:
     ) -> Process:
         """Start hoss-dispatcher with its own identity; its HTTP port (status, dashboard) is in the Process
         (``wait=False``: return at once, see `wait_healthy`)."""
+        return self._start_service("dispatcher.main", "hoss-dispatcher", state, name=name, extra_args=extra_args,
+                                   wait=wait)
+
+    def _start_service(self, module: str, identity: str, state: PlaneState | None, *, name: str,
+                       extra_args: Sequence[str], wait: bool) -> Process:
+        """A hoss service (`python -m module`) with `identity`'s kubeconfig and Redis user, on a free port."""
         state = state or self.state()
         port = _free_port()
         return self._spawn(
             state,
             name,
             [
-                sys.executable, "-m", "dispatcher.main",
-                f"--kubeconfig={self.kubeconfig('hoss-dispatcher')}",
+                sys.executable, "-m", module,
+                f"--kubeconfig={self.kubeconfig(identity)}",
                 "--host=127.0.0.1",
                 f"--port={port}",
                 f"--identity={name}",
                 *extra_args,
             ],
             port=port,
-            binary="dispatcher.main",
-            env={"HOSS_REDIS_URL": state.redis_url_for("hoss-dispatcher")},  # not on the command line: ps shows it
+            binary=module,
+            env={"HOSS_REDIS_URL": state.redis_url_for(identity)},  # not on the command line: ps shows it
             wait=wait,
         )
 
@@ -768,24 +774,8 @@ class LocalPlane:
     ) -> Process:
         """Start hoss-rescheduler with its own identity (`extra_args`: its settings, e.g. --node-selector;
         ``wait=False``: return at once, see `wait_healthy`)."""
-        state = state or self.state()
-        port = _free_port()
-        return self._spawn(
-            state,
-            name,
-            [
-                sys.executable, "-m", "rescheduler.main",
-                f"--kubeconfig={self.kubeconfig('hoss-rescheduler')}",
-                "--host=127.0.0.1",
-                f"--port={port}",
-                f"--identity={name}",
-                *extra_args,
-            ],
-            port=port,
-            binary="rescheduler.main",
-            env={"HOSS_REDIS_URL": state.redis_url_for("hoss-rescheduler")},  # not on the command line: ps shows it
-            wait=wait,
-        )
+        return self._start_service("rescheduler.main", "hoss-rescheduler", state, name=name, extra_args=extra_args,
+                                   wait=wait)
 
     def webhook_configuration(self, manifest: Path = WEBHOOK_MANIFEST) -> dict[str, object]:
         """deploy/webhook.yaml (or `manifest`, e.g. deploy/router.yaml), pointed at the local resolver by URL with
