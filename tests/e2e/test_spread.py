@@ -6,6 +6,7 @@ and checks that no schedulable pod was left Pending."""
 from __future__ import annotations
 
 import itertools
+import json
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -117,11 +118,31 @@ async def test_preferred_anti_affinity_spreads_binpack_pods_that_would_otherwise
             await cluster.create_pods(pinned(hoss_pods(f"packed{i}", 1, policy="binpack"), "spec-set", tag),
                                       namespace=namespace)
             await wait_all_bound(cluster, namespace, 5 + i)
+        # The same binpack pods made by a ReplicaSet get kube-scheduler's cluster-default constraints (System
+        # defaulting: ScheduleAnyway on the hostname, maxSkew 3, selector from the ReplicaSet): spread, not packed.
+        # Scaled one replica at a time: a score is not re-checked by the ledger, so replicas decided at the same
+        # moment by racing workers may share a node (as two kube-schedulers would).
+        [template] = pinned(hoss_pods("rs", 1, policy="binpack"), "spec-set", tag)
+        manifest = plane.directory / f"{namespace}-spread-rs.json"
+        manifest.write_text(json.dumps({
+            "apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": "spread-rs"},
+            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "spread-rs"}},
+                     "template": {"metadata": {"labels": {**template["metadata"].get("labels", {}),
+                                                          "app": "spread-rs"}},
+                                  "spec": template["spec"]}}}))
+        plane.kubectl("apply", "-n", namespace, "-f", str(manifest))
+        await wait_all_bound(cluster, namespace, 7)
+        for scale in (2, 3, 4):
+            plane.kubectl("scale", "replicaset", "spread-rs", "-n", namespace, f"--replicas={scale}")
+            await wait_all_bound(cluster, namespace, 6 + scale)
         pods = await end_checks(cluster, namespace)
         apart = {p["spec"]["nodeName"] for p in pods if p["metadata"]["name"].startswith("apart")}
         packed = {p["spec"]["nodeName"] for p in pods if p["metadata"]["name"].startswith("packed")}
+        replicas = Counter(p["spec"]["nodeName"] for p in pods if p["metadata"]["name"].startswith("spread-rs"))
         assert len(apart) == 4 and apart <= set(where), apart
         assert len(packed) == 1, f"binpack without the term packs: {packed}"
+        assert sorted(replicas.values()) == [1, 1, 1, 1], f"the default constraints spread them: {replicas}"
+        plane.kubectl("delete", "replicaset", "spread-rs", "-n", namespace, "--wait=false")
 
 
 async def test_kube_scheduler_and_hoss_given_the_same_spread_pods_satisfy_the_same_constraints(
@@ -162,3 +183,4 @@ async def test_kube_scheduler_and_hoss_given_the_same_spread_pods_satisfy_the_sa
         assert outcomes["hoss"] == outcomes["default-scheduler"] == (
             [4, 4, 4], [1, 1, 1], True, True), outcomes
         await end_checks(cluster, namespace, pending=10)
+
