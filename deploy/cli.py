@@ -37,6 +37,9 @@ def _local_up(args: argparse.Namespace) -> int:
         webhook=not args.no_webhook,
         progress=_say,
     )
+    if args.rescheduler and plane.running("hoss-rescheduler") is None:
+        rescheduler = plane.start_rescheduler()
+        _say(f"hoss-rescheduler is up: http://127.0.0.1:{rescheduler.port}/status")
     print("# paste into your shell to use the local plane:")
     print(plane.exports())
     return 0
@@ -184,6 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--redis-port", type=int, help="fixed redis-server port (default: a free one)")
     up.add_argument("--no-scheduler", action="store_true", help="do not start the default kube-scheduler")
     up.add_argument("--no-webhook", action="store_true", help="do not start hoss-resolver nor register its webhook")
+    up.add_argument("--rescheduler", action="store_true",
+                    help="also start hoss-rescheduler (GPU defragmentation) with its default settings")
     up.set_defaults(run=_local_up)
     with_dir(local_commands.add_parser("down", help="stop everything the plane started")).set_defaults(
         run=_local_down
