@@ -790,6 +790,12 @@ class Ledger:
         """Every elastic quota with its namespace's use, read at one instant."""
         return decode_quotas_reply(await self._run("quotas", []))
 
+    async def quota_drift(self) -> list[str]:
+        """Where, at one instant, a quota namespace's used total (or the quota namespaces' sum) differs from the
+        sum of its entries: '<ns>/<resource>: kept K, entries S' ('sum/<resource>' for the sum); [] when none."""
+        reply = _texts(await self._run("quota_audit", []))
+        return [f"quota {reply[i]}: kept {reply[i + 1]}, entries {reply[i + 2]}" for i in range(0, len(reply), 3)]
+
     async def mark_not_ready(self) -> None:
         """Make every write but rebuild refuse until the next rebuild (e.g. while the sync re-lists)."""
         await self._call(self._redis.delete(READY_KEY))

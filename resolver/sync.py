@@ -734,6 +734,7 @@ class LedgerSync:
                                  f"{entry.node} {entry.request}")
             drift.extend(f"{p.pod} bound on {p.node} missing from the ledger"
                          for uid, p in expected.items() if uid not in seen)
+            drift.extend(await self.ledger.quota_drift())  # elastic quotas' used totals against their entries
             self.stats.audits += 1
         if drift:
             self.stats.audit_drift += len(drift)

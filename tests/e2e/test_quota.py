@@ -186,3 +186,42 @@ async def test_a_kube_scheduler_binding_past_a_max_is_denied(
     finally:
         await cluster.delete_pods(namespace)
         await cluster.delete_nodes(nodes)
+
+
+async def test_a_burst_from_racing_workers_and_kube_scheduler_never_exceeds_the_max(
+    plane: LocalPlane, cluster: Cluster, namespace: str, quota_workers: list[Process]
+) -> None:
+    """12 one-GPU pods for hoss (two workers) and 4 for kube-scheduler, created at once on 10 free GPUs, in a
+    namespace whose max is 5: exactly 5 are bound, whoever binds them; the others say the quota stops them."""
+    nodes = await cluster.create_nodes(5, prefix=f"{namespace[:40]}-g", capacity=GPU_NODE)
+    try:
+        await cluster.wait_nodes_ready(nodes)
+        await elastic_quota(cluster, namespace, {GPU: "10"}, {GPU: "5"})
+
+        async def synced() -> tuple[bool, str]:
+            used = await used_status(cluster, namespace)
+            return used == {GPU: "0"}, str(used)
+
+        await wait_until(synced, timeout=60, what="the resolver to pick up the ElasticQuota")
+        foreign = []
+        for i in range(4):
+            pod = pod_manifest(f"ks-{i}", requests={"cpu": "100m", GPU: "1"})
+            pod["spec"]["containers"][0]["resources"]["limits"] = {GPU: "1"}
+            foreign.append(pod)
+        await cluster.create_pods([*gpu_pods("burst", 12), *foreign], namespace=namespace)
+
+        async def settled() -> tuple[bool, str]:
+            pods = await cluster.raw_list("list_namespaced_pod", namespace)
+            placed = [p for p in pods if p["spec"].get("nodeName")]
+            told = 0
+            for p in pods:
+                if not p["spec"].get("nodeName"):
+                    said = await messages(cluster, namespace, p["metadata"]["name"])
+                    told += any(f"quota {namespace}" in m for m in said)
+            return len(placed) >= 5 and len(placed) + told == 16, f"{len(placed)} bound, {told} told by the quota"
+
+        await wait_until(settled, timeout=120, what="5 pods bound and the other 11 refused by the quota")
+        assert len(await bound(cluster, namespace)) == 5
+    finally:
+        await cluster.delete_pods(namespace)
+        await cluster.delete_nodes(nodes)

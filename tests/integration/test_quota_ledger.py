@@ -54,6 +54,7 @@ async def _used_by_entries(ledger: Ledger) -> dict[str, Counter[str]]:
 
 async def _check_totals(ledger: Ledger) -> None:
     """Each quota namespace's used is the sum of its entries; the sums are the sums of the quotas'."""
+    assert await ledger.quota_drift() == []
     report = await ledger.quotas()
     truth = await _used_by_entries(ledger)
     for use in report.quotas:
@@ -221,3 +222,17 @@ async def test_racing_clients_never_push_a_tenant_past_its_quota(
         finally:
             for lg in ledgers:
                 await lg.close()
+
+
+async def test_the_audit_finds_totals_that_drifted_from_the_entries(ledger: Ledger, redis_url: str) -> None:
+    nodes = await _gpu_cluster(ledger, 1, 8)
+    await ledger.set_quotas([ElasticQuota("t", {GPU: 4}, {GPU: 8})])
+    uid, pod, request = _pod("t", 0)
+    assert await ledger.reserve(uid=uid, pod=pod, node=nodes[0], request=request, owner="w",
+                                ttl_seconds=TTL) == Reserved(nodes[0])
+    assert await ledger.quota_drift() == []
+    async with redis.asyncio.Redis.from_url(redis_url) as raw:
+        await raw.hincrby("{hoss}:nsused", f"t/{GPU}", 2)  # what a bug (or a hand) could do
+    assert await ledger.quota_drift() == [f"quota t/{GPU}: kept 3, entries 1"]
+    await ledger.rebuild(nodes=[(nodes[0], {GPU: 8, "cpu": 64_000, "pods": 110}, {})], bound=[])
+    assert await ledger.quota_drift() == []
