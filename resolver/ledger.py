@@ -912,7 +912,7 @@ def _placement_args(placement: Placement) -> list[str | int]:
             placement.meta]
 
 
-READ_ONLY_SCRIPTS: Final = frozenset({"snapshot", "entries", "load", "nominations", "quotas"})
+READ_ONLY_SCRIPTS: Final = frozenset({"snapshot", "entries", "load", "nominations", "quotas", "quota_audit"})
 """The scripts that only read; they run with EVALSHA_RO."""
 
 
