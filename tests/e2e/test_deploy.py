@@ -123,7 +123,7 @@ def test_webhook_of_the_base_fails_closed_on_bindings_and_calls_the_resolver_ser
 def test_every_workload_of_the_base_is_probed_bounded_and_locked_down(base: list[Json]) -> None:
     workloads = {**named(base, "Deployment"), **named(base, "StatefulSet")}
     assert set(workloads) == {"hoss-resolver", "hoss-dispatcher", "hoss-worker-default", "hoss-worker-gpu",
-                              "hoss-redis"}
+                              "hoss-rescheduler", "hoss-redis"}
     for name, workload in workloads.items():
         pod = workload["spec"]["template"]["spec"]
         assert pod["securityContext"]["runAsNonRoot"] is True, name
@@ -208,7 +208,9 @@ def test_every_service_reads_the_shared_settings_and_its_own_redis_user(base: li
     assert "HOSS_REDIS_URL" not in settings["data"], "the Redis URL carries a password: it comes from a Secret"
     assert named(base, "StatefulSet")["hoss-redis"]["spec"]["serviceName"] == "hoss-redis"
     accounts = {"hoss-resolver": "hoss-resolver", "hoss-dispatcher": "hoss-dispatcher",
-                "hoss-worker-default": "hoss-worker", "hoss-worker-gpu": "hoss-worker"}
+                "hoss-worker-default": "hoss-worker", "hoss-worker-gpu": "hoss-worker",
+                "hoss-rescheduler": "hoss-rescheduler"}
+    assert set(named(base, "Deployment")) == set(accounts)
     for name, deployment in named(base, "Deployment").items():
         (container,) = deployment["spec"]["template"]["spec"]["containers"]
         assert {"configMapRef": {"name": settings["metadata"]["name"]}} in container["envFrom"], name
