@@ -28,7 +28,7 @@ from resolver.access import STATUS_PATHS, TokenAccess
 from resolver.kube import api_client, run_informer
 from resolver.ledger import Ledger
 from resolver.rest import KubeREST
-from resolver.settings import SettingsError, load_settings
+from resolver.settings import run_service
 
 log = logging.getLogger(__name__)
 
@@ -175,17 +175,11 @@ async def serve(settings: DispatcherSettings) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        settings = load_settings(
-            DispatcherSettings, argv, prog="hoss-dispatcher",
-            description="hoss dispatcher: sends pending pods to scheduler workers by policy and load, reclaims the "
+    return run_service(
+        DispatcherSettings, argv, prog="hoss-dispatcher", serve=serve,
+        description="hoss dispatcher: sends pending pods to scheduler workers by policy and load, reclaims the "
             "work of dead workers, serves /status and /metrics; leader-elected on a Lease",
-        )
-    except SettingsError as error:
-        print(error, file=sys.stderr)
-        return 2
-    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return asyncio.run(serve(settings))
+    )
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from resolver.kube import KubeError, api_client
 from resolver.leader import KubeLeaseAPI, LeaderElector
 from resolver.ledger import Ledger
 from resolver.rest import KubeREST
-from resolver.settings import SettingsError, load_settings
+from resolver.settings import run_service
 
 log = logging.getLogger("rescheduler")
 
@@ -97,17 +97,11 @@ async def serve(settings: ReschedulerSettings) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        settings = load_settings(
-            ReschedulerSettings, argv, prog="hoss-rescheduler",
-            description="hoss rescheduler: moves pods (holding their room in the ledger first) so that GPUs are "
+    return run_service(
+        ReschedulerSettings, argv, prog="hoss-rescheduler", serve=serve,
+        description="hoss rescheduler: moves pods (holding their room in the ledger first) so that GPUs are "
             "not stranded; leader-elected on a Lease",
-        )
-    except SettingsError as error:
-        print(error, file=sys.stderr)
-        return 2
-    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return asyncio.run(serve(settings))
+    )
 
 
 if __name__ == "__main__":

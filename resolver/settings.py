@@ -8,12 +8,15 @@ is the flag's help. A bad value stops start-up with a message naming the field, 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import logging
 import os
 import re
 import socket
+import sys
 import typing
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self, TypeVar
 
@@ -31,6 +34,22 @@ class SettingsError(ResolverError):
 
 def _is_list(annotation: Any) -> bool:
     return typing.get_origin(annotation) is list
+
+
+def run_service(
+    model: type[S], argv: Sequence[str] | None, *, prog: str, description: str,
+    serve: Callable[[S], Coroutine[Any, Any, int]],
+) -> int:
+    """A component's entry point: its settings from flags, env and YAML (exit code 2 and the message on stderr when
+    they are bad), logging at the settings' ``log_level``, then ``serve`` until it returns its exit code."""
+    try:
+        settings = load_settings(model, argv, prog=prog, description=description)
+    except SettingsError as error:
+        print(error, file=sys.stderr)
+        return 2
+    logging.basicConfig(level=getattr(settings, "log_level", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return asyncio.run(serve(settings))
 
 
 def load_settings(model: type[S], argv: Sequence[str] | None, *, prog: str, description: str) -> S:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import signal
 import sys
 from collections.abc import Sequence
@@ -13,7 +12,7 @@ from redis.asyncio import Redis
 
 from resolver.access import TokenAccess
 from resolver.rest import KubeREST
-from resolver.settings import SettingsError, load_settings
+from resolver.settings import run_service
 from workers.core import Worker
 from workers.server import build_app
 from workers.settings import WorkerSettings
@@ -44,15 +43,8 @@ async def serve(settings: WorkerSettings) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        settings = load_settings(WorkerSettings, argv, prog="hoss-worker",
-                                 description="hoss scheduler worker: decide, reserve in the ledger, bind")
-        logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        code = asyncio.run(serve(settings))
-    except SettingsError as error:
-        print(error, file=sys.stderr)
-        return 2
-    return code
+    return run_service(WorkerSettings, argv, prog="hoss-worker", serve=serve,
+                       description="hoss scheduler worker: decide, reserve in the ledger, bind")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 
 import aiohttp
@@ -23,6 +23,17 @@ async def workers(
     finally:
         for process in started:
             plane.stop_process(process.name)
+
+
+def started_workers(plane: LocalPlane, prefix: str, count: int) -> Iterator[list[Process]]:
+    """``count`` workers (``prefix``-0, ...) started together, healthy before the caller goes on, stopped after:
+    the body of a module-scoped worker fixture."""
+    started = [plane.start_worker(f"{prefix}-{i}", wait=False) for i in range(count)]
+    try:
+        plane.wait_healthy(started)
+        yield started
+    finally:
+        plane.stop_processes([p.name for p in started])
 
 
 def hoss_pods(

@@ -25,6 +25,7 @@ from deploy.local.cluster import Cluster, Json, oversold_nodes, wait_until
 from deploy.local.plane import LocalPlane, Process
 from resolver.kube import list_objects, watch_objects
 from resolver.resources import node_allocatable, pod_requests
+from tests.e2e.hoss import started_workers
 
 NODE = {"cpu": "4", "memory": "16Gi", "pods": "110"}
 LOW, MID, HIGH = 100, 500, 10000
@@ -33,12 +34,7 @@ _sets = itertools.count()
 
 @pytest.fixture(scope="module")
 def hoss_workers(plane: LocalPlane, dispatcher: Process) -> Iterator[list[Process]]:
-    started = [plane.start_worker(f"preempt-{i}", wait=False) for i in range(4)]
-    try:
-        plane.wait_healthy(started)
-        yield started
-    finally:
-        plane.stop_processes([p.name for p in started])
+    yield from started_workers(plane, "preempt", 4)
 
 
 @pytest.fixture

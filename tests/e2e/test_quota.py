@@ -18,7 +18,7 @@ from kubernetes_asyncio import client
 
 from deploy.local.cluster import Cluster, Json, pod_manifest, wait_until
 from deploy.local.plane import LocalPlane, Process
-from tests.e2e.hoss import hoss_pods
+from tests.e2e.hoss import hoss_pods, started_workers
 
 GPU = "nvidia.com/gpu"
 GPU_NODE = {"cpu": "16", "memory": "64Gi", "pods": "110", GPU: "2"}
@@ -27,12 +27,7 @@ GROUP, VERSION, PLURAL = "scheduling.x-k8s.io", "v1alpha1", "elasticquotas"
 
 @pytest.fixture(scope="module")
 def quota_workers(plane: LocalPlane, dispatcher: Process) -> Iterator[list[Process]]:
-    started = [plane.start_worker(f"quota-{i}", wait=False) for i in range(2)]
-    try:
-        plane.wait_healthy(started)
-        yield started
-    finally:
-        plane.stop_processes([p.name for p in started])
+    yield from started_workers(plane, "quota", 2)
 
 
 @pytest.fixture
