@@ -293,6 +293,33 @@ def candidates(profile: Profile, pod: PodView, table: NodeTable, budgets: Sequen
     return found
 
 
+def keeps_quota_mins(pod: PodView, candidate: Candidate, quotas: QuotaReport) -> bool:
+    """Whether a priority preemption's `candidate` respects the elastic quotas (CapacityScheduling's rule for
+    victims): a pod whose namespace would borrow (use above its min once placed) evicts only pods of its own
+    namespace; any other preemptor may evict pods of other namespaces only while each such tenant keeps at least its
+    min of every resource the quotas govern."""
+    governed = set(quotas.sum_min)
+    uses = {use.quota.namespace: use for use in quotas.quotas}
+    own = uses.get(pod.namespace)
+    borrowing = own is not None and any(
+        own.used.get(r, 0) + pod.request.get(r, 0) > own.quota.min.get(r, 0) for r in governed if pod.request.get(r))
+    taken: dict[str, dict[str, int]] = {}
+    for victim in candidate.victims:
+        if victim.namespace == pod.namespace:
+            continue
+        if borrowing:
+            return False
+        freed = taken.setdefault(victim.namespace, {})
+        for resource, amount in victim.request.items():
+            freed[resource] = freed.get(resource, 0) + amount
+    for namespace, freed in taken.items():
+        use = uses.get(namespace)
+        if use is not None and any(use.used.get(r, 0) - freed.get(r, 0) < use.quota.min.get(r, 0)
+                                   for r in governed if freed.get(r)):
+            return False
+    return True
+
+
 MAX_DEEP_CANDIDATES = 100
 """Candidate nodes checked with the filters re-run (kube-scheduler's minCandidateNodesAbsolute)."""
 
@@ -673,6 +700,12 @@ class Preemptor:
         holds = await self.ledger.nominations()
         budgets = await self.budgets()
         found = candidates(profile, pod, table, budgets, holds.values())
+        if found:
+            await self.has_quota(pod.namespace)  # refreshes the list of namespaces with an elastic quota
+        if found and self._quota_namespaces:
+            # Elastic quotas: a borrowing tenant preempts only its own pods, and no tenant is taken below its min.
+            quotas = await self.ledger.quotas()
+            found = [candidate for candidate in found if keeps_quota_mins(pod, candidate, quotas)]
         chosen = pick(found)
         if chosen is None:
             self.in_progress.pop(pod.uid, None)

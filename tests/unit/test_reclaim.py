@@ -13,7 +13,7 @@ from workers.framework import Profile
 from workers.nodes import NodeTable, PlacedPod
 from workers.pod import PodView, parse_pod
 from workers.podterms import label_selector
-from workers.preempt import Budget, pick, reclaim_candidates, reclaimable
+from workers.preempt import Budget, Candidate, keeps_quota_mins, pick, reclaim_candidates, reclaimable
 from workers.profiles import load_profiles
 
 GPU = "nvidia.com/gpu"
@@ -109,3 +109,22 @@ def test_no_victim_from_a_tenant_at_its_min(profile: Profile) -> None:
     quotas = report({"a": 4, "b": 6})
     assert reclaimable(incoming("b"), quotas) != ""
     assert reclaim_candidates(profile, incoming("b"), nodes, [], quotas=quotas) == []
+
+
+def test_priority_preemption_keeps_every_tenant_at_its_min_and_a_borrower_to_its_own_pods() -> None:
+    """CapacityScheduling's victims for a priority preemption: A at 6 borrows 2 of B's min; B at 4."""
+    nodes = a_runs_six_b_runs_four()
+    quotas = report({"a": 6, "b": 4})
+    a_pods = {p.name: p for p in nodes.pods.values() if p.namespace == "a"}
+    b_pods = {p.name: p for p in nodes.pods.values() if p.namespace == "b"}
+    on = (lambda *victims: Candidate(node="g0", victims=victims, violations=0))
+    # A new pod of A would borrow more: it may evict A's own pods only, never B's (B is below its min anyway).
+    assert keeps_quota_mins(incoming("a"), on(a_pods["a5"]), quotas)
+    assert not keeps_quota_mins(incoming("a"), on(b_pods["b0"]), quotas)
+    # A pod of a namespace without quota may take A down to its min (4) but not below, and never B (at 4 < min 6).
+    assert keeps_quota_mins(incoming("other"), on(a_pods["a5"], a_pods["a4"]), quotas)
+    assert not keeps_quota_mins(incoming("other"), on(a_pods["a5"], a_pods["a4"], a_pods["a3"]), quotas)
+    assert not keeps_quota_mins(incoming("other"), on(b_pods["b0"]), quotas)
+    # B within its min (4 + 1 <= 6): A's borrowed pods are fair game, down to A's min.
+    assert keeps_quota_mins(incoming("b"), on(a_pods["a5"], a_pods["a4"]), quotas)
+    assert not keeps_quota_mins(incoming("b"), on(a_pods["a5"], a_pods["a4"], a_pods["a3"]), quotas)
