@@ -117,7 +117,10 @@ def test_priority_preemption_keeps_every_tenant_at_its_min_and_a_borrower_to_its
     quotas = report({"a": 6, "b": 4})
     a_pods = {p.name: p for p in nodes.pods.values() if p.namespace == "a"}
     b_pods = {p.name: p for p in nodes.pods.values() if p.namespace == "b"}
-    on = (lambda *victims: Candidate(node="g0", victims=victims, violations=0))
+
+    def on(*victims: PlacedPod) -> Candidate:
+        return Candidate(node="g0", victims=victims, violations=0)
+
     # A new pod of A would borrow more: it may evict A's own pods only, never B's (B is below its min anyway).
     assert keeps_quota_mins(incoming("a"), on(a_pods["a5"]), quotas)
     assert not keeps_quota_mins(incoming("a"), on(b_pods["b0"]), quotas)
