@@ -11,8 +11,11 @@ PYTEST_ARGS ?=
 .PHONY: test demo deps venv binaries lint unit integration e2e chaos fuzz down clean clean-all
 
 # The long chaos scenarios (marker `chaos`) are left out here; `make chaos` runs every scenario.
+# Two pytest-xdist workers, a test module each at a time (--dist loadfile): each worker starts its own local plane,
+# and e2e tests spend most of their time waiting on the apiserver, so two share the machine's cores well.
+TEST_WORKERS ?= 2
 test: deps binaries lint
-	$(BIN)/pytest -p no:cacheprovider -m "not chaos" tests/unit tests/integration tests/e2e $(PYTEST_ARGS)
+	$(BIN)/pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile -m "not chaos" tests/unit tests/integration tests/e2e $(PYTEST_ARGS)
 
 demo: deps binaries
 	$(BIN)/hoss demo
