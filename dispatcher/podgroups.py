@@ -12,7 +12,7 @@ from kubernetes_asyncio import client
 
 from dispatcher.core import STATUS_TIMEOUT_SECONDS, Dispatcher
 from dispatcher.gangs import GangKey, parse_podgroup
-from resolver.kube import InformerHandlers, Json, KubeError, list_objects, request_json, run_informer
+from resolver.kube import InformerHandlers, Json, request_json, run_crd_informer
 
 log = logging.getLogger(__name__)
 
@@ -44,16 +44,9 @@ async def watch_podgroups(api: client.ApiClient, dispatcher: Dispatcher, *, rech
             dispatcher.podgroups[parsed[0]] = parsed[1]
         dispatcher.wake()
 
-    while True:
-        try:
-            await list_objects(call, limit=1)
-        except KubeError as error:
-            if error.status != 404:
-                log.warning("cannot list PodGroups: %s", error)
-            await asyncio.sleep(recheck_seconds)
-            continue
-        log.info("PodGroup CRD found: gangs may name a PodGroup (scheduling.x-k8s.io/pod-group)")
-        await run_informer("podgroups", call, InformerHandlers(on_list=on_list, on_event=on_event))
+    await run_crd_informer("podgroups", call, InformerHandlers(on_list=on_list, on_event=on_event),
+                           kind="PodGroups", recheck_seconds=recheck_seconds,
+                           found="PodGroup CRD found: gangs may name a PodGroup (scheduling.x-k8s.io/pod-group)")
 
 
 async def track_gangs(api: client.ApiClient, dispatcher: Dispatcher, is_leader: Callable[[], bool], *,

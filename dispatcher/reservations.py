@@ -14,7 +14,7 @@ from kubernetes_asyncio import client
 from dispatcher.core import STATUS_TIMEOUT_SECONDS, Dispatcher
 from resolver import reservations
 from resolver.errors import ResolverError
-from resolver.kube import InformerHandlers, Json, KubeError, list_objects, request_json, run_informer
+from resolver.kube import InformerHandlers, Json, KubeError, request_json, run_crd_informer
 
 log = logging.getLogger(__name__)
 
@@ -65,16 +65,9 @@ async def watch_reservations(api: client.ApiClient, dispatcher: Dispatcher, *, r
     async def on_event(kind: str, obj: Json) -> None:
         observe(dispatcher, kind, obj)
 
-    while True:
-        try:
-            await list_objects(call, limit=1)
-        except KubeError as error:
-            if error.status != 404:
-                log.warning("cannot list Reservations: %s", error)
-            await asyncio.sleep(recheck_seconds)
-            continue
-        log.info("Reservation CRD found: hoss places Reservations and gives their room to their owners")
-        await run_informer("reservations", call, InformerHandlers(on_list=on_list, on_event=on_event))
+    await run_crd_informer("reservations", call, InformerHandlers(on_list=on_list, on_event=on_event),
+                           kind="Reservations", recheck_seconds=recheck_seconds,
+                           found="Reservation CRD found: hoss places Reservations and gives their room to their owners")
 
 
 async def end_reservations(api: client.ApiClient, dispatcher: Dispatcher, is_leader: Callable[[], bool], *,

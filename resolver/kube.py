@@ -240,3 +240,32 @@ async def run_informer(
             log.warning("%s: %s failed (%s); retrying in %.1fs", name, what, error or type(error).__name__, backoff)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, max_backoff_seconds)
+
+
+async def run_crd_informer(
+    name: str,
+    call: ListCall,
+    handlers: InformerHandlers,
+    *,
+    kind: str,
+    recheck_seconds: float,
+    found: str = "",
+    on_missing: Callable[[bool], Awaitable[None]] | None = None,
+    synced: asyncio.Event | None = None,
+) -> None:
+    """`run_informer` on a custom resource whose CRD may not be installed. While its list fails (404: no CRD; any
+    other error is logged), ``on_missing(crd_absent)`` runs and the list is tried again every ``recheck_seconds``;
+    once it answers, ``found`` is logged and the informer runs, so installing the CRD later needs no restart."""
+    while True:
+        try:
+            await list_objects(call, limit=1)
+        except KubeError as error:
+            if error.status != 404:
+                log.warning("cannot list %s: %s", kind, error)
+            if on_missing is not None:
+                await on_missing(error.status == 404)
+            await asyncio.sleep(recheck_seconds)
+            continue
+        if found:
+            log.info("%s", found)
+        await run_informer(name, call, handlers, synced=synced)

@@ -19,7 +19,7 @@ from typing import Any
 from kubernetes_asyncio import client
 
 from resolver.errors import ResolverError
-from resolver.kube import InformerHandlers, Json, KubeError, list_objects, request_json, run_informer
+from resolver.kube import InformerHandlers, Json, KubeError, request_json, run_crd_informer
 from resolver.ledger import ElasticQuota, Ledger, QuotaReport
 from resolver.resources import ResourceVector, format_quantity, parse_quantity, to_base_units
 
@@ -126,20 +126,16 @@ async def watch_quotas(api: client.ApiClient, mirror: QuotaMirror, *,
     custom: Any = client.CustomObjectsApi(api)
     group, version, plural = ELASTIC_QUOTA_API
     call = functools.partial(custom.list_cluster_custom_object, group, version, plural)
-    while True:
-        try:
-            await list_objects(call, limit=1)
-        except KubeError as error:
-            if error.status != 404:
-                log.warning("cannot list ElasticQuotas: %s", error)
-            elif mirror.by_namespace:
-                mirror.by_namespace.clear()  # the CRD (and with it every ElasticQuota) was deleted
-                await mirror.ledger.set_quotas([], replace=True)
-            mirror.listed.set()
-            await asyncio.sleep(recheck_seconds)
-            continue
-        log.info("ElasticQuota CRD found: namespaces' elastic quotas are enforced")
-        await run_informer("elasticquotas", call, InformerHandlers(on_list=mirror.on_list, on_event=mirror.on_event))
+
+    async def missing(crd_absent: bool) -> None:
+        if crd_absent and mirror.by_namespace:
+            mirror.by_namespace.clear()  # the CRD (and with it every ElasticQuota) was deleted
+            await mirror.ledger.set_quotas([], replace=True)
+        mirror.listed.set()
+
+    await run_crd_informer("elasticquotas", call, InformerHandlers(on_list=mirror.on_list, on_event=mirror.on_event),
+                           kind="ElasticQuotas", recheck_seconds=recheck_seconds, on_missing=missing,
+                           found="ElasticQuota CRD found: namespaces' elastic quotas are enforced")
 
 
 StatusWriter = Callable[[str, str, dict[str, str]], Awaitable[None]]

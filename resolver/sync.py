@@ -46,9 +46,9 @@ from resolver.kube import (
     InformerHandlers,
     Json,
     KubeError,
-    list_objects,
     raise_if_cancelled,
     request_json,
+    run_crd_informer,
     run_informer,
 )
 from resolver.ledger import RESERVATION_PREFIX, AdmittedEntry, BoundPod, Ledger, Overcommit, Placement
@@ -338,17 +338,13 @@ class LedgerSync:
     async def _watch_reservations(self, *, recheck_seconds: float = 60.0) -> None:
         """Mirror the Available Reservations when their CRD is installed (checked again now and then when not)."""
         call = functools.partial(self.custom.list_cluster_custom_object, *reservations.API)
-        while True:
-            try:
-                await list_objects(call, limit=1)
-            except KubeError as error:
-                if error.status != 404:
-                    log.warning("cannot list Reservations: %s", error)
-                self._reservations_listed.set()  # none to hold
-                await asyncio.sleep(recheck_seconds)
-                continue
-            await run_informer("reservations", call, InformerHandlers(on_list=self._on_reservation_list,
+
+        async def missing(_crd_absent: bool) -> None:
+            self._reservations_listed.set()  # none to hold
+
+        await run_crd_informer("reservations", call, InformerHandlers(on_list=self._on_reservation_list,
                                                                        on_event=self._on_reservation_event),
+                               kind="Reservations", recheck_seconds=recheck_seconds, on_missing=missing,
                                synced=self._reservations_listed)
 
     @staticmethod
