@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -119,11 +119,13 @@ async def reservation_status(cluster: Cluster, name: str) -> Json:
     return dict(found.get("status") or {})
 
 
-async def test_a_reservation_holds_room_a_kube_scheduler_pod_cannot_take_and_its_owner_uses(
-    plane: LocalPlane, cluster: Cluster, namespace: str, hoss_worker: Process
-) -> None:
-    pool = f"rsv-{next(_names)}-{namespace}"[:60]
-    name = f"train-{namespace}"[:60]
+@contextlib.asynccontextmanager
+async def reserved_gpu_node(cluster: Cluster, namespace: str, prefix: str, name: str,
+                            ttl: str = "10m") -> AsyncIterator[tuple[str, str, Any]]:
+    """A 4-GPU node of a pool of its own and a Reservation `name` of its 4 GPUs for pods labelled app=`name`;
+    yields (pool, node, CustomObjectsApi). Afterwards the namespace's pods, the Reservations named `name` and
+    `name`-big, and the node are deleted."""
+    pool = f"{prefix}-{next(_names)}-{namespace}"[:60]
     [node] = await cluster.create_nodes(1, prefix=pool[:50], capacity={"cpu": "8", "memory": "16Gi", "pods": "110",
                                                                        "nvidia.com/gpu": "4"},
                                         labels={"e2e.hoss.io/pool": pool})
@@ -131,8 +133,22 @@ async def test_a_reservation_holds_room_a_kube_scheduler_pod_cannot_take_and_its
     try:
         await cluster.wait_nodes_ready([node])
         await custom.create_cluster_custom_object("scheduling.koordinator.sh", "v1alpha1", "reservations",
-                                                  reservation(name, pool, gpus="4", owner_label=name))
+                                                  reservation(name, pool, gpus="4", owner_label=name, ttl=ttl))
+        yield pool, node, custom
+    finally:
+        await cluster.delete_pods(namespace)
+        for each in (name, f"{name}-big"[:60]):
+            with contextlib.suppress(Exception):
+                await custom.delete_cluster_custom_object("scheduling.koordinator.sh", "v1alpha1", "reservations",
+                                                          each)
+        await cluster.delete_nodes([node])
 
+
+async def test_a_reservation_holds_room_a_kube_scheduler_pod_cannot_take_and_its_owner_uses(
+    plane: LocalPlane, cluster: Cluster, namespace: str, hoss_worker: Process
+) -> None:
+    name = f"train-{namespace}"[:60]
+    async with reserved_gpu_node(cluster, namespace, "rsv", name) as (pool, node, _custom):
         async def available() -> tuple[bool, str]:
             status = await reservation_status(cluster, name)
             return status.get("phase") == "Available" and status.get("nodeName") == node, str(status)
@@ -162,27 +178,13 @@ async def test_a_reservation_holds_room_a_kube_scheduler_pod_cannot_take_and_its
         pods = {p["metadata"]["name"]: p for p in await cluster.raw_list("list_namespaced_pod", namespace)}
         assert pods["owner"]["spec"]["nodeName"] == node
         assert not pods["kube-gpu"]["spec"].get("nodeName"), "the GPUs went to the owner, none is left"
-    finally:
-        await cluster.delete_pods(namespace)
-        with contextlib.suppress(Exception):
-            await custom.delete_cluster_custom_object("scheduling.koordinator.sh", "v1alpha1", "reservations", name)
-        await cluster.delete_nodes([node])
 
 
 async def test_an_expired_reservation_fails_and_frees_its_room_and_one_that_fits_nowhere_says_why(
     plane: LocalPlane, cluster: Cluster, namespace: str, hoss_worker: Process
 ) -> None:
-    pool = f"rsx-{next(_names)}-{namespace}"[:60]
     name = f"brief-{namespace}"[:60]
-    [node] = await cluster.create_nodes(1, prefix=pool[:50], capacity={"cpu": "8", "memory": "16Gi", "pods": "110",
-                                                                       "nvidia.com/gpu": "4"},
-                                        labels={"e2e.hoss.io/pool": pool})
-    custom: Any = client.CustomObjectsApi(cluster.api)
-    try:
-        await cluster.wait_nodes_ready([node])
-        await custom.create_cluster_custom_object("scheduling.koordinator.sh", "v1alpha1", "reservations",
-                                                  reservation(name, pool, gpus="4", owner_label=name, ttl="5s"))
-
+    async with reserved_gpu_node(cluster, namespace, "rsx", name, ttl="5s") as (pool, _node, custom):
         async def phase(wanted: str) -> tuple[bool, str]:
             status = await reservation_status(cluster, name)
             return status.get("phase") == wanted, str(status)
@@ -207,13 +209,6 @@ async def test_an_expired_reservation_fails_and_frees_its_room_and_one_that_fits
                                           extra={"nvidia.com/gpu": "4"})], namespace=namespace)
         await wait_until(lambda: _bound(cluster, namespace, "kube-gpu"), timeout=90,
                          what="the kube-scheduler pod to bind in the freed room")
-    finally:
-        await cluster.delete_pods(namespace)
-        for each in (name, f"{name}-big"[:60]):
-            with contextlib.suppress(Exception):
-                await custom.delete_cluster_custom_object("scheduling.koordinator.sh", "v1alpha1", "reservations",
-                                                          each)
-        await cluster.delete_nodes([node])
 
 
 async def _bound(cluster: Cluster, namespace: str, name: str) -> tuple[bool, str]:
