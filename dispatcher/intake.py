@@ -12,7 +12,7 @@ from dispatcher.routing import policy_of
 from dispatcher.spreading import SelectorSources
 from resolver import compact
 from resolver.errors import PodSpecError
-from resolver.kube import Json
+from resolver.kube import Json, section
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -155,8 +155,7 @@ def with_namespaces(pod: PendingPod, namespaces: Mapping[str, Mapping[str, str]]
 
 def namespace_labels(raw: Json) -> tuple[str, dict[str, str]] | None:
     """A namespace's name and labels, None when it has no name (malformed labels read as none)."""
-    metadata = raw.get("metadata") if isinstance(raw.get("metadata"), dict) else {}
-    assert isinstance(metadata, dict)
+    metadata = section(raw, "metadata")
     name = metadata.get("name")
     if not isinstance(name, str) or not name:
         return None

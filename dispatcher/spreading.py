@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from resolver.kube import Json
+from resolver.kube import Json, section
 
 KINDS = {("v1", "ReplicationController"): "rc", ("apps/v1", "ReplicaSet"): "rs", ("apps/v1", "StatefulSet"): "ss"}
 """The controllers whose selector joins the default one (apiVersion, kind of the pod's controller reference)."""
@@ -38,12 +38,11 @@ class SelectorSources:
 
     def apply(self, kind: str, event: str, raw: Json) -> None:
         """One watch event (``ADDED``/``MODIFIED``/``DELETED``) of a Service (kind ``service``) or controller."""
-        metadata = raw.get("metadata") if isinstance(raw.get("metadata"), dict) else {}
-        assert isinstance(metadata, dict)
+        metadata = section(raw, "metadata")
         namespace, name = metadata.get("namespace"), metadata.get("name")
         if not isinstance(namespace, str) or not isinstance(name, str):
             return
-        spec = raw.get("spec") if isinstance(raw.get("spec"), dict) else {}
+        spec = section(raw, "spec")
         assert isinstance(spec, dict)
         if kind == "service":
             selector = _string_map(spec.get("selector"))

@@ -12,7 +12,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +28,13 @@ log = logging.getLogger(__name__)
 Json = dict[str, Any]
 DEFAULT_REQUEST_TIMEOUT_SECONDS = 60.0
 ListCall = Callable[..., Awaitable[Any]]
+
+
+def section(obj: Mapping[str, Any], key: str) -> dict[str, Any]:
+    """``obj[key]`` when it is a JSON object, else an empty one: a missing or malformed part of a raw object
+    (metadata, spec, status) reads as empty, and the caller names what it then lacks."""
+    value = obj.get(key)
+    return value if isinstance(value, dict) else {}
 
 
 class KubeError(ResolverError):

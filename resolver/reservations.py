@@ -24,6 +24,7 @@ from typing import Any
 import orjson
 
 from resolver.errors import PodSpecError
+from resolver.kube import section
 from resolver.resources import ResourceVector, pod_requests
 
 Json = dict[str, Any]
@@ -105,10 +106,9 @@ class Reservation:
 
 def parse(obj: Mapping[str, Any]) -> Reservation:
     """The typed view of a raw Reservation; raises ReservationError naming the field hoss cannot read."""
-    metadata = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
-    spec = obj.get("spec") if isinstance(obj.get("spec"), dict) else {}
-    status = obj.get("status") if isinstance(obj.get("status"), dict) else {}
-    assert isinstance(metadata, dict) and isinstance(spec, dict) and isinstance(status, dict)
+    metadata = section(obj, "metadata")
+    spec = section(obj, "spec")
+    status = section(obj, "status")
     uid, name = str(metadata.get("uid") or ""), str(metadata.get("name") or "")
     if not uid or not name:
         raise ReservationError(field="metadata", reason="uid and name are required")
@@ -173,8 +173,7 @@ def as_pod(reservation: Reservation, *, scheduler_name: str) -> Json:
 
 def owns(reservation: Reservation, pod: Mapping[str, Any]) -> bool:
     """Koordinator's owner matching: the pod matches any one of spec.owners (every part of that entry)."""
-    metadata = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
-    assert isinstance(metadata, dict)
+    metadata = section(pod, "metadata")
     return any(_owner_matches(owner, metadata) for owner in reservation.owners)
 
 

@@ -46,7 +46,7 @@ import numpy as np
 
 from resolver.errors import LedgerNotReadyError, LedgerUnavailable, PodSpecError, ResolverError
 from resolver.events import pod_event
-from resolver.kube import Json, KubeError
+from resolver.kube import Json, KubeError, section
 from resolver.ledger import Ledger, Nomination, QuotaReport
 from resolver.resources import ResourceVector
 from resolver.rest import KubeREST, segment
@@ -81,10 +81,9 @@ class Budget:
 
 def parse_budget(raw: Mapping[str, object]) -> Budget:
     """A PodDisruptionBudget (policy/v1 JSON); raises `PodSpecError` naming a bad field."""
-    metadata = raw.get("metadata") if isinstance(raw.get("metadata"), dict) else {}
-    spec = raw.get("spec") if isinstance(raw.get("spec"), dict) else {}
-    status = raw.get("status") if isinstance(raw.get("status"), dict) else {}
-    assert isinstance(metadata, dict) and isinstance(spec, dict) and isinstance(status, dict)
+    metadata = section(raw, "metadata")
+    spec = section(raw, "spec")
+    status = section(raw, "status")
     namespace, name = str(metadata.get("namespace") or "default"), str(metadata.get("name") or "")
     selector_raw = spec.get("selector")
     selector = None

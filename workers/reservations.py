@@ -19,7 +19,7 @@ import aiohttp
 
 from resolver import reservations
 from resolver.events import pod_event
-from resolver.kube import Json, KubeError
+from resolver.kube import Json, KubeError, section
 from resolver.rest import KubeREST
 
 log = logging.getLogger(__name__)
@@ -37,8 +37,8 @@ class Hint:
 
 def reservation_name(raw: Json) -> str:
     """The Reservation this work item's pod stands for ('' for an ordinary pod)."""
-    metadata = raw.get("metadata") if isinstance(raw.get("metadata"), dict) else {}
-    annotations = metadata.get("annotations") if isinstance(metadata, dict) else None
+    metadata = section(raw, "metadata")
+    annotations = metadata.get("annotations")
     name = annotations.get(reservations.ANNOTATION) if isinstance(annotations, dict) else None
     return name if isinstance(name, str) else ""
 
