@@ -116,7 +116,7 @@ def _reschedule(args: argparse.Namespace) -> int:
         redis_url = redis_url or state.redis_url
     text, code = asyncio.run(run_once(kubeconfig=kubeconfig, redis_url=redis_url, dry_run=args.dry_run,
                                       node_selector=args.node_selector, max_moves=args.max_moves,
-                                      as_json=args.json))
+                                      min_stranded_gpus=args.min_stranded_gpus, as_json=args.json))
     print(text)
     return code
 
@@ -167,6 +167,13 @@ def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
     return value
 
 
@@ -227,6 +234,9 @@ def build_parser() -> argparse.ArgumentParser:
     resched.add_argument("--redis-url", help="Redis of the ledger (default $HOSS_REDIS_URL, else the local plane's)")
     resched.add_argument("--node-selector", default="", help="only nodes with these labels (key=value,...)")
     resched.add_argument("--max-moves", type=_positive, default=4, help="most pods one plan moves (default 4)")
+    resched.add_argument("--min-stranded-gpus", type=_non_negative, default=8,
+                         help="the periodic pass (no pending pod) looks for a plan when this many GPUs are free on "
+                              "partly used nodes (default 8; 0: pending pods only)")
     resched.add_argument("--json", action="store_true", help="print the plan (and its outcome) as JSON")
     resched.set_defaults(run=_reschedule)
 

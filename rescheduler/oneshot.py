@@ -12,11 +12,12 @@ from resolver.rest import KubeREST
 
 
 async def run_once(*, kubeconfig: str, redis_url: str, dry_run: bool, node_selector: str = "", max_moves: int = 4,
-                   as_json: bool = False) -> tuple[str, int]:
+                   min_stranded_gpus: int = 8, as_json: bool = False) -> tuple[str, int]:
     """The report of one round, and the exit code (0; 1 when the plan was carried out but did not complete)."""
     settings = ReschedulerSettings(kubeconfig=kubeconfig, redis_url=redis_url, dry_run=dry_run,
                                    node_selector=[p for p in node_selector.split(",") if p.strip()],
-                                   max_moves=max_moves, min_pending_seconds=0)
+                                   max_moves=max_moves, min_pending_seconds=0,
+                                   min_stranded_gpus=min_stranded_gpus)
     async with Ledger.from_url(redis_url) as ledger:
         rest = await KubeREST.connect(kubeconfig)
         try:

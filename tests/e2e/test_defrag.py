@@ -5,6 +5,9 @@ created with the hoss.io/defragment scheduling gate. `hoss reschedule --dry-run`
 node1) and changes nothing. hoss-rescheduler then holds node2's room for B's replacement and node1's for C, evicts
 B, releases C's gate: node1 ends full (A and C), node2 holds B's replacement, every ReplicaSet has its pod, and the
 independent oversell check (the apiserver's pods against the nodes' allocatable) is polled the whole time.
+
+Without the gate, C is placed on node2 at once (1 + 4 GPUs stranded); the periodic pass then consolidates with its
+smallest plan (A moves beside C), the dry run printing that plan first.
 """
 
 from __future__ import annotations
@@ -191,6 +194,103 @@ async def test_rescheduler_moves_b_so_that_c_joins_a_and_the_dry_run_changes_not
             return bool(plans) and plans[0]["outcome"] == "completed" and moves[0]["to"] == node2, str(plans[:1])
 
         await wait_until(in_dispatcher_status, timeout=60, what="the plan in the dispatcher's /status")
+    finally:
+        if rescheduler is not None:
+            plane.stop_process(rescheduler.name)
+        for name in ("a", "b", "c"):
+            plane.kubectl("delete", "replicaset", name, "-n", namespace, "--ignore-not-found", "--wait=false")
+        await cluster.delete_pods(namespace)
+        await cluster.delete_nodes([n for n in (node1, node2) if n])
+
+
+async def test_periodic_pass_consolidates_c_placed_without_a_gate(
+    plane: LocalPlane, cluster: Cluster, namespace: str, gpu_worker: None
+) -> None:
+    # node1 runs A (4) and B (3), node2 is empty; C (4) has no gate, so hoss places it on node2 at once: two partly
+    # used nodes, 1 + 4 GPUs stranded. The periodic pass (threshold 5 stranded GPUs) finds the smallest plan: one
+    # move, A to node2 beside C (node2 full, node1 with 5 GPUs free in one piece).
+    key = f"defrag.hoss.io/set-{next(_sets)}"
+    label = f"{key}={namespace[:63]}"
+    taint = {"key": key, "value": namespace[:63], "effect": "NoSchedule"}
+    prefix = f"defrag-{namespace}"[:40]
+    (node1,) = await cluster.create_nodes(1, prefix=prefix + "-1", capacity=NODE, labels={key: namespace[:63]},
+                                          taints=[taint])
+    node2 = ""
+    rescheduler: Process | None = None
+    try:
+        await cluster.wait_nodes_ready([node1])
+        apply(plane, namespace, [replicaset("a", 4, key), replicaset("b", 3, key)])
+
+        async def a_and_b_on_node1() -> tuple[bool, str]:
+            seen = await placement(cluster, namespace)
+            return seen.get("a", ("",))[0] == node1 and seen.get("b", ("",))[0] == node1, str(seen)
+
+        await wait_until(a_and_b_on_node1, timeout=90, what="A and B bound on node1")
+        (node2,) = await cluster.create_nodes(1, prefix=prefix + "-2", capacity=NODE, labels={key: namespace[:63]},
+                                              taints=[taint])
+        await cluster.wait_nodes_ready([node2])
+        apply(plane, namespace, [replicaset("c", 4, key)])
+
+        async def c_on_node2() -> tuple[bool, str]:
+            seen = await placement(cluster, namespace)
+            return seen.get("c", ("",))[0] == node2, str(seen)
+
+        await wait_until(c_on_node2, timeout=60, what="C placed on node2 at once (no gate)")
+        before = await placement(cluster, namespace)
+        a_name = next(p["metadata"]["name"] for p in await cluster.raw_list("list_namespaced_pod", namespace)
+                      if p["metadata"]["labels"]["app"] == "a")
+
+        # The dry run prints the periodic plan (under the default threshold of 8 it finds none).
+        def dry_run(threshold: int) -> str:
+            done = subprocess.run(
+                [sys.executable, "-m", "deploy.cli", "reschedule", "--dry-run", "--dir", str(plane.directory),
+                 "--node-selector", label, f"--min-stranded-gpus={threshold}"],
+                capture_output=True, text=True, timeout=120, check=False)
+            assert done.returncode == 0, done.stderr
+            return done.stdout
+
+        quiet = await asyncio.to_thread(dry_run, 8)
+        assert "no plan" in quiet, quiet
+        dry = await asyncio.to_thread(dry_run, 5)
+        assert "to defragment GPUs:" in dry, dry
+        assert f"move {namespace}/{a_name} (4 GPUs) from {node1} to {node2}" in dry, dry
+        assert "after:  0 whole free, 1 partly used, 1 full GPU nodes; 5 GPUs stranded; largest free piece 5" in dry
+        assert await placement(cluster, namespace) == before
+
+        async with oversell_watch(cluster) as checks:
+            rescheduler = plane.start_rescheduler(extra_args=[
+                f"--node-selector={label}", "--interval-seconds=1", "--min-stranded-gpus=5",
+                f"--lease-name=defrag-{namespace}"[:60], "--lease-namespace=hoss-system"])
+
+            async def consolidated() -> tuple[bool, str]:
+                seen = await placement(cluster, namespace)
+                done = (seen.get("a", ("",))[0] == node2 and seen.get("c", ("",))[0] == node2
+                        and seen.get("b", ("",))[0] == node1 and len(seen) == 3)
+                return done, str(seen)
+
+            await wait_until(consolidated, timeout=120, what="A moved beside C on node2, B alone on node1")
+
+            async def completed() -> tuple[bool, str]:
+                assert rescheduler is not None
+                async with aiohttp.ClientSession() as session, session.get(
+                        f"http://127.0.0.1:{rescheduler.port}/status") as response:
+                    status = await response.json()
+                plans = status.get("plans") or []
+                return bool(plans) and plans[0]["outcome"] == "completed", str(plans[:1])
+
+            await wait_until(completed, timeout=60, what="the periodic plan reported completed in /status")
+        after = await placement(cluster, namespace)
+        assert after["a"][1] != before["a"][1]  # A is a replacement, created by its ReplicaSet, in the held room
+        assert after["b"] == before["b"] and after["c"] == before["c"]  # nothing else moved
+        assert len(checks) >= 2
+        async with aiohttp.ClientSession() as session, session.get(
+                f"http://127.0.0.1:{rescheduler.port}/status") as response:
+            plans = (await response.json())["plans"]
+        assert len(plans) == 1, plans  # one plan, and no further one once consolidated
+        assert plans[0]["reason"] == "fragmentation" and plans[0]["pending"] is None
+        assert [(m["from"], m["to"], m["gpus"]) for m in plans[0]["moves"]] == [(node1, node2, 4)]
+        events = await cluster.events_for(namespace, a_name)
+        assert any(e.reason == "Rescheduled" and "to defragment GPUs" in e.message for e in events), events
     finally:
         if rescheduler is not None:
             plane.stop_process(rescheduler.name)
