@@ -73,9 +73,10 @@ from dispatcher.status import (
 )
 from resolver import compact, reservations
 from resolver.errors import LedgerUnavailable, PodSpecError
-from resolver.events import pod_event, post_event, set_unschedulable
-from resolver.kube import InformerHandlers, Json, KubeError
+from resolver.events import pod_event, post_event, set_unschedulable, unschedulable_condition
+from resolver.kube import InformerHandlers, Json, KubeError, request_json
 from resolver.reservations import Reservation
+from resolver.rest import STRATEGIC_MERGE_PATCH
 
 log = logging.getLogger(__name__)
 
@@ -136,9 +137,13 @@ def handback_delay(handbacks: int, *, lag_seconds: float) -> float:
 
 
 class Notifier(Protocol):
-    """Tells a pod's owner why it waits."""
+    """Tells a pod's owner why it waits, or why it failed."""
 
     async def waiting(self, pod: PendingPod, *, reason: str, message: str) -> None: ...
+
+    async def failed(self, pod: PendingPod, *, reason: str, message: str) -> bool:
+        """Set the pod's phase Failed with the reason; False when that could not be written."""
+        ...
 
 
 class KubeNotifier:
@@ -154,6 +159,25 @@ class KubeNotifier:
         )
         await post_event(self.core, event)
         await set_unschedulable(self.core, namespace=pod.namespace, name=pod.name, message=message, reason=reason)
+
+    async def failed(self, pod: PendingPod, *, reason: str, message: str) -> bool:
+        """status.phase Failed with the reason and message (and PodScheduled=False), then a Warning event."""
+        patch = unschedulable_condition(message, reason=reason)
+        patch["status"].update({"phase": "Failed", "reason": reason, "message": message[:1024]})
+        try:
+            await request_json(self.core.patch_namespaced_pod_status, pod.name, pod.namespace, patch,
+                               _content_type=STRATEGIC_MERGE_PATCH)
+        except KubeError as error:
+            if error.status != 404:  # gone already: nothing to fail
+                log.warning("cannot fail pod %s: %s", pod.key, error)
+                return False
+            return True
+        except (aiohttp.ClientError, OSError, TimeoutError) as error:
+            log.warning("cannot fail pod %s: %s", pod.key, error)
+            return False
+        await post_event(self.core, pod_event(namespace=pod.namespace, name=pod.name, uid=pod.uid, reason=reason,
+                                              message=message, component=COMPONENT))
+        return True
 
 
 @dataclass
@@ -232,6 +256,11 @@ class Dispatcher:
         self.reservations: dict[str, Reservation] = {}
         self.jobs: dict[str, dict[str, dependencies.JobState]] = {}
         """Jobs by namespace and name, for pods with ``hoss.io/depends-on`` (dispatcher/jobs.py)."""
+        self.podgroup_states: dict[str, dict[str, dependencies.JobState]] = {}
+        """PodGroups by namespace and name, for ``hoss.io/depends-on: podgroup/NAME`` (dispatcher/podgroups.py)."""
+        self._failing: dict[str, asyncio.Task[None]] = {}
+        """Pods being failed, or failed, because a dependency failed (``failed_dependency: fail``), by uid, until
+        the pod watch drops them."""
         """Koordinator Reservations by uid (dispatcher/reservations.py): a Pending one is placed like a pod (it sits
         in `pending` under its uid); an Available one is offered to the pending pods it owns (`_with_hints`)."""
         # Members already bound count toward a gang's min-available (scheduler-plugins' Coscheduling). The pending
@@ -394,6 +423,9 @@ class Dispatcher:
         self._changed.pop(uid, None)
         self.waiting.pop(uid, None)
         self._attempts.pop(uid, None)
+        failing = self._failing.get(uid)
+        if failing is not None and failing.done():
+            del self._failing[uid]
         handed_back = self._handed_back.pop(uid, None)
         was_dispatched = self.dispatched.pop(uid, None) is not None
         if was_dispatched:
@@ -607,26 +639,51 @@ class Dispatcher:
         return sent
 
     def _waits_for_jobs(self, pod: PendingPod) -> bool:
-        """True (and the pod told why) when its ``hoss.io/depends-on`` Jobs do not allow it yet
-        (dispatcher/dependencies.py)."""
+        """True (and the pod told why, or failed) when its ``hoss.io/depends-on`` Jobs and PodGroups do not allow
+        it yet (dispatcher/dependencies.py)."""
         annotation = pod.annotations.get(dependencies.ANNOTATION)
         if annotation is None:
             return False
         own = next((str(r.get("name")) for r in pod.owner_references if r.get("kind") == "Job"), None)
-        blocked = dependencies.verdict(annotation, own_job=own, jobs=self.jobs.get(pod.namespace, {}))
+        blocked = dependencies.verdict(annotation, own_job=own, jobs=self.jobs.get(pod.namespace, {}),
+                                       podgroups=self.podgroup_states.get(pod.namespace, {}))
         if blocked is None:
             return False
-        self._wait(pod, reason=blocked[0], message=blocked[1])
+        reason, message = blocked
+        if reason == dependencies.FAILED:
+            if self.settings.failed_dependency == "fail" and self.notifier is not None:
+                self._fail(pod, reason, f"{message}; the pod is failed (its Job counts the failure)")
+                return True
+            message += "; the pod waits (re-create the dependency to retry)"
+        self._wait(pod, reason=reason, message=message)
         return True
 
-    def on_job(self, namespace: str, name: str, state: dependencies.JobState | None) -> None:
-        """A Job changed (None: deleted): the pending pods of its namespace that depend on Jobs are looked at
-        again at once."""
-        jobs = self.jobs.setdefault(namespace, {})
+    def _fail(self, pod: PendingPod, reason: str, message: str) -> None:
+        """Set the pod Failed in the background, once; the pod watch then drops it (a terminal phase)."""
+        if pod.uid in self._failing or self.notifier is None:
+            return
+        self.waiting.pop(pod.uid, None)
+        log.info("pod %s fails: %s", pod.key, message)
+        notifier = self.notifier
+
+        async def fail() -> None:
+            written = False
+            try:
+                written = await notifier.failed(pod, reason=reason, message=message)
+            finally:
+                if not written:  # looked at again next round; once written, kept until the pod watch drops it
+                    self._failing.pop(pod.uid, None)
+        self._failing[pod.uid] = asyncio.get_running_loop().create_task(fail(), name=f"fail-{pod.uid}")
+
+    def on_job(self, namespace: str, name: str, state: dependencies.JobState | None, *, kind: str = "job") -> None:
+        """A Job (or, ``kind="podgroup"``, a PodGroup) changed (None: deleted): the pending pods of its namespace
+        that depend on Jobs or PodGroups are looked at again at once."""
+        known = self.podgroup_states if kind == "podgroup" else self.jobs
+        states = known.setdefault(namespace, {})
         if state is None:
-            jobs.pop(name, None)
+            states.pop(name, None)
         else:
-            jobs[name] = state
+            states[name] = state
         for uid, pod in self.pending.items():
             if pod.namespace == namespace and dependencies.ANNOTATION in pod.annotations \
                     and uid not in self.dispatched:

@@ -1,12 +1,14 @@
-"""Job dependencies: a pod (or every pod of a Job, through its template) waits until named Jobs are Complete or
-Running. Pure: parsing the annotation, a Job's state, and the verdict for one pod.
+"""Job dependencies: a pod (or every pod of a Job, through its template) waits until named Jobs or PodGroups are
+Complete or Running. Pure: parsing the annotation, a Job's or PodGroup's state, and the verdict for one pod.
 
 Annotation ``hoss.io/depends-on`` on the pod or the Job's pod template: a comma-separated list of
-``<job>[:<condition>]`` naming Jobs in the pod's namespace, condition ``Complete`` (the default: the Job has the
-condition Complete) or ``Running`` (the Job has an active pod, or has already succeeded), e.g.
-``prepare:Complete,tensorboard:Running``. All entries must hold. A Job that failed (condition Failed) makes its
-dependents wait with reason ``DependencyFailed`` instead of forever in silence; a cycle among Jobs' templates
-(a -> b -> a, or a Job naming itself) is refused with reason ``DependencyCycle``.
+``[job/|podgroup/]<name>[:<condition>]`` naming Jobs (the default kind) or scheduler-plugins PodGroups in the
+pod's namespace, condition ``Complete`` (the default) or ``Running``, e.g.
+``prepare:Complete,podgroup/trainers:Running``. A Job is Complete with the condition Complete and Running with an
+active pod (or once it succeeded); a PodGroup is Running in phase Running or Scheduled (or Finished), Complete in
+phase Finished. All entries must hold. A Job with the condition Failed (a PodGroup in phase Failed) gives its
+dependents reason ``DependencyFailed`` (the dispatcher fails them, or lets them wait: ``failed_dependency``); a
+cycle among Jobs' templates (a -> b -> a, or a Job naming itself) is refused with reason ``DependencyCycle``.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ WAITING = "WaitingForDependency"
 FAILED = "DependencyFailed"
 CYCLE = "DependencyCycle"
 INVALID = "InvalidDependency"
+KINDS = ("job", "podgroup")
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
+_SYNTAX = "expected [job/|podgroup/]<name>[:Complete|Running], comma-separated"
 
 
 class DependencyError(ValueError):
@@ -31,7 +35,17 @@ class DependencyError(ValueError):
 @dataclass(frozen=True)
 class Dependency:
     job: str
+    """The Job's (or PodGroup's) name."""
     condition: str
+    kind: str = "job"
+    """'job' or 'podgroup'."""
+
+    def describe(self) -> str:
+        return f"{self.kind} {self.job}"
+
+    def spelled(self) -> str:
+        """As the annotation names it."""
+        return f"{'podgroup/' if self.kind == 'podgroup' else ''}{self.job}:{self.condition}"
 
 
 @dataclass(frozen=True)
@@ -45,6 +59,11 @@ class JobState:
     succeeded: int
     depends_on: tuple[Dependency, ...] = ()
     """Its pod template's dependencies (for cycles); an unreadable annotation counts as none."""
+    failure: str = ""
+    """Why it failed, as its Failed condition (or PodGroup phase) says: e.g. 'condition Failed:
+    BackoffLimitExceeded (Job has reached the specified backoff limit)'."""
+    phase: str = ""
+    """A PodGroup's status.phase ('' for a Job)."""
 
     def holds(self, condition: str) -> bool:
         if condition == "Complete":
@@ -52,6 +71,8 @@ class JobState:
         return self.complete or self.active > 0 or self.succeeded > 0
 
     def describe(self) -> str:
+        if self.phase:
+            return f"phase {self.phase}"
         if self.failed:
             return "failed"
         if self.complete:
@@ -66,17 +87,23 @@ def parse(value: str) -> tuple[Dependency, ...]:
         entry = raw.strip()
         if not entry:
             continue
-        job, _, condition = entry.partition(":")
-        job, condition = job.strip(), condition.strip() or "Complete"
-        if not _NAME.fullmatch(job) or len(job) > 253:
-            raise DependencyError(f"{ANNOTATION} {value!r}: {job!r} is not a Job name (expected "
-                                  f"<job>[:Complete|Running], comma-separated)")
+        target, _, condition = entry.partition(":")
+        target, condition = target.strip(), condition.strip() or "Complete"
+        kind, slash, name = target.partition("/")
+        if not slash:
+            kind, name = "job", target
+        if kind not in KINDS:
+            raise DependencyError(f"{ANNOTATION} {value!r}: kind {kind!r} of {target!r} must be job or podgroup "
+                                  f"({_SYNTAX})")
+        if not _NAME.fullmatch(name) or len(name) > 253:
+            what = "a PodGroup" if kind == "podgroup" else "a Job"
+            raise DependencyError(f"{ANNOTATION} {value!r}: {name!r} is not {what} name ({_SYNTAX})")
         if condition not in CONDITIONS:
-            raise DependencyError(f"{ANNOTATION} {value!r}: condition {condition!r} of job {job!r} must be "
+            raise DependencyError(f"{ANNOTATION} {value!r}: condition {condition!r} of {kind} {name!r} must be "
                                   f"Complete or Running")
-        found.append(Dependency(job=job, condition=condition))
+        found.append(Dependency(job=name, condition=condition, kind=kind))
     if not found:
-        raise DependencyError(f"{ANNOTATION} {value!r}: names no Job (expected <job>[:Complete|Running], ...)")
+        raise DependencyError(f"{ANNOTATION} {value!r}: names no Job or PodGroup ({_SYNTAX})")
     return tuple(found)
 
 
@@ -86,7 +113,14 @@ def job_state(job: Mapping[str, object]) -> JobState:
     status = job.get("status") if isinstance(job.get("status"), dict) else {}
     spec = job.get("spec") if isinstance(job.get("spec"), dict) else {}
     assert isinstance(metadata, dict) and isinstance(status, dict) and isinstance(spec, dict)
-    conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or [] if isinstance(c, dict)}
+    listed = [c for c in status.get("conditions") or [] if isinstance(c, dict)]
+    conditions = {c.get("type"): c.get("status") for c in listed}
+    failed = next((c for c in listed if c.get("type") == "Failed" and c.get("status") == "True"), None)
+    failure = ""
+    if failed is not None:
+        failure = f"condition Failed: {failed.get('reason') or 'no reason given'}"
+        if failed.get("message"):
+            failure += f" ({failed.get('message')})"
     template = spec.get("template") if isinstance(spec.get("template"), dict) else {}
     annotations = ((template or {}).get("metadata") or {}).get("annotations") or {}
     try:
@@ -100,6 +134,25 @@ def job_state(job: Mapping[str, object]) -> JobState:
         active=int(status.get("active") or 0),
         succeeded=int(status.get("succeeded") or 0),
         depends_on=depends,
+        failure=failure,
+    )
+
+
+def podgroup_state(group: Mapping[str, object]) -> JobState:
+    """A scheduler-plugins PodGroup's state from its status.phase: Running or Scheduled counts as Running,
+    Finished as Complete, Failed as failed (lenient: no phase reads as Pending)."""
+    metadata = group.get("metadata") if isinstance(group.get("metadata"), dict) else {}
+    status = group.get("status") if isinstance(group.get("status"), dict) else {}
+    assert isinstance(metadata, dict) and isinstance(status, dict)
+    phase = str(status.get("phase") or "Pending")
+    return JobState(
+        name=str(metadata.get("name") or ""),
+        complete=phase == "Finished",
+        failed=phase == "Failed",
+        active=1 if phase in ("Running", "Scheduled") else 0,
+        succeeded=0,
+        failure="phase Failed" if phase == "Failed" else "",
+        phase=phase,
     )
 
 
@@ -124,6 +177,8 @@ def _cycle(start: Sequence[Dependency], own_job: str | None, jobs: Mapping[str, 
         path.append(name)
         on_path.add(name)
         for dependency in edges(name):
+            if dependency.kind != "job":
+                continue  # a PodGroup depends on nothing
             found = visit(dependency.job)
             if found:
                 return found
@@ -133,7 +188,7 @@ def _cycle(start: Sequence[Dependency], own_job: str | None, jobs: Mapping[str, 
         return None
 
     roots = [own_job] if own_job else []
-    roots += [d.job for d in start]
+    roots += [d.job for d in start if d.kind == "job"]
     for root in roots:
         found = visit(root)
         if found:
@@ -141,10 +196,11 @@ def _cycle(start: Sequence[Dependency], own_job: str | None, jobs: Mapping[str, 
     return None
 
 
-def verdict(annotation: str | None, *, own_job: str | None,
-            jobs: Mapping[str, JobState]) -> tuple[str, str] | None:
+def verdict(annotation: str | None, *, own_job: str | None, jobs: Mapping[str, JobState],
+            podgroups: Mapping[str, JobState] | None = None) -> tuple[str, str] | None:
     """Why the pod must not be scheduled yet (reason, message), or None when every dependency holds.
-    ``jobs``: the Jobs of the pod's namespace by name; ``own_job``: the Job that controls the pod, if any."""
+    ``jobs`` and ``podgroups``: those of the pod's namespace by name; ``own_job``: the Job that controls the pod,
+    if any."""
     if annotation is None:
         return None
     try:
@@ -155,16 +211,22 @@ def verdict(annotation: str | None, *, own_job: str | None,
     if cycle:
         return CYCLE, (f"dependency cycle: job {' -> job '.join(cycle)} ({ANNOTATION}); these pods can never "
                        f"start, remove the cycle")
-    failed = [d for d in dependencies if (state := jobs.get(d.job)) is not None and state.failed]
+    groups = podgroups or {}
+
+    def state_of(dependency: Dependency) -> JobState | None:
+        return (groups if dependency.kind == "podgroup" else jobs).get(dependency.job)
+
+    failed = [(d, state) for d in dependencies if (state := state_of(d)) is not None and state.failed]
     if failed:
-        names = ", ".join(f"job {d.job} failed, so {d.job}:{d.condition} can never hold" for d in failed)
-        return FAILED, f"{names}; the pod is not scheduled (re-create the job to retry)"
-    unmet = [d for d in dependencies if (state := jobs.get(d.job)) is None or not state.holds(d.condition)]
+        names = "; ".join(f"{d.describe()} failed{f' ({state.failure})' if state.failure else ''}, so "
+                          f"{d.spelled()} can never hold" for d, state in failed)
+        return FAILED, names
+    unmet = [d for d in dependencies if (state := state_of(d)) is None or not state.holds(d.condition)]
     if not unmet:
         return None
     parts = []
     for dependency in unmet:
-        state = jobs.get(dependency.job)
+        state = state_of(dependency)
         now = "not found" if state is None else state.describe()
-        parts.append(f"job {dependency.job} to be {dependency.condition} (now: {now})")
+        parts.append(f"{dependency.describe()} to be {dependency.condition} (now: {now})")
     return WAITING, "waiting for " + "; ".join(parts)

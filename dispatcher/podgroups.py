@@ -1,4 +1,5 @@
-"""scheduler-plugins PodGroups: mirror them; as leader, count gang members and write PodGroup status."""
+"""scheduler-plugins PodGroups: mirror them (gangs' minMember; their phase for pods that depend on them, see
+dispatcher/dependencies.py); as leader, count gang members and write PodGroup status."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
+from dispatcher import dependencies
 from dispatcher.core import STATUS_TIMEOUT_SECONDS, Dispatcher
 from dispatcher.gangs import GangKey, parse_podgroup
 from resolver.kube import InformerHandlers, Json, request_json, run_crd_informer
@@ -23,6 +25,11 @@ GANG_FOLLOWER_MEMORY_SECONDS = 600.0
 PODGROUP_API = ("scheduling.x-k8s.io", "v1alpha1", "podgroups")
 
 
+def _where(group: Json) -> tuple[str, str]:
+    metadata = group.get("metadata") or {}
+    return str(metadata.get("namespace") or ""), str(metadata.get("name") or "")
+
+
 async def watch_podgroups(api: client.ApiClient, dispatcher: Dispatcher, *, recheck_seconds: float = 60.0) -> None:
     """Mirror scheduler-plugins PodGroups (minMember, scheduleTimeoutSeconds) when the CRD is installed; check
     again now and then when it is not, so installing it later works without a restart."""
@@ -32,9 +39,17 @@ async def watch_podgroups(api: client.ApiClient, dispatcher: Dispatcher, *, rech
 
     async def on_list(items: list[Json]) -> None:
         dispatcher.podgroups = dict(p for p in map(parse_podgroup, items) if p is not None)
+        listed = {_where(group) for group in items}
+        for namespace, groups in list(dispatcher.podgroup_states.items()):
+            for name in [n for n in groups if (namespace, n) not in listed]:
+                dispatcher.on_job(namespace, name, None, kind="podgroup")
+        for group in items:
+            dispatcher.on_job(*_where(group), dependencies.podgroup_state(group), kind="podgroup")
         dispatcher.wake()
 
     async def on_event(kind: str, obj: Json) -> None:
+        dispatcher.on_job(*_where(obj), None if kind == "DELETED" else dependencies.podgroup_state(obj),
+                          kind="podgroup")
         parsed = parse_podgroup(obj)
         if parsed is None:
             return

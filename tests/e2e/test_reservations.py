@@ -290,3 +290,53 @@ async def test_a_job_that_depends_on_another_starts_only_after_it_completes(
                 await batch.delete_namespaced_job(name, namespace, propagation_policy="Background")
         await cluster.delete_pods(namespace)
         await cluster.delete_nodes([node])
+
+
+async def test_a_job_whose_dependency_failed_fails_and_its_job_counts_it(
+    plane: LocalPlane, cluster: Cluster, namespace: str, hoss_worker: Process
+) -> None:
+    pool = f"dep-{next(_names)}-{namespace}"[:60]
+    [node] = await cluster.create_nodes(1, prefix=pool[:50], capacity={"cpu": "8", "memory": "16Gi", "pods": "110"},
+                                        labels={"e2e.hoss.io/pool": pool})
+    batch: Any = client.BatchV1Api(cluster.api)
+    try:
+        await cluster.wait_nodes_ready([node])
+        for manifest in (job("first", pool), job("second", pool, depends_on="first:Complete")):
+            await batch.create_namespaced_job(namespace, manifest)
+
+        async def first_bound() -> tuple[bool, str]:
+            first = [p for p in await job_pods(cluster, namespace, "first") if p["spec"].get("nodeName")]
+            second = await job_pods(cluster, namespace, "second")
+            return bool(first) and bool(second), f"first bound {len(first)}, second pods {len(second)}"
+
+        await wait_until(first_bound, timeout=90, what="job first's pod bound, job second's pod created")
+        # No kubelet here: fail first's pod by hand, as a container exiting 1 would (backoffLimit 0: the Job fails).
+        [first] = await job_pods(cluster, namespace, "first")
+        await cluster.call(cluster.core.patch_namespaced_pod_status, first["metadata"]["name"], namespace,
+                           {"status": {"phase": "Failed", "containerStatuses": [{
+                               "name": "main", "image": "registry.k8s.io/pause:3.10", "imageID": "", "ready": False,
+                               "restartCount": 0, "state": {"terminated": {"exitCode": 1, "reason": "Error"}}}]}})
+
+        async def second_failed() -> tuple[bool, str]:
+            pods = await job_pods(cluster, namespace, "second")
+            status = (pods[0].get("status") or {}) if pods else {}
+            events = [e for e in await cluster.events_for(namespace, pods[0]["metadata"]["name"])] if pods else []
+            told = [e for e in events if e.reason == "DependencyFailed" and e.type == "Warning"]
+            done = await batch.read_namespaced_job_status("second", namespace)
+            job_failed = [c for c in done.status.conditions or [] if c.type == "Failed" and c.status == "True"]
+            ok = (status.get("phase") == "Failed" and status.get("reason") == "DependencyFailed"
+                  and "job first failed (condition Failed: BackoffLimitExceeded" in (status.get("message") or "")
+                  and bool(told) and bool(job_failed) and (done.status.failed or 0) >= 1)
+            return ok, f"{status.get('phase')} {status.get('reason')} {status.get('message')}; events " \
+                       f"{[e.reason for e in events]}; job second failed {done.status.failed}, {job_failed}"
+
+        await wait_until(second_failed, timeout=120, what="second's pod Failed (DependencyFailed), its Job failed")
+        pods = await job_pods(cluster, namespace, "second")
+        assert len(pods) == 1 and not pods[0]["spec"].get("nodeName")  # backoffLimit 0: no new pod, never bound
+        assert "so first:Complete can never hold" in pods[0]["status"]["message"]
+    finally:
+        for name in ("first", "second"):
+            with contextlib.suppress(Exception):
+                await batch.delete_namespaced_job(name, namespace, propagation_policy="Background")
+        await cluster.delete_pods(namespace)
+        await cluster.delete_nodes([node])

@@ -4,6 +4,7 @@ Available Reservation owns carries that Reservation to its worker."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import time
 from typing import Any
@@ -15,7 +16,14 @@ from dispatcher import dependencies
 from dispatcher import reservations as dispatcher_reservations
 from dispatcher.queue import WorkItem, WorkQueue, queue_key
 from resolver import reservations
-from tests.integration.test_dispatcher_flow import beat, make_dispatcher, pending_pod, queue, stream_uids
+from tests.integration.test_dispatcher_flow import (
+    RecordingNotifier,
+    beat,
+    make_dispatcher,
+    pending_pod,
+    queue,
+    stream_uids,
+)
 
 pytestmark = pytest.mark.integration
 __all__ = ["queue"]  # fixture (client comes from conftest)
@@ -49,15 +57,55 @@ async def test_a_dependent_pod_waits_with_its_reason_and_goes_when_the_job_compl
     assert "uid-1" not in dispatcher.waiting
 
 
-async def test_a_failed_dependency_is_reported(queue: WorkQueue) -> None:
+async def test_a_failed_dependency_fails_the_pod_once_or_lets_it_wait(queue: WorkQueue) -> None:
+    failed = job("prepare", conditions=[{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
+                                         "message": "Job has reached the specified backoff limit"}])
     dependent = pending_pod(1)
     dependent["metadata"]["annotations"] = {dependencies.ANNOTATION: "prepare"}
-    dispatcher = await make_dispatcher(queue, [dependent])
-    dispatcher.on_job(dependent["metadata"]["namespace"], "prepare",
-                      job("prepare", conditions=[{"type": "Failed", "status": "True"}]))
+    namespace = dependent["metadata"]["namespace"]
+    notifier = RecordingNotifier()
+    dispatcher = await make_dispatcher(queue, [dependent, pending_pod(2)], notifier=notifier)
+    dispatcher.on_job(namespace, "prepare", failed)
     await beat(queue, "w")
+    assert (await dispatcher.tick()).dispatched == 1  # uid-2 only
+    await asyncio.sleep(0)  # the failing runs in the background
+    assert notifier.failures == [(f"{namespace}/pod-1", dependencies.FAILED,
+                                  "job prepare failed (condition Failed: BackoffLimitExceeded (Job has reached the "
+                                  "specified backoff limit)), so prepare:Complete can never hold; the pod is failed "
+                                  "(its Job counts the failure)")]
+    assert "uid-1" not in dispatcher.waiting
+    await dispatcher.tick()  # until the pod watch drops it, it is not failed a second time
+    await asyncio.sleep(0)
+    assert len(notifier.failures) == 1
+    assert await stream_uids(queue, "w") == ["uid-2"]
+
+    # failed_dependency: wait keeps the pod Pending, told why.
+    patient = pending_pod(3)
+    patient["metadata"]["annotations"] = {dependencies.ANNOTATION: "prepare"}
+    dispatcher = await make_dispatcher(queue, [patient], notifier=RecordingNotifier(), failed_dependency="wait")
+    dispatcher.on_job(namespace, "prepare", failed)
     assert (await dispatcher.tick()).dispatched == 0
-    assert dispatcher.waiting["uid-1"].reason == dependencies.FAILED
+    waiting = dispatcher.waiting["uid-3"]
+    assert waiting.reason == dependencies.FAILED and waiting.message.endswith("the pod waits (re-create the "
+                                                                                "dependency to retry)")
+
+
+async def test_a_pod_waits_for_a_podgroup_to_run(queue: WorkQueue) -> None:
+    dependent = pending_pod(1)
+    dependent["metadata"]["annotations"] = {dependencies.ANNOTATION: "podgroup/trainers:Running"}
+    namespace = dependent["metadata"]["namespace"]
+    dispatcher = await make_dispatcher(queue, [dependent], notifier=RecordingNotifier())
+    await beat(queue, "w")
+
+    def group(phase: str) -> dependencies.JobState:
+        return dependencies.podgroup_state({"metadata": {"name": "trainers"}, "status": {"phase": phase}})
+
+    dispatcher.on_job(namespace, "trainers", group("Pending"), kind="podgroup")
+    assert (await dispatcher.tick()).dispatched == 0
+    assert dispatcher.waiting["uid-1"].message == "waiting for podgroup trainers to be Running (now: phase Pending)"
+    dispatcher.on_job(namespace, "trainers", group("Scheduled"), kind="podgroup")
+    assert await dispatcher.dispatch_pending(fresh_only=True) == 1
+    assert await stream_uids(queue, "w") == ["uid-1"]
 
 
 async def test_an_owner_pod_carries_its_available_reservation(queue: WorkQueue) -> None:

@@ -57,9 +57,14 @@ def settings(**overrides: Any) -> DispatcherSettings:
 class RecordingNotifier:
     def __init__(self) -> None:
         self.notices: list[tuple[str, str]] = []
+        self.failures: list[tuple[str, str, str]] = []
 
     async def waiting(self, pod: PendingPod, *, reason: str, message: str) -> None:
         self.notices.append((pod.key, message))
+
+    async def failed(self, pod: PendingPod, *, reason: str, message: str) -> bool:
+        self.failures.append((pod.key, reason, message))
+        return True
 
 
 async def make_dispatcher(

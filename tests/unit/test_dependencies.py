@@ -17,6 +17,7 @@ from dispatcher.dependencies import (
     JobState,
     job_state,
     parse,
+    podgroup_state,
     verdict,
 )
 
@@ -28,6 +29,37 @@ def test_the_syntax() -> None:
                       ("a:complete", "must be Complete or Running")):
         with pytest.raises(DependencyError, match=says):
             parse(bad)
+
+
+def test_the_syntax_of_podgroups_and_explicit_jobs() -> None:
+    assert parse("podgroup/trainers:Running, job/prepare") == (Dependency("trainers", "Running", "podgroup"),
+                                                               Dependency("prepare", "Complete", "job"))
+    for bad, says in (("pods/a", "kind 'pods' of 'pods/a' must be job or podgroup"),
+                      ("podgroup/A_b", "'A_b' is not a PodGroup name"), ("podgroup/", "is not a PodGroup name"),
+                      ("podgroup/g:Finished", "condition 'Finished' of podgroup 'g' must be Complete or Running")):
+        with pytest.raises(DependencyError, match=says):
+            parse(bad)
+    reason, message = verdict("podgroup/g:Soon", own_job=None, jobs={}) or ("", "")
+    assert reason == INVALID and "'podgroup/g:Soon'" in message
+
+
+def test_podgroup_phases() -> None:
+    def group(phase: str | None) -> dict[str, JobState]:
+        raw: dict[str, Any] = {"metadata": {"name": "g"}, "status": {"phase": phase} if phase else {}}
+        return {"g": podgroup_state(raw)}
+
+    for phase, running, complete in (("Pending", False, False), (None, False, False), ("Scheduled", True, False),
+                                     ("Running", True, False), ("Finished", True, True)):
+        assert (verdict("podgroup/g:Running", own_job=None, jobs={}, podgroups=group(phase)) is None) == running
+        assert (verdict("podgroup/g", own_job=None, jobs={}, podgroups=group(phase)) is None) == complete
+    assert verdict("podgroup/g", own_job=None, jobs={}, podgroups=group(None)) == (
+        WAITING, "waiting for podgroup g to be Complete (now: phase Pending)")
+    assert verdict("podgroup/g", own_job=None, jobs={}, podgroups={}) == (
+        WAITING, "waiting for podgroup g to be Complete (now: not found)")
+    # A Job and a PodGroup of the same name are different things.
+    assert verdict("g:Running", own_job=None, jobs={}, podgroups=group("Running"))[0] == WAITING  # type: ignore[index]
+    assert verdict("podgroup/g:Running", own_job=None, jobs=states(job("g")), podgroups=group("Failed")) == (
+        FAILED, "podgroup g failed (phase Failed), so podgroup/g:Running can never hold")
 
 
 def job(name: str, *, conditions: dict[str, str] | None = None, active: int = 0, succeeded: int = 0,
@@ -58,7 +90,14 @@ def test_complete_and_running() -> None:
 
 def test_a_failed_dependency_is_reported_not_waited_on() -> None:
     reason, message = verdict("a", own_job=None, jobs=states(job("a", conditions={"Failed": "True"}))) or ("", "")
-    assert reason == FAILED and "job a failed" in message
+    assert (reason, message) == (FAILED, "job a failed (condition Failed: no reason given), so a:Complete can "
+                                         "never hold")
+    failed = job("a", conditions={"Failed": "True"})
+    failed["status"]["conditions"][0].update(reason="DeadlineExceeded", message="Job was active longer than "
+                                             "specified deadline")
+    assert verdict("b:Running,a:Running", own_job=None, jobs=states(failed, job("b", active=1))) == (
+        FAILED, "job a failed (condition Failed: DeadlineExceeded (Job was active longer than specified deadline)), "
+                "so a:Running can never hold")
 
 
 def test_cycles_are_refused_with_the_path() -> None:
