@@ -15,6 +15,10 @@
 3. **Release the gate** of a pending pod created with the ``hoss.io/defragment`` scheduling gate.
 4. **Outcome.** The plan is complete when every hold was claimed (the replacements and the pending pod reserved
    their room); after ``outcome_timeout_seconds`` what is left is dropped and the plan is reported as timed out.
+   A replacement that asks more than the pod it replaces (its controller's template changed meanwhile) cannot
+   claim the hold: while waiting, the executor looks at the moved pods' replacements, drops the hold of one that
+   asks more at once (the pod is placed as any pod, where it fits), and reports the plan ``replacement larger``
+   naming it.
 """
 
 from __future__ import annotations
@@ -31,9 +35,12 @@ import aiohttp
 
 from rescheduler.cluster import DEFRAGMENT_GATE, ClusterView
 from rescheduler.plan import Plan
+from resolver import compact
+from resolver.errors import ResolverError
 from resolver.events import node_event, pod_event
 from resolver.kube import Json, KubeError
 from resolver.ledger import Conflict, Ledger, MoveHold, UnknownNode
+from resolver.resources import format_quantity, pod_requests
 from resolver.rest import KubeREST, segment
 
 log = logging.getLogger(__name__)
@@ -65,7 +72,8 @@ class PlanRecord:
     plan: Plan
     started: float = field(default_factory=time.time)
     outcome: str = "holding"
-    """holding -> evicting -> waiting -> completed | refused | eviction refused | timed out | rate limited"""
+    """holding -> evicting -> waiting -> completed | replacement larger | refused | eviction refused | timed out |
+    rate limited"""
     detail: str = ""
     finished: float | None = None
     evicted: list[str] = field(default_factory=list)
@@ -148,9 +156,17 @@ class Executor:
         entry.outcome = "waiting"
         deadline = time.monotonic() + self.outcome_timeout_seconds
         keys = {h.key for h in holds}
+        outgrown: list[str] = []
         while True:
             left = keys & set(await self.ledger.nominations())
+            for hold, why in await self._outgrown(plan, [h for h in holds if h.key in left], view):
+                await self.ledger.unnominate(hold.key)
+                left.discard(hold.key)
+                outgrown.append(why)
+                log.info("plan: %s", why)
             if not left:
+                if outgrown:
+                    return self._finish(entry, "replacement larger", "; ".join(outgrown))
                 return self._finish(entry, "completed", "every held room was taken by the pod it was held for")
             if time.monotonic() >= deadline:
                 for key in left:
@@ -158,6 +174,43 @@ class Executor:
                 return self._finish(entry, "timed out", f"not claimed in {self.outcome_timeout_seconds:g} s: "
                                                         f"{', '.join(sorted(left))}")
             await asyncio.sleep(0.5)
+
+    async def _outgrown(self, plan: Plan, holds: list[MoveHold], view: ClusterView) -> list[tuple[MoveHold, str]]:
+        """The unclaimed holds of moved pods whose replacement asks more than the moved pod (it cannot claim the
+        hold), each with what to report."""
+        moves = {f"move/{m.pod.uid}": m for m in plan.moves}
+        waiting = [(hold, moves[hold.key]) for hold in holds if hold.key in moves and hold.owner]
+        if not waiting:
+            return []
+        found: list[tuple[MoveHold, str]] = []
+        listed: dict[str, list[Json]] = {}
+        for hold, move in waiting:
+            namespace = move.pod.key.split("/", 1)[0]
+            if namespace not in listed:
+                try:
+                    body = await self.rest.request("GET", f"/api/v1/namespaces/{segment(namespace)}/pods")
+                except (KubeError, aiohttp.ClientError, OSError, TimeoutError) as error:
+                    log.warning("cannot list the pods of %s: %s", namespace, error)
+                    return found
+                listed[namespace] = list(body.get("items") or [])
+            for raw in listed[namespace]:
+                metadata = raw.get("metadata") or {}
+                if (str(metadata.get("uid") or "") in view.raw or metadata.get("deletionTimestamp")
+                        or compact.controller_uid(raw) != hold.owner):
+                    continue  # not a new pod of the moved pod's controller
+                try:
+                    request = pod_requests(raw)
+                except ResolverError:
+                    continue
+                more = {r: a for r, a in request.items() if a > hold.request.get(r, 0)}
+                if more:
+                    asks = ", ".join(f"{r} {format_quantity(r, a)} (moved pod: "
+                                     f"{format_quantity(r, hold.request.get(r, 0))})" for r, a in sorted(more.items()))
+                    found.append((hold, f"replacement {namespace}/{metadata.get('name')} of {move.pod.key} asks "
+                                        f"more ({asks}): it cannot take the room held on {hold.node}, which was "
+                                        f"dropped; it is placed as any pod"))
+                    break
+        return found
 
     def _finish(self, entry: PlanRecord, outcome: str, detail: str) -> PlanRecord:
         entry.outcome, entry.detail, entry.finished = outcome, detail, time.time()

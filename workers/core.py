@@ -612,7 +612,7 @@ class Worker:
             return await decide_with_extenders(profile, pod, work.raw, self.nodes, rng=self.rng, top=top,
                                                session=self.http)
         if self.feed.holds:
-            held = self.feed.held_nodes(pod.uid, compact.controller_uid(work.raw))
+            held = self.feed.held_nodes(pod.uid, compact.controller_uid(work.raw), pod.request)
             if held:
                 return self._decide_held(profile, pod, held)
         hints = hints_of(work.raw)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from resolver import compact
 from resolver.errors import LedgerUnavailable, ResolverError
@@ -140,15 +140,18 @@ class NodeFeed:
         for hold in decode_nominations([key, raw]).values():
             self.holds[key] = hold
 
-    def held_nodes(self, uid: str, owner: str) -> list[str]:
+    def held_nodes(self, uid: str, owner: str, request: Mapping[str, int] | None = None) -> list[str]:
         """The nodes where the rescheduler holds room for this pod: its own hold (by uid), else the holds its
-        controller's replacement pods may claim (by owner). Empty: none."""
+        controller's replacement pods may claim (by owner), only those asking no less than `request` (a replacement
+        that asks more cannot claim the hold: it is placed as any pod). Empty: none."""
         own = self.holds.get(uid)
         if own is not None:
             return [own.node]
         if not owner:
             return []
-        return sorted({hold.node for hold in self.holds.values() if hold.owner == owner})
+        return sorted({hold.node for hold in self.holds.values() if hold.owner == owner
+                       and all(amount <= hold.request.get(resource, 0)
+                               for resource, amount in (request or {}).items() if amount > 0)})
 
     async def step(self) -> None:
         """Read and apply what the stream holds after our position (waiting briefly for it)."""

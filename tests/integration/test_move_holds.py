@@ -1,15 +1,23 @@
 """The rescheduler's holds in the ledger (resolver/lua/hold_moves.lua, 'Nominations' in common.lua) on a real
 redis-server: all or nothing and fit-checked, kept from every other pod and foreign binding, claimed by the pod
-they are for (the pending pod by uid, a moved pod's replacement by its controller), announced to the workers."""
+they are for (the pending pod by uid, a moved pod's replacement by its controller), announced to the workers; and
+the executor (rescheduler/execute.py) over them: a replacement that asks more than the moved pod has its hold
+dropped and is placed as any pod, the plan saying so."""
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import orjson
 import pytest
 
+from rescheduler.cluster import ClusterView
+from rescheduler.execute import EvictionLimit, Executor
+from rescheduler.plan import Move, Node, Plan, Pod, fragmentation, plan_for_pending
+from resolver.kube import Json
 from resolver.ledger import BatchPod, Confirmed, Conflict, Ledger, MoveHold, Placement, Reserved
+from resolver.resources import pod_requests
 
 pytestmark = pytest.mark.integration
 
@@ -123,3 +131,86 @@ async def test_holds_are_announced_on_the_change_stream_and_end_at_their_deadlin
     await asyncio.sleep(0.1)
     assert await example.reserve_batch([item("x", "node2", n=8)], owner="w", ttl_seconds=30) == [Reserved("node2")]
     assert [c.items[0] for c in await example.changes(start) if c.kind == "h"][-1] == ("move/b", "")
+
+
+class Apiserver:
+    """The calls the executor makes, in memory (the ledger is the real one): an eviction removes the pod, and its
+    ReplicaSet creates the replacement, whose template now asks `replacement_gpus`."""
+
+    def __init__(self, pods: list[Json], replacement_gpus: int) -> None:
+        self.pods = {p["metadata"]["name"]: p for p in pods}
+        self.replacement_gpus = replacement_gpus
+        self.evicted = asyncio.Event()
+
+    async def request(self, method: str, path: str, *, body: Any = None, params: Any = None,
+                      content_type: str | None = None) -> Json:
+        if method == "POST" and path.endswith("/eviction"):
+            moved = self.pods.pop(path.split("/")[-2])
+            replacement = raw_pod(f"{moved['metadata']['name']}-2", self.replacement_gpus,
+                                  owner=moved["metadata"]["ownerReferences"][0]["uid"])
+            self.pods[replacement["metadata"]["name"]] = replacement
+            self.evicted.set()
+            return {}
+        if method == "GET":
+            return {"items": list(self.pods.values())}
+        raise AssertionError(f"unexpected call {method} {path}")
+
+
+def raw_pod(name: str, n: int, *, owner: str, node: str = "") -> Json:
+    return {"metadata": {"name": name, "namespace": "ns", "uid": name,
+                         "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": owner,
+                                              "uid": owner, "controller": True}]},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "resources": {"requests": {
+                "cpu": "1", GPU: str(n)}, "limits": {GPU: str(n)}}}]}}
+
+
+async def test_a_replacement_asking_more_is_placed_normally_and_its_hold_dropped(example: Ledger) -> None:
+    # The plan moves B (3 GPUs) to node2 for C (4, pending) on node1; B's ReplicaSet meanwhile asks 6 GPUs.
+    moved = [raw_pod("a", 4, owner="rs-a", node="node1"), raw_pod("b", 3, owner="rs-b", node="node1")]
+    view_pods = [Pod(key=f"ns/{p['metadata']['name']}", uid=p["metadata"]["uid"], node="node1",
+                     request=pod_requests(p), owner=p["metadata"]["ownerReferences"][0]["uid"]) for p in moved]
+    pending = Pod(key="ns/c", uid="c", node="", request=pod_requests(raw_pod("c", 4, owner="rs-c")))
+    usage = await example.node_usage(["node1", "node2"])
+    nodes = [Node(name=name, alloc=alloc, used=used) for name, (alloc, used) in usage.items()]
+    plan = plan_for_pending(pending, nodes, view_pods)
+    assert plan is not None and [(m.pod.key, m.target) for m in plan.moves] == [("ns/b", "node2")]
+    view = ClusterView(nodes=nodes, placed=view_pods, pending=[pending], allowed={},
+                       raw={p["metadata"]["uid"]: p for p in moved}, gated=set())
+    apiserver = Apiserver(moved, replacement_gpus=6)
+    executor = Executor(apiserver, example, limit=EvictionLimit(10), hold_seconds=60,  # type: ignore[arg-type]
+                        outcome_timeout_seconds=30)
+    run = asyncio.create_task(executor.run(plan, view))
+    # While the hold stands the 6-GPU replacement fits nowhere (node2: 8 free, 3 held): it must be dropped.
+    await asyncio.wait_for(apiserver.evicted.wait(), timeout=10)
+    await example.release_many(["b"])  # B's entry leaves with B (the sync does this)
+    assert await example.reserve_batch([item("c", "node1", n=4)], owner="w", ttl_seconds=30) == [Reserved("node1")]
+    record = await asyncio.wait_for(run, timeout=20)
+    assert record.outcome == "replacement larger"
+    assert record.detail == ("replacement ns/b-2 of ns/b asks more (nvidia.com/gpu 6 (moved pod: 3)): it cannot "
+                             "take the room held on node2, which was dropped; it is placed as any pod")
+    assert record.to_json()["outcome"] == "replacement larger"
+    # Nothing is left held, and the replacement is placed as any pod: node2's 8 GPUs are free for it.
+    assert await example.nominations() == {}
+    assert await example.reserve_batch([item("b-2", "node2", n=6, owner="rs-b")], owner="w",
+                                       ttl_seconds=30) == [Reserved("node2")]
+
+
+async def test_a_replacement_asking_no_more_claims_its_hold(example: Ledger) -> None:
+    moved = [raw_pod("b", 3, owner="rs-b", node="node1")]
+    pod = Pod(key="ns/b", uid="b", node="node1", request=pod_requests(moved[0]), owner="rs-b")
+    usage = await example.node_usage(["node1", "node2"])
+    nodes = [Node(name=name, alloc=alloc, used=used) for name, (alloc, used) in usage.items()]
+    plan = Plan(reason="fragmentation", moves=(Move(pod=pod, source="node1", target="node2"),),
+                before=fragmentation([]), after=fragmentation([]))
+    view = ClusterView(nodes=nodes, placed=[pod], pending=[], allowed={}, raw={"b": moved[0]}, gated=set())
+    apiserver = Apiserver(moved, replacement_gpus=3)
+    executor = Executor(apiserver, example, limit=EvictionLimit(10), hold_seconds=60,  # type: ignore[arg-type]
+                        outcome_timeout_seconds=30)
+    run = asyncio.create_task(executor.run(plan, view))
+    await asyncio.wait_for(apiserver.evicted.wait(), timeout=10)
+    replacement = raw_pod("b-2", 3, owner="rs-b")
+    assert await example.reserve_batch([BatchPod(uid="b-2", pod="ns/b-2", digest="", candidates=("node2",),
+                                                 request=pod_requests(replacement), meta=meta("rs-b"))],
+                                       owner="w", ttl_seconds=30) == [Reserved("node2")]
+    record = await asyncio.wait_for(run, timeout=20)
+    assert (record.outcome, record.detail) == ("completed", "every held room was taken by the pod it was held for")

@@ -133,6 +133,8 @@ def test_the_worker_feed_follows_the_rescheduler_holds() -> None:
     feed.apply([Change(id="1-0", kind="h", items=[("move/b", hold)]),
                 Change(id="1-1", kind="h", items=[("c", pin)])])
     assert feed.held_nodes("b2", "rs-b") == ["node2"]
+    assert feed.held_nodes("b2", "rs-b", {GPU: 3, "pods": 0}) == ["node2"]
+    assert feed.held_nodes("b2", "rs-b", {GPU: 4}) == []  # a replacement asking more is placed as any pod
     assert feed.held_nodes("c", "") == ["node1"]
     assert feed.held_nodes("other", "rs-other") == []
     feed.apply([Change(id="1-2", kind="h", items=[("move/b", "")])])
