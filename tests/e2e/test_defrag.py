@@ -18,7 +18,8 @@ import itertools
 import json
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
 
 import aiohttp
 import pytest
@@ -68,6 +69,28 @@ async def placement(cluster: Cluster, namespace: str) -> dict[str, tuple[str, st
             if not p["metadata"].get("deletionTimestamp")}
 
 
+def placed(cluster: Cluster, namespace: str, **where: str) -> Callable[[], Awaitable[tuple[bool, str]]]:
+    """A wait_until check: exactly these apps have a pod (not being deleted), each on the node given."""
+    async def check() -> tuple[bool, str]:
+        seen = await placement(cluster, namespace)
+        return {app: node for app, (node, _uid) in seen.items()} == where, str(seen)
+    return check
+
+
+async def status_of(port: int) -> Json:
+    async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/status") as response:
+        body: Json = await response.json()
+    return body
+
+
+def plan_completed(port: int) -> Callable[[], Awaitable[tuple[bool, str]]]:
+    """A wait_until check: the last plan in the rescheduler's /status completed."""
+    async def check() -> tuple[bool, str]:
+        plans = (await status_of(port)).get("plans") or []
+        return bool(plans) and plans[0]["outcome"] == "completed", str(plans[:1])
+    return check
+
+
 @contextlib.asynccontextmanager
 async def oversell_watch(cluster: Cluster) -> AsyncIterator[list[int]]:
     """Poll the independent oversell check while the body runs; yields the list of checks made (each 0 oversold,
@@ -99,28 +122,54 @@ async def oversell_watch(cluster: Cluster) -> AsyncIterator[list[int]]:
     assert not found, f"oversold during the move: {found}"
 
 
-async def test_rescheduler_moves_b_so_that_c_joins_a_and_the_dry_run_changes_nothing(
-    plane: LocalPlane, cluster: Cluster, namespace: str, gpu_worker: None, dispatcher: Process
-) -> None:
-    key = f"defrag.hoss.io/set-{next(_sets)}"
-    label = f"{key}={namespace[:63]}"
-    taint = {"key": key, "value": namespace[:63], "effect": "NoSchedule"}
-    (node1,) = await cluster.create_nodes(1, prefix=f"defrag-{namespace}"[:40] + "-1", capacity=NODE,
-                                          labels={key: namespace[:63]}, taints=[taint])
-    node2 = ""
+@dataclass
+class Example:
+    """The issue's example, built: node1 runs A (4 GPUs) and B (3), node2 is empty (both tainted for this test)."""
+
+    key: str
+    label: str
+    node1: str
+    node2: str = ""
     rescheduler: Process | None = None
+
+    def start_rescheduler(self, plane: LocalPlane, namespace: str, *args: str) -> Process:
+        self.rescheduler = plane.start_rescheduler(extra_args=[
+            f"--node-selector={self.label}", "--interval-seconds=1", f"--lease-name=defrag-{namespace}"[:60],
+            "--lease-namespace=hoss-system", *args])
+        return self.rescheduler
+
+
+@contextlib.asynccontextmanager
+async def issue_example(plane: LocalPlane, cluster: Cluster, namespace: str) -> AsyncIterator[Example]:
+    """node1 with A and B bound, then node2 (so that A and B cannot go there); everything removed afterwards."""
+    key = f"defrag.hoss.io/set-{next(_sets)}"
+    taint = {"key": key, "value": namespace[:63], "effect": "NoSchedule"}
+    prefix = f"defrag-{namespace}"[:40]
+    (node1,) = await cluster.create_nodes(1, prefix=prefix + "-1", capacity=NODE, labels={key: namespace[:63]},
+                                          taints=[taint])
+    example = Example(key=key, label=f"{key}={namespace[:63]}", node1=node1)
     try:
         await cluster.wait_nodes_ready([node1])
         apply(plane, namespace, [replicaset("a", 4, key), replicaset("b", 3, key)])
+        await wait_until(placed(cluster, namespace, a=node1, b=node1), timeout=90, what="A and B bound on node1")
+        (example.node2,) = await cluster.create_nodes(1, prefix=prefix + "-2", capacity=NODE,
+                                                      labels={key: namespace[:63]}, taints=[taint])
+        await cluster.wait_nodes_ready([example.node2])
+        yield example
+    finally:
+        if example.rescheduler is not None:
+            plane.stop_process(example.rescheduler.name)
+        for name in ("a", "b", "c"):
+            plane.kubectl("delete", "replicaset", name, "-n", namespace, "--ignore-not-found", "--wait=false")
+        await cluster.delete_pods(namespace)
+        await cluster.delete_nodes([n for n in (node1, example.node2) if n])
 
-        async def a_and_b_on_node1() -> tuple[bool, str]:
-            seen = await placement(cluster, namespace)
-            return seen.get("a", ("",))[0] == node1 and seen.get("b", ("",))[0] == node1, str(seen)
 
-        await wait_until(a_and_b_on_node1, timeout=90, what="A and B bound on node1")
-        (node2,) = await cluster.create_nodes(1, prefix=f"defrag-{namespace}"[:40] + "-2", capacity=NODE,
-                                              labels={key: namespace[:63]}, taints=[taint])
-        await cluster.wait_nodes_ready([node2])
+async def test_rescheduler_moves_b_so_that_c_joins_a_and_the_dry_run_changes_nothing(
+    plane: LocalPlane, cluster: Cluster, namespace: str, gpu_worker: None, dispatcher: Process
+) -> None:
+    async with issue_example(plane, cluster, namespace) as example:
+        key, label, node1, node2 = example.key, example.label, example.node1, example.node2
         apply(plane, namespace, [replicaset("c", 4, key, gated=True)])
 
         async def c_gated() -> tuple[bool, str]:
@@ -147,17 +196,9 @@ async def test_rescheduler_moves_b_so_that_c_joins_a_and_the_dry_run_changes_not
 
         # The move, the oversell check polled all along.
         async with oversell_watch(cluster) as checks:
-            rescheduler = plane.start_rescheduler(extra_args=[
-                f"--node-selector={label}", "--interval-seconds=1", "--min-stranded-gpus=0",
-                f"--lease-name=defrag-{namespace}"[:60], "--lease-namespace=hoss-system"])
-
-            async def moved() -> tuple[bool, str]:
-                seen = await placement(cluster, namespace)
-                done = (seen.get("a", ("",))[0] == node1 and seen.get("c", ("",))[0] == node1
-                        and seen.get("b", ("",))[0] == node2 and len(seen) == 3)
-                return done, str(seen)
-
-            await wait_until(moved, timeout=180, what="B moved to node2 and C beside A on node1")
+            rescheduler = example.start_rescheduler(plane, namespace, "--min-stranded-gpus=0")
+            await wait_until(placed(cluster, namespace, a=node1, b=node2, c=node1), timeout=180,
+                             what="B moved to node2 and C beside A on node1")
         after = await placement(cluster, namespace)
         assert after["a"] == before["a"]  # A never moved
         assert after["b"][1] != before["b"][1]  # B is a replacement, created by its ReplicaSet
@@ -175,32 +216,15 @@ async def test_rescheduler_moves_b_so_that_c_joins_a_and_the_dry_run_changes_not
 
         await wait_until(events_posted, timeout=60, what="Rescheduled on B and Defragmenting on both nodes")
 
-        async def completed() -> tuple[bool, str]:
-            async with aiohttp.ClientSession() as session, session.get(
-                    f"http://127.0.0.1:{rescheduler.port}/status") as response:
-                status = await response.json()
-            plans = status.get("plans") or []
-            return bool(plans) and plans[0]["outcome"] == "completed", str(plans[:1])
-
-        await wait_until(completed, timeout=60, what="the plan reported completed in /status")
+        await wait_until(plan_completed(rescheduler.port), timeout=60, what="the plan reported completed in /status")
 
         # ... and in the dispatcher's /status (the dashboard's source), which reads what the leader published.
         async def in_dispatcher_status() -> tuple[bool, str]:
-            async with aiohttp.ClientSession() as session, session.get(
-                    f"http://127.0.0.1:{dispatcher.port}/status") as response:
-                status = await response.json()
-            plans = (status.get("rescheduler") or {}).get("plans") or []
+            plans = ((await status_of(dispatcher.port)).get("rescheduler") or {}).get("plans") or []
             moves = plans[0]["moves"] if plans else []
             return bool(plans) and plans[0]["outcome"] == "completed" and moves[0]["to"] == node2, str(plans[:1])
 
         await wait_until(in_dispatcher_status, timeout=60, what="the plan in the dispatcher's /status")
-    finally:
-        if rescheduler is not None:
-            plane.stop_process(rescheduler.name)
-        for name in ("a", "b", "c"):
-            plane.kubectl("delete", "replicaset", name, "-n", namespace, "--ignore-not-found", "--wait=false")
-        await cluster.delete_pods(namespace)
-        await cluster.delete_nodes([n for n in (node1, node2) if n])
 
 
 async def test_periodic_pass_consolidates_c_placed_without_a_gate(
@@ -209,33 +233,11 @@ async def test_periodic_pass_consolidates_c_placed_without_a_gate(
     # node1 runs A (4) and B (3), node2 is empty; C (4) has no gate, so hoss places it on node2 at once: two partly
     # used nodes, 1 + 4 GPUs stranded. The periodic pass (threshold 5 stranded GPUs) finds the smallest plan: one
     # move, A to node2 beside C (node2 full, node1 with 5 GPUs free in one piece).
-    key = f"defrag.hoss.io/set-{next(_sets)}"
-    label = f"{key}={namespace[:63]}"
-    taint = {"key": key, "value": namespace[:63], "effect": "NoSchedule"}
-    prefix = f"defrag-{namespace}"[:40]
-    (node1,) = await cluster.create_nodes(1, prefix=prefix + "-1", capacity=NODE, labels={key: namespace[:63]},
-                                          taints=[taint])
-    node2 = ""
-    rescheduler: Process | None = None
-    try:
-        await cluster.wait_nodes_ready([node1])
-        apply(plane, namespace, [replicaset("a", 4, key), replicaset("b", 3, key)])
-
-        async def a_and_b_on_node1() -> tuple[bool, str]:
-            seen = await placement(cluster, namespace)
-            return seen.get("a", ("",))[0] == node1 and seen.get("b", ("",))[0] == node1, str(seen)
-
-        await wait_until(a_and_b_on_node1, timeout=90, what="A and B bound on node1")
-        (node2,) = await cluster.create_nodes(1, prefix=prefix + "-2", capacity=NODE, labels={key: namespace[:63]},
-                                              taints=[taint])
-        await cluster.wait_nodes_ready([node2])
+    async with issue_example(plane, cluster, namespace) as example:
+        key, label, node1, node2 = example.key, example.label, example.node1, example.node2
         apply(plane, namespace, [replicaset("c", 4, key)])
-
-        async def c_on_node2() -> tuple[bool, str]:
-            seen = await placement(cluster, namespace)
-            return seen.get("c", ("",))[0] == node2, str(seen)
-
-        await wait_until(c_on_node2, timeout=60, what="C placed on node2 at once (no gate)")
+        await wait_until(placed(cluster, namespace, a=node1, b=node1, c=node2), timeout=60,
+                         what="C placed on node2 at once (no gate)")
         before = await placement(cluster, namespace)
         a_name = next(p["metadata"]["name"] for p in await cluster.raw_list("list_namespaced_pod", namespace)
                       if p["metadata"]["labels"]["app"] == "a")
@@ -258,43 +260,18 @@ async def test_periodic_pass_consolidates_c_placed_without_a_gate(
         assert await placement(cluster, namespace) == before
 
         async with oversell_watch(cluster) as checks:
-            rescheduler = plane.start_rescheduler(extra_args=[
-                f"--node-selector={label}", "--interval-seconds=1", "--min-stranded-gpus=5",
-                f"--lease-name=defrag-{namespace}"[:60], "--lease-namespace=hoss-system"])
-
-            async def consolidated() -> tuple[bool, str]:
-                seen = await placement(cluster, namespace)
-                done = (seen.get("a", ("",))[0] == node2 and seen.get("c", ("",))[0] == node2
-                        and seen.get("b", ("",))[0] == node1 and len(seen) == 3)
-                return done, str(seen)
-
-            await wait_until(consolidated, timeout=120, what="A moved beside C on node2, B alone on node1")
-
-            async def completed() -> tuple[bool, str]:
-                assert rescheduler is not None
-                async with aiohttp.ClientSession() as session, session.get(
-                        f"http://127.0.0.1:{rescheduler.port}/status") as response:
-                    status = await response.json()
-                plans = status.get("plans") or []
-                return bool(plans) and plans[0]["outcome"] == "completed", str(plans[:1])
-
-            await wait_until(completed, timeout=60, what="the periodic plan reported completed in /status")
+            rescheduler = example.start_rescheduler(plane, namespace, "--min-stranded-gpus=5")
+            await wait_until(placed(cluster, namespace, a=node2, b=node1, c=node2), timeout=120,
+                             what="A moved beside C on node2, B alone on node1")
+            await wait_until(plan_completed(rescheduler.port), timeout=60,
+                             what="the periodic plan reported completed in /status")
         after = await placement(cluster, namespace)
         assert after["a"][1] != before["a"][1]  # A is a replacement, created by its ReplicaSet, in the held room
         assert after["b"] == before["b"] and after["c"] == before["c"]  # nothing else moved
         assert len(checks) >= 2
-        async with aiohttp.ClientSession() as session, session.get(
-                f"http://127.0.0.1:{rescheduler.port}/status") as response:
-            plans = (await response.json())["plans"]
+        plans = (await status_of(rescheduler.port))["plans"]
         assert len(plans) == 1, plans  # one plan, and no further one once consolidated
         assert plans[0]["reason"] == "fragmentation" and plans[0]["pending"] is None
         assert [(m["from"], m["to"], m["gpus"]) for m in plans[0]["moves"]] == [(node1, node2, 4)]
         events = await cluster.events_for(namespace, a_name)
         assert any(e.reason == "Rescheduled" and "to defragment GPUs" in e.message for e in events), events
-    finally:
-        if rescheduler is not None:
-            plane.stop_process(rescheduler.name)
-        for name in ("a", "b", "c"):
-            plane.kubectl("delete", "replicaset", name, "-n", namespace, "--ignore-not-found", "--wait=false")
-        await cluster.delete_pods(namespace)
-        await cluster.delete_nodes([n for n in (node1, node2) if n])

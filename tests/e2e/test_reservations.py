@@ -230,18 +230,43 @@ async def job_pods(cluster: Cluster, namespace: str, name: str) -> list[Json]:
     return await cluster.raw_list("list_namespaced_pod", namespace, label_selector=f"e2e.hoss.io/job={name}")
 
 
-async def test_a_job_that_depends_on_another_starts_only_after_it_completes(
-    plane: LocalPlane, cluster: Cluster, namespace: str, hoss_worker: Process
-) -> None:
-    pool = f"dep-{next(_names)}-{namespace}"[:60]
+async def finish_job_pod(cluster: Cluster, namespace: str, name: str, *, exit_code: int) -> None:
+    """No kubelet here: end the Job's (only) pod by hand, as its container exiting with `exit_code` would."""
+    [pod] = await job_pods(cluster, namespace, name)
+    await cluster.call(cluster.core.patch_namespaced_pod_status, pod["metadata"]["name"], namespace,
+                       {"status": {"phase": "Succeeded" if exit_code == 0 else "Failed", "containerStatuses": [{
+                           "name": "main", "image": "registry.k8s.io/pause:3.10", "imageID": "", "ready": False,
+                           "restartCount": 0, "state": {"terminated": {
+                               "exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error"}}}]}})
+
+
+@contextlib.asynccontextmanager
+async def job_pool(cluster: Cluster, namespace: str, pool: str, *jobs: Json) -> AsyncIterator[Any]:
+    """A node of `pool`, and `jobs` (pinned to the pool) created; yields the BatchV1Api; all removed afterwards."""
     [node] = await cluster.create_nodes(1, prefix=pool[:50], capacity={"cpu": "8", "memory": "16Gi", "pods": "110"},
                                         labels={"e2e.hoss.io/pool": pool})
     batch: Any = client.BatchV1Api(cluster.api)
     try:
         await cluster.wait_nodes_ready([node])
-        for manifest in (job("step1", pool), job("step2", pool, depends_on="step1:Complete"),
-                         job("loop-a", pool, depends_on="loop-b"), job("loop-b", pool, depends_on="loop-a:Running")):
+        for manifest in jobs:
             await batch.create_namespaced_job(namespace, manifest)
+        yield batch
+    finally:
+        for manifest in jobs:
+            with contextlib.suppress(Exception):
+                await batch.delete_namespaced_job(manifest["metadata"]["name"], namespace,
+                                                  propagation_policy="Background")
+        await cluster.delete_pods(namespace)
+        await cluster.delete_nodes([node])
+
+
+async def test_a_job_that_depends_on_another_starts_only_after_it_completes(
+    plane: LocalPlane, cluster: Cluster, namespace: str, hoss_worker: Process
+) -> None:
+    pool = f"dep-{next(_names)}-{namespace}"[:60]
+    async with job_pool(cluster, namespace, pool, job("step1", pool), job("step2", pool, depends_on="step1:Complete"),
+                        job("loop-a", pool, depends_on="loop-b"),
+                        job("loop-b", pool, depends_on="loop-a:Running")) as batch:
 
         async def waiting() -> tuple[bool, str]:
             first = [p for p in await job_pods(cluster, namespace, "step1") if p["spec"].get("nodeName")]
@@ -268,12 +293,7 @@ async def test_a_job_that_depends_on_another_starts_only_after_it_completes(
         await asyncio.sleep(2)
         assert not [p for p in await job_pods(cluster, namespace, "step2") if p["spec"].get("nodeName")]
 
-        # No kubelet here: finish step1's pod by hand, as a container exiting 0 would.
-        [first] = await job_pods(cluster, namespace, "step1")
-        await cluster.call(cluster.core.patch_namespaced_pod_status, first["metadata"]["name"], namespace,
-                           {"status": {"phase": "Succeeded", "containerStatuses": [{
-                               "name": "main", "image": "registry.k8s.io/pause:3.10", "imageID": "", "ready": False,
-                               "restartCount": 0, "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}]}})
+        await finish_job_pod(cluster, namespace, "step1", exit_code=0)
 
         async def second_runs() -> tuple[bool, str]:
             done = await batch.read_namespaced_job_status("step1", namespace)
@@ -284,25 +304,14 @@ async def test_a_job_that_depends_on_another_starts_only_after_it_completes(
         await wait_until(second_runs, timeout=120, what="step2 to be scheduled once step1 completed")
         loops = [p for name in ("loop-a", "loop-b") for p in await job_pods(cluster, namespace, name)]
         assert loops and not any(p["spec"].get("nodeName") for p in loops)
-    finally:
-        for name in ("step1", "step2", "loop-a", "loop-b"):
-            with contextlib.suppress(Exception):
-                await batch.delete_namespaced_job(name, namespace, propagation_policy="Background")
-        await cluster.delete_pods(namespace)
-        await cluster.delete_nodes([node])
 
 
 async def test_a_job_whose_dependency_failed_fails_and_its_job_counts_it(
     plane: LocalPlane, cluster: Cluster, namespace: str, hoss_worker: Process
 ) -> None:
     pool = f"dep-{next(_names)}-{namespace}"[:60]
-    [node] = await cluster.create_nodes(1, prefix=pool[:50], capacity={"cpu": "8", "memory": "16Gi", "pods": "110"},
-                                        labels={"e2e.hoss.io/pool": pool})
-    batch: Any = client.BatchV1Api(cluster.api)
-    try:
-        await cluster.wait_nodes_ready([node])
-        for manifest in (job("first", pool), job("second", pool, depends_on="first:Complete")):
-            await batch.create_namespaced_job(namespace, manifest)
+    async with job_pool(cluster, namespace, pool, job("first", pool),
+                        job("second", pool, depends_on="first:Complete")) as batch:
 
         async def first_bound() -> tuple[bool, str]:
             first = [p for p in await job_pods(cluster, namespace, "first") if p["spec"].get("nodeName")]
@@ -310,12 +319,7 @@ async def test_a_job_whose_dependency_failed_fails_and_its_job_counts_it(
             return bool(first) and bool(second), f"first bound {len(first)}, second pods {len(second)}"
 
         await wait_until(first_bound, timeout=90, what="job first's pod bound, job second's pod created")
-        # No kubelet here: fail first's pod by hand, as a container exiting 1 would (backoffLimit 0: the Job fails).
-        [first] = await job_pods(cluster, namespace, "first")
-        await cluster.call(cluster.core.patch_namespaced_pod_status, first["metadata"]["name"], namespace,
-                           {"status": {"phase": "Failed", "containerStatuses": [{
-                               "name": "main", "image": "registry.k8s.io/pause:3.10", "imageID": "", "ready": False,
-                               "restartCount": 0, "state": {"terminated": {"exitCode": 1, "reason": "Error"}}}]}})
+        await finish_job_pod(cluster, namespace, "first", exit_code=1)  # backoffLimit 0: the Job fails
 
         async def second_failed() -> tuple[bool, str]:
             pods = await job_pods(cluster, namespace, "second")
@@ -334,9 +338,3 @@ async def test_a_job_whose_dependency_failed_fails_and_its_job_counts_it(
         pods = await job_pods(cluster, namespace, "second")
         assert len(pods) == 1 and not pods[0]["spec"].get("nodeName")  # backoffLimit 0: no new pod, never bound
         assert "so first:Complete can never hold" in pods[0]["status"]["message"]
-    finally:
-        for name in ("first", "second"):
-            with contextlib.suppress(Exception):
-                await batch.delete_namespaced_job(name, namespace, propagation_policy="Background")
-        await cluster.delete_pods(namespace)
-        await cluster.delete_nodes([node])
