@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 import aiohttp
 import orjson
+from kubernetes_asyncio import client
 from redis.exceptions import RedisError
 
 from dispatcher import dependencies
@@ -124,8 +125,13 @@ def worker_loads(workers: Sequence[WorkerInfo], dispatched: Mapping[str, str]) -
     return {worker.id: counts[worker.id] for worker in workers}
 
 
-def no_worker_message(policy: str) -> str:
-    return f"no live hoss worker serves policy {policy!r}; the pod waits until one does"
+def no_worker_message(policy: str, *, what: str = "pod") -> str:
+    return f"no live hoss worker serves policy {policy!r}; the {what} waits until one does"
+
+
+def waits_for(pod: PendingPod) -> str:
+    """What waits: a pod, or the Reservation a pending 'pod' stands for (`reservations.as_pod`)."""
+    return "Reservation" if reservations.ANNOTATION in pod.annotations else "pod"
 
 
 def handback_delay(handbacks: int, *, lag_seconds: float) -> float:
@@ -147,12 +153,27 @@ class Notifier(Protocol):
 
 
 class KubeNotifier:
-    """A Warning event and PodScheduled=False, as ``kubectl describe pod`` shows them. Best effort."""
+    """A Warning event and PodScheduled=False, as ``kubectl describe pod`` shows them; for a Reservation, a Warning
+    event on it and a Scheduled=False condition in its status. Best effort."""
 
     def __init__(self, core: Any) -> None:
         self.core = core
 
     async def waiting(self, pod: PendingPod, *, reason: str, message: str) -> None:
+        name = pod.annotations.get(reservations.ANNOTATION)
+        if name:
+            await post_event(self.core, reservations.event(name, pod.uid, reason=reason, message=message,
+                                                           component=COMPONENT, warning=True))
+            custom: Any = client.CustomObjectsApi(self.core.api_client)
+            group, version, plural = reservations.API
+            try:
+                await request_json(custom.patch_cluster_custom_object_status, group, version, plural, name,
+                                   reservations.no_worker_status(message),
+                                   _content_type="application/merge-patch+json",
+                                   _request_timeout=STATUS_TIMEOUT_SECONDS * 2)
+            except KubeError as error:
+                log.warning("cannot write the status of Reservation %s: %s", name, error)
+            return
         event = pod_event(
             namespace=pod.namespace, name=pod.name, uid=pod.uid, reason=reason, message=message,
             component=COMPONENT,
@@ -854,7 +875,8 @@ class Dispatcher:
         if waiting is None:
             self.waiting[pod.uid] = Waiting(pod=pod.key, policy=pod.policy, since_unix=self._wall(), reason=reason,
                                             message=message)
-            log.info("pod %s waits: %s", pod.key, message or no_worker_message(pod.policy))
+            log.info("%s %s waits: %s", waits_for(pod), pod.key,
+                     message or no_worker_message(pod.policy, what=waits_for(pod)))
         else:
             if (waiting.reason, waiting.message) != (reason, message):
                 waiting.notified_at = None  # the reason changed: say so at once
@@ -874,7 +896,7 @@ class Dispatcher:
         due = [
             (self.pending[uid], waiting)
             for uid, waiting in self.waiting.items()
-            if uid in self.pending and uid not in self.reservations  # a Reservation is no pod to tell
+            if uid in self.pending
             and (waiting.notified_at is None or now - waiting.notified_at >= interval)
         ]
         if not due:
@@ -889,7 +911,8 @@ class Dispatcher:
         notes = [self.waiting.get(pod.uid) for pod in pods]
         await asyncio.gather(*(
             notifier.waiting(pod, reason=note.reason if note else NO_WORKER_REASON,
-                             message=(note.message if note and note.message else no_worker_message(pod.policy)))
+                             message=(note.message if note and note.message
+                                      else no_worker_message(pod.policy, what=waits_for(pod))))
             for pod, note in zip(pods, notes, strict=True)
         ))
         self.metrics.no_worker_events.inc(len(pods))

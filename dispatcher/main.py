@@ -129,7 +129,7 @@ async def running_dispatcher(settings: DispatcherSettings) -> AsyncIterator[Runn
                                       name="reservation-watch")
         stack.push_async_callback(cancel_and_wait, watched)
         ending = asyncio.create_task(supervise("reservation-expiry", lambda: end_reservations(
-            api, dispatcher, lambda: elector.is_leader)), name="reservation-expiry")
+            api, dispatcher, lambda: elector.is_leader, ledger=Ledger(redis))), name="reservation-expiry")
         stack.push_async_callback(cancel_and_wait, ending)
         jobs = asyncio.create_task(supervise("job-watch", lambda: watch_jobs(api, dispatcher)), name="job-watch")
         stack.push_async_callback(cancel_and_wait, jobs)

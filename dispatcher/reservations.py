@@ -1,4 +1,5 @@
-"""Koordinator Reservations: mirror them, place Pending ones like pods, and as leader end the expired ones."""
+"""Koordinator Reservations: mirror them, place Pending ones like pods, and as leader end the expired ones and
+write the owners of those with allocateOnce false (status.currentOwners, allocated) from the ledger's shares."""
 
 from __future__ import annotations
 
@@ -13,13 +14,13 @@ from kubernetes_asyncio import client
 
 from dispatcher.core import STATUS_TIMEOUT_SECONDS, Dispatcher
 from resolver import reservations
-from resolver.errors import ResolverError
+from resolver.errors import LedgerNotReadyError, LedgerUnavailable, ResolverError
 from resolver.kube import InformerHandlers, Json, KubeError, request_json, run_crd_informer
+from resolver.ledger import Ledger, ReservationShares
 
 log = logging.getLogger(__name__)
 
 EXPIRY_INTERVAL_SECONDS = 1.0
-UNSUPPORTED_ALLOCATE_ONCE = "spec.allocateOnce: false is not supported by hoss yet (a reservation serves one pod)"
 
 
 def observe(dispatcher: Dispatcher, kind: str, obj: Json) -> None:
@@ -39,10 +40,10 @@ def observe(dispatcher: Dispatcher, kind: str, obj: Json) -> None:
         return
     before = dispatcher.reservations.get(uid)
     dispatcher.reservations[uid] = parsed
-    if parsed.available and (before is None or not before.available):
-        dispatcher.on_reservation_available(parsed)
+    if parsed.available and (before is None or not before.available or before.room_left != parsed.room_left):
+        dispatcher.on_reservation_available(parsed)  # its owners sent already are sent again, with the room left
     ours = not parsed.scheduler_name or parsed.scheduler_name in names
-    if ours and parsed.pending and parsed.allocate_once and parsed.expires_unix > time.time():
+    if ours and parsed.pending and parsed.expires_unix > time.time():
         dispatcher._observe(reservations.as_pod(parsed, scheduler_name=parsed.scheduler_name or names[0]))
     else:
         dispatcher.on_reservation_gone(uid)
@@ -70,13 +71,61 @@ async def watch_reservations(api: client.ApiClient, dispatcher: Dispatcher, *, r
                            found="Reservation CRD found: hoss places Reservations and gives their room to their owners")
 
 
+def owners_status(reservation: reservations.Reservation, shares: ReservationShares) -> Json | None:
+    """The status patch that makes an allocateOnce false Reservation's currentOwners and allocated say what the
+    ledger's shares say (None when they do already)."""
+    owners = []
+    allocated: dict[str, int] = {}
+    for owner in shares.owners:
+        namespace, _, name = owner.pod.partition("/")
+        owners.append({"namespace": namespace, "name": name, "uid": owner.uid})
+        for resource, amount in owner.share.items():
+            allocated[resource] = allocated.get(resource, 0) + amount
+    patch = reservations.shared_status(reservation, owners, allocated)
+    same_owners = [dict(o) for o in reservation.current_owners] == owners
+    same_amounts = all(reservation.allocated.get(r, 0) == allocated.get(r, 0) for r in reservation.request)
+    return None if same_owners and same_amounts else patch
+
+
 async def end_reservations(api: client.ApiClient, dispatcher: Dispatcher, is_leader: Callable[[], bool], *,
-                           interval: float = EXPIRY_INTERVAL_SECONDS) -> None:
+                           ledger: Ledger | None = None, interval: float = EXPIRY_INTERVAL_SECONDS) -> None:
     """As leader: a Reservation past its ttl/expires that is still Pending or Available becomes Failed (reason
-    Expired; the resolver's sync then frees its room), and one with allocateOnce false is refused (Failed)."""
+    Expired; the resolver's sync then frees its room; owner pods keep their own), and an Available one with
+    allocateOnce false gets its owners written (`owners_status`)."""
     custom: Any = client.CustomObjectsApi(api)
     group, version, plural = reservations.API
     ended: set[str] = set()
+    written: dict[str, str] = {}
+    """uid -> the last owners patch written (the watch may not show it yet)"""
+
+    async def write_owners(now: float) -> None:
+        shared = [r for r in dispatcher.reservations.values()
+                  if r.available and not r.allocate_once and r.expires_unix > now and r.uid not in ended]
+        for uid in [uid for uid in written if uid not in dispatcher.reservations]:
+            written.pop(uid)
+        if ledger is None or not shared:
+            return
+        try:
+            views = await ledger.reservation_owners([r.uid for r in shared])
+        except (LedgerUnavailable, LedgerNotReadyError) as error:
+            log.debug("cannot read the Reservations' owners: %s", error)
+            return
+        for reservation in shared:
+            view = views.get(reservation.uid)
+            patch = None if view is None else owners_status(reservation, view)
+            if patch is None:
+                written.pop(reservation.uid, None)
+                continue
+            text = str(patch)
+            if written.get(reservation.uid) == text:
+                continue  # written already; the watch has not shown it yet
+            try:
+                await request_json(custom.patch_cluster_custom_object_status, group, version, plural,
+                                   reservation.name, patch, _content_type="application/merge-patch+json",
+                                   _request_timeout=STATUS_TIMEOUT_SECONDS * 2)
+                written[reservation.uid] = text
+            except KubeError as error:
+                log.warning("cannot write the owners of Reservation %s: %s", reservation.name, error)
 
     async def fail(reservation: reservations.Reservation, reason: str, message: str) -> None:
         try:
@@ -100,5 +149,4 @@ async def end_reservations(api: client.ApiClient, dispatcher: Dispatcher, is_lea
                 continue
             if reservation.expires_unix <= now:
                 await fail(reservation, "Expired", "the reservation expired (spec.ttl / spec.expires)")
-            elif not reservation.allocate_once and reservation.pending:
-                await fail(reservation, "Unsupported", UNSUPPORTED_ALLOCATE_ONCE)
+        await write_owners(now)

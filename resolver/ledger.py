@@ -101,7 +101,28 @@ class Reserved:
 
     node: str
     consumed: bool = False
-    """The pod took the room of the Reservation it named (`BatchPod.reservation`), whose entry is gone."""
+    """The pod took a share of the room of the Reservation it named (`BatchPod.reservation`); the share goes back
+    to the Reservation when the pod's entry goes."""
+
+
+@dataclass(frozen=True)
+class ReservationOwner:
+    """An owner pod holding a share of a Reservation's room (`Ledger.reservation_owners`)."""
+
+    uid: str
+    pod: str
+    """namespace/name"""
+    node: str
+    state: str
+    share: Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class ReservationShares:
+    """A Reservation's entry: the room it still holds and its owners' shares."""
+
+    room: Mapping[str, int]
+    owners: tuple[ReservationOwner, ...]
 
 
 @dataclass(frozen=True)
@@ -603,6 +624,27 @@ class Ledger:
         expires); the same write the sync makes when it sees the Reservation Available."""
         await self.bind_many([Placement(uid=uid, pod=reservation_key(name), node=node, request=request, meta=meta)])
 
+    async def reservation_owners(self, uids: Sequence[str]) -> dict[str, ReservationShares]:
+        """What each Reservation's entry still holds and the owner pods holding a share of it (only those whose
+        entry is there are answered)."""
+        if not uids:
+            return {}
+        reply = await self._run("reservation_owners", [len(uids), *uids])
+        found: dict[str, ReservationShares] = {}
+        at = 0
+        for uid in uids:
+            held, room, count = int(reply[at]), _text(reply[at + 1]), int(reply[at + 2])
+            at += 3
+            owners = []
+            for _ in range(count):
+                owner, pod, node, state, share = (_text(v) for v in reply[at:at + 5])
+                owners.append(ReservationOwner(uid=owner, pod=pod, node=node, state=state,
+                                               share=_amounts(share)))
+                at += 5
+            if held:
+                found[uid] = ReservationShares(room=_amounts(room), owners=tuple(owners))
+        return found
+
     async def resize(
         self, *, uid: str, pod: str, node: str, request: Mapping[str, int], owner: str,
         verify_after_seconds: float, dry_run: bool = False,
@@ -889,6 +931,12 @@ class Ledger:
 # -- encoding (pure) -----------------------------------------------------------------------------------------
 
 
+def _amounts(text: str) -> dict[str, int]:
+    """'cpu=1000,pods=1' (the ledger's encoding of amounts) as a mapping."""
+    pairs = (part.split("=", 1) for part in text.split(",") if "=" in part)
+    return {name: int(amount) for name, amount in pairs}
+
+
 def _ttl_ms(ttl_seconds: float) -> int:
     if not ttl_seconds > 0:
         raise ValueError(f"ttl_seconds must be positive, got {ttl_seconds}")
@@ -912,7 +960,8 @@ def _placement_args(placement: Placement) -> list[str | int]:
             placement.meta]
 
 
-READ_ONLY_SCRIPTS: Final = frozenset({"snapshot", "entries", "load", "nominations", "quotas", "quota_audit"})
+READ_ONLY_SCRIPTS: Final = frozenset({"snapshot", "entries", "load", "nominations", "quotas", "quota_audit",
+                                      "reservation_owners"})
 """The scripts that only read; they run with EVALSHA_RO."""
 
 

@@ -4,13 +4,17 @@ A Reservation holds room for pods that do not exist yet: ``spec.template`` is th
 template: requests, scheduler name, placement rules), ``spec.owners`` says which pods may use it (any of: an
 ``object`` reference, a ``controller`` reference, a ``labelSelector``), ``spec.ttl`` (a Go duration, default 24h
 after creation) or ``spec.expires`` (a timestamp, wins) ends it, and ``spec.allocateOnce`` (default true) makes it
-end once one owner pod used it. Status: ``phase`` Pending (not placed yet), Available (placed: ``nodeName``),
-Succeeded (used by its owner: ``currentOwners``) or Failed (expired, or refused).
+end once one owner pod used it; with ``allocateOnce: false`` it stays Available and serves every owner pod that
+fits in what is left. Status: ``phase`` Pending (not placed yet), Available (placed: ``nodeName``,
+``allocatable``; with allocateOnce false also ``currentOwners`` and ``allocated``, their requests' sum), Succeeded
+(used by its owner: ``currentOwners``) or Failed (expired).
 
 Who does what: the dispatcher sends a Pending Reservation to a worker as a pod (`as_pod`), the worker places it
 like a pod and holds its room in the ledger (`resolver.ledger.Ledger.hold_reservation`) before it writes status
 Available; the sync keeps the room of every Available Reservation in the ledger; a pending pod that an Available
-Reservation `owns` carries it to the worker, which prefers its node and takes its room in one ledger call.
+Reservation `owns` carries it to the worker, which prefers its node and takes its room (a share of it) in one
+ledger call; with allocateOnce false the leader dispatcher writes currentOwners and allocated from the ledger's
+shares (`shared_status`).
 """
 
 from __future__ import annotations
@@ -23,9 +27,10 @@ from typing import Any
 
 import orjson
 
-from resolver.errors import PodSpecError
+from resolver.errors import PodSpecError, QuantityError
+from resolver.events import pod_event
 from resolver.kube import section
-from resolver.resources import ResourceVector, pod_requests
+from resolver.resources import ResourceVector, format_quantity, parse_quantity, pod_requests, to_base_units
 
 Json = dict[str, Any]
 
@@ -33,9 +38,11 @@ API = ("scheduling.koordinator.sh", "v1alpha1", "reservations")
 """group, version, plural"""
 ANNOTATION = "hoss.io/reservation"
 """Set by the dispatcher on the pod it makes of a Reservation (`as_pod`): the Reservation's name."""
+SHARED_ANNOTATION = "hoss.io/reservation-allocate-once"
+"""Set to "false" beside `ANNOTATION` for a Reservation with allocateOnce false (the placing worker's meta says so)."""
 HINTS = "reservations"
 """Key of the compact pod form (`resolver.compact`) in which the dispatcher lists the Available Reservations that
-own a pending pod: [[uid, name, node, {resource: amount}], ...]."""
+own a pending pod: [[uid, name, node, {resource: room left}, allocateOnce], ...]."""
 DEFAULT_TTL_SECONDS = 24 * 3600.0
 """Koordinator's default: a Reservation without ttl or expires lives a day."""
 PRIORITY = 2**31 - 1
@@ -89,6 +96,18 @@ class Reservation:
     request: ResourceVector
     scheduler_name: str
     resource_version: str = ""
+    current_owners: tuple[Mapping[str, str], ...] = ()
+    """status.currentOwners (namespace, name, uid)"""
+    allocated: ResourceVector = field(default_factory=dict)
+    """status.allocated in base units (what the current owners hold)"""
+
+    @property
+    def room_left(self) -> ResourceVector:
+        """What the owners have not taken yet, as the status says (all of it for allocateOnce)."""
+        if self.allocate_once:
+            return self.request
+        return {r: max(0, amount - self.allocated.get(r, 0)) if r != "pods" else amount
+                for r, amount in self.request.items()}
 
     @property
     def available(self) -> bool:
@@ -101,7 +120,13 @@ class Reservation:
     def meta(self) -> str:
         """The meta its ledger entry carries (`resolver.compact.pod_meta`'s shape): never a preemption victim."""
         namespace = (self.template.get("metadata") or {}).get("namespace") or "default"
-        return orjson.dumps({"namespace": namespace, "priority": PRIORITY, "reservation": self.name}).decode()
+        meta: dict[str, object] = {"namespace": namespace, "priority": PRIORITY, "reservation": self.name}
+        if not self.allocate_once:
+            meta["allocateOnce"] = False
+        owners = [o["uid"] for o in self.current_owners if o.get("uid")]
+        if owners:
+            meta["owners"] = owners  # the ledger gives their shares back to them after a rebuild
+        return orjson.dumps(meta).decode()
 
 
 def parse(obj: Mapping[str, Any]) -> Reservation:
@@ -139,12 +164,29 @@ def parse(obj: Mapping[str, Any]) -> Reservation:
     if not isinstance(allocate_once, bool):
         raise ReservationError(field="spec.allocateOnce", reason=f"expected true or false, got {allocate_once!r}")
     pod = {"metadata": template.get("metadata") or {}, "spec": template["spec"]}
+    raw_owners_now = status.get("currentOwners")
+    current = tuple({k: str(v) for k, v in o.items() if k in ("namespace", "name", "uid") and isinstance(v, str)}
+                    for o in (raw_owners_now if isinstance(raw_owners_now, list) else []) if isinstance(o, dict))
     return Reservation(
         uid=uid, name=name, template=pod, owners=tuple(owners), expires_unix=expires, allocate_once=allocate_once,
         phase=str(status.get("phase") or ""), node=str(status.get("nodeName") or ""),
         request=pod_requests(pod), scheduler_name=str(template["spec"].get("schedulerName") or ""),
         resource_version=str(metadata.get("resourceVersion") or ""),
+        current_owners=current, allocated=_allocated(status.get("allocated")),
     )
+
+
+def _allocated(value: object) -> ResourceVector:
+    """status.allocated in base units; what cannot be read counts as nothing allocated (hoss wrote it)."""
+    if not isinstance(value, dict):
+        return {}
+    amounts = {}
+    for resource, quantity in value.items():
+        try:
+            amounts[str(resource)] = to_base_units(str(resource), parse_quantity(quantity, field="status.allocated"))
+        except QuantityError:
+            continue
+    return amounts
 
 
 def _strings(value: object, *, field: str) -> dict[str, str]:
@@ -166,6 +208,8 @@ def as_pod(reservation: Reservation, *, scheduler_name: str) -> Json:
         "labels": dict(template_metadata.get("labels") or {}),
         "annotations": {**(template_metadata.get("annotations") or {}), ANNOTATION: reservation.name},
     }
+    if not reservation.allocate_once:
+        metadata["annotations"][SHARED_ANNOTATION] = "false"
     spec = {**reservation.template["spec"], "schedulerName": scheduler_name}
     spec.pop("nodeName", None)
     return {"metadata": metadata, "spec": spec, "status": {"phase": "Pending"}}
@@ -228,7 +272,7 @@ def selector_matches(selector: Mapping[str, Any], labels: Mapping[str, str]) -> 
 
 def hints(reservations: Sequence[Reservation]) -> list[list[object]]:
     """The `HINTS` entries of the Available Reservations that own a pod."""
-    return [[r.uid, r.name, r.node, dict(r.request)] for r in reservations if r.available]
+    return [[r.uid, r.name, r.node, dict(r.room_left), r.allocate_once] for r in reservations if r.available]
 
 
 def _condition(kind: str, status: str, reason: str, message: str) -> Json:
@@ -237,9 +281,17 @@ def _condition(kind: str, status: str, reason: str, message: str) -> Json:
             "lastProbeTime": now, "lastTransitionTime": now}
 
 
-def available_status(node: str) -> Json:
-    """Merge patch of status: placed on `node`."""
-    return {"status": {"phase": "Available", "nodeName": node, "conditions": [
+def quantities(amounts: Mapping[str, int]) -> dict[str, str]:
+    """Base units as Kubernetes quantities (a status ResourceList; the pod count is no part of it, as in
+    Koordinator: a Reservation's allocatable is what its template requests)."""
+    return {resource: format_quantity(resource, amount) for resource, amount in amounts.items()
+            if resource != "pods"}
+
+
+def available_status(node: str, request: Mapping[str, int] | None = None) -> Json:
+    """Merge patch of status: placed on `node`, holding `request` (status.allocatable)."""
+    allocatable = {"allocatable": quantities(request)} if request else {}
+    return {"status": {"phase": "Available", "nodeName": node, **allocatable, "conditions": [
         _condition("Scheduled", "True", "Scheduled", f"Reservation placed on {node}"),
         _condition("Ready", "True", "Available", f"room held on {node}")]}}
 
@@ -254,6 +306,20 @@ def succeeded_status(node: str, owner: Mapping[str, str]) -> Json:
         _condition("Ready", "False", "Succeeded", f"used by pod {owner.get('namespace')}/{owner.get('name')}")]}}
 
 
+def shared_status(reservation: Reservation, owners: Sequence[Mapping[str, str]],
+                  allocated: Mapping[str, int]) -> Json:
+    """Merge patch of an allocateOnce false Reservation's status: its current owners and what they hold (every
+    reserved resource named, 0 included, so a merge patch never leaves an old amount behind)."""
+    amounts = {resource: allocated.get(resource, 0) for resource in reservation.request}
+    return {"status": {"currentOwners": [dict(o) for o in owners], "allocated": quantities(amounts)}}
+
+
+def no_worker_status(message: str) -> Json:
+    """Merge patch of a Pending Reservation's status: no live worker serves its policy."""
+    return {"status": {"phase": "Pending", "conditions": [
+        _condition("Scheduled", "False", "NoWorkerForPolicy", message)]}}
+
+
 def failed_status(reason: str, message: str) -> Json:
     return {"status": {"phase": "Failed", "conditions": [_condition("Ready", "False", reason, message)]}}
 
@@ -261,3 +327,12 @@ def failed_status(reason: str, message: str) -> Json:
 def status_path(name: str) -> str:
     group, version, plural = API
     return f"/apis/{group}/{version}/{plural}/{name}/status"
+
+
+def event(name: str, uid: str, *, reason: str, message: str, component: str, warning: bool) -> Json:
+    """A core/v1 Event about a (cluster-scoped) Reservation, recorded in namespace default."""
+    body = pod_event(namespace="default", name=name, uid=uid, reason=reason, message=message,
+                     component=component, warning=warning)
+    group, version, _plural = API
+    body["involvedObject"] = {"apiVersion": f"{group}/{version}", "kind": "Reservation", "name": name, "uid": uid}
+    return body

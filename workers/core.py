@@ -81,8 +81,8 @@ from workers.reservations import (
     Hint,
     hints_of,
     preferred_first,
-    reservation_event,
     reservation_name,
+    shared_reservation,
     write_status,
 )
 from workers.settings import WorkerSettings
@@ -547,8 +547,9 @@ class Worker:
                     if name := reservation_name(work.raw):
                         self._start_keep(work, pod, node, name)
                         continue
-                    if consumed:
-                        self._consumed[pod.uid] = next(h.name for h in hints_of(work.raw) if h.node == node)
+                    hint = next((h for h in hints_of(work.raw) if h.node == node), None) if consumed else None
+                    if hint is not None and hint.once:
+                        self._consumed[pod.uid] = hint.name
                     self._start_bind(work, [(pod, node)])
                 case HeldElsewhere():
                     self.count("gone")  # bound already (by us earlier, or by another scheduler)
@@ -592,8 +593,11 @@ class Worker:
         meta = ledger_meta(work.raw, pod.request)
         name = reservation_name(work.raw)
         if name:
-            meta["meta"] = orjson.dumps({"namespace": pod.namespace, "priority": reservations.PRIORITY,
-                                         "reservation": name}).decode()
+            fields: dict[str, object] = {"namespace": pod.namespace, "priority": reservations.PRIORITY,
+                                         "reservation": name}
+            if shared_reservation(work.raw):
+                fields["allocateOnce"] = False
+            meta["meta"] = orjson.dumps(fields).decode()
         by_node = {h.node: h.uid for h in hints_of(work.raw)}
         consume = next((by_node[c] for c in decision.candidates if c in by_node), "")
         return BatchPod(uid=pod.uid, pod=reservation_key(name) if name else pod.key, digest=work.item.digest,
@@ -646,7 +650,7 @@ class Worker:
                                   top: int) -> Placement | Unschedulable:
         """Decide with the room of the Reservations that own the pod given back on their nodes, and a feasible
         Reservation node first (workers/reservations.py)."""
-        freed = [h for h in hints if h.node in self.nodes]
+        freed = [h for h in hints if h.node in self.nodes and h.serves(pod.request)]
         for hint in freed:
             self.nodes.sub_used(hint.node, hint.request)
         try:
@@ -686,7 +690,7 @@ class Worker:
             if self.last_message.get(work.item.uid) != message:
                 self.last_message[work.item.uid] = message
                 self._background(self._reservation_status(name, reservations.unschedulable_status(message)))
-                self._record(reservation_event(name, work.item.uid, reason="FailedScheduling", message=message,
+                self._record(reservations.event(name, work.item.uid, reason="FailedScheduling", message=message,
                                                component=self._component(), warning=True))
             self._retry_later(work)
             return
@@ -774,7 +778,7 @@ class Worker:
     async def _keep(self, work: Work, pod: PodView, node: str, name: str) -> None:
         """A Reservation's room is reserved on `node`: write its status Available there, then keep the room (the
         sync does the same when it sees the status, so a worker that dies in between loses nothing)."""
-        if not await write_status(self.rest, name, reservations.available_status(node)):
+        if not await write_status(self.rest, name, reservations.available_status(node, pod.request)):
             await self._unreserve(pod, node)
             self._retry_later(work)
             return
@@ -785,7 +789,7 @@ class Worker:
             log.warning("Reservation %s: its room on %s is kept by the sync once it sees it (%s)", name, node, error)
         self.count("reserved")
         self.last_message.pop(pod.uid, None)
-        self._record(reservation_event(name, pod.uid, reason="Scheduled", message=f"Reservation {name} placed on "
+        self._record(reservations.event(name, pod.uid, reason="Scheduled", message=f"Reservation {name} placed on "
                                        f"{node}", component=self._component(), warning=False))
         self._done(work, bound=True)
 
@@ -811,7 +815,7 @@ class Worker:
             if ok:
                 self._used_reservation(pod, node)
             else:
-                self._consumed.pop(pod.uid, None)  # the room is back with the Reservation after the sync's audit
+                self._consumed.pop(pod.uid, None)  # released with its entry, the share is back with the Reservation
         if all(ok for ok, _status in outcomes):
             self.backoff.pop(item.uid, None)
             for member in self._members(item):

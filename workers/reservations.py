@@ -4,9 +4,11 @@
   pod, its room is reserved in the ledger under 'Reservation/<name>', and instead of a binding the worker writes
   the Reservation's status (phase Available, nodeName) and then keeps the room (`Ledger.keep_reservation`).
 - A pod whose compact form lists `resolver.reservations.HINTS` is owned by those Available Reservations: the
-  worker decides it with their room given back on their nodes, puts such a node first (Koordinator prefers
-  reservations), and names the Reservation in its ledger call, which hands the room over atomically; after the
-  binding the Reservation is marked Succeeded with the pod as its owner.
+  worker decides it with their room left given back on their nodes (for allocateOnce false only when the pod fits
+  in it), puts such a node first (Koordinator prefers reservations), and names the Reservation in its ledger call,
+  which hands a share of the room over atomically (and back when the pod's entry goes, e.g. its binding failed);
+  after the binding an allocateOnce Reservation is marked Succeeded with the pod as its owner (the owners of one
+  with allocateOnce false are written by the leader dispatcher from the ledger).
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ from dataclasses import dataclass
 import aiohttp
 
 from resolver import reservations
-from resolver.events import pod_event
 from resolver.kube import Json, KubeError, section
 from resolver.rest import KubeREST
 
@@ -33,6 +34,21 @@ class Hint:
     name: str
     node: str
     request: Mapping[str, int]
+    """the room left, as the Reservation's status says"""
+    once: bool = True
+    """allocateOnce"""
+
+    def serves(self, request: Mapping[str, int]) -> bool:
+        """Whether a pod asking `request` may take room from it: allocateOnce always (what it lacks comes from the
+        node's free room), otherwise only when every reserved resource it asks for fits in the room left."""
+        return self.once or all(amount <= self.request[r] for r, amount in request.items()
+                                if r in self.request and amount > 0 and r != "pods")
+
+
+def shared_reservation(raw: Json) -> bool:
+    """Whether this work item's Reservation has allocateOnce false."""
+    annotations = section(raw, "metadata").get("annotations")
+    return isinstance(annotations, dict) and annotations.get(reservations.SHARED_ANNOTATION) == "false"
 
 
 def reservation_name(raw: Json) -> str:
@@ -47,10 +63,11 @@ def hints_of(raw: Json) -> list[Hint]:
     """The Available Reservations the dispatcher found owning the pod (unreadable entries are skipped)."""
     found = []
     for entry in raw.get(reservations.HINTS) or []:
-        if (isinstance(entry, list) and len(entry) == 4 and all(isinstance(x, str) for x in entry[:3])
+        if (isinstance(entry, list) and len(entry) in (4, 5) and all(isinstance(x, str) for x in entry[:3])
                 and isinstance(entry[3], dict)):
             found.append(Hint(uid=entry[0], name=entry[1], node=entry[2],
-                              request={str(k): int(v) for k, v in entry[3].items() if isinstance(v, int)}))
+                              request={str(k): int(v) for k, v in entry[3].items() if isinstance(v, int)},
+                              once=entry[4] is not False if len(entry) == 5 else True))
     return found
 
 
@@ -75,11 +92,3 @@ async def write_status(rest: KubeREST | None, name: str, patch: Json) -> bool:
         return False
     return True
 
-
-def reservation_event(name: str, uid: str, *, reason: str, message: str, component: str, warning: bool) -> Json:
-    """A core/v1 Event about a (cluster-scoped) Reservation, recorded in namespace default."""
-    event = pod_event(namespace="default", name=name, uid=uid, reason=reason, message=message,
-                      component=component, warning=warning)
-    group, version, _plural = reservations.API
-    event["involvedObject"] = {"apiVersion": f"{group}/{version}", "kind": "Reservation", "name": name, "uid": uid}
-    return event

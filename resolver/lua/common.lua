@@ -485,8 +485,166 @@ local function hold(uid, pod, node, request, state, owner, deadline, ports, meta
   change_ns_used(pod, request, '')
 end
 
--- Removes an entry read by read_entry and gives its request back to its node.
+-- Reservations' shares. A Reservation's room is a bound entry whose pod is 'Reservation/<name>'; its request is
+-- the room still held (what its owners have not taken), and it carries 'total' (the reserved amounts,
+-- 'cpu=4000,pods=1') and 'once' ('1': allocateOnce, one owner; '0': several owners while they fit). An owner pod
+-- that took room from it carries 'resv' (the Reservation's uid) and 'share' (the amounts taken, part of its own
+-- request), and is a member of '{hoss}:resv:<uid>'. Whenever an owner's entry goes (released, expired, its pod
+-- deleted or finished, moved), its share goes back to the Reservation's entry in the same call, so the room stays
+-- closed to everyone else; the share of an entry the sync turns bound on the same node stays taken.
+local function is_reservation(pod)
+  return string.sub(pod or '', 1, 12) == 'Reservation/'
+end
+
+local function owners_key(uid)
+  return PREFIX .. ':resv:' .. uid
+end
+
+local function encode_amounts(list)
+  local parts = {}
+  for _, item in ipairs(list) do
+    table.insert(parts, item[1] .. '=' .. item[2])
+  end
+  return table.concat(parts, ',')
+end
+
+local function decode_amounts(text)
+  local list = {}
+  for name, amount in string.gmatch(text or '', '([^,=]+)=([0-9]+)') do
+    table.insert(list, {name, amount})
+  end
+  return list
+end
+
+-- Moves `share` between the Reservation entry `held` and its node's used totals: sign '' gives it back to the
+-- Reservation (the entry's request and the node's used grow), '-' lets an owner take it.
+local function shift_share(held, share, sign)
+  local key = pod_key(held.uid)
+  for _, item in ipairs(share) do
+    if tonumber(item[2]) ~= 0 then
+      redis.call('HINCRBY', key, 'r:' .. item[1], sign .. item[2])
+    end
+  end
+  change_used(held.node, share, sign)
+  change_ns_used(held.pod, share, sign)
+end
+
+local function return_share(entry)
+  redis.call('SREM', owners_key(entry.resv), entry.uid)
+  local held = read_entry(entry.resv)
+  if held and held.state == 'bound' and held.node == entry.node and is_reservation(held.pod) then
+    shift_share(held, decode_amounts(entry.share), '')
+  end
+end
+
+-- What a pod asking `request` takes from the Reservation entry `held`, or nil when it may not take from it:
+-- with once '1' only while no other owner holds a share (the owner takes what the Reservation has of each
+-- resource it asks for, the rest from the node's free room); with once '0' only when, for every reserved
+-- resource the pod asks for, what is left holds all of it (else it is placed as any pod). `current` is the pod's
+-- own entry: a share it already holds of this Reservation counts as left. With once '0' the pod count ('pods')
+-- is no share: every owner is a pod of its own on the node, as in Koordinator, where a Reservation's allocatable
+-- is what its template requests.
+local function reservation_share(held, request, current)
+  local left = {}
+  for _, item in ipairs(held.request) do
+    left[item[1]] = tonumber(item[2])
+  end
+  local own = current and current.resv == held.uid and current.node == held.node
+  if own then
+    for _, item in ipairs(decode_amounts(current.share)) do
+      left[item[1]] = (left[item[1]] or 0) + tonumber(item[2])
+    end
+  end
+  local once = held.once ~= '0'
+  if once and redis.call('SCARD', owners_key(held.uid)) > (own and 1 or 0) then
+    return nil
+  end
+  local share = {}
+  for _, item in ipairs(request) do
+    local have = left[item[1]]
+    local want = tonumber(item[2])
+    if have and want > 0 and (once or item[1] ~= 'pods') then
+      if want > have then
+        if not once then
+          return nil
+        end
+        want = have
+      end
+      if want > 0 then
+        table.insert(share, {item[1], int_str(want)})
+      end
+    end
+  end
+  return share
+end
+
+-- The room a Reservation entry holds: `total` minus its owners' shares (members whose entry no longer names it
+-- are forgotten). `attach`: uids of bound or placed owner pods the apiserver names in the Reservation's status
+-- (its currentOwners, after a rebuild or a missed share): each on the Reservation's node that holds no share
+-- takes its share now, as it did when it was placed.
+local function reservation_room(uid, node, total, once, attach)
+  local key = owners_key(uid)
+  local left = {}
+  for _, item in ipairs(total) do
+    left[item[1]] = tonumber(item[2])
+  end
+  for _, owner in ipairs(redis.call('SMEMBERS', key)) do
+    local fields = redis.call('HMGET', pod_key(owner), 'resv', 'share')
+    if fields[1] == uid then
+      for _, item in ipairs(decode_amounts(fields[2])) do
+        if left[item[1]] then
+          left[item[1]] = math.max(0, left[item[1]] - tonumber(item[2]))
+        end
+      end
+    else
+      redis.call('SREM', key, owner)
+    end
+  end
+  for _, owner in ipairs(attach or {}) do
+    local entry = read_entry(owner)
+    if entry and entry.node == node and not entry.resv and (once == '0' or redis.call('SCARD', key) == 0) then
+      local share = {}
+      for _, item in ipairs(entry.request) do
+        local have = left[item[1]]
+        if have and (once == '1' or item[1] ~= 'pods') then
+          local take = math.min(have, tonumber(item[2]))
+          left[item[1]] = have - take
+          if take > 0 then
+            table.insert(share, {item[1], int_str(take)})
+          end
+        end
+      end
+      redis.call('HSET', pod_key(owner), 'resv', uid, 'share', encode_amounts(share))
+      redis.call('SADD', key, owner)
+    end
+  end
+  local room = {}
+  for _, item in ipairs(total) do
+    table.insert(room, {item[1], int_str(left[item[1]])})
+  end
+  return room
+end
+
+-- Reservation settings the sync and the placing worker put in its meta (resolver/reservations.py, meta).
+local function reservation_settings(meta)
+  local once = string.find(meta or '', '"allocateOnce":false', 1, true) and '0' or '1'
+  local attach = {}
+  local owners = string.match(meta or '', '"owners":%[([^%]]*)%]')
+  for owner in string.gmatch(owners or '', '"([^"]+)"') do
+    table.insert(attach, owner)
+  end
+  return once, attach
+end
+
+-- Removes an entry read by read_entry and gives its request back to its node (an owner's share back to its
+-- Reservation, see above; entry.keep_share: the sync turns it bound in place, the share stays taken).
 local function drop(entry)
+  if entry.resv and not entry.keep_share then
+    return_share(entry)
+  end
+  if is_reservation(entry.pod) and not entry.rebinding then
+    redis.call('DEL', owners_key(entry.uid))
+  end
   change_used(entry.node, entry.request, '-')
   change_ns_used(entry.pod, entry.request, '-')
   change_ports(entry.node, entry.ports, -1)
@@ -657,20 +815,35 @@ end
 -- Returns the entry it replaced (or nil) and the overcommit it caused ('' when the node had room): never silent,
 -- every overcommit is counted in STATS and returned to the sync, which logs it. Used by bind and bind_many.
 local function bind_placement(p)
-  local previous = drop_uid(p.uid)
+  local previous = read_entry(p.uid)
   local owner = ''
   local before = nil
+  local extra = nil
+  local request = p.request
   if previous then
     owner = previous.owner or ''
     if previous.node == p.node then
       before = previous.request
     end
+    if is_reservation(p.pod) then
+      previous.rebinding = true
+    elseif previous.resv and previous.node == p.node then
+      previous.keep_share = true
+      extra = {'resv', previous.resv, 'share', previous.share}
+    end
+    drop(previous)
   end
   redis.call('SADD', NODES, p.node)
-  hold(p.uid, p.pod, p.node, p.request, 'bound', owner, nil, p.ports, p.meta)
+  if is_reservation(p.pod) then
+    -- the Reservation's room: the reserved amounts less what its owners hold (see 'Reservations' shares')
+    local once, attach = reservation_settings(p.meta)
+    request = reservation_room(p.uid, p.node, p.request, once, attach)
+    extra = {'total', encode_amounts(p.request), 'once', once}
+  end
+  hold(p.uid, p.pod, p.node, request, 'bound', owner, nil, p.ports, p.meta, extra)
   local over = ''
   if redis.call('EXISTS', node_key(p.node, 'alloc')) == 1 then
-    over = overcommitted(p.node, p.request, before)
+    over = overcommitted(p.node, request, before)
     if over ~= '' then
       redis.call('HINCRBY', STATS, 'overcommits', 1)
       redis.call('HSET', STATS, 'last_overcommit', p.pod .. ' on ' .. p.node .. ': ' .. over)

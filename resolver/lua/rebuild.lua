@@ -46,15 +46,32 @@ for _, node in ipairs(nodes) do
   set_hash(node_key(node.name, 'labels'), node.labels)
   redis.call('SET', node_key(node.name, 'spec'), node.spec or '')
 end
+-- Pods first, then the kept entries (an owner's share of a Reservation stays with it), then the Reservations,
+-- whose room is what their owners do not hold (see 'Reservations' shares' in common.lua).
+local reservations_bound = {}
 for _, p in ipairs(bound) do
   -- a uid listed twice: the last placement wins, as in bind
   drop_uid(p.uid)
   redis.call('SADD', NODES, p.node)
-  hold(p.uid, p.pod, p.node, p.request, 'bound', '', nil, p.ports, p.meta)
+  if is_reservation(p.pod) then
+    if not reservations_bound[p.uid] then
+      table.insert(reservations_bound, p.uid)
+    end
+    reservations_bound[p.uid] = p
+  else
+    hold(p.uid, p.pod, p.node, p.request, 'bound', '', nil, p.ports, p.meta)
+  end
 end
 for _, entry in ipairs(kept) do
+  local extra = {}
+  if entry.resv then
+    extra = {'resv', entry.resv, 'share', entry.share}
+    redis.call('SADD', owners_key(entry.resv), entry.uid)
+  end
   if entry.state == 'admitted' then
-    local extra = admitted_fields(tonumber(entry.admitted), entry.via or 'binding')
+    for _, item in ipairs(admitted_fields(tonumber(entry.admitted), entry.via or 'binding')) do
+      table.insert(extra, item)
+    end
     if entry.answered then
       table.insert(extra, 'answered')
       table.insert(extra, entry.answered)
@@ -64,8 +81,14 @@ for _, entry in ipairs(kept) do
     redis.call('ZADD', VERIFY, entry.verify_at or int_str(now_ms()), entry.uid)
   else
     hold(entry.uid, entry.pod, entry.node, entry.request, 'assumed', entry.owner, tonumber(entry.deadline),
-         entry.ports, entry.meta)
+         entry.ports, entry.meta, extra)
   end
+end
+for _, uid in ipairs(reservations_bound) do
+  local p = reservations_bound[uid]
+  local once, attach = reservation_settings(p.meta)
+  hold(p.uid, p.pod, p.node, reservation_room(p.uid, p.node, p.request, once, attach), 'bound', '', nil, p.ports,
+       p.meta, {'total', encode_amounts(p.request), 'once', once})
 end
 redis.call('SET', EPOCH, epoch)
 redis.call('SET', READY, '1')

@@ -29,11 +29,13 @@
 --                                                         'hostPort <protocol>/<ip>/<port>', wanted 1, free 0), or
 --                                                         unknown when no candidate is a node
 -- Reservations: a Reservation's room is a bound entry whose pod is 'Reservation/<name>' (written by the worker
--- that placed it, kept by the sync while the Reservation is Available). A pod that names it consumes it on the
--- Reservation's node: the fit check gives the Reservation's request back, and on success the Reservation's
--- entry is dropped in the same call as the pod's is added, so the room passes from one to the other and no
--- other pod or scheduler can take it between. On any other node (or when the entry is gone) the pod is
--- checked as usual.
+-- that placed it, kept by the sync while the Reservation is Available). A pod that names it takes a share of it
+-- on the Reservation's node (see 'Reservations' shares' in common.lua: allocateOnce serves one owner,
+-- allocateOnce false every owner that fits in what is left): the fit check gives the share back, and on success
+-- the Reservation's entry shrinks by the share in the same call as the pod's entry is added, so the room passes
+-- from one to the other and no other pod or scheduler can take it between, and two pods can never both take the
+-- last share. The share goes back to the Reservation when the pod's entry goes. On any other node, when the
+-- entry is gone or when the pod may not take from it, the pod is checked as usual.
 -- Reply: NOT_READY, or a flat list of count results of 5 items each:
 --   {'reserved', node, '', 0, 0} | {'reserved', node, 'consumed', 0, 0} (the pod took its Reservation's room)
 --   | {'bound', node, '', 0, 0} | {'stale', marker, '', 0, 0}
@@ -66,7 +68,7 @@ for _, item in ipairs(cjson.decode(next_arg())) do
   local reservation = nil
   if item[11] and item[11] ~= '' then
     local held = read_entry(item[11])
-    if held and held.state == 'bound' and string.sub(held.pod, 1, 12) == 'Reservation/' then
+    if held and held.state == 'bound' and is_reservation(held.pod) then
       reservation = held
     end
   end
@@ -94,7 +96,19 @@ for _, item in ipairs(cjson.decode(next_arg())) do
       if redis.call('SISMEMBER', NODES, node) == 1 then
         local p = {uid = uid, pod = pod, node = node, request = request, current = entry}
         local consumed = reservation and reservation.node == node and reservation or nil
-        local conflict = check_fit(consumed and {p, {node = node, request = {}, current = consumed}} or {p})
+        local share = consumed and reservation_share(consumed, request, entry)
+        if not share then
+          consumed = nil
+        end
+        local placements = {p}
+        if consumed then
+          -- the share is given back for the check; a share the pod's own entry holds of it is counted once
+          table.insert(placements, {node = node, request = {}, current = {node = node, request = share}})
+          if entry and entry.resv == consumed.uid and entry.node == node then
+            table.insert(placements, {node = node, request = decode_amounts(entry.share)})
+          end
+        end
+        local conflict = check_fit(placements)
         local port = not conflict and port_conflict(node, ports, entry, nil)
         if port then
           conflict = {'conflict', node, 'hostPort ' .. port, 1, 0}
@@ -112,11 +126,14 @@ for _, item in ipairs(cjson.decode(next_arg())) do
           if entry then
             drop(entry)
           end
+          local extra = nil
           if consumed then
-            drop(consumed)
+            shift_share(consumed, share, '-')
+            redis.call('SADD', owners_key(consumed.uid), uid)
+            extra = {'resv', consumed.uid, 'share', encode_amounts(share)}
           end
           local claim = move_claim
-          hold(uid, pod, node, request, 'assumed', owner, deadline, ports, meta)
+          hold(uid, pod, node, request, 'assumed', owner, deadline, ports, meta, extra)
           drop_nomination(uid)
           consume_claim(claim)
           result = {'reserved', node, consumed and 'consumed' or ''}

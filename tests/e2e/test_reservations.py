@@ -99,16 +99,18 @@ async def test_a_node_reservation_annotation_takes_room_from_hoss_and_kube_sched
         await cluster.delete_nodes([node])
 
 
-def reservation(name: str, pool: str, *, gpus: str, owner_label: str, ttl: str = "10m") -> Json:
+def reservation(name: str, pool: str, *, gpus: str, owner_label: str, ttl: str = "10m", cpu: str = "1",
+                allocate_once: bool = True) -> Json:
     return {
         "apiVersion": "scheduling.koordinator.sh/v1alpha1", "kind": "Reservation", "metadata": {"name": name},
         "spec": {
             "template": {"metadata": {"namespace": "default"}, "spec": {
                 "nodeSelector": {"e2e.hoss.io/pool": pool},
                 "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10", "resources": {
-                    "requests": {"cpu": "1", "nvidia.com/gpu": gpus}, "limits": {"nvidia.com/gpu": gpus}}}]}},
+                    "requests": {"cpu": cpu, "nvidia.com/gpu": gpus}, "limits": {"nvidia.com/gpu": gpus}}}]}},
             "owners": [{"labelSelector": {"matchLabels": {"app": owner_label}}}],
             "ttl": ttl,
+            "allocateOnce": allocate_once,
         },
     }
 
@@ -120,8 +122,8 @@ async def reservation_status(cluster: Cluster, name: str) -> Json:
 
 
 @contextlib.asynccontextmanager
-async def reserved_gpu_node(cluster: Cluster, namespace: str, prefix: str, name: str,
-                            ttl: str = "10m") -> AsyncIterator[tuple[str, str, Any]]:
+async def reserved_gpu_node(cluster: Cluster, namespace: str, prefix: str, name: str, ttl: str = "10m",
+                            **options: Any) -> AsyncIterator[tuple[str, str, Any]]:
     """A 4-GPU node of a pool of its own and a Reservation `name` of its 4 GPUs for pods labelled app=`name`;
     yields (pool, node, CustomObjectsApi). Afterwards the namespace's pods, the Reservations named `name` and
     `name`-big, and the node are deleted."""
@@ -133,7 +135,8 @@ async def reserved_gpu_node(cluster: Cluster, namespace: str, prefix: str, name:
     try:
         await cluster.wait_nodes_ready([node])
         await custom.create_cluster_custom_object("scheduling.koordinator.sh", "v1alpha1", "reservations",
-                                                  reservation(name, pool, gpus="4", owner_label=name, ttl=ttl))
+                                                  reservation(name, pool, gpus="4", owner_label=name, ttl=ttl,
+                                                              **options))
         yield pool, node, custom
     finally:
         await cluster.delete_pods(namespace)
@@ -178,6 +181,80 @@ async def test_a_reservation_holds_room_a_kube_scheduler_pod_cannot_take_and_its
         pods = {p["metadata"]["name"]: p for p in await cluster.raw_list("list_namespaced_pod", namespace)}
         assert pods["owner"]["spec"]["nodeName"] == node
         assert not pods["kube-gpu"]["spec"].get("nodeName"), "the GPUs went to the owner, none is left"
+
+
+def owner_pod(name: str, pool: str, reservation_name: str, *, gpus: str) -> Json:
+    pod = pinned(name, pool, cpu="1", extra={"nvidia.com/gpu": gpus})
+    pod["metadata"]["labels"] = {"app": reservation_name}
+    return pod
+
+
+async def test_a_shared_reservation_serves_owners_while_they_fit_and_takes_back_what_one_leaves(
+    plane: LocalPlane, cluster: Cluster, namespace: str, hoss_worker: Process
+) -> None:
+    """allocateOnce false: a Reservation of 4 GPUs (and 2 cpu) on a 4-GPU node; two 2-GPU owners both land on its
+    node and its status lists both with 4 GPUs allocated; a third owner finds no room (the node has no GPU beyond
+    the Reservation's) and waits, saying why; once an owner is deleted its share is the Reservation's again and
+    the waiting owner takes it."""
+    name = f"shared-{namespace}"[:60]
+    async with reserved_gpu_node(cluster, namespace, "rss", name, cpu="2", allocate_once=False) as (pool, node, _):
+        async def available() -> tuple[bool, str]:
+            status = await reservation_status(cluster, name)
+            return status.get("phase") == "Available" and status.get("nodeName") == node, str(status)
+
+        await wait_until(available, timeout=90, what="hoss to place the Reservation")
+        await cluster.create_pods([owner_pod(each, pool, name, gpus="2") for each in ("a", "b")],
+                                  namespace=namespace)
+
+        async def owned_by(names: list[str]) -> tuple[bool, str]:
+            status = await reservation_status(cluster, name)
+            owners = sorted(o.get("name") for o in status.get("currentOwners") or [])
+            allocated = status.get("allocated") or {}
+            _cpu, bound = await bound_cpu(cluster, namespace)
+            return (status.get("phase") == "Available" and owners == names and bound == names
+                    and allocated.get("nvidia.com/gpu") == str(2 * len(names))
+                    and allocated.get("cpu") == str(len(names))), f"{status} bound {bound}"
+
+        await wait_until(lambda: owned_by(["a", "b"]), timeout=90, what="both owners to share the Reservation")
+        pods = {p["metadata"]["name"]: p for p in await cluster.raw_list("list_namespaced_pod", namespace)}
+        assert pods["a"]["spec"]["nodeName"] == node and pods["b"]["spec"]["nodeName"] == node
+        assert (await reservation_status(cluster, name))["allocatable"]["nvidia.com/gpu"] == "4"
+        await cluster.create_pods([owner_pod("c", pool, name, gpus="2")], namespace=namespace)
+
+        async def told() -> tuple[bool, str]:
+            messages = [e.message or "" for e in await cluster.events_for(namespace, "c")]
+            return any("Insufficient nvidia.com/gpu" in m for m in messages), str(messages[-2:])
+
+        await wait_until(told, timeout=90, what="the third owner to wait for GPUs")
+        assert "c" not in (await bound_cpu(cluster, namespace))[1]
+        await client.CoreV1Api(cluster.api).delete_namespaced_pod("a", namespace, grace_period_seconds=0)
+        await wait_until(lambda: owned_by(["b", "c"]), timeout=90,
+                         what="the deleted owner's share to go back to the Reservation and to the waiting owner")
+
+
+async def test_a_reservation_no_worker_serves_says_so(plane: LocalPlane, cluster: Cluster, namespace: str,
+                                                      dispatcher: Process) -> None:
+    """Its template's policy has no live worker: a Warning event NoWorkerForPolicy on the Reservation and a
+    Scheduled=False condition saying so, as a pod gets (kubectl get events -n default)."""
+    name = f"orphan-{namespace}"[:60]
+    body = reservation(name, "nowhere", gpus="1", owner_label=name)
+    body["spec"]["template"]["metadata"]["labels"] = {"hoss.io/policy": "nobody-serves-this"}
+    custom: Any = client.CustomObjectsApi(cluster.api)
+    await custom.create_cluster_custom_object("scheduling.koordinator.sh", "v1alpha1", "reservations", body)
+    try:
+        async def told() -> tuple[bool, str]:
+            status = await reservation_status(cluster, name)
+            conditions = [c for c in status.get("conditions") or [] if c.get("reason") == "NoWorkerForPolicy"]
+            events = await cluster.core.list_namespaced_event(
+                "default", field_selector=f"involvedObject.name={name},involvedObject.kind=Reservation")
+            reasons = [(e.type, e.reason) for e in events.items]
+            return (status.get("phase") == "Pending" and bool(conditions)
+                    and "no live hoss worker serves policy 'nobody-serves-this'" in conditions[0]["message"]
+                    and ("Warning", "NoWorkerForPolicy") in reasons), f"{status} {reasons}"
+
+        await wait_until(told, timeout=60, what="the Reservation to be told no worker serves its policy")
+    finally:
+        await custom.delete_cluster_custom_object("scheduling.koordinator.sh", "v1alpha1", "reservations", name)
 
 
 async def test_an_expired_reservation_fails_and_frees_its_room_and_one_that_fits_nowhere_says_why(

@@ -12,6 +12,7 @@ import copy
 import json
 import random
 import socket
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -20,10 +21,12 @@ import pytest
 import redis.asyncio
 from aiohttp import web
 
+from dispatcher import reservations as dispatcher_reservations
 from dispatcher.core import Dispatcher, cancel_and_wait, no_worker_message, run_roles
 from dispatcher.intake import PendingPod
 from dispatcher.leader import LeaderElector
 from dispatcher.queue import WorkerInfo, WorkItem, WorkQueue, queue_key
+from dispatcher.routing import POLICY_LABEL
 from dispatcher.server import ServiceState, build_app
 from dispatcher.settings import DispatcherSettings
 from dispatcher.status import SystemStatus
@@ -502,3 +505,29 @@ async def test_namespace_selectors_are_resolved_into_the_work_item_and_a_label_c
     entries = await queue.redis.xrange(queue_key("a"))
     resent = [(WorkItem.decode(fields).uid, selected(fields)["labels"]) for _id, fields in entries[3:]]
     assert sorted(resent) == [("uid-1", {"env": "prod"}), ("uid-2", {"env": "prod"})]
+
+
+async def test_a_reservation_no_worker_serves_is_told_so_and_placed_once_a_worker_appears(queue: WorkQueue) -> None:
+    """A Pending Reservation whose template's policy has no live worker gets the pods' NoWorkerForPolicy notice
+    (KubeNotifier turns it into a Warning event on the Reservation and a Scheduled=False condition), and is sent
+    to a worker of that policy once one beats."""
+    notifier = RecordingNotifier()
+    dispatcher = await make_dispatcher(queue, [], notifier=notifier)
+    created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    reservation = {
+        "metadata": {"name": "slot", "uid": "uid-slot", "creationTimestamp": created},
+        "spec": {"template": {"metadata": {"namespace": "team", "labels": {POLICY_LABEL: "gpu"}}, "spec": {
+            "containers": [{"name": "c", "resources": {"requests": {"cpu": "1"}}}]}},
+                 "owners": [{"labelSelector": {"matchLabels": {"app": "train"}}}], "allocateOnce": False},
+    }
+    dispatcher_reservations.observe(dispatcher, "ADDED", reservation)
+    await beat(queue, "cpu")
+    report = await dispatcher.tick()
+    await dispatcher.drain_notices()
+    assert report.waiting == 1 and await stream_uids(queue, "cpu") == []
+    assert notifier.notices == [
+        ("team/slot", "no live hoss worker serves policy 'gpu'; the Reservation waits until one does")]
+    await beat(queue, "gpu-worker", policies=("gpu",))
+    await dispatcher.tick()
+    assert await stream_uids(queue, "gpu-worker") == ["uid-slot"]
+    assert dispatcher.queue_status().waiting_for_worker == []
