@@ -8,13 +8,16 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import fakeredis
+import orjson
 import pytest
 from kubernetes_asyncio import client
 
+from dispatcher.reservations import owners_status
 from resolver import reservations
-from resolver.ledger import Ledger, reservation_key
+from resolver.ledger import Ledger, ReservationOwner, ReservationShares, reservation_key
 from resolver.reservations import ReservationError, as_pod, owns, parse, parse_duration
 from resolver.sync import LedgerSync
+from workers.reservations import Hint, hints_of
 
 NOW = "2026-11-23T00:00:00Z"
 
@@ -137,3 +140,53 @@ async def test_the_sync_holds_available_reservations_and_frees_them_when_they_en
     # An expired one holds nothing even before the dispatcher marks it Failed.
     await sync._on_reservation_event("MODIFIED", fresh(phase="Available", node="n1", expires=NOW))
     assert await sync.ledger.entries() == []
+
+
+def test_a_shared_reservations_status_room_left_meta_and_hints() -> None:
+    shared = raw(phase="Available", node="n1", allocateOnce=False)
+    shared["status"].update({"allocated": {"cpu": "1500m", "nvidia.com/gpu": "3"},
+                             "currentOwners": [{"namespace": "team", "name": "a", "uid": "uid-a"}]})
+    view = parse(shared)
+    assert not view.allocate_once and view.allocated == {"cpu": 1500, "nvidia.com/gpu": 3}
+    assert view.room_left == {"cpu": 500, "nvidia.com/gpu": 1, "pods": 1}  # every owner is a pod of its own
+    meta = orjson.loads(view.meta())
+    assert meta["allocateOnce"] is False and meta["owners"] == ["uid-a"]
+    assert reservations.hints([view]) == [["uid-r1", "r1", "n1", {"cpu": 500, "nvidia.com/gpu": 1, "pods": 1},
+                                           False]]
+    assert as_pod(view, scheduler_name="hoss")["metadata"]["annotations"][reservations.SHARED_ANNOTATION] == "false"
+    # allocateOnce (the default): the whole room, no flag in the meta
+    once = parse(raw(phase="Available", node="n1"))
+    assert once.room_left == once.request and "allocateOnce" not in orjson.loads(once.meta())
+    patch = reservations.shared_status(view, [{"namespace": "team", "name": "b", "uid": "uid-b"}],
+                                       {"cpu": 1000, "nvidia.com/gpu": 2})
+    assert patch == {"status": {"currentOwners": [{"namespace": "team", "name": "b", "uid": "uid-b"}],
+                                "allocated": {"cpu": "1", "nvidia.com/gpu": "2"}}}
+    assert reservations.available_status("n1", view.request)["status"]["allocatable"] == {
+        "cpu": "2", "nvidia.com/gpu": "4"}
+
+
+def test_the_owners_status_follows_the_ledgers_shares() -> None:
+    shared = raw(phase="Available", node="n1", allocateOnce=False)
+    shared["status"].update({"allocated": {"cpu": "1", "nvidia.com/gpu": "2"},
+                             "currentOwners": [{"namespace": "team", "name": "a", "uid": "uid-a"}]})
+    view = parse(shared)
+    a = ReservationOwner(uid="uid-a", pod="team/a", node="n1", state="bound", share={"cpu": 1000, "nvidia.com/gpu": 2})
+    b = ReservationOwner(uid="uid-b", pod="team/b", node="n1", state="assumed", share={"nvidia.com/gpu": 2})
+    assert owners_status(view, ReservationShares(room={}, owners=(a,))) is None  # says so already
+    assert owners_status(view, ReservationShares(room={}, owners=(a, b))) == {"status": {
+        "currentOwners": [{"namespace": "team", "name": "a", "uid": "uid-a"},
+                          {"namespace": "team", "name": "b", "uid": "uid-b"}],
+        "allocated": {"cpu": "1", "nvidia.com/gpu": "4"}}}
+    assert owners_status(view, ReservationShares(room={}, owners=())) == {"status": {
+        "currentOwners": [], "allocated": {"cpu": "0", "nvidia.com/gpu": "0"}}}
+
+
+def test_which_reservations_a_worker_gives_back_for_a_pod() -> None:
+    shared = Hint(uid="u", name="r", node="n1", request={"cpu": 1000, "nvidia.com/gpu": 2, "pods": 1}, once=False)
+    assert shared.serves({"cpu": 1000, "nvidia.com/gpu": 2, "pods": 1, "memory": 1 << 30})
+    assert not shared.serves({"cpu": 1000, "nvidia.com/gpu": 3, "pods": 1})
+    once = Hint(uid="u", name="r", node="n1", request={"nvidia.com/gpu": 2})
+    assert once.serves({"nvidia.com/gpu": 8})  # the rest from the node's free room
+    assert hints_of({reservations.HINTS: [["u", "r", "n1", {"cpu": 1}, False], ["v", "s", "n2", {"cpu": 2}]]}) == [
+        Hint(uid="u", name="r", node="n1", request={"cpu": 1}, once=False),
+        Hint(uid="v", name="s", node="n2", request={"cpu": 2}, once=True)]
