@@ -103,11 +103,11 @@ class Reservation:
 
     @property
     def room_left(self) -> ResourceVector:
-        """What the owners have not taken yet, as the status says (all of it for allocateOnce)."""
+        """What the owners have not taken yet, as the status says (all of it for allocateOnce). With allocateOnce
+        false the pod count is no part of it: every owner is a pod of its own on the node."""
         if self.allocate_once:
             return self.request
-        return {r: max(0, amount - self.allocated.get(r, 0)) if r != "pods" else amount
-                for r, amount in self.request.items()}
+        return {r: max(0, amount - self.allocated.get(r, 0)) for r, amount in self.request.items() if r != "pods"}
 
     @property
     def available(self) -> bool:

@@ -148,11 +148,10 @@ def test_a_shared_reservations_status_room_left_meta_and_hints() -> None:
                              "currentOwners": [{"namespace": "team", "name": "a", "uid": "uid-a"}]})
     view = parse(shared)
     assert not view.allocate_once and view.allocated == {"cpu": 1500, "nvidia.com/gpu": 3}
-    assert view.room_left == {"cpu": 500, "nvidia.com/gpu": 1, "pods": 1}  # every owner is a pod of its own
+    assert view.room_left == {"cpu": 500, "nvidia.com/gpu": 1}  # no pod count: every owner is a pod of its own
     meta = orjson.loads(view.meta())
     assert meta["allocateOnce"] is False and meta["owners"] == ["uid-a"]
-    assert reservations.hints([view]) == [["uid-r1", "r1", "n1", {"cpu": 500, "nvidia.com/gpu": 1, "pods": 1},
-                                           False]]
+    assert reservations.hints([view]) == [["uid-r1", "r1", "n1", {"cpu": 500, "nvidia.com/gpu": 1}, False]]
     assert as_pod(view, scheduler_name="hoss")["metadata"]["annotations"][reservations.SHARED_ANNOTATION] == "false"
     # allocateOnce (the default): the whole room, no flag in the meta
     once = parse(raw(phase="Available", node="n1"))
