@@ -23,6 +23,7 @@ import aiohttp
 import numpy as np
 
 from deploy.local.cluster import Cluster, Json, for_each
+from resolver.admission import LANE_LABEL, lane_of
 from resolver.kube import KubeError, list_objects, request_json, watch_objects
 
 log = logging.getLogger(__name__)
@@ -148,7 +149,8 @@ async def post_bindings(
         index, pod = item
         body: dict[str, Any] = {
             "apiVersion": "v1", "kind": "Binding",
-            "metadata": {"name": pod["metadata"]["name"], "namespace": namespace, "uid": pod["metadata"]["uid"]},
+            "metadata": {"name": pod["metadata"]["name"], "namespace": namespace, "uid": pod["metadata"]["uid"],
+                         "labels": {LANE_LABEL: lane_of(index)}},  # the webhook lanes, as hoss workers take them
             "target": {"apiVersion": "v1", "kind": "Node", "name": nodes[index % len(nodes)]},
         }
         try:

@@ -28,6 +28,21 @@ Json = dict[str, Any]
 
 API_VERSION = "admission.k8s.io/v1"
 KIND = "AdmissionReview"
+
+# Binding lanes. The apiserver reaches a webhook over HTTP/1.1 and keeps at most 25 idle connections per webhook
+# entry and host (client-go's transport); every binding in flight beyond them costs a new TLS connection, a full
+# handshake on both sides, closed again after one review. So hoss workers label each Binding they post with a lane
+# (round robin), and deploy/webhook.yaml judges bindings in BINDING_LANES entries that differ only in an
+# objectSelector on that label: each entry gets its own transport and its own 25 idle connections. Every binding
+# matches exactly one entry (the first entry takes every binding whose label is not one of the others' values,
+# unlabelled ones included), so a label can choose the connection a review travels on, never whether it is judged.
+LANE_LABEL = "hoss.io/lane"
+BINDING_LANES = 4
+
+
+def lane_of(index: int) -> str:
+    """The lane label value of the ``index``-th binding a client posts (round robin over the lanes)."""
+    return str(index % BINDING_LANES)
 _MISSING: Any = object()
 
 

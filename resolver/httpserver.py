@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
@@ -302,8 +302,8 @@ class HttpServer:
             log.exception("handler of %s %s failed", request.method, request.path)
             return Response(500, b"internal error")
 
-    async def start(self, host: str, port: int, *, ssl_context: ssl.SSLContext | None = None) -> int:
-        """Listen on ``host``:``port`` (0: any free port); returns the port."""
+    async def start(self, host: str | Sequence[str], port: int, *, ssl_context: ssl.SSLContext | None = None) -> int:
+        """Listen on ``host``:``port`` (several hosts: each of them; port 0: any free port); returns the port."""
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(lambda: _Connection(self), host, port, ssl=ssl_context)
         return int(self._server.sockets[0].getsockname()[1])

@@ -58,6 +58,12 @@ _BYTE_RESOURCES = frozenset({"memory", "ephemeral-storage", "storage"})
 _HUGEPAGES_PREFIX = "hugepages-"
 
 
+# Quantity strings already parsed (valid ones only): a cluster's pods repeat a few dozen of them ("100m", "128Mi"),
+# and the sync and the webhook parse every new pod's. Bounded: cleared when full.
+_PARSED: dict[str, Fraction] = {}
+_PARSED_MAX = 4096
+
+
 def parse_quantity(value: str | int | float, *, field: str) -> Fraction:
     """Parse a Kubernetes quantity (``500m``, ``1.5Gi``, ``12.5e2``, ``+3``, or a JSON number) exactly.
 
@@ -73,7 +79,14 @@ def parse_quantity(value: str | int | float, *, field: str) -> Fraction:
         # The shortest repr is what the JSON said; Fraction(value) would keep the binary rounding error.
         amount = Fraction(repr(value))
     else:
+        cached = _PARSED.get(value)
+        if cached is not None:
+            return cached
         amount = _parse_quantity_string(value, field=field)
+        if amount >= 0:
+            if len(_PARSED) >= _PARSED_MAX:
+                _PARSED.clear()
+            _PARSED[value] = amount
     if amount < 0:
         raise QuantityError(field=field, value=value, reason="must not be negative")
     return amount

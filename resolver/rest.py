@@ -20,6 +20,7 @@ import yarl
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.config.incluster_config import SERVICE_CERT_FILENAME, SERVICE_TOKEN_FILENAME
 
+from resolver.admission import LANE_LABEL
 from resolver.kube import DEFAULT_REQUEST_TIMEOUT_SECONDS, KubeError, status_message
 
 Json = dict[str, Any]
@@ -234,13 +235,17 @@ class KubeREST:
             raise KubeError(f"{status}: response is not a JSON object: {payload[:100]!r}", status=status)
         return decoded
 
-    async def create_binding(self, namespace: str, name: str, uid: str, node: str, *,
+    async def create_binding(self, namespace: str, name: str, uid: str, node: str, *, lane: str | None = None,
                              timeout: float = DEFAULT_REQUEST_TIMEOUT_SECONDS) -> Json:
-        """Bind the pod to ``node``; ``uid`` makes the apiserver refuse the binding if the pod was replaced."""
+        """Bind the pod to ``node``; ``uid`` makes the apiserver refuse the binding if the pod was replaced;
+        ``lane`` labels the Binding with the webhook lane it travels on (`resolver.admission.LANE_LABEL`)."""
+        metadata: Json = {"name": name, "namespace": namespace, "uid": uid}
+        if lane is not None:
+            metadata["labels"] = {LANE_LABEL: lane}
         body = {
             "apiVersion": "v1",
             "kind": "Binding",
-            "metadata": {"name": name, "namespace": namespace, "uid": uid},
+            "metadata": metadata,
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
         path = f"/api/v1/namespaces/{segment(namespace)}/pods/{segment(name)}/binding"

@@ -173,8 +173,9 @@ class ResolverSettings(AccessSettings):
     redis_url: RedisURL = "redis://127.0.0.1:6379/0"
     """Redis holding the ledger: redis://user:password@host:port/db; rediss:// for TLS, with ?ssl_ca_certs=,
     ssl_certfile= and ssl_keyfile= (PEM files: the server's CA, a client certificate and its key)."""
-    host: str = "0.0.0.0"
-    """Address the HTTPS server listens on."""
+    host: list[str] = Field(default_factory=lambda: ["0.0.0.0"], min_length=1)
+    """Addresses the HTTPS server listens on (comma-separated; the local plane gives each webhook lane its own
+    loopback address)."""
     port: int = Field(default=8443, ge=1, le=65535)
     """Port the HTTPS server listens on."""
     tls_cert_file: str

@@ -880,8 +880,8 @@ async def running_resolver(settings: ResolverSettings) -> AsyncIterator[list[asy
 
         stack.push_async_callback(stop)
         log.info(
-            "hoss-resolver %s serving https://%s:%d (enforce=%s); sync elected on Lease %s/%s",
-            settings.identity, settings.host, settings.port, settings.enforce, settings.lease_namespace,
+            "hoss-resolver %s serving https://{%s}:%d (enforce=%s); sync elected on Lease %s/%s",
+            settings.identity, ",".join(settings.host), settings.port, settings.enforce, settings.lease_namespace,
             settings.lease_name,
         )
         yield tasks[:2]

@@ -46,6 +46,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 
 from dispatcher.queue import GONE, GangMember, QueueLost, WorkerInfo, WorkItem, WorkQueue
 from resolver import compact, reservations
+from resolver.admission import lane_of
 from resolver.errors import LedgerNotReadyError, LedgerUnavailable
 from resolver.events import EventSink, pod_event, scheduled_event, set_unschedulable
 from resolver.kube import Json, KubeError
@@ -109,13 +110,16 @@ class Binder(Protocol):
 
 
 class RestBinder:
-    """Bindings through the lean client: one keep-alive session, orjson bodies, metadata.uid set."""
+    """Bindings through the lean client: one keep-alive session, orjson bodies, metadata.uid set, and the webhook
+    lanes taken in turn (`resolver.admission.lane_of`)."""
 
     def __init__(self, rest: KubeREST) -> None:
         self.rest = rest
+        self.posted = 0
 
     async def bind(self, pod: PodView, node: str) -> None:
-        await self.rest.create_binding(pod.namespace, pod.name, pod.uid, node)
+        self.posted += 1
+        await self.rest.create_binding(pod.namespace, pod.name, pod.uid, node, lane=lane_of(self.posted))
 
 
 @dataclass(order=True)

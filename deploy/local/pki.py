@@ -79,6 +79,16 @@ def still_good(
     return True
 
 
+def _alt_names(cert_path: Path) -> tuple[set[str], set[object]]:
+    """The DNS names and IP addresses a certificate names (empty sets when it names none)."""
+    cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+    try:
+        names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return set(), set()
+    return set(names.get_values_for_type(x509.DNSName)), set[object](names.get_values_for_type(x509.IPAddress))
+
+
 def _load(pair: KeyPair) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
     cert = x509.load_pem_x509_certificate(pair.cert.read_bytes())
     key = serialization.load_pem_private_key(pair.key.read_bytes(), password=None)
@@ -142,12 +152,13 @@ def issue(
     """Issue a certificate signed by ``ca``: a client certificate, or a serving one when ``server``.
 
     Reuses an existing ``<name>.crt``/``<name>.key`` in ``directory`` while it is good (see `still_good`: signed
-    by ``ca``, not about to expire) unless ``reuse`` is false, in which case a new key and certificate replace them
-    (e.g. when the names asked for have changed).
+    by ``ca``, not about to expire) and names the same hosts, unless ``reuse`` is false, in which case a new key and
+    certificate replace them.
     """
     pair = KeyPair(directory / f"{name}.crt", directory / f"{name}.key")
     ca_cert, ca_key = _load(ca)
-    if reuse and pair.key.exists() and still_good(pair.cert, issuer=ca_cert):
+    if reuse and pair.key.exists() and still_good(pair.cert, issuer=ca_cert) \
+            and _alt_names(pair.cert) == (set(dns_names), set[object](ipaddress.ip_address(ip) for ip in ip_addresses)):
         return pair
     key = ec.generate_private_key(ec.SECP256R1())
     attributes = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, org) for org in organizations]

@@ -51,6 +51,7 @@ import yaml
 
 from deploy import lockdown
 from deploy.local import binaries, pki
+from resolver.admission import BINDING_LANES, LANE_LABEL
 
 DEPLOY_DIR = Path(__file__).resolve().parent.parent
 RBAC_MANIFEST = DEPLOY_DIR / "rbac.yaml"
@@ -124,6 +125,21 @@ class PlaneState:
         if password is None:
             raise PlaneError(f"no Redis user {user!r} in this plane; users: {', '.join(self.redis_passwords)}")
         return f"redis://{user}:{password}@127.0.0.1:{self.redis_port}/0"
+
+
+# The webhook's binding lanes (resolver/admission.py) on the local plane. In a cluster each lane is its own webhook
+# entry and so its own apiserver transport; registered by URL (as here) the entries share one transport, whose idle
+# connections are kept per host, so each lane calls the resolver at its own loopback address.
+LANE_HOSTS = tuple(f"127.0.0.{lane + 1}" for lane in range(BINDING_LANES))
+
+
+def lane_host(hook: Mapping[str, Any]) -> str:
+    """The loopback address the local plane gives a webhook entry: its lane's (objectSelector matchLabels
+    hoss.io/lane), or the first lane's."""
+    labels = (hook.get("objectSelector") or {}).get("matchLabels") or {}
+    lane = labels.get(LANE_LABEL)
+    return LANE_HOSTS[int(lane)] if isinstance(lane, str) and lane.isdigit() and int(lane) < len(LANE_HOSTS) \
+        else LANE_HOSTS[0]
 
 
 def _free_port() -> int:
@@ -674,7 +690,7 @@ class LocalPlane:
                 name="resolver-serving",
                 common_name="hoss-resolver",
                 dns_names=("localhost",),
-                ip_addresses=("127.0.0.1",),
+                ip_addresses=LANE_HOSTS,
                 server=True,
             )
         port = _free_port()
@@ -686,7 +702,7 @@ class LocalPlane:
                 "-m",
                 "resolver.webhook",
                 f"--kubeconfig={self.kubeconfig('hoss-resolver')}",
-                "--host=127.0.0.1",
+                f"--host={','.join(LANE_HOSTS)}",
                 f"--port={port}",
                 f"--tls-cert-file={serving.cert}",
                 f"--tls-key-file={serving.key}",
@@ -788,7 +804,8 @@ class LocalPlane:
         ca_bundle = base64.b64encode((self.pki_dir / "ca.crt").read_bytes()).decode()
         for hook in config["webhooks"]:
             path = hook["clientConfig"]["service"]["path"]
-            hook["clientConfig"] = {"url": f"https://127.0.0.1:{resolver.port}{path}", "caBundle": ca_bundle}
+            host = lane_host(hook)
+            hook["clientConfig"] = {"url": f"https://{host}:{resolver.port}{path}", "caBundle": ca_bundle}
         return config
 
     def register_webhook(self) -> None:

@@ -41,6 +41,7 @@ from deploy.local.plane import (
     Process,
     _free_port,
 )
+from resolver.admission import BINDING_LANES
 from workers.profiles import load_profiles
 
 Json = dict[str, Any]
@@ -84,11 +85,15 @@ def base(plane: LocalPlane) -> list[Json]:
 
 def test_webhook_of_the_base_fails_closed_on_bindings_and_calls_the_resolver_service(base: list[Json]) -> None:
     entries = named(base, "ValidatingWebhookConfiguration")["hoss-resolver"]["webhooks"]
-    assert [e["name"] for e in entries] == ["binding.resolver.hoss.io", "pods.resolver.hoss.io",
+    lanes = [f"binding-lane-{lane}.resolver.hoss.io" for lane in range(1, BINDING_LANES)]
+    assert [e["name"] for e in entries] == ["binding.resolver.hoss.io", *lanes, "pods.resolver.hoss.io",
                                             "system.resolver.hoss.io", "system-pods.resolver.hoss.io"]
-    for entry, policy, path, operator in zip(entries, ("Fail", "Fail", "Ignore", "Ignore"),
-                                             ("/validate-binding", "/validate-binding", "/validate-system",
-                                              "/validate-system"), ("NotIn", "NotIn", "In", "In"), strict=True):
+    lane_policies = ("Fail",) * BINDING_LANES
+    lane_paths = ("/validate-binding",) * BINDING_LANES
+    for entry, policy, path, operator in zip(entries, (*lane_policies, "Fail", "Ignore", "Ignore"),
+                                             (*lane_paths, "/validate-binding", "/validate-system",
+                                              "/validate-system"), ("NotIn",) * (BINDING_LANES + 1) + ("In", "In"),
+                                             strict=True):
         assert entry["failurePolicy"] == policy
         assert entry["sideEffects"] == "NoneOnDryRun"
         if entry["name"].endswith("pods.resolver.hoss.io"):
@@ -424,6 +429,7 @@ def webhook_configuration(*, name: str, url: str, namespace: str, ca_bundle: byt
     configuration["metadata"] = {"name": name}
     configuration["webhooks"] = configuration["webhooks"][:1]  # the system namespaces' entry is not wanted here
     for hook in configuration["webhooks"]:
+        hook.pop("objectSelector", None)  # one entry for every lane
         hook["name"] = f"binding.{name}.hoss.io"
         hook["clientConfig"] = {"url": url}
         if ca_bundle is not None:

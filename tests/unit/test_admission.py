@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
+import yaml
 
+from resolver import admission
 from resolver.admission import BindingRequest, OtherRequest, _binding_as_sent, _parse_checked, parse_review
+from resolver.reservations import selector_matches
 
 SENT: dict[str, Any] = {
     "apiVersion": "admission.k8s.io/v1",
@@ -71,3 +75,27 @@ def test_every_other_shape_gets_the_checked_paths_answer(body: dict[str, Any]) -
 def test_other_resources_are_not_bindings() -> None:
     parsed = parse_review(orjson.dumps(variant("request.operation", "DELETE")))
     assert parsed == OtherRequest(review_uid="r1", what="DELETE pods/binding")
+
+
+def test_every_binding_lane_value_is_judged_by_exactly_one_binding_entry_of_the_shipped_webhook() -> None:
+    """deploy/webhook.yaml's binding entries differ only in their objectSelector on the lane label; whatever a
+    Binding's label says (none, a lane, an unknown value), exactly one of them judges it, and the lanes hoss
+    workers take each have their own entry (so their own apiserver connections)."""
+    manifest = yaml.safe_load((Path(__file__).parents[2] / "deploy" / "webhook.yaml").read_text())
+    bindings = [hook for hook in manifest["webhooks"]
+                if any("pods/binding" in rule["resources"] for rule in hook["rules"])
+                and hook["failurePolicy"] == "Fail"]
+    assert len(bindings) == admission.BINDING_LANES
+    for hook in bindings:
+        rest = {key: value for key, value in hook.items() if key not in ("name", "objectSelector")}
+        first = {key: value for key, value in bindings[0].items() if key not in ("name", "objectSelector")}
+        assert rest == first, hook["name"]
+    lanes_taken = {admission.lane_of(index) for index in range(1000)}
+    assert lanes_taken == {str(lane) for lane in range(admission.BINDING_LANES)}
+    entry_of_lane = {}
+    for value in (None, "", "7", "lane", *sorted(lanes_taken)):
+        labels = {} if value is None else {admission.LANE_LABEL: value}
+        judging = [hook["name"] for hook in bindings if selector_matches(hook["objectSelector"], labels)]
+        assert len(judging) == 1, (value, judging)
+        entry_of_lane[value] = judging[0]
+    assert len({entry_of_lane[lane] for lane in lanes_taken}) == admission.BINDING_LANES
