@@ -20,12 +20,14 @@ from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self, TypeVar
 
+import uvloop
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from resolver.errors import ResolverError
 
 S = TypeVar("S", bound=BaseModel)
+T = TypeVar("T")
 
 
 class SettingsError(ResolverError):
@@ -49,7 +51,15 @@ def run_service(
         return 2
     logging.basicConfig(level=getattr(settings, "log_level", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return asyncio.run(serve(settings))
+    return run_loop(serve(settings))
+
+
+def run_loop(main: Coroutine[Any, Any, T]) -> T:
+    """Run a service's main coroutine on uvloop: its transports, TLS included, and its scheduling of callbacks are
+    compiled, which takes a good share of the CPU a service spends per pod (the webhook's connections, the workers'
+    bindings and Redis calls) off the two cores the apiserver needs."""
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(main)
 
 
 def load_settings(model: type[S], argv: Sequence[str] | None, *, prog: str, description: str) -> S:

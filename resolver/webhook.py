@@ -77,7 +77,7 @@ from resolver.redisclient import PipelinedRedis
 from resolver.resources import ResourceVector, format_quantity
 from resolver.rest import KubeREST
 from resolver.router import NamespaceLabels, Rule, load_rules, mutation_response, route
-from resolver.settings import ResolverSettings, SettingsError, load_settings
+from resolver.settings import ResolverSettings, SettingsError, load_settings, run_loop
 from resolver.sync import LedgerSync, PodIndex, PodInfo, parse_pod
 
 log = logging.getLogger(__name__)
@@ -922,7 +922,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(settings))
+        run_loop(serve(settings))
     return 0
 
 
