@@ -32,6 +32,7 @@ from dispatcher.settings import DispatcherSettings
 from resolver import compact
 from resolver.ledger import BoundPod, Ledger
 from resolver.resources import node_allocatable, pod_requests
+from resolver.settings import run_loop
 from workers.core import Worker
 from workers.pod import PodView
 from workers.settings import WorkerSettings
@@ -165,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             loop.add_signal_handler(signum, stop.set)
         await run_worker(worker_settings(args.id, args.redis_url, args.policies_file), stop)
 
-    asyncio.run(serve())
+    run_loop(serve())  # the event loop the services run on
     return 0
 
 

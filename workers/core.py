@@ -164,7 +164,8 @@ class Worker:
         self.profiles: dict[str, Profile] = profiles
         self.default_profile = default
         self.nodes = NodeTable()
-        self.feed = NodeFeed(self.ledger, self.nodes, on_room=self._wake_retries)
+        self.feed = NodeFeed(self.ledger, self.nodes, on_room=self._wake_retries,
+                             linger_ms=settings.feed_linger_ms)
         self.rng = np.random.default_rng(settings.seed)
         self.jitter = random.Random(settings.seed)
         self.ready: collections.deque[Work] = collections.deque()

@@ -44,7 +44,7 @@ class NodeFeed:
     """Keeps a `NodeTable` equal to the ledger: ``load`` once, then ``follow`` until cancelled."""
 
     def __init__(self, ledger: Ledger, table: NodeTable, *, on_room: Callable[[], None] | None = None,
-                 batch: int = 2000, block_ms: int = 200) -> None:
+                 batch: int = 2000, block_ms: int = 200, linger_ms: float = 0.0) -> None:
         self.ledger = ledger
         self.table = table
         self.on_room = on_room
@@ -59,6 +59,8 @@ class NodeFeed:
         self.applied = 0
         self._batch = batch
         self._block_ms = block_ms
+        self._linger = linger_ms / 1000
+        self.reads = 0
 
     async def load(self) -> bool:
         """Replace the table with the ledger's nodes; False (table untouched) while the ledger is not ready."""
@@ -154,10 +156,14 @@ class NodeFeed:
                                for resource, amount in (request or {}).items() if amount > 0)})
 
     async def step(self) -> None:
-        """Read and apply what the stream holds after our position (waiting briefly for it)."""
+        """Read and apply what the stream holds after our position (waiting briefly for it); after a read that
+        brought changes, linger (``linger_ms``) so that the next read brings several."""
         changes = await self.ledger.changes(self.position, count=self._batch, block_ms=self._block_ms)
+        self.reads += 1
         if self.apply(changes):
             await self.load()
+        elif changes and self._linger > 0 and len(changes) < self._batch:
+            await asyncio.sleep(self._linger)
 
     async def check_trimmed(self) -> None:
         """Load again when the oldest entry in the stream is newer than our position (we missed entries), or when

@@ -32,7 +32,8 @@ def build_app(worker: Worker, *, access: TokenAccess | None = None) -> web.Appli
                                   "counters": info.counters, "progress": info.progress,
                                   "requeues": worker.requeues, "unhealthy": worker.supervisor.health(),
                                   "feed": {"position": worker.feed.position, "epoch": worker.feed.epoch,
-                                           "applied": worker.feed.applied, "reloads": worker.feed.reloads},
+                                           "applied": worker.feed.applied, "reads": worker.feed.reads,
+                                           "reloads": worker.feed.reloads},
                                   "events": None if events is None else {
                                       "posted": events.posted, "failed": events.failed,
                                       "dropped": events.dropped, "queued": events.queued}})

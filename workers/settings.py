@@ -48,6 +48,12 @@ class WorkerSettings(AccessSettings):
     default): no shared budget, each worker posts up to ``max_binds_in_flight``. A budget under 25 spares the
     resolver the TLS handshakes the apiserver makes beyond its 25 idle webhook connections, at some throughput and
     latency (measured in workers/bindlimit.py)."""
+    feed_linger_ms: float = Field(default=20.0, ge=0, le=1000)
+    """After reading the ledger's change stream, wait this long before reading it again, so that the changes of
+    several reservations (every worker's) come in one read: each worker reads every change, so the number of reads,
+    not the size of each, is what grows with the number of workers. Other workers' reservations reach this worker's
+    node table up to this much later (its own at once); a decision made on older totals costs at most a ledger
+    conflict and the next candidate, never an oversold node. 0: read again at once."""
     read_batch: int = Field(default=128, ge=1)
     """Work items read from the queue at once."""
     candidates: int = Field(default=8, ge=1)
