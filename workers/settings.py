@@ -8,7 +8,11 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field
 
+from resolver.admission import BINDING_LANES
 from resolver.settings import AccessSettings, RedisURL
+
+IDLE_WEBHOOK_CONNECTIONS = 25 * BINDING_LANES
+"""What the apiserver keeps open to the webhook for bindings: 25 idle connections per binding lane."""
 
 
 def _default_id() -> str:
@@ -43,11 +47,11 @@ class WorkerSettings(AccessSettings):
     """After this long without a heartbeat the dispatcher treats the worker as dead and moves its work."""
     max_binds_in_flight: int = Field(default=64, ge=1)
     """Most bindings this worker posts at once (its share of ``binds_in_flight_budget`` never exceeds it)."""
-    binds_in_flight_budget: int = Field(default=0, ge=0)
-    """Bindings in flight across all workers; each worker takes budget / registered workers (at least 2). 0 (the
-    default): no shared budget, each worker posts up to ``max_binds_in_flight``. A budget under 25 spares the
-    resolver the TLS handshakes the apiserver makes beyond its 25 idle webhook connections, at some throughput and
-    latency (measured in workers/bindlimit.py)."""
+    binds_in_flight_budget: int = Field(default=IDLE_WEBHOOK_CONNECTIONS, ge=0)
+    """Bindings in flight across all workers; each worker takes budget / registered workers (at least 2, at most
+    ``max_binds_in_flight``). The default, 100, is what the apiserver keeps open to the webhook: 25 idle connections
+    for each of its 4 binding lanes (resolver/admission.py); beyond that every binding costs a TLS handshake on
+    both sides. 0: no shared budget, each worker posts up to ``max_binds_in_flight``."""
     feed_linger_ms: float = Field(default=20.0, ge=0, le=1000)
     """After reading the ledger's change stream, wait this long before reading it again, so that the changes of
     several reservations (every worker's) come in one read: each worker reads every change, so the number of reads,
