@@ -269,7 +269,8 @@ async def connect(kubeconfig: str, *, context: str | None = None) -> client.ApiC
 
 
 async def install(
-    api: client.ApiClient, *, material: Material, namespace: str, secret: str, webhook: str
+    api: client.ApiClient, *, material: Material, namespace: str, secret: str, webhook: str,
+    router: str = ROUTER_WEBHOOK,
 ) -> Installed:
     """Patch the webhook configuration's caBundle, then apply the Secret (see the module docstring for why).
 
@@ -315,12 +316,13 @@ async def install(
             await admission.patch_validating_webhook_configuration(webhook, ca_bundle_patch(configuration, bundle))
         except ApiException as error:
             raise CertsError(f"cannot patch the caBundle of {configuration_kind}: {_reason(error)}") from error
-        # The router (deploy/router.yaml) is served by the same resolver: its caBundle follows, when installed.
-        router_kind = f"MutatingWebhookConfiguration {ROUTER_WEBHOOK}"
-        router = await _read(router_kind, admission.read_mutating_webhook_configuration, ROUTER_WEBHOOK)
-        if router is not None:
+        # The router (deploy/router.yaml) is served by the same resolver: its caBundle follows, when installed
+        # (``router`` empty: a resolver that serves no router, and any router is left alone).
+        router_kind = f"MutatingWebhookConfiguration {router}"
+        routing = await _read(router_kind, admission.read_mutating_webhook_configuration, router) if router else None
+        if routing is not None:
             try:
-                await admission.patch_mutating_webhook_configuration(ROUTER_WEBHOOK, ca_bundle_patch(router, bundle))
+                await admission.patch_mutating_webhook_configuration(router, ca_bundle_patch(routing, bundle))
             except ApiException as error:
                 raise CertsError(f"cannot patch the caBundle of {router_kind}: {_reason(error)}") from error
         try:
@@ -383,13 +385,15 @@ async def make_and_install(
     namespace: str,
     secret: str,
     webhook: str,
+    router: str = ROUTER_WEBHOOK,
 ) -> tuple[Material, Installed]:
     """A fresh CA and serving certificate, installed through the API; the CA's key never leaves a scratch dir."""
     api = await connect(kubeconfig, context=context)
     try:
         with tempfile.TemporaryDirectory(prefix="hoss-certs-") as scratch:
             material = issue_serving(Path(scratch), names)
-        installed = await install(api, material=material, namespace=namespace, secret=secret, webhook=webhook)
+        installed = await install(api, material=material, namespace=namespace, secret=secret, webhook=webhook,
+                                  router=router)
     finally:
         await api.close()
     return material, installed
@@ -406,6 +410,7 @@ def run(
     extra_names: Sequence[str],
     secret: str,
     webhook: str,
+    router: str = ROUTER_WEBHOOK,
 ) -> list[str]:
     """``hoss certs``: files in ``output``, or the Secret and caBundle through the API. Returns lines to print."""
     names = serving_names(service=service, namespace=namespace, cluster_domain=cluster_domain, extra=extra_names)
@@ -419,7 +424,8 @@ def run(
     location = kubeconfig_location(kubeconfig)
     material, installed = asyncio.run(
         make_and_install(
-            kubeconfig=location, context=context, names=names, namespace=namespace, secret=secret, webhook=webhook
+            kubeconfig=location, context=context, names=names, namespace=namespace, secret=secret, webhook=webhook,
+            router=router,
         )
     )
     kept = " (the new CA and the one served until now)" if installed.bundled_cas > 1 else ""

@@ -144,6 +144,7 @@ def _certs(args: argparse.Namespace) -> int:
         extra_names=args.san,
         secret=args.secret,
         webhook=args.webhook,
+        router=args.router,
     )
     for line in lines:
         print(line)
@@ -263,6 +264,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"TLS Secret the resolver mounts (default {certs.DEFAULT_SECRET})")
     tls.add_argument("--webhook", default=certs.DEFAULT_WEBHOOK, help="ValidatingWebhookConfiguration whose "
                      f"caBundle to set (default {certs.DEFAULT_WEBHOOK})")
+    tls.add_argument("--router", default=certs.ROUTER_WEBHOOK, help="MutatingWebhookConfiguration of the router "
+                     "whose caBundle follows, when it exists ('' leaves every router alone; default "
+                     f"{certs.ROUTER_WEBHOOK})")
     tls.add_argument("--cluster-domain", default=certs.DEFAULT_CLUSTER_DOMAIN,
                      help=f"cluster DNS domain (default {certs.DEFAULT_CLUSTER_DOMAIN})")
     tls.add_argument("--san", action="append", default=[], metavar="NAME",

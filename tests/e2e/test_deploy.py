@@ -549,13 +549,27 @@ async def test_hoss_certs_installs_the_secret_and_the_ca_bundle_and_rotates_with
     await registered.create_validating_webhook_configuration(
         webhook_configuration(name=webhook_name, url=resolver.url, namespace=scene.namespace, ca_bundle=None)
     )
+    # The test's own router configuration (deploy/router.yaml, called for no namespace): its caBundle must follow
+    # (--router), and the plane's router, which the plane's resolver serves, must stay as it is.
+    router_name = f"{webhook_name}-router"
+    router: Json = yaml.safe_load((DEPLOY_DIR / "router.yaml").read_text())
+    router["metadata"] = {"name": router_name}
+    for hook in router["webhooks"]:
+        hook["clientConfig"] = {"url": f"{resolver.url.rsplit('/', 1)[0]}/mutate-pod"}
+        hook["namespaceSelector"] = {"matchExpressions": [{"key": "hoss-e2e/none", "operator": "Exists"}]}
+    await registered.create_mutating_webhook_configuration(router)
+    plane_router = (await registered.read_mutating_webhook_configuration("hoss-router")).webhooks[0]
 
     async def install() -> tuple[Json, bytes]:
         await hoss("certs", f"--kubeconfig={plane.kubeconfig('admin')}", f"--webhook={webhook_name}",
-                   f"--secret={secret_name}", "--san=127.0.0.1")
+                   f"--secret={secret_name}", "--san=127.0.0.1", f"--router={router_name}")
         secret = await core.read_namespaced_secret(secret_name, HOSS_NAMESPACE)
         configuration = await registered.read_validating_webhook_configuration(webhook_name)
         (hook,) = configuration.webhooks
+        (routed,) = (await registered.read_mutating_webhook_configuration(router_name)).webhooks
+        assert routed.client_config.ca_bundle == hook.client_config.ca_bundle, "the router's caBundle follows"
+        untouched = (await registered.read_mutating_webhook_configuration("hoss-router")).webhooks[0]
+        assert untouched.client_config.ca_bundle == plane_router.client_config.ca_bundle
         return {k: base64.b64decode(v) for k, v in secret.data.items()} | {"type": secret.type}, base64.b64decode(
             hook.client_config.ca_bundle)
 
@@ -597,6 +611,7 @@ async def test_hoss_certs_installs_the_secret_and_the_ca_bundle_and_rotates_with
         await scene.bind("fits")
         assert (await resolver.verdicts())["true"] - before["true"] >= 1, "the binding went through our resolver"
     finally:
+        await registered.delete_mutating_webhook_configuration(router_name)
         try:
             await core.delete_namespaced_secret(secret_name, HOSS_NAMESPACE)
         except ApiException as error:
