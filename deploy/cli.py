@@ -17,6 +17,7 @@ from deploy.local import binaries
 from deploy.local.clean import clean
 from deploy.local.plane import LocalPlane, PlaneError, default_directory
 from rescheduler.oneshot import run_once
+from rescheduler.settings import DEFAULT_MIN_STRANDED_GPUS
 
 
 def _say(message: str) -> None:
@@ -235,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     resched.add_argument("--redis-url", help="Redis of the ledger (default $HOSS_REDIS_URL, else the local plane's)")
     resched.add_argument("--node-selector", default="", help="only nodes with these labels (key=value,...)")
     resched.add_argument("--max-moves", type=_positive, default=4, help="most pods one plan moves (default 4)")
-    resched.add_argument("--min-stranded-gpus", type=_non_negative, default=8,
+    resched.add_argument("--min-stranded-gpus", type=_non_negative, default=DEFAULT_MIN_STRANDED_GPUS,
                          help="the periodic pass (no pending pod) looks for a plan when this many GPUs are free on "
                               "partly used nodes (default 8; 0: pending pods only)")
     resched.add_argument("--json", action="store_true", help="print the plan (and its outcome) as JSON")

@@ -5,14 +5,14 @@ from __future__ import annotations
 import orjson
 
 from rescheduler.service import Rescheduler, describe, plan_json
-from rescheduler.settings import ReschedulerSettings
+from rescheduler.settings import DEFAULT_MIN_STRANDED_GPUS, ReschedulerSettings
 from resolver.errors import ResolverError
 from resolver.ledger import Ledger
 from resolver.rest import KubeREST
 
 
 async def run_once(*, kubeconfig: str, redis_url: str, dry_run: bool, node_selector: str = "", max_moves: int = 4,
-                   min_stranded_gpus: int = 8, as_json: bool = False) -> tuple[str, int]:
+                   min_stranded_gpus: int = DEFAULT_MIN_STRANDED_GPUS, as_json: bool = False) -> tuple[str, int]:
     """The report of one round, and the exit code (0; 1 when the plan was carried out but did not complete)."""
     settings = ReschedulerSettings(kubeconfig=kubeconfig, redis_url=redis_url, dry_run=dry_run,
                                    node_selector=[p for p in node_selector.split(",") if p.strip()],

@@ -10,6 +10,9 @@ from pydantic import ConfigDict, Field, model_validator
 
 from resolver.settings import AccessSettings, RedisURL, check_lease_timing
 
+DEFAULT_MIN_STRANDED_GPUS = 4
+"""The periodic pass's default threshold: half an 8-GPU node stranded on partly used nodes."""
+
 
 def _default_identity() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
@@ -34,9 +37,10 @@ class ReschedulerSettings(AccessSettings):
     min_pending_seconds: float = Field(default=10.0, ge=0)
     """A pending GPU pod is planned for once it has waited this long (the workers had their chance); a pod with
     the hoss.io/defragment scheduling gate at once."""
-    min_stranded_gpus: int = Field(default=8, ge=0)
+    min_stranded_gpus: int = Field(default=DEFAULT_MIN_STRANDED_GPUS, ge=0)
     """The periodic pass (moves with no pending pod) runs when the GPUs free on partly used nodes add up to at
-    least this many; 0 turns it off."""
+    least this many; 0 turns it off. The default, 4, is half an 8-GPU node: as many as a 4-GPU pod needs in one
+    piece (the issue's example: 1 + 4 GPUs stranded on two nodes, one move leaves 5 in one piece)."""
     max_moves: int = Field(default=4, ge=1, le=8)
     """Most pods one plan moves."""
     max_evictions_per_minute: int = Field(default=10, ge=1)

@@ -242,25 +242,25 @@ async def test_periodic_pass_consolidates_c_placed_without_a_gate(
         a_name = next(p["metadata"]["name"] for p in await cluster.raw_list("list_namespaced_pod", namespace)
                       if p["metadata"]["labels"]["app"] == "a")
 
-        # The dry run prints the periodic plan (under the default threshold of 8 it finds none).
-        def dry_run(threshold: int) -> str:
+        # The dry run prints the periodic plan under the default threshold (under a threshold of 8 it finds none).
+        def dry_run(threshold: int | None) -> str:
             done = subprocess.run(
                 [sys.executable, "-m", "deploy.cli", "reschedule", "--dry-run", "--dir", str(plane.directory),
-                 "--node-selector", label, f"--min-stranded-gpus={threshold}"],
+                 "--node-selector", label, *([] if threshold is None else [f"--min-stranded-gpus={threshold}"])],
                 capture_output=True, text=True, timeout=120, check=False)
             assert done.returncode == 0, done.stderr
             return done.stdout
 
         quiet = await asyncio.to_thread(dry_run, 8)
         assert "no plan" in quiet, quiet
-        dry = await asyncio.to_thread(dry_run, 5)
+        dry = await asyncio.to_thread(dry_run, None)
         assert "to defragment GPUs:" in dry, dry
         assert f"move {namespace}/{a_name} (4 GPUs) from {node1} to {node2}" in dry, dry
         assert "after:  0 whole free, 1 partly used, 1 full GPU nodes; 5 GPUs stranded; largest free piece 5" in dry
         assert await placement(cluster, namespace) == before
 
         async with oversell_watch(cluster) as checks:
-            rescheduler = example.start_rescheduler(plane, namespace, "--min-stranded-gpus=5")
+            rescheduler = example.start_rescheduler(plane, namespace)  # the default threshold
             await wait_until(placed(cluster, namespace, a=node2, b=node1, c=node2), timeout=120,
                              what="A moved beside C on node2, B alone on node1")
             await wait_until(plan_completed(rescheduler.port), timeout=60,
