@@ -12,6 +12,7 @@ import redis
 
 from deploy.local.cluster import Cluster, oversold_nodes
 from deploy.local.plane import LocalPlane, Process
+from tests.e2e.browser import CHROMIUM, MISSING, Page, chromium
 
 _namespaces = itertools.count()
 PODGROUP_CRD = Path(__file__).resolve().parents[2] / "deploy" / "crds" / "podgroups.yaml"
@@ -110,3 +111,12 @@ def dispatcher(plane: LocalPlane) -> Iterator[Process]:
     process = plane.start_dispatcher()
     yield process
     plane.stop_process(process.name)
+
+
+@pytest.fixture
+async def browser(tmp_path: Path) -> AsyncIterator[Page]:
+    """A headless Chromium tab (tests/e2e/browser.py) for the dashboard's page tests."""
+    if not CHROMIUM.exists():
+        pytest.fail(MISSING)
+    async with chromium(tmp_path) as page:
+        yield page

@@ -6,18 +6,16 @@ the pending pod and the reason it waits, the resolver's latest denial. Screensho
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import pytest
 
 from deploy.local.cluster import Cluster, pod_manifest, wait_until
 from deploy.local.plane import LocalPlane, Process
 from dispatcher.status import GPU_RESOURCE, SystemStatus
-from tests.e2e.browser import CHROMIUM, MISSING, Page, chromium
+from tests.e2e.browser import Page
 from tests.e2e.hoss import hoss_pods, wait_all_bound, workers
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
@@ -70,14 +68,6 @@ class Dashboard:
             return int(value) if value not in (None, "") else None
 
         return cls(**{**raw, "bound": number(raw["bound"]), "stranded": number(raw["stranded"])})
-
-
-@pytest.fixture
-async def browser(tmp_path: Path) -> AsyncIterator[Page]:
-    if not CHROMIUM.exists():
-        pytest.fail(MISSING)
-    async with chromium(tmp_path) as page:
-        yield page
 
 
 async def read_status(http: aiohttp.ClientSession, url: str) -> SystemStatus:

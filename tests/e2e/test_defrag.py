@@ -26,6 +26,7 @@ import pytest
 
 from deploy.local.cluster import Cluster, Json, oversold_nodes, wait_until
 from deploy.local.plane import LocalPlane, Process
+from tests.e2e.browser import Page
 
 GPU = "nvidia.com/gpu"
 NODE = {"cpu": "32", "memory": "128Gi", "pods": "110", GPU: "8"}
@@ -228,11 +229,11 @@ async def test_rescheduler_moves_b_so_that_c_joins_a_and_the_dry_run_changes_not
 
 
 async def test_periodic_pass_consolidates_c_placed_without_a_gate(
-    plane: LocalPlane, cluster: Cluster, namespace: str, gpu_worker: None
+    plane: LocalPlane, cluster: Cluster, namespace: str, gpu_worker: None, dispatcher: Process, browser: Page
 ) -> None:
     # node1 runs A (4) and B (3), node2 is empty; C (4) has no gate, so hoss places it on node2 at once: two partly
-    # used nodes, 1 + 4 GPUs stranded. The periodic pass (threshold 5 stranded GPUs) finds the smallest plan: one
-    # move, A to node2 beside C (node2 full, node1 with 5 GPUs free in one piece).
+    # used nodes, 1 + 4 GPUs stranded. The periodic pass (default threshold, 4 stranded GPUs) finds the smallest
+    # plan: one move, A to node2 beside C (node2 full, node1 with 5 GPUs free in one piece).
     async with issue_example(plane, cluster, namespace) as example:
         key, label, node1, node2 = example.key, example.label, example.node1, example.node2
         apply(plane, namespace, [replicaset("c", 4, key)])
@@ -275,3 +276,16 @@ async def test_periodic_pass_consolidates_c_placed_without_a_gate(
         assert [(m["from"], m["to"], m["gpus"]) for m in plans[0]["moves"]] == [(node1, node2, 4)]
         events = await cluster.events_for(namespace, a_name)
         assert any(e.reason == "Rescheduled" and "to defragment GPUs" in e.message for e in events), events
+
+        # The dashboard's rescheduler panel shows the plan and its outcome, as /status does.
+        await browser.open(f"http://127.0.0.1:{dispatcher.port}/", width=1280, height=900)
+
+        async def panel_shows_the_plan() -> tuple[bool, str]:
+            text = await browser.evaluate(
+                "(() => { const t = document.querySelector('[data-testid=rescheduler]');"
+                " return t && !t.closest('.panel').hidden ? t.innerText : 'hidden'; })()")
+            return (a_name in str(text) and f"{node1} \u2192 {node2}" in str(text) and "completed" in str(text),
+                    str(text))
+
+        await wait_until(panel_shows_the_plan, timeout=30, what="the dashboard's rescheduler panel to show the plan")
+        assert browser.errors == [], browser.errors
