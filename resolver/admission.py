@@ -29,15 +29,24 @@ Json = dict[str, Any]
 API_VERSION = "admission.k8s.io/v1"
 KIND = "AdmissionReview"
 
-# Binding lanes. The apiserver reaches a webhook over HTTP/1.1 and keeps at most 25 idle connections per webhook
-# entry and host (client-go's transport); every binding in flight beyond them costs a new TLS connection, a full
+# Binding lanes. The apiserver reaches a webhook over HTTP/1.1 and keeps at most 25 idle connections per transport
+# and host (client-go's transport); every binding in flight beyond them costs a new TLS connection, a full
 # handshake on both sides, closed again after one review. So hoss workers label each Binding they post with a lane
 # (round robin), and deploy/webhook.yaml judges bindings in BINDING_LANES entries that differ only in an
-# objectSelector on that label: each entry gets its own transport and its own 25 idle connections. Every binding
-# matches exactly one entry (the first entry takes every binding whose label is not one of the others' values,
-# unlabelled ones included), so a label can choose the connection a review travels on, never whether it is judged.
+# objectSelector on that label and in their path (`lane_path`): the apiserver caches one client per webhook client
+# configuration (its name left out), so a path of its own gives each lane its own client, transport and 25 idle
+# connections. Every binding matches exactly one entry (the first entry takes every binding whose label is not one
+# of the others' values, unlabelled ones included), so a label can choose the connection a review travels on,
+# never whether it is judged.
 LANE_LABEL = "hoss.io/lane"
 BINDING_LANES = 4
+BINDING_PATH = "/validate-binding"
+
+
+def lane_path(lane: int) -> str:
+    """The path the webhook entry of ``lane`` calls: /validate-binding for the first, /validate-binding/lane-N for
+    the others (judged alike)."""
+    return BINDING_PATH if lane == 0 else f"{BINDING_PATH}/lane-{lane}"
 
 
 def lane_of(index: int) -> str:

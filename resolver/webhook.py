@@ -594,10 +594,11 @@ class QuotaCollector(Collector):
 
 
 def build_server(state: WebhookState) -> HttpServer:
-    """The resolver's HTTP(S) endpoints: POST /validate-binding and /validate-system (the apiserver's client
+    """The resolver's HTTP(S) endpoints: POST /validate-binding (and its lanes' paths, /validate-binding/lane-N)
+    and /validate-system (the apiserver's client
     certificate, `WebhookState.refusal`), GET /healthz, /readyz (open: probes), /metrics, /status (``state.access``)."""
     routes: dict[tuple[str, str], Callable[[WebhookState, Request], Awaitable[Response]]] = {
-        ("POST", "/validate-binding"): validate_binding,
+        **{("POST", admission.lane_path(lane)): validate_binding for lane in range(admission.BINDING_LANES)},
         ("POST", "/validate-system"): validate_system,
         ("POST", "/mutate-pod"): mutate_pod,
         ("GET", "/healthz"): healthz,

@@ -41,7 +41,7 @@ from deploy.local.plane import (
     Process,
     _free_port,
 )
-from resolver.admission import BINDING_LANES
+from resolver.admission import BINDING_LANES, lane_path
 from workers.profiles import load_profiles
 
 Json = dict[str, Any]
@@ -89,7 +89,7 @@ def test_webhook_of_the_base_fails_closed_on_bindings_and_calls_the_resolver_ser
     assert [e["name"] for e in entries] == ["binding.resolver.hoss.io", *lanes, "pods.resolver.hoss.io",
                                             "system.resolver.hoss.io", "system-pods.resolver.hoss.io"]
     lane_policies = ("Fail",) * BINDING_LANES
-    lane_paths = ("/validate-binding",) * BINDING_LANES
+    lane_paths = tuple(lane_path(lane) for lane in range(BINDING_LANES))
     for entry, policy, path, operator in zip(entries, (*lane_policies, "Fail", "Ignore", "Ignore"),
                                              (*lane_paths, "/validate-binding", "/validate-system",
                                               "/validate-system"), ("NotIn",) * (BINDING_LANES + 1) + ("In", "In"),

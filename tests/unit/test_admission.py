@@ -87,9 +87,18 @@ def test_every_binding_lane_value_is_judged_by_exactly_one_binding_entry_of_the_
                 and hook["failurePolicy"] == "Fail"]
     assert len(bindings) == admission.BINDING_LANES
     for hook in bindings:
-        rest = {key: value for key, value in hook.items() if key not in ("name", "objectSelector")}
-        first = {key: value for key, value in bindings[0].items() if key not in ("name", "objectSelector")}
+        rest = {key: value for key, value in hook.items() if key not in ("name", "objectSelector", "clientConfig")}
+        first = {key: value for key, value in bindings[0].items() if key not in ("name", "objectSelector",
+                                                                                   "clientConfig")}
         assert rest == first, hook["name"]
+        service = {key: value for key, value in hook["clientConfig"]["service"].items() if key != "path"}
+        assert service == {key: value for key, value in bindings[0]["clientConfig"]["service"].items()
+                           if key != "path"}
+    # The apiserver keeps one client (and 25 idle connections) per client configuration, its name left out: each
+    # lane needs a path of its own, and the resolver serves each.
+    assert [hook["clientConfig"]["service"]["path"] for hook in bindings] == [
+        admission.lane_path(lane) for lane in range(admission.BINDING_LANES)]
+    assert len({admission.lane_path(lane) for lane in range(admission.BINDING_LANES)}) == admission.BINDING_LANES
     lanes_taken = {admission.lane_of(index) for index in range(1000)}
     assert lanes_taken == {str(lane) for lane in range(admission.BINDING_LANES)}
     entry_of_lane = {}

@@ -15,6 +15,7 @@ import fakeredis
 import pytest
 
 from deploy.local import pki
+from resolver.admission import BINDING_LANES, lane_path
 from resolver.kube import KubeError
 from resolver.ledger import Ledger, Placement, Reserved
 from resolver.settings import ResolverSettings
@@ -63,9 +64,10 @@ class Webhook:
     redis: Any
     state: WebhookState
 
-    async def post(self, body: bytes | dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    async def post(self, body: bytes | dict[str, Any], *,
+                   path: str = "/validate-binding") -> tuple[int, dict[str, Any]]:
         data = io.BytesIO(body if isinstance(body, bytes) else json.dumps(body).encode())
-        async with self.session.post(f"{self.url}/validate-binding", data=data) as response:
+        async with self.session.post(f"{self.url}{path}", data=data) as response:
             return response.status, await response.json()
 
 
@@ -129,6 +131,16 @@ async def test_binding_that_does_not_fit_is_denied_with_409_naming_node_resource
     assert response["status"]["code"] == 409
     assert response["status"]["message"] == "hoss: node n1 has no room for team/big: cpu requested 3, free 2"
     assert webhook.state.denials[-1].pod == "team/big"
+
+
+async def test_every_lane_path_judges_bindings_alike(webhook: Webhook) -> None:
+    """deploy/webhook.yaml's binding lanes call paths of their own (resolver/admission.py); each judges alike."""
+    for lane in range(1, BINDING_LANES):
+        status, body = await webhook.post(review(pod_name="big", uid="u-big", node="n1"), path=lane_path(lane))
+        assert status == 200 and body["response"]["status"]["code"] == 409, (lane, body)
+    status, body = await webhook.post(review(pod_name="small", uid="u-small", node="n1"), path=lane_path(3))
+    assert status == 200 and body["response"] == {"uid": "review-1", "allowed": True}
+    assert (await webhook.ledger.node_usage(["n1"]))["n1"][1]["cpu"] == 500
 
 
 async def test_binding_to_the_reserved_node_is_allowed_even_when_the_node_is_now_full(webhook: Webhook) -> None:
