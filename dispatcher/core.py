@@ -142,6 +142,20 @@ def handback_delay(handbacks: int, *, lag_seconds: float) -> float:
 
 
 
+async def write_reservation_status(api: Any, name: str, patch: Json, *, what: str) -> bool:
+    """Merge-patch a Reservation's status; False (logged, naming ``what`` was written) when the apiserver refused
+    it."""
+    custom: Any = client.CustomObjectsApi(api)
+    group, version, plural = reservations.API
+    try:
+        await request_json(custom.patch_cluster_custom_object_status, group, version, plural, name, patch,
+                           _content_type="application/merge-patch+json", _request_timeout=STATUS_TIMEOUT_SECONDS * 2)
+    except KubeError as error:
+        log.warning("cannot write %s of Reservation %s: %s", what, name, error)
+        return False
+    return True
+
+
 class Notifier(Protocol):
     """Tells a pod's owner why it waits, or why it failed."""
 
@@ -164,15 +178,8 @@ class KubeNotifier:
         if name:
             await post_event(self.core, reservations.event(name, pod.uid, reason=reason, message=message,
                                                            component=COMPONENT, warning=True))
-            custom: Any = client.CustomObjectsApi(self.core.api_client)
-            group, version, plural = reservations.API
-            try:
-                await request_json(custom.patch_cluster_custom_object_status, group, version, plural, name,
-                                   reservations.no_worker_status(message),
-                                   _content_type="application/merge-patch+json",
-                                   _request_timeout=STATUS_TIMEOUT_SECONDS * 2)
-            except KubeError as error:
-                log.warning("cannot write the status of Reservation %s: %s", name, error)
+            await write_reservation_status(self.core.api_client, name, reservations.no_worker_status(message),
+                                           what="the status")
             return
         event = pod_event(
             namespace=pod.namespace, name=pod.name, uid=pod.uid, reason=reason, message=message,

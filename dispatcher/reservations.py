@@ -12,10 +12,10 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
-from dispatcher.core import STATUS_TIMEOUT_SECONDS, Dispatcher
+from dispatcher.core import Dispatcher, write_reservation_status
 from resolver import reservations
 from resolver.errors import LedgerNotReadyError, LedgerUnavailable, ResolverError
-from resolver.kube import InformerHandlers, Json, KubeError, request_json, run_crd_informer
+from resolver.kube import InformerHandlers, Json, run_crd_informer
 from resolver.ledger import Ledger, ReservationShares
 
 log = logging.getLogger(__name__)
@@ -92,8 +92,6 @@ async def end_reservations(api: client.ApiClient, dispatcher: Dispatcher, is_lea
     """As leader: a Reservation past its ttl/expires that is still Pending or Available becomes Failed (reason
     Expired; the resolver's sync then frees its room; owner pods keep their own), and an Available one with
     allocateOnce false gets its owners written (`owners_status`)."""
-    custom: Any = client.CustomObjectsApi(api)
-    group, version, plural = reservations.API
     ended: set[str] = set()
     written: dict[str, str] = {}
     """uid -> the last owners patch written (the watch may not show it yet)"""
@@ -119,24 +117,14 @@ async def end_reservations(api: client.ApiClient, dispatcher: Dispatcher, is_lea
             text = str(patch)
             if written.get(reservation.uid) == text:
                 continue  # written already; the watch has not shown it yet
-            try:
-                await request_json(custom.patch_cluster_custom_object_status, group, version, plural,
-                                   reservation.name, patch, _content_type="application/merge-patch+json",
-                                   _request_timeout=STATUS_TIMEOUT_SECONDS * 2)
+            if await write_reservation_status(api, reservation.name, patch, what="the owners"):
                 written[reservation.uid] = text
-            except KubeError as error:
-                log.warning("cannot write the owners of Reservation %s: %s", reservation.name, error)
 
     async def fail(reservation: reservations.Reservation, reason: str, message: str) -> None:
-        try:
-            await request_json(custom.patch_cluster_custom_object_status, group, version, plural, reservation.name,
-                               reservations.failed_status(reason, message),
-                               _content_type="application/merge-patch+json",
-                               _request_timeout=STATUS_TIMEOUT_SECONDS * 2)
+        if await write_reservation_status(api, reservation.name, reservations.failed_status(reason, message),
+                                          what="the end"):
             log.info("Reservation %s: %s", reservation.name, message)
             ended.add(reservation.uid)
-        except KubeError as error:
-            log.warning("cannot end Reservation %s: %s", reservation.name, error)
 
     while True:
         await asyncio.sleep(interval)
