@@ -19,6 +19,7 @@ from typing import Any
 
 import orjson
 
+from resolver.admission import LANE_LABEL
 from resolver.resources import NODE_RESERVATION_ANNOTATION
 
 Json = dict[str, Any]
@@ -289,10 +290,10 @@ def controller_uid(pod: Mapping[str, Any]) -> str:
 def pod_meta(pod: Mapping[str, Any], *, request: Mapping[str, int] | None = None) -> tuple[str, str]:
     """What the ledger keeps of a placed pod beyond its request: its host ports as the reserve scripts check them
     ('TCP/0.0.0.0/80,UDP/10.0.0.1/53', '' for none), and its meta for the workers' pod index (JSON: namespace,
-    name, labels, host ports, required anti-affinity terms as ``anti``, for InterPodAffinity's score the required
-    affinity terms ``aff`` and the preferred ones ``paff``/``panti``, and for preemption spec.priority (left out
-    when 0), the effective `request` when given, metadata.creationTimestamp, and ``terminating`` when
-    metadata.deletionTimestamp is set) -- what NodePorts,
+    name, labels (but the webhook lane's, see below), host ports, required anti-affinity terms as ``anti``, for
+    InterPodAffinity's score the required affinity terms ``aff`` and the preferred ones ``paff``/``panti``, and for
+    preemption spec.priority (left out when 0), the effective `request` when given, metadata.creationTimestamp,
+    and ``terminating`` when metadata.deletionTimestamp is set) -- what NodePorts,
     InterPodAffinity, PodTopologySpread and DefaultPreemption read of the pods already on a node. The scripts read
     the priority too: room held for a preempting pod is kept from pods of lower priority; and ``owner``, the
     controller's uid, by which a replacement pod claims the room the rescheduler held for the pod it replaces."""
@@ -303,6 +304,10 @@ def pod_meta(pod: Mapping[str, Any], *, request: Mapping[str, int] | None = None
     meta: Json = {"namespace": metadata.get("namespace") or "default"}
     if isinstance(metadata.get("name"), str) and metadata["name"]:
         meta["name"] = metadata["name"]
+    if isinstance(labels, dict) and LANE_LABEL in labels:
+        # the webhook lane of the pod's Binding, which the apiserver (PodTopologyLabelsAdmission, on by default from
+        # 1.35) copies onto the pod: not the user's, so the description is the same before and after the binding
+        labels = {key: value for key, value in labels.items() if key != LANE_LABEL}
     if isinstance(labels, dict) and labels:
         meta["labels"] = labels
     if ports:

@@ -814,8 +814,67 @@ end
 -- before and even if the node is overcommitted (a node not synced yet is registered without allocatable).
 -- Returns the entry it replaced (or nil) and the overcommit it caused ('' when the node had room): never silent,
 -- every overcommit is counted in STATS and returned to the sync, which logs it. Used by bind and bind_many.
+-- Fields of an entry that describe the pod on its node; any other field (deadline, admitted, via, answered) is
+-- about how the entry got there and goes when it becomes bound.
+local BOUND_FIELDS = {uid = true, request = true, node = true, pod = true, state = true, owner = true, resv = true,
+                      share = true, ports = true, meta = true}
+
+-- Same non-zero amounts, in any order.
+local function same_amounts(a, b)
+  local left = {}
+  for _, item in ipairs(a) do
+    if tonumber(item[2]) ~= 0 then
+      left[item[1]] = tonumber(item[2])
+    end
+  end
+  for _, item in ipairs(b) do
+    local amount = tonumber(item[2])
+    if amount ~= 0 then
+      if left[item[1]] ~= amount then
+        return false
+      end
+      left[item[1]] = nil
+    end
+  end
+  return next(left) == nil
+end
+
+-- The common case of bind: the sync sees a pod bound where its entry already holds it, with the same request,
+-- host ports and description (a worker's reservation the webhook admitted). Dropping and holding it again would
+-- leave every total, count, port and domain as it was; so the entry only changes state in place, and the call
+-- appends nothing to the change stream for it (the workers already hold it where it is). Returns false when the
+-- entry is not such a one.
+local function bind_in_place(previous, p)
+  if previous.node ~= p.node or is_reservation(p.pod) or is_reservation(previous.pod)
+      or (previous.ports or '') ~= (p.ports or '') or (previous.meta or '') ~= (p.meta or '')
+      or not same_amounts(previous.request, p.request) then
+    return false
+  end
+  local key = pod_key(p.uid)
+  local stale = {}
+  for field in pairs(previous) do
+    if not BOUND_FIELDS[field] then
+      table.insert(stale, field)
+    end
+  end
+  if #stale > 0 then
+    redis.call('HDEL', key, unpack(stale))
+  end
+  redis.call('HSET', key, 'state', 'bound', 'pod', p.pod)
+  if previous.state ~= 'bound' then
+    redis.call('SMOVE', node_key(p.node, previous.state), node_key(p.node, 'bound'), p.uid)
+  end
+  redis.call('ZREM', ASSUMED, p.uid)
+  redis.call('ZREM', VERIFY, p.uid)
+  redis.call('SADD', NODES, p.node)
+  return true
+end
+
 local function bind_placement(p)
   local previous = read_entry(p.uid)
+  if previous and bind_in_place(previous, p) then
+    return previous, ''
+  end
   local owner = ''
   local before = nil
   local extra = nil

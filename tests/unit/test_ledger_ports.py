@@ -44,6 +44,17 @@ def test_pod_meta_keeps_namespace_labels_and_sanitised_host_ports() -> None:
     assert compact.pod_meta(raw("plain")) == ("", '{"name":"plain","namespace":"team"}')
 
 
+def test_pod_meta_is_the_same_before_and_after_the_binding_copies_the_webhook_lane_label() -> None:
+    """Kubernetes (1.35+) copies a Binding's labels onto the pod, so a bound pod carries hoss.io/lane; the worker's
+    description of the pending pod and the sync's of the bound one must still agree (the ledger then binds the
+    entry in place), and only the lane label is left out."""
+    pending = raw("web", labels={"app": "web"})
+    bound = raw("web", labels={"app": "web", "hoss.io/lane": "2"})
+    assert compact.pod_meta(bound) == compact.pod_meta(pending)
+    assert json.loads(compact.pod_meta(raw("web", labels={"hoss.io/lane": "1"}))[1]) == {"namespace": "team",
+                                                                                        "name": "web"}
+
+
 @pytest.mark.parametrize(
     ("held", "wanted", "conflict"),
     [
