@@ -55,6 +55,65 @@ class Timeline:
         return {"p50_ms": round(float(p50), 1), "p90_ms": round(float(p90), 1), "p99_ms": round(float(p99), 1)}
 
 
+class ScheduledEvents:
+    """Counts the pods of one namespace that got their Normal ``Scheduled`` event (reason Scheduled), from a watch
+    of the namespace's events. Both systems post one per placed pod; the bench waits for them before it stops
+    counting CPU, so a system whose events lag behind its bindings is not spared their cost."""
+
+    def __init__(self, cluster: Cluster, namespace: str) -> None:
+        self.cluster = cluster
+        self.namespace = namespace
+        self.pods: set[str] = set()
+        self._task: asyncio.Task[None] | None = None
+
+    def _see(self, event: Json) -> None:
+        involved = event.get("involvedObject") or {}
+        if event.get("reason") == "Scheduled" and involved.get("kind") == "Pod" and involved.get("name"):
+            self.pods.add(str(involved["name"]))
+
+    async def _run(self, version: str) -> None:
+        call = self.cluster.core.list_namespaced_event
+        selector = {"namespace": self.namespace, "field_selector": "reason=Scheduled"}
+        while True:
+            try:
+                async for kind, event in watch_objects(call, resource_version=version, timeout_seconds=600,
+                                                       inactivity_seconds=600, **selector):
+                    version = str(event.get("metadata", {}).get("resourceVersion") or version)
+                    if kind in ("ADDED", "MODIFIED"):
+                        self._see(event)
+            except (KubeError, aiohttp.ClientError, TimeoutError, ValueError) as error:
+                log.info("benchmark event watch restarts after: %s", error)
+                items, version = await list_objects(call, **selector)
+                for event in items:
+                    self._see(event)
+
+    async def start(self) -> None:
+        _items, version = await list_objects(self.cluster.core.list_namespaced_event, namespace=self.namespace,
+                                             field_selector="reason=Scheduled")
+        self._task = asyncio.create_task(self._run(version))
+
+    async def wait_for(self, count: int, *, quiet_seconds: float = 10.0, timeout: float = 120.0) -> float:
+        """Until ``count`` pods have their event, nothing new came for ``quiet_seconds``, or ``timeout``; returns
+        the seconds waited."""
+        started = time.monotonic()
+        seen, quiet_since = len(self.pods), started
+        while len(self.pods) < count:
+            now = time.monotonic()
+            if len(self.pods) != seen:
+                seen, quiet_since = len(self.pods), now
+            if now - quiet_since >= quiet_seconds or now - started >= timeout:
+                break
+            await asyncio.sleep(0.1)
+        return time.monotonic() - started
+
+    async def stop(self) -> None:
+        task = self._task
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(task, 5)
+
+
 class PodWatcher:
     """Watches one namespace and fills a Timeline; ``bound_count`` rises as pods get a node."""
 

@@ -28,6 +28,7 @@ from bench.measure import (
     CpuMeter,
     Histogram,
     PodWatcher,
+    ScheduledEvents,
     create_pods,
     fetch_metrics,
     parse_histogram,
@@ -273,9 +274,11 @@ class Bench:
     async def timed_run(self, namespace: str, manifests: list[Json], nodes: Sequence[str], *,
                         timeout: float) -> dict[str, Any]:
         """Create the pods as fast as the apiserver takes them; time until the last one is bound; CPU per process
-        over the same span; oversold nodes afterwards."""
+        over the same span and on until the bound pods' Scheduled events are posted; oversold nodes afterwards."""
         watcher = PodWatcher(self.cluster, namespace)
         await watcher.start()
+        events = ScheduledEvents(self.cluster, namespace)
+        await events.start()
         meter = self.meter()
         meter.start()
         watcher.timeline.started = time.monotonic()
@@ -284,12 +287,18 @@ class Bench:
         while not waiting.done():
             self.progress("", watcher.bound_count, len(manifests))
             await asyncio.sleep(0.5)
+        # CPU is counted until the pods' Scheduled events are posted too: events a scheduler leaves queued behind
+        # its bindings are work it still owes the apiserver and etcd.
+        events_wait = await events.wait_for(watcher.bound_count)
         spent = meter.stop()
         create_failed = await guarded("creating the pods", creating, seconds=120) or 0
         await guarded("stopping the watch", watcher.stop(), seconds=30)
+        await guarded("stopping the event watch", events.stop(), seconds=30)
         timeline = watcher.timeline
         bound = len(timeline.bound)
         return {
+            "scheduled_events": len(events.pods),
+            "events_wait_seconds": round(events_wait, 1),
             "pods": len(manifests),
             "create_failed": create_failed,
             "bound": bound,
