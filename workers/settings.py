@@ -45,8 +45,10 @@ class WorkerSettings(AccessSettings):
     """How often the worker reports itself to the dispatcher."""
     heartbeat_ttl_seconds: float = Field(default=5.0, gt=0)
     """After this long without a heartbeat the dispatcher treats the worker as dead and moves its work."""
-    max_binds_in_flight: int = Field(default=64, ge=1)
-    """Most bindings this worker posts at once (its share of ``binds_in_flight_budget`` never exceeds it)."""
+    max_binds_in_flight: int = Field(default=IDLE_WEBHOOK_CONNECTIONS, ge=1)
+    """Most bindings this worker posts at once (its share of ``binds_in_flight_budget`` never exceeds it). The
+    default, 100, lets a lone worker use the whole budget: with 64 its pods queued behind its bindings (hoss-1w's
+    p99 latency in the 2026-11-23 08:28 bench was twice kube-scheduler's)."""
     binds_in_flight_budget: int = Field(default=IDLE_WEBHOOK_CONNECTIONS, ge=0)
     """Bindings in flight across all workers; each worker takes budget / registered workers (at least 2, at most
     ``max_binds_in_flight``). The default, 100, is what the apiserver keeps open to the webhook: 25 idle connections
