@@ -33,7 +33,7 @@ from resolver import compact
 from resolver.ledger import BoundPod, Ledger
 from resolver.resources import node_allocatable, pod_requests
 from resolver.settings import run_loop
-from workers.core import Worker
+from workers.core import Worker, connect_redis
 from workers.pod import PodView
 from workers.settings import WorkerSettings
 
@@ -92,6 +92,8 @@ async def drive(redis: Redis, pods: Sequence[Json], *, expected_workers: int, ti
     dispatcher = Dispatcher(queue=WorkQueue(redis), settings=DispatcherSettings(identity="bench-pipeline"))
     by_uid = {p["metadata"]["uid"]: p for p in pods}
     requests = {uid: pod_requests(p) for uid, p in by_uid.items()}
+    # the ports and description the resolver's sync gives the ledger for a bound pod (resolver/sync.py)
+    metas = {uid: compact.pod_meta(p, request=requests[uid]) for uid, p in by_uid.items()}
     ledger = Ledger(redis)
     deadline = time.monotonic() + timeout
     while True:  # the workers must be beating before the first round, or the pods wait for a worker
@@ -124,8 +126,10 @@ async def drive(redis: Redis, pods: Sequence[Json], *, expected_workers: int, ti
                 placed = by_uid.get(uid)
                 if placed is not None:
                     bound += 1
+                    ports, meta = metas[uid]
                     confirmed.append(BoundPod(uid=uid, pod=f"{placed['metadata']['namespace']}/"
-                                              f"{placed['metadata']['name']}", node=node, request=requests[uid]))
+                                              f"{placed['metadata']['name']}", node=node, request=requests[uid],
+                                              ports=ports, meta=meta))
                     await dispatcher.on_event("MODIFIED", {**placed, "spec": {**placed["spec"], "nodeName": node}})
             await ledger.bind_many(confirmed)
         return PipelineRun(pods=len(pods), bound=bound, seconds=time.monotonic() - started)
@@ -140,7 +144,7 @@ def worker_settings(worker_id: str, redis_url: str, policies_file: str, **overri
 
 async def run_worker(settings: WorkerSettings, stop: asyncio.Event) -> Worker:
     """One worker with the sink binder, until `stop` is set."""
-    redis = Redis.from_url(settings.redis_url, decode_responses=True)
+    redis = connect_redis(settings.redis_url)
     worker = Worker(settings, redis=redis, rest=None, binder=SinkBinder(redis))
     task = asyncio.create_task(worker.run())
     await stop.wait()

@@ -41,7 +41,7 @@ import aiohttp
 import numpy as np
 import orjson
 from prometheus_client import CollectorRegistry, Counter, Gauge
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from dispatcher.queue import GONE, GangMember, QueueLost, WorkerInfo, WorkItem, WorkQueue
@@ -89,6 +89,21 @@ from workers.reservations import (
 from workers.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
+
+REDIS_CONNECTIONS = 256
+"""Most Redis connections a worker opens. Its bindings (up to ``max_binds_in_flight``) may each release a
+reservation at once when the apiserver refuses them, beside the blocking reads of its stream and of the change
+stream; redis-py's default pool (100) raised on the 101st instead of waiting."""
+REDIS_WAIT_SECONDS = 20.0
+
+
+def connect_redis(url: str) -> Redis:
+    """The worker's Redis client: a pool that waits up to ``REDIS_WAIT_SECONDS`` for a free connection when all
+    ``REDIS_CONNECTIONS`` are busy, instead of failing the call."""
+    pool = BlockingConnectionPool.from_url(url, decode_responses=True, max_connections=REDIS_CONNECTIONS,
+                                           timeout=REDIS_WAIT_SECONDS)
+    return Redis.from_pool(pool)  # closing the client closes its pool
+
 
 EVENT_POSTS_IN_FLIGHT = 32
 """Events (Scheduled above all, one per bound pod) posted at once: enough that they keep pace with the bindings
@@ -844,6 +859,11 @@ class Worker:
             self.in_flight += 1
             try:
                 return await self._post_binding(pod, node)
+            except Exception:  # whatever a binder raises, the pod is tried again, not lost
+                self.count("errors")
+                log.exception("binding %s to %s failed unexpectedly", pod.key, node)
+                await self._unreserve(pod, node)
+                return False, None
             finally:
                 self.in_flight -= 1
 

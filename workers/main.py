@@ -8,12 +8,11 @@ import sys
 from collections.abc import Sequence
 
 from aiohttp import web
-from redis.asyncio import Redis
 
 from resolver.access import TokenAccess
 from resolver.rest import KubeREST
 from resolver.settings import run_service
-from workers.core import Worker
+from workers.core import Worker, connect_redis
 from workers.server import build_app
 from workers.settings import WorkerSettings
 
@@ -21,7 +20,7 @@ from workers.settings import WorkerSettings
 async def serve(settings: WorkerSettings) -> int:
     """Run until SIGTERM or SIGINT (0) or until a loop is dead (1)."""
     rest = await KubeREST.connect(settings.kubeconfig)
-    redis = Redis.from_url(settings.redis_url, decode_responses=True)
+    redis = connect_redis(settings.redis_url)
     worker = Worker(settings, redis=redis, rest=rest)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -10,11 +10,12 @@ import asyncio
 import pytest
 import redis.asyncio
 
-from bench.pipeline import drive, node_object, pod_object, prepare_ledger, run_worker, worker_settings
+from bench.pipeline import SinkBinder, drive, node_object, pod_object, prepare_ledger, run_worker, worker_settings
 from deploy.local.plane import POLICIES_FILE
 from resolver import compact
 from resolver.ledger import Ledger
 from resolver.resources import node_allocatable
+from workers.pod import PodView
 
 pytestmark = pytest.mark.integration
 
@@ -67,3 +68,37 @@ async def test_a_worker_follows_node_changes_from_the_ledger_without_watching(
     assert run.bound == 3
     nodes = sorted(e.node for e in await Ledger(client).entries())
     assert nodes == ["big", "big", "small"]
+
+
+async def test_a_binding_that_fails_unexpectedly_is_tried_again_and_no_pod_is_lost(
+    client: redis.asyncio.Redis, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever a binder raises (here a RuntimeError for every third pod's first attempt, beside 150 pods in flight
+    through a pool of Redis connections smaller than the bindings in flight), the pod is released and placed again:
+    every pod ends bound exactly once and the worker counts the errors."""
+    failed: set[str] = set()
+
+    class FlakyBinder(SinkBinder):
+        async def bind(self, pod: PodView, node: str) -> None:
+            if int(pod.name.rsplit("-", 1)[1]) % 3 == 0 and pod.uid not in failed:
+                failed.add(pod.uid)
+                raise RuntimeError(f"binder broke on {pod.key}")
+            await super().bind(pod, node)
+
+    monkeypatch.setattr("bench.pipeline.SinkBinder", FlakyBinder)
+    monkeypatch.setattr("workers.core.REDIS_CONNECTIONS", 8)
+    await prepare_ledger(client, [node_object(f"n{i:02d}", cpu="8", pods="110") for i in range(10)])
+    stop = asyncio.Event()
+    settings = worker_settings("w1", redis_url, str(POLICIES_FILE), backoff_initial_seconds=0.05,
+                               max_binds_in_flight=150, binds_in_flight_budget=0)
+    worker = asyncio.create_task(run_worker(settings, stop))
+    try:
+        run = await drive(client, [pod_object(n) for n in range(300)], expected_workers=1, timeout=120)
+    finally:
+        stop.set()
+        finished = await worker
+    assert len(failed) == 100
+    assert run.bound == 300, "every pod is bound, those whose binding broke included"
+    entries = await Ledger(client).entries()
+    assert len(entries) == 300 and all(e.state == "bound" for e in entries)
+    assert finished.counters["errors"] == 100 and finished.counters["bound"] == 300
