@@ -810,10 +810,6 @@ local function overcommitted(node, request, previous)
   return table.concat(over, ', ')
 end
 
--- The apiserver says p.uid runs on p.node: its entry becomes bound there with this request, whatever it was
--- before and even if the node is overcommitted (a node not synced yet is registered without allocatable).
--- Returns the entry it replaced (or nil) and the overcommit it caused ('' when the node had room): never silent,
--- every overcommit is counted in STATS and returned to the sync, which logs it. Used by bind and bind_many.
 -- Fields of an entry that describe the pod on its node; any other field (deadline, admitted, via, answered) is
 -- about how the entry got there and goes when it becomes bound.
 local BOUND_FIELDS = {uid = true, request = true, node = true, pod = true, state = true, owner = true, resv = true,
@@ -870,6 +866,10 @@ local function bind_in_place(previous, p)
   return true
 end
 
+-- The apiserver says p.uid runs on p.node: its entry becomes bound there with this request, whatever it was
+-- before and even if the node is overcommitted (a node not synced yet is registered without allocatable).
+-- Returns the entry it replaced (or nil) and the overcommit it caused ('' when the node had room): never silent,
+-- every overcommit is counted in STATS and returned to the sync, which logs it. Used by bind and bind_many.
 local function bind_placement(p)
   local previous = read_entry(p.uid)
   if previous and bind_in_place(previous, p) then
