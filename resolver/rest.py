@@ -1,4 +1,5 @@
-"""A lean apiserver client for the hot path: one keep-alive aiohttp session, orjson bodies, no generated models."""
+"""A lean apiserver client for the hot path: a pool of keep-alive HTTP/1.1 connections (`resolver.http1`), orjson
+bodies, no generated models."""
 
 from __future__ import annotations
 
@@ -12,15 +13,14 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode, urlsplit
 
-import aiohttp
 import orjson
-import yarl
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.config.incluster_config import SERVICE_CERT_FILENAME, SERVICE_TOKEN_FILENAME
 
 from resolver.admission import LANE_LABEL
+from resolver.http1 import Http1Pool
 from resolver.kube import DEFAULT_REQUEST_TIMEOUT_SECONDS, KubeError, status_message
 
 Json = dict[str, Any]
@@ -86,10 +86,11 @@ def _authorization(configuration: client.Configuration) -> str | None:
     return f"{prefix} {key}" if prefix else str(key)
 
 
-def _env_proxy(url: yarl.URL) -> str | None:
+def _env_proxy(url: str) -> str | None:
     """The proxy the environment names for ``url`` (HTTPS_PROXY / NO_PROXY), resolved once rather than per call."""
-    proxy = urllib.request.getproxies().get(url.scheme)
-    if proxy and url.host and not urllib.request.proxy_bypass(url.host):
+    parts = urlsplit(url)
+    proxy = urllib.request.getproxies().get(parts.scheme)
+    if proxy and parts.hostname and not urllib.request.proxy_bypass(parts.hostname):
         return proxy
     return None
 
@@ -99,7 +100,8 @@ class KubeREST:
 
     Create it inside a coroutine (``connect``/``in_cluster``/``from_configuration``); close it with ``close()`` or
     use it as an async context manager. Non-2xx raises KubeError with the apiserver's Status message and the HTTP
-    status; network failures raise aiohttp.ClientError, OSError or TimeoutError unchanged. Every call has a deadline.
+    status; network and TLS failures raise OSError (ConnectionError, ssl.SSLError), a missed deadline TimeoutError.
+    Every call has a deadline.
     """
 
     def __init__(
@@ -113,13 +115,10 @@ class KubeREST:
         proxy: str | None = None,
     ) -> None:
         self.host = host.rstrip("/")
-        self._base = yarl.URL(self.host)
+        self._prefix = urlsplit(self.host).path  # an apiserver behind a path prefix
         self._authorization = authorization
-        self._server_hostname = server_hostname
-        self._proxy = proxy if proxy is not None else _env_proxy(self._base)
-        connector = aiohttp.TCPConnector(limit=limit, ssl=tls if tls is not None else True, keepalive_timeout=60.0)
-        # No session-wide timeout: each call carries its own deadline (asyncio.timeout in request()).
-        self._session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
+        self._pool = Http1Pool(self.host, tls=tls, server_hostname=server_hostname, limit=limit,
+                               proxy=proxy if proxy is not None else _env_proxy(self.host))
 
     @classmethod
     async def connect(cls, kubeconfig: str | None, *, limit: int = DEFAULT_CONNECTION_LIMIT,
@@ -183,19 +182,19 @@ class KubeREST:
         await self.close()
 
     async def close(self) -> None:
-        await self._session.close()
+        await self._pool.close()
 
     @property
     def closed(self) -> bool:
-        return self._session.closed
+        return self._pool.closed
 
-    def _headers(self, content_type: str | None) -> dict[str, str]:
-        headers = {"Accept": JSON}
+    def _headers(self, content_type: str | None) -> str:
+        headers = f"Accept: {JSON}\r\nUser-Agent: hoss\r\n"
         if content_type is not None:
-            headers["Content-Type"] = content_type
+            headers += f"Content-Type: {content_type}\r\n"
         auth = self._authorization
         if auth is not None:
-            headers["Authorization"] = auth if isinstance(auth, str) else auth()
+            headers += f"Authorization: {auth if isinstance(auth, str) else auth()}\r\n"
         return headers
 
     async def request(
@@ -214,15 +213,12 @@ class KubeREST:
         encoded with orjson unless it is bytes already.
         """
         data = None if body is None else body if isinstance(body, bytes) else orjson.dumps(body)
-        url = yarl.URL(self.host + path, encoded=True)
-        headers = self._headers(content_type if data is not None else None)
+        target = self._prefix + path
+        if params:
+            target += ("&" if "?" in target else "?") + urlencode(params)
+        head = self._pool.request_head(method, target, self._headers(content_type if data is not None else None), data)
         async with asyncio.timeout(timeout):
-            async with self._session.request(
-                method, url, data=data, params=params, headers=headers, proxy=self._proxy,
-                server_hostname=self._server_hostname,
-            ) as response:
-                status = response.status
-                payload = await response.read()
+            status, payload = await self._pool.request(head, data, no_body=method == "HEAD")
         if not 200 <= status <= 299:
             raise KubeError(f"{status}: {status_message(payload)}", status=status)
         if not payload:
