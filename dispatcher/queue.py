@@ -259,11 +259,13 @@ class WorkerInfo:
 class WorkQueue:
     """Both ends of the protocol over one Redis client (decode_responses=True)."""
 
-    def __init__(self, redis: Redis) -> None:
+    def __init__(self, redis: Redis, *, scripts: Redis | None = None) -> None:
+        """``scripts``, when given, runs the queue's scripts (acknowledgements above all); see `Ledger`."""
         self.redis = redis
-        self._mark_gone = redis.register_script(_MARK_GONE)
-        self._resend_changed = redis.register_script(_RESEND_CHANGED)
-        self._ack = redis.register_script(_ACK)
+        script_client = redis if scripts is None else scripts
+        self._mark_gone = script_client.register_script(_MARK_GONE)
+        self._resend_changed = script_client.register_script(_RESEND_CHANGED)
+        self._ack = script_client.register_script(_ACK)
         self.registered_workers = 1
         """Workers registered at the last heartbeat this process sent (workers share the binding budget by it)."""
 

@@ -462,8 +462,12 @@ class PodEntry:
 class Ledger:
     """The Redis ledger. Every method is one atomic script call; Redis errors raise `LedgerUnavailable`."""
 
-    def __init__(self, client: Redis, *, owns_client: bool = False) -> None:
+    def __init__(self, client: Redis, *, owns_client: bool = False, scripts: Redis | None = None) -> None:
+        """``scripts``, when given, runs the ledger's scripts (every operation but the change stream's blocking
+        reads and a few pipelined reads): `resolver.redisclient.PipelinedRedis`, whose cost per call is a fraction
+        of redis-py's, as the webhook and the workers use it. It stays its owner's to close."""
         self._redis = client
+        self._script_client = client if scripts is None else scripts
         self._owns_client = owns_client
         self._scripts: dict[str, AsyncScript | _ReadOnlyScript] = {}
 
@@ -912,8 +916,8 @@ class Ledger:
         if script is None:
             source = _script_source(name)
             script = self._scripts[name] = (
-                _ReadOnlyScript(self._redis, source) if name in READ_ONLY_SCRIPTS
-                else self._redis.register_script(source)
+                _ReadOnlyScript(self._script_client, source) if name in READ_ONLY_SCRIPTS
+                else self._script_client.register_script(source)
             )
         reply = await self._call(script(keys=[READY_KEY], args=[KEY_PREFIX, *args]))
         if not isinstance(reply, list):

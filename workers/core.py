@@ -35,7 +35,7 @@ import random
 import time
 from collections.abc import Awaitable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import aiohttp
 import numpy as np
@@ -64,6 +64,7 @@ from resolver.ledger import (
     reservation_key,
 )
 from resolver.ledger import GangMember as GangPlacementMember
+from resolver.redisclient import PipelinedRedis
 from resolver.rest import KubeREST
 from resolver.settings import SettingsError
 from resolver.supervise import Supervisor
@@ -103,6 +104,12 @@ def connect_redis(url: str) -> Redis:
     pool = BlockingConnectionPool.from_url(url, decode_responses=True, max_connections=REDIS_CONNECTIONS,
                                            timeout=REDIS_WAIT_SECONDS)
     return Redis.from_pool(pool)  # closing the client closes its pool
+
+
+def connect_scripts(url: str) -> Redis:
+    """The worker's client for ledger and queue scripts: one pipelined connection (`resolver.redisclient`), a
+    fraction of redis-py's CPU per call; blocking reads stay on `connect_redis`'s pool."""
+    return cast(Redis, PipelinedRedis(url))
 
 
 EVENT_POSTS_IN_FLIGHT = 32
@@ -151,11 +158,12 @@ class Worker:
     """One scheduler worker process.
 
     ``rest`` reaches the apiserver (bindings, events, pod conditions); ``binder`` replaces the binding call
-    (the benchmark's in-process sink). Without ``rest`` no event or condition is written.
+    (the benchmark's in-process sink). Without ``rest`` no event or condition is written. ``scripts`` runs the
+    ledger's and the queue's scripts (`connect_scripts`); ``redis`` the rest, blocking stream reads included.
     """
 
     def __init__(self, settings: WorkerSettings, *, redis: Redis, rest: KubeREST | None,
-                 binder: Binder | None = None) -> None:
+                 binder: Binder | None = None, scripts: Redis | None = None) -> None:
         self.settings = settings
         self.rest = rest
         if binder is None:
@@ -166,12 +174,12 @@ class Worker:
         self.events = EventSink(rest, per_second=settings.events_per_second, concurrency=EVENT_POSTS_IN_FLIGHT) \
             if rest is not None else None
         self.preemptor = None if rest is None else Preemptor(
-            rest, Ledger(redis), record=self._record, component=f"hoss-worker/{settings.id}",
+            rest, Ledger(redis, scripts=scripts), record=self._record, component=f"hoss-worker/{settings.id}",
             hold_seconds=settings.preemption_hold_seconds)
         """Preemption for unschedulable pods above the lowest placed priority (`workers.preempt`); None without an
         apiserver."""
-        self.queue = WorkQueue(redis)
-        self.ledger = Ledger(redis)
+        self.queue = WorkQueue(redis, scripts=scripts)
+        self.ledger = Ledger(redis, scripts=scripts)
         self._consumed: dict[str, str] = {}
         """pod uid -> the Reservation whose room its reservation took, until its binding is answered"""
         profiles, default = load_profiles(settings.policies_file)
