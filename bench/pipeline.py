@@ -33,7 +33,7 @@ from resolver import compact
 from resolver.ledger import BoundPod, Ledger
 from resolver.resources import node_allocatable, pod_requests
 from resolver.settings import run_loop
-from workers.core import Worker, connect_redis, connect_scripts
+from workers.core import Pipelined, Worker, connect_redis
 from workers.pod import PodView
 from workers.settings import WorkerSettings
 
@@ -145,13 +145,13 @@ def worker_settings(worker_id: str, redis_url: str, policies_file: str, **overri
 async def run_worker(settings: WorkerSettings, stop: asyncio.Event) -> Worker:
     """One worker with the sink binder, until `stop` is set."""
     redis = connect_redis(settings.redis_url)
-    scripts = connect_scripts(settings.redis_url)
-    worker = Worker(settings, redis=redis, rest=None, binder=SinkBinder(redis), scripts=scripts)
+    pipelined = Pipelined.connect(settings.redis_url)
+    worker = Worker(settings, redis=redis, rest=None, binder=SinkBinder(redis), pipelined=pipelined)
     task = asyncio.create_task(worker.run())
     await stop.wait()
     worker.stopping.set()
     await task
-    await scripts.aclose()
+    await pipelined.aclose()
     await redis.aclose()
     return worker
 

@@ -39,6 +39,7 @@ from redis.exceptions import (
 
 from resolver.errors import LedgerUnavailable, ResolverError
 from resolver.ledger import NOMINATED_KEY
+from resolver.redisclient import PipelinedRedis
 
 PREFIX = "{hoss}"
 GROUP = "hoss"
@@ -259,9 +260,11 @@ class WorkerInfo:
 class WorkQueue:
     """Both ends of the protocol over one Redis client (decode_responses=True)."""
 
-    def __init__(self, redis: Redis, *, scripts: Redis | None = None) -> None:
-        """``scripts``, when given, runs the queue's scripts (acknowledgements above all); see `Ledger`."""
+    def __init__(self, redis: Redis, *, scripts: Redis | None = None, reads: PipelinedRedis | None = None) -> None:
+        """``scripts``, when given, runs the queue's scripts (acknowledgements above all); ``reads`` is a pipelined
+        connection of its own for `read` (see `Ledger`)."""
         self.redis = redis
+        self._reads = reads
         script_client = redis if scripts is None else scripts
         self._mark_gone = script_client.register_script(_MARK_GONE)
         self._resend_changed = script_client.register_script(_RESEND_CHANGED)
@@ -310,15 +313,22 @@ class WorkQueue:
         self, worker_id: str, *, count: int, block_ms: int, pending: bool = False
     ) -> list[tuple[str, WorkItem]]:
         """New items (or, with ``pending``, items delivered before and not yet acknowledged, after a restart)."""
+        reply: Any
         async with self._guard():
-            reply: Any = await self.redis.xreadgroup(
-                GROUP, worker_id, {queue_key(worker_id): "0" if pending else ">"}, count=count,
-                block=None if pending else block_ms,
-            )
+            if self._reads is not None:  # the raw reply: fields as flat lists
+                block = () if pending else ("BLOCK", block_ms)
+                reply = await self._reads.execute("XREADGROUP", "GROUP", GROUP, worker_id, "COUNT", count, *block,
+                                                  "STREAMS", queue_key(worker_id), "0" if pending else ">")
+            else:
+                reply = await self.redis.xreadgroup(
+                    GROUP, worker_id, {queue_key(worker_id): "0" if pending else ">"}, count=count,
+                    block=None if pending else block_ms,
+                )
         items: list[tuple[str, WorkItem]] = []
         for _stream, entries in reply or []:
-            for message_id, fields in entries:
-                if fields:
+            for message_id, raw in entries:
+                if raw:
+                    fields = raw if isinstance(raw, dict) else dict(zip(raw[0::2], raw[1::2], strict=True))
                     items.append((message_id, WorkItem.decode(fields)))
         return items
 

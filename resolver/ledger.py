@@ -77,6 +77,7 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from resolver.errors import LedgerNotReadyError, LedgerUnavailable
+from resolver.redisclient import PipelinedRedis
 from resolver.resources import MAX_UNITS, ResourceVector
 
 logger = logging.getLogger(__name__)
@@ -462,12 +463,16 @@ class PodEntry:
 class Ledger:
     """The Redis ledger. Every method is one atomic script call; Redis errors raise `LedgerUnavailable`."""
 
-    def __init__(self, client: Redis, *, owns_client: bool = False, scripts: Redis | None = None) -> None:
-        """``scripts``, when given, runs the ledger's scripts (every operation but the change stream's blocking
-        reads and a few pipelined reads): `resolver.redisclient.PipelinedRedis`, whose cost per call is a fraction
-        of redis-py's, as the webhook and the workers use it. It stays its owner's to close."""
+    def __init__(self, client: Redis, *, owns_client: bool = False, scripts: Redis | None = None,
+                 reads: PipelinedRedis | None = None) -> None:
+        """``scripts``, when given, runs the ledger's scripts (every operation but the change stream's reads and a
+        few pipelined reads): `resolver.redisclient.PipelinedRedis`, whose cost per call is a fraction of
+        redis-py's, as the webhook and the workers use it. ``reads``, when given, is a pipelined connection of its
+        own for `changes` (a blocking read would hold up every other call on a shared one). Both stay their
+        owner's to close."""
         self._redis = client
         self._script_client = client if scripts is None else scripts
+        self._reads = reads
         self._owns_client = owns_client
         self._scripts: dict[str, AsyncScript | _ReadOnlyScript] = {}
 
@@ -882,7 +887,13 @@ class Ledger:
 
     async def changes(self, after: str, *, count: int = 2000, block_ms: int | None = None) -> list[Change]:
         """Change-stream entries after id `after` (at most `count`; waits up to `block_ms` for the first)."""
-        reply: Any = await self._call(self._redis.xread({CHANGES_KEY: after}, count=count, block=block_ms))
+        reply: Any
+        if self._reads is not None:  # the raw reply: entries' fields as flat lists, which decode_change reads
+            block = () if block_ms is None else ("BLOCK", block_ms)
+            reply = await self._call(self._reads.execute("XREAD", "COUNT", count, *block, "STREAMS", CHANGES_KEY,
+                                                         after))
+        else:
+            reply = await self._call(self._redis.xread({CHANGES_KEY: after}, count=count, block=block_ms))
         changes: list[Change] = []
         for _stream, entries in reply or []:
             for entry_id, fields in entries:

@@ -106,10 +106,25 @@ def connect_redis(url: str) -> Redis:
     return Redis.from_pool(pool)  # closing the client closes its pool
 
 
-def connect_scripts(url: str) -> Redis:
-    """The worker's client for ledger and queue scripts: one pipelined connection (`resolver.redisclient`), a
-    fraction of redis-py's CPU per call; blocking reads stay on `connect_redis`'s pool."""
-    return cast(Redis, PipelinedRedis(url))
+@dataclass
+class Pipelined:
+    """A worker's pipelined Redis connections (`resolver.redisclient`, a fraction of redis-py's CPU per call): one
+    for the ledger's and the queue's scripts, and one of its own for each blocking read (the change stream, the
+    work stream), which would hold up every other call on a shared connection. `connect_redis`'s pool keeps the
+    rest (pipelined reads, heartbeats)."""
+
+    scripts: PipelinedRedis
+    changes: PipelinedRedis
+    work: PipelinedRedis
+
+    @classmethod
+    def connect(cls, url: str) -> Pipelined:
+        """Connections to ``url``, each opened at its first call."""
+        return cls(PipelinedRedis(url), PipelinedRedis(url), PipelinedRedis(url))
+
+    async def aclose(self) -> None:
+        for client in (self.scripts, self.changes, self.work):
+            await client.aclose()
 
 
 EVENT_POSTS_IN_FLIGHT = 32
@@ -158,12 +173,12 @@ class Worker:
     """One scheduler worker process.
 
     ``rest`` reaches the apiserver (bindings, events, pod conditions); ``binder`` replaces the binding call
-    (the benchmark's in-process sink). Without ``rest`` no event or condition is written. ``scripts`` runs the
-    ledger's and the queue's scripts (`connect_scripts`); ``redis`` the rest, blocking stream reads included.
+    (the benchmark's in-process sink). Without ``rest`` no event or condition is written. ``pipelined`` carries
+    the scripts and the blocking reads when given (its owner closes it); otherwise ``redis`` carries everything.
     """
 
     def __init__(self, settings: WorkerSettings, *, redis: Redis, rest: KubeREST | None,
-                 binder: Binder | None = None, scripts: Redis | None = None) -> None:
+                 binder: Binder | None = None, pipelined: Pipelined | None = None) -> None:
         self.settings = settings
         self.rest = rest
         if binder is None:
@@ -173,12 +188,13 @@ class Worker:
         self.binder = binder
         self.events = EventSink(rest, per_second=settings.events_per_second, concurrency=EVENT_POSTS_IN_FLIGHT) \
             if rest is not None else None
+        scripts = None if pipelined is None else cast(Redis, pipelined.scripts)
         self.preemptor = None if rest is None else Preemptor(
             rest, Ledger(redis, scripts=scripts), record=self._record, component=f"hoss-worker/{settings.id}",
             hold_seconds=settings.preemption_hold_seconds)
         """Preemption for unschedulable pods above the lowest placed priority (`workers.preempt`); None without an
         apiserver."""
-        self.queue = WorkQueue(redis, scripts=scripts)
+        self.queue = WorkQueue(redis, scripts=scripts, reads=None if pipelined is None else pipelined.work)
         self.ledger = Ledger(redis, scripts=scripts)
         self._consumed: dict[str, str] = {}
         """pod uid -> the Reservation whose room its reservation took, until its binding is answered"""
@@ -192,7 +208,8 @@ class Worker:
         self.profiles: dict[str, Profile] = profiles
         self.default_profile = default
         self.nodes = NodeTable()
-        self.feed = NodeFeed(self.ledger, self.nodes, on_room=self._wake_retries,
+        self.feed = NodeFeed(Ledger(redis, scripts=scripts, reads=None if pipelined is None else pipelined.changes),
+                             self.nodes, on_room=self._wake_retries,
                              linger_ms=settings.feed_linger_ms)
         self.rng = np.random.default_rng(settings.seed)
         self.jitter = random.Random(settings.seed)

@@ -12,7 +12,7 @@ from aiohttp import web
 from resolver.access import TokenAccess
 from resolver.rest import KubeREST
 from resolver.settings import run_service
-from workers.core import Worker, connect_redis, connect_scripts
+from workers.core import Pipelined, Worker, connect_redis
 from workers.server import build_app
 from workers.settings import WorkerSettings
 
@@ -21,8 +21,8 @@ async def serve(settings: WorkerSettings) -> int:
     """Run until SIGTERM or SIGINT (0) or until a loop is dead (1)."""
     rest = await KubeREST.connect(settings.kubeconfig)
     redis = connect_redis(settings.redis_url)
-    scripts = connect_scripts(settings.redis_url)
-    worker = Worker(settings, redis=redis, rest=rest, scripts=scripts)
+    pipelined = Pipelined.connect(settings.redis_url)
+    worker = Worker(settings, redis=redis, rest=rest, pipelined=pipelined)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, worker.stopping.set)
@@ -37,7 +37,7 @@ async def serve(settings: WorkerSettings) -> int:
         await worker.run()
     finally:
         await runner.cleanup()
-        await scripts.aclose()
+        await pipelined.aclose()
         await redis.aclose()
         await rest.close()
     return 1 if worker.supervisor.fatal.is_set() else 0
