@@ -31,6 +31,7 @@ from dispatcher.queue import WorkQueue
 from dispatcher.settings import DispatcherSettings
 from resolver import compact
 from resolver.ledger import BoundPod, Ledger
+from resolver.redisclient import PipelinedRedis
 from resolver.resources import node_allocatable, pod_requests
 from resolver.settings import run_loop
 from workers.core import Pipelined, Worker, connect_redis
@@ -87,9 +88,11 @@ class PipelineRun:
 
 
 async def drive(redis: Redis, pods: Sequence[Json], *, expected_workers: int, timeout: float = 300.0,
-                on_start: Callable[[], None] | None = None) -> PipelineRun:
-    """Run a dispatcher over `pods` until every pod is bound by the sink (or the timeout)."""
-    dispatcher = Dispatcher(queue=WorkQueue(redis), settings=DispatcherSettings(identity="bench-pipeline"))
+                on_start: Callable[[], None] | None = None, sends: PipelinedRedis | None = None) -> PipelineRun:
+    """Run a dispatcher over `pods` until every pod is bound by the sink (or the timeout); ``sends`` is the
+    pipelined connection the dispatcher's sends take, as hoss-dispatcher's do (redis-py's ``redis`` without)."""
+    dispatcher = Dispatcher(queue=WorkQueue(redis, pipelined=sends),
+                            settings=DispatcherSettings(identity="bench-pipeline"))
     by_uid = {p["metadata"]["uid"]: p for p in pods}
     requests = {uid: pod_requests(p) for uid, p in by_uid.items()}
     # the ports and description the resolver's sync gives the ledger for a bound pod (resolver/sync.py)
@@ -207,6 +210,7 @@ async def pipeline_rows(*, nodes: int, pods: int, policies_file: str, work_dir: 
     redis_process = _start([shutil.which("redis-server") or "redis-server", "--port", str(port), "--save", "",
                             "--appendonly", "no", "--bind", "127.0.0.1"], work_dir)
     redis = Redis.from_url(url, decode_responses=True)
+    sends = PipelinedRedis(url)
     rows: dict[str, dict[str, Any]] = {}
     try:
         for _ in range(100):
@@ -231,7 +235,8 @@ async def pipeline_rows(*, nodes: int, pods: int, policies_file: str, work_dir: 
                 meter = CpuMeter({"redis-server": redis_process.pid, "dispatcher": os.getpid(),
                                   **{f"hoss-worker-pw{i}": w.pid for i, w in enumerate(workers)}})
                 driving = asyncio.create_task(drive(redis, [pod_object(n) for n in range(pods)],
-                                                    expected_workers=count, timeout=300, on_start=meter.start))
+                                                    expected_workers=count, timeout=300, on_start=meter.start,
+                                                    sends=sends))
                 run = await driving
                 spent = meter.stop()
             finally:
@@ -258,6 +263,7 @@ async def pipeline_rows(*, nodes: int, pods: int, policies_file: str, work_dir: 
                                  "apiserver; 'dispatcher' is the bench process (dispatcher and driver)"}
             progress("", run.bound, pods)
     finally:
+        await sends.aclose()
         await redis.aclose()
         redis_process.terminate()
         redis_process.wait(timeout=15)

@@ -27,6 +27,7 @@ from dispatcher.settings import DispatcherSettings
 from resolver.access import STATUS_PATHS, TokenAccess
 from resolver.kube import api_client, run_informer
 from resolver.ledger import Ledger
+from resolver.redisclient import PipelinedRedis
 from resolver.rest import KubeREST
 from resolver.settings import run_service
 
@@ -68,7 +69,9 @@ async def running_dispatcher(settings: DispatcherSettings) -> AsyncIterator[Runn
             renew_deadline_seconds=settings.renew_deadline_seconds,
             renew_interval_seconds=settings.renew_interval_seconds,
         )
-        queue = WorkQueue(redis)
+        sends = PipelinedRedis(settings.redis_url)  # the dispatch transactions, one write each
+        stack.push_async_callback(sends.aclose)
+        queue = WorkQueue(redis, pipelined=sends)
         dispatcher = Dispatcher(
             queue=queue, settings=settings, notifier=KubeNotifier(core), is_leader=lambda: elector.is_leader
         )

@@ -20,6 +20,7 @@ and the apiserver refuses a second binding.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -110,6 +111,10 @@ replica after a failover): the caller pauses and retries, as for a lost connecti
 
 _TRANSIENT_CLASSES = (OutOfMemoryError, ReadOnlyError, TryAgainError, ClusterDownError, ExecAbortError)
 
+
+SEND_TIMEOUT_SECONDS = 5.0
+"""How long the dispatcher waits for Redis to answer a send on its pipelined connection (as redis-py's socket
+timeout does for its other calls)."""
 
 class QueueLost(ResolverError):
     """The worker's stream or consumer group does not exist (NOGROUP): the dispatcher declared the worker dead
@@ -260,11 +265,14 @@ class WorkerInfo:
 class WorkQueue:
     """Both ends of the protocol over one Redis client (decode_responses=True)."""
 
-    def __init__(self, redis: Redis, *, scripts: Redis | None = None, reads: PipelinedRedis | None = None) -> None:
+    def __init__(self, redis: Redis, *, scripts: Redis | None = None, reads: PipelinedRedis | None = None,
+                 pipelined: PipelinedRedis | None = None) -> None:
         """``scripts``, when given, runs the queue's scripts (acknowledgements above all); ``reads`` is a pipelined
-        connection of its own for `read` (see `Ledger`)."""
+        connection of its own for `read` (see `Ledger`); ``pipelined`` carries the dispatcher's sends
+        (`enqueue_many`). Each stays its owner's to close."""
         self.redis = redis
         self._reads = reads
+        self._pipelined = pipelined
         script_client = redis if scripts is None else scripts
         self._mark_gone = script_client.register_script(_MARK_GONE)
         self._resend_changed = script_client.register_script(_RESEND_CHANGED)
@@ -376,6 +384,8 @@ class WorkQueue:
         """Append each item to its worker's stream and record its uids as dispatched, in one transaction."""
         if not assignments:
             return []
+        if self._pipelined is not None:
+            return await self._enqueue_pipelined(assignments)
         async with self._guard():
             pipe = self.redis.pipeline(transaction=True)
             owners: dict[str, str] = {}
@@ -387,6 +397,33 @@ class WorkQueue:
             pipe.sadd(WORKERS, *{worker_id for worker_id, _item in assignments})
             replies = await pipe.execute()
         return [str(message_id) for message_id in replies[: len(assignments)]]
+
+    async def _enqueue_pipelined(self, assignments: Sequence[tuple[str, WorkItem]]) -> list[str]:
+        """`enqueue_many` as one write of MULTI, the XADDs, HSET, SADD and EXEC on the pipelined connection."""
+        assert self._pipelined is not None
+        commands: list[list[Any]] = [["MULTI"]]
+        owners: list[str] = []
+        for worker_id, item in assignments:
+            commands.append(["XADD", queue_key(worker_id), "*",
+                             *(value for pair in item.encode().items() for value in pair)])
+            for uid in [m.uid for m in item.members] or [item.uid]:
+                owners.extend((uid, worker_id))
+        commands.append(["HSET", DISPATCHED, *owners])
+        commands.append(["SADD", WORKERS, *{worker_id for worker_id, _item in assignments}])
+        commands.append(["EXEC"])
+        try:
+            async with self._guard(), asyncio.timeout(SEND_TIMEOUT_SECONDS):
+                replies = await self._pipelined.execute_many(commands)
+        except TimeoutError as error:
+            await self._pipelined.aclose()  # a Redis that does not answer: the next send connects again
+            raise LedgerUnavailable(f"redis: no answer to a dispatch in {SEND_TIMEOUT_SECONDS:g} s") from error
+        executed = replies[-1]
+        if not isinstance(executed, list) or len(executed) != len(commands) - 2:
+            raise LedgerUnavailable(f"redis: the dispatch transaction was not executed ({executed!r})")
+        for reply in executed:
+            if isinstance(reply, ResponseError):
+                raise classify(reply) or reply
+        return [str(message_id) for message_id in executed[: len(assignments)]]
 
     async def mark_gone(self, uids: Sequence[str]) -> int:
         """Forget dispatched pods that left the pending set, telling their workers to skip them (a pod its

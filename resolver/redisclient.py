@@ -13,7 +13,8 @@ password`` first on every new connection; ``rediss://`` connects over TLS with t
 
 `PipelinedRedis` offers exactly what `resolver.ledger.Ledger` uses of its client for the webhook's operations:
 ``register_script`` (EVALSHA, loading the script on NOSCRIPT), ``evalsha_ro`` and ``script_load`` (read-only
-scripts), ``exists``, ``get``, ``delete`` and ``aclose``.
+scripts), ``exists``, ``get``, ``delete`` and ``aclose``; ``execute`` and ``execute_many`` send any command (the
+workers' blocking stream reads on connections of their own, the dispatcher's MULTI ... EXEC sends).
 Errors are redis-py's (ConnectionError, TimeoutError, ResponseError, NoScriptError), so the ledger turns them into
 LedgerUnavailable as it does for redis-py's. There is no per-call timeout: callers bound their calls (the webhook
 uses asyncio.timeout); a call cancelled that way leaves its reply to be read and dropped. A lost connection fails
@@ -27,6 +28,7 @@ import collections
 import contextlib
 import hashlib
 import ssl
+from collections.abc import Sequence
 from typing import Any
 
 import hiredis
@@ -137,6 +139,19 @@ class PipelinedRedis:
         assert protocol.transport is not None
         protocol.transport.write(hiredis.pack_command(args))
         return await future
+
+    async def execute_many(self, commands: Sequence[Sequence[Any]]) -> list[Any]:
+        """Send several commands in one write, so nothing another caller sends comes between them (a MULTI ...
+        EXEC block stays whole); their replies in order. The first error Redis answered is raised."""
+        protocol = self._protocol
+        if protocol is None or protocol.closed:
+            protocol = await self._connect()
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[Any]] = [loop.create_future() for _ in commands]
+        protocol.pending.extend(futures)
+        assert protocol.transport is not None
+        protocol.transport.write(b"".join(hiredis.pack_command(tuple(command)) for command in commands))
+        return list(await asyncio.gather(*futures))
 
     async def aclose(self) -> None:
         protocol, self._protocol = self._protocol, None

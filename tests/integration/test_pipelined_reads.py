@@ -1,6 +1,7 @@
-"""The workers' blocking reads on pipelined connections of their own (`workers.core.Pipelined`), on a real
-redis-server: the change stream and the work stream read through `resolver.redisclient.PipelinedRedis` give exactly
-what redis-py's clients give, a read blocks until an entry arrives, and a blocked read holds up nothing else."""
+"""Pipelined connections (`resolver.redisclient.PipelinedRedis`) where redis-py's pool was, on a real redis-server:
+the workers' blocking reads of the change stream and the work stream (`workers.core.Pipelined`) give exactly what
+redis-py gives, a read blocks until an entry arrives and holds up nothing else; the dispatcher's sends leave exactly
+what redis-py's transaction left, and fail as it does."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from typing import cast
 
 import pytest
 import redis.asyncio
+from redis.exceptions import ResponseError
 
-from dispatcher.queue import WorkItem, WorkQueue
+from dispatcher.queue import DISPATCHED, WORKERS, WorkItem, WorkQueue, queue_key
 from resolver.ledger import Ledger
 from resolver.redisclient import PipelinedRedis
 
@@ -76,3 +78,36 @@ async def test_work_stream_reads_match_redis_py_new_and_pending(
     assert not waiting.done()
     [late_id] = await queue.enqueue_many([("w1", items[0])])
     assert await asyncio.wait_for(waiting, 5) == [(late_id, items[0])]
+
+
+async def test_dispatch_sends_on_the_pipelined_connection_leave_what_redis_py_leaves(
+    client: redis.asyncio.Redis, pipelined: PipelinedRedis
+) -> None:
+    items = [WorkItem(uid=f"u{i}", namespace="ns", name=f"p{i}", policy="default", pod=f'{{"n":{i}}}', digest=f"d{i}")
+             for i in range(4)]
+    assignments = [("w1", items[0]), ("w2", items[1]), ("w1", items[2]), ("w2", items[3])]
+
+    async def state() -> tuple[object, ...]:
+        streams = {w: [fields for _id, fields in cast(list[tuple[str, dict[str, str]]],
+                                                        await client.xrange(queue_key(w)))] for w in ("w1", "w2")}
+        return streams, await client.hgetall(DISPATCHED), await client.smembers(WORKERS)
+
+    ids = await WorkQueue(client).enqueue_many(assignments)
+    expected = await state()
+    await client.flushdb()
+    sent = await WorkQueue(client, pipelined=pipelined).enqueue_many(assignments)
+    assert await state() == expected
+    assert [await client.xrange(queue_key(w), s, s) != [] for (w, _item), s in zip(assignments, sent, strict=True)] \
+        == [True] * 4, "each id names its item in its worker's stream"
+    assert len(sent) == len(ids) == 4
+
+
+async def test_a_dispatch_send_redis_refuses_raises_as_redis_py_does(
+    client: redis.asyncio.Redis, pipelined: PipelinedRedis
+) -> None:
+    item = WorkItem(uid="u1", namespace="ns", name="p1", policy="default", pod="{}", digest="d")
+    for queue in (WorkQueue(client), WorkQueue(client, pipelined=pipelined)):
+        await client.flushdb()
+        await client.set(queue_key("w2"), "not a stream")  # the second XADD fails inside the transaction
+        with pytest.raises(ResponseError, match="WRONGTYPE"):
+            await queue.enqueue_many([("w1", item), ("w2", item)])
