@@ -638,7 +638,8 @@ class Dispatcher:
         batch: list[tuple[str, WorkItem]] = []
         for item in [*map(self._with_hints, plan_work_items(singles, attempts=self._attempts)), *gang_items]:
             uids = item_uids(item)
-            worker = choose_worker(self.workers, item.policy, loads=loads, rng=self._rng)
+            worker = choose_worker(self.workers, item.policy, loads=loads, rng=self._rng,
+                                   pack_depth=self.settings.pack_depth)
             if worker is None:
                 for uid in uids:
                     self._wait(by_uid[uid])

@@ -56,6 +56,10 @@ class DispatcherSettings(AccessSettings):
     informer_lag_seconds: float = Field(default=5.0, ge=0)
     """How far the pending-pod watch may lag the workers: a pod a worker acknowledged but still seen pending is
     dispatched again, and a dispatched uid never seen pending is forgotten, only after this long."""
+    pack_depth: int = Field(default=32, ge=0)
+    """A worker keeps getting new pods until this many of its pods are outstanding (sent, not yet acknowledged);
+    only then does the dispatcher spread them (power of two choices). A light load then stays on few workers, which
+    decide, reserve and acknowledge its pods in batches instead of one at a time; 0 spreads every pod."""
     failed_dependency: Literal["fail", "wait"] = "fail"
     """What becomes of a pod whose hoss.io/depends-on Job or PodGroup failed: fail (the pod is set Failed with
     reason DependencyFailed, so its Job counts the failure) or wait (it stays Pending, told why, and starts if the

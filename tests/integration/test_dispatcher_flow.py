@@ -96,7 +96,7 @@ async def stream_uids(queue: WorkQueue, worker_id: str) -> list[str]:
 async def test_dead_workers_items_go_to_a_live_worker_none_lost_none_twice(queue: WorkQueue) -> None:
     pods = [pending_pod(n) for n in range(12)]
     by_uid = {pod["metadata"]["uid"]: pod for pod in pods}
-    dispatcher = await make_dispatcher(queue, pods)
+    dispatcher = await make_dispatcher(queue, pods, pack_depth=4)  # each worker takes 4, then they are spread
     await beat(queue, "a", ttl=DYING_SECONDS)
     await beat(queue, "b")
 

@@ -65,8 +65,8 @@ async def test_a_worker_that_heartbeats_but_reads_nothing_is_passed_over_and_its
 ) -> None:
     queue = WorkQueue(client)
     now = [100.0]
-    dispatcher = Dispatcher(queue=queue, settings=DispatcherSettings(identity="t", stall_seconds=10),
-                            clock=lambda: now[0])
+    dispatcher = Dispatcher(queue=queue, settings=DispatcherSettings(identity="t", stall_seconds=10, pack_depth=5),
+                            clock=lambda: now[0])  # 20 pods: each worker takes 5, the rest are spread
     await dispatcher.on_list([pod_object(n) | {"spec": {**pod_object(n)["spec"], "schedulerName": "hoss"}}
                               for n in range(20)])
     dispatcher.synced.set()

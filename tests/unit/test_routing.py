@@ -71,3 +71,42 @@ def test_power_of_two_choices_spreads_a_burst_over_all_workers() -> None:
         assert chosen is not None
         loads[chosen.id] += 1
     assert max(loads.values()) - min(loads.values()) <= 10
+
+
+def test_packing_fills_the_most_loaded_unfilled_worker_then_spreads() -> None:
+    workers = [WorkerInfo(id=f"w{i}", policies=["default"]) for i in range(4)]
+    workers.append(WorkerInfo(id="gpu", policies=["gpu"]))
+    loads = {w.id: 0 for w in workers}
+    rng = random.Random(6)
+    order = []
+    for _ in range(8):
+        chosen = choose_worker(workers, "default", loads=loads, rng=rng, pack_depth=4)
+        assert chosen is not None
+        order.append(chosen.id)
+        loads[chosen.id] += 1
+    # a light load stays on one worker until it holds pack_depth pods, then on the next
+    assert order[:4] == [order[0]] * 4
+    assert order[4:] == [order[4]] * 4 and order[4] != order[0]
+    assert loads["gpu"] == 0, "only workers serving the policy are packed"
+
+    loads = {"w0": 1, "w1": 3, "w2": 0, "w3": 9}
+    chosen = choose_worker(workers, "default", loads=loads, rng=rng, pack_depth=4)
+    assert chosen is not None and chosen.id == "w1", "the most loaded of the workers below the depth"
+
+    for _ in range(400):  # past the depth everywhere: power of two choices spreads the rest
+        chosen = choose_worker(workers, "default", loads=loads, rng=rng, pack_depth=4)
+        assert chosen is not None
+        loads[chosen.id] += 1
+    spread = [loads[f"w{i}"] for i in range(4)]
+    assert max(spread) - min(spread) <= 12, spread
+
+
+def test_pack_depth_zero_spreads_every_pod() -> None:
+    workers = [WorkerInfo(id=f"w{i}", policies=["default"]) for i in range(4)]
+    loads = {w.id: 0 for w in workers}
+    rng = random.Random(7)
+    for _ in range(8):
+        chosen = choose_worker(workers, "default", loads=loads, rng=rng, pack_depth=0)
+        assert chosen is not None
+        loads[chosen.id] += 1
+    assert max(loads.values()) < 8, "without packing a burst is not kept on one worker"
