@@ -131,9 +131,7 @@ class PipelinedRedis:
 
     async def execute(self, *args: Any) -> Any:
         """Send one command; its reply (strings decoded as UTF-8), or the error Redis answered."""
-        protocol = self._protocol
-        if protocol is None or protocol.closed:
-            protocol = await self._connect()
+        protocol = await self._connected()
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         protocol.pending.append(future)
         assert protocol.transport is not None
@@ -143,15 +141,19 @@ class PipelinedRedis:
     async def execute_many(self, commands: Sequence[Sequence[Any]]) -> list[Any]:
         """Send several commands in one write, so nothing another caller sends comes between them (a MULTI ...
         EXEC block stays whole); their replies in order. The first error Redis answered is raised."""
-        protocol = self._protocol
-        if protocol is None or protocol.closed:
-            protocol = await self._connect()
+        protocol = await self._connected()
         loop = asyncio.get_running_loop()
         futures: list[asyncio.Future[Any]] = [loop.create_future() for _ in commands]
         protocol.pending.extend(futures)
         assert protocol.transport is not None
         protocol.transport.write(b"".join(hiredis.pack_command(tuple(command)) for command in commands))
         return list(await asyncio.gather(*futures))
+
+    async def _connected(self) -> _Protocol:
+        protocol = self._protocol
+        if protocol is None or protocol.closed:
+            protocol = await self._connect()
+        return protocol
 
     async def aclose(self) -> None:
         protocol, self._protocol = self._protocol, None

@@ -189,13 +189,13 @@ class Worker:
         self.events = EventSink(rest, per_second=settings.events_per_second, concurrency=EVENT_POSTS_IN_FLIGHT) \
             if rest is not None else None
         scripts = None if pipelined is None else cast(Redis, pipelined.scripts)
+        self.queue = WorkQueue(redis, scripts=scripts, reads=None if pipelined is None else pipelined.work)
+        self.ledger = Ledger(redis, scripts=scripts, reads=None if pipelined is None else pipelined.changes)
         self.preemptor = None if rest is None else Preemptor(
-            rest, Ledger(redis, scripts=scripts), record=self._record, component=f"hoss-worker/{settings.id}",
+            rest, self.ledger, record=self._record, component=f"hoss-worker/{settings.id}",
             hold_seconds=settings.preemption_hold_seconds)
         """Preemption for unschedulable pods above the lowest placed priority (`workers.preempt`); None without an
         apiserver."""
-        self.queue = WorkQueue(redis, scripts=scripts, reads=None if pipelined is None else pipelined.work)
-        self.ledger = Ledger(redis, scripts=scripts)
         self._consumed: dict[str, str] = {}
         """pod uid -> the Reservation whose room its reservation took, until its binding is answered"""
         profiles, default = load_profiles(settings.policies_file)
@@ -208,8 +208,7 @@ class Worker:
         self.profiles: dict[str, Profile] = profiles
         self.default_profile = default
         self.nodes = NodeTable()
-        self.feed = NodeFeed(Ledger(redis, scripts=scripts, reads=None if pipelined is None else pipelined.changes),
-                             self.nodes, on_room=self._wake_retries,
+        self.feed = NodeFeed(self.ledger, self.nodes, on_room=self._wake_retries,
                              linger_ms=settings.feed_linger_ms)
         self.rng = np.random.default_rng(settings.seed)
         self.jitter = random.Random(settings.seed)

@@ -71,6 +71,17 @@ class RawServer:
         return f"http://127.0.0.1:{self.port}"
 
 
+def in_turn(*replies: bytes, keep: Callable[[bytes], bool] = lambda reply: True) -> Handler:
+    """Each request gets the next of ``replies``; the connection stays while ``keep(reply)``."""
+    pending = iter(replies)
+
+    async def handle(request: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        reply = next(pending)
+        writer.write(reply)
+        return keep(reply)
+    return handle
+
+
 def answer(raw: bytes, *, keep: bool = True) -> Handler:
     async def handle(request: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
         writer.write(raw)
@@ -155,13 +166,8 @@ async def test_a_body_without_length_ends_with_the_connection(make_pool: Callabl
 
 
 async def test_informational_responses_are_skipped_and_204_has_no_body(make_pool: Callable[..., Http1Pool]) -> None:
-    replies = iter([b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
-                    b"HTTP/1.1 204 No Content\r\n\r\n"])
-
-    async def handle(request: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
-        writer.write(next(replies))
-        return True
-
+    handle = in_turn(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+                     b"HTTP/1.1 204 No Content\r\n\r\n")
     async with RawServer(handle) as server:
         pool = make_pool(server.url)
         assert await get(pool) == (200, b"ok")
@@ -170,14 +176,8 @@ async def test_informational_responses_are_skipped_and_204_has_no_body(make_pool
 
 
 async def test_a_connection_closed_mid_response_raises_and_is_not_reused(make_pool: Callable[..., Http1Pool]) -> None:
-    replies = iter([b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort",
-                    b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nfine"])
-
-    async def handle(request: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
-        reply = next(replies)
-        writer.write(reply)
-        return reply.endswith(b"fine")
-
+    handle = in_turn(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort",
+                     b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nfine", keep=lambda reply: reply.endswith(b"fine"))
     async with RawServer(handle) as server:
         pool = make_pool(server.url)
         with pytest.raises(ConnectionError, match="closed the connection"):
