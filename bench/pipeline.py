@@ -145,11 +145,14 @@ def worker_settings(worker_id: str, redis_url: str, policies_file: str, **overri
                           scheduled_events=False, **overrides)
 
 
-async def run_worker(settings: WorkerSettings, stop: asyncio.Event) -> Worker:
-    """One worker with the sink binder, until `stop` is set."""
+async def run_worker(settings: WorkerSettings, stop: asyncio.Event, *,
+                     prepare: Callable[[Worker], None] | None = None) -> Worker:
+    """One worker with the sink binder, until `stop` is set; `prepare` sees it before it starts."""
     redis = connect_redis(settings.redis_url)
     pipelined = Pipelined.connect(settings.redis_url)
     worker = Worker(settings, redis=redis, rest=None, binder=SinkBinder(redis), pipelined=pipelined)
+    if prepare is not None:
+        prepare(worker)
     task = asyncio.create_task(worker.run())
     await stop.wait()
     worker.stopping.set()

@@ -67,7 +67,7 @@ import importlib.resources
 import logging
 import secrets
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import Any, Final, Literal, Self
 
@@ -104,6 +104,8 @@ class Reserved:
     consumed: bool = False
     """The pod took a share of the room of the Reservation it named (`BatchPod.reservation`); the share goes back
     to the Reservation when the pod's entry goes."""
+    change: str = field(default="", compare=False)
+    """The id of the change-stream entry the reserving call wrote ('' when unknown): its totals count the pod."""
 
 
 @dataclass(frozen=True)
@@ -131,6 +133,8 @@ class GangReserved:
     """Every member of the gang holds an entry on its node."""
 
     uids: tuple[str, ...]
+    change: str = field(default="", compare=False)
+    """The id of the change-stream entry the call wrote: its totals count every member."""
 
 
 @dataclass(frozen=True)
@@ -509,7 +513,7 @@ class Ledger:
         result = decode_reserve_reply(reply)
         if isinstance(result, GangReserved):
             logger.debug("reserved %s on %s for %s", pod, node, owner)
-            return Reserved(node)
+            return Reserved(node, change=result.change)
         return result
 
     async def reserve_gang(self, *, members: Sequence[GangMember], owner: str, ttl_seconds: float,
@@ -531,7 +535,7 @@ class Ledger:
         result = decode_reserve_reply(await self._run("reserve", args))
         if isinstance(result, GangReserved):
             logger.info("reserved gang of %d pods for %s", len(members), owner)
-            return GangReserved(tuple(uids))
+            return GangReserved(tuple(uids), change=result.change)
         return result
 
     async def reserve_batch(self, pods: Sequence[BatchPod], *, owner: str, ttl_seconds: float) -> list[BatchResult] \
@@ -548,7 +552,9 @@ class Ledger:
         refusal = _refusal(reply) if reply and _text(reply[0]) == "not_ready" else None
         if isinstance(refusal, LedgerNotReady):
             return refusal
-        return [decode_batch_result(reply[i:i + 5]) for i in range(0, len(reply), 5)]
+        change = _text(reply[-1]) if len(reply) % 5 == 1 else ""
+        results = [decode_batch_result(reply[i:i + 5]) for i in range(0, len(reply) - len(reply) % 5, 5)]
+        return [replace(r, change=change) if isinstance(r, Reserved) else r for r in results]
 
     async def confirm(
         self, *, uid: str, pod: str, node: str, request: Mapping[str, int] | None, owner: str,
@@ -1078,7 +1084,7 @@ def decode_reserve_reply(reply: Sequence[object]) -> GangResult:
         return refusal
     if _text(reply[0]) != "reserved":
         raise LedgerUnavailable(f"unexpected reserve reply {reply!r}")
-    return GangReserved(())
+    return GangReserved((), change=_text(reply[1]) if len(reply) > 1 else "")
 
 
 def decode_confirm_reply(reply: Sequence[object]) -> ConfirmResult:

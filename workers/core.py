@@ -542,7 +542,7 @@ class Worker:
                     self._unschedulable(work, decision.message)
                 continue
             first = decision.candidates[0]
-            self.nodes.add_used(first, pod.request)  # later pods of the batch see this placement
+            self.nodes.hold_locally(first, pod.request)  # later pods of the batch see this placement
             inter_pod = pod.reads_pod_index
             if pod.host_ports or inter_pod:
                 # ... and its host ports and inter-pod terms (the ledger's stream confirms or the results undo it)
@@ -574,7 +574,7 @@ class Worker:
         )
         for index, (_work, pod, decision) in enumerate(decided):
             if decision.candidates[0] in self.nodes:
-                self.nodes.sub_used(decision.candidates[0], pod.request)
+                self.nodes.drop_locally(decision.candidates[0], pod.request)
             tentative = pod.host_ports or pod.reads_pod_index
             placed = self.nodes.pods.get(pod.uid) if tentative else None
             result = results[index] if isinstance(results, list) else None
@@ -589,9 +589,9 @@ class Worker:
         reclaiming: list[tuple[Work, PodView, str]] = []
         for (work, pod, _decision), result in zip(decided, results, strict=True):
             match result:
-                case Reserved(node=node, consumed=consumed):
+                case Reserved(node=node, consumed=consumed, change=change):
                     if node in self.nodes:
-                        self.nodes.add_used(node, pod.request)
+                        self.nodes.expect(node, pod.request, change, self.feed.position)
                     self.conflict_rounds.pop(pod.uid, None)
                     if name := reservation_name(work.raw):
                         self._start_keep(work, pod, node, name)
@@ -723,7 +723,7 @@ class Worker:
         usage = await self.ledger.node_usage(names)
         for name, (_alloc, used) in usage.items():
             if name in self.nodes:
-                self.nodes.set_used(name, used)
+                self.nodes.set_totals(name, used)
 
     def _malformed(self, work: Work) -> None:
         self.count("malformed")
@@ -793,10 +793,10 @@ class Worker:
                                                 ttl_seconds=self.settings.reservation_ttl_seconds,
                                                 position=position, inter_pod_keys=[inter_pod_keys(v) for v in chosen])
         match result:
-            case GangReserved():
+            case GangReserved(change=change):
                 for placed in members:
                     if placed.node in self.nodes:
-                        self.nodes.add_used(placed.node, placed.request)
+                        self.nodes.expect(placed.node, placed.request, change, self.feed.position)
                 log.info("gang %s: %d members reserved on %d nodes (leaves: %s)", item.gang, len(members),
                          len({m.node for m in members}), ", ".join(placement.leaves) or "-")
                 self._start_bind(work, [(v, placement.assignments[v.uid]) for v in chosen])
@@ -920,8 +920,8 @@ class Worker:
         happened after all); `answered` (the apiserver answered with an error, so the write is over) asks the
         resolver's sync to check it at once."""
         try:
-            if await self.ledger.release_assumed(uid=pod.uid, node=node, answered=answered) and node in self.nodes:
-                self.nodes.sub_used(node, pod.request)
+            # The release's change-stream entry gives the room back to this worker's table, as to every other.
+            await self.ledger.release_assumed(uid=pod.uid, node=node, answered=answered)
         except (LedgerUnavailable, LedgerNotReadyError) as error:
             log.warning("cannot release the reservation of %s on %s (it expires by itself): %s", pod.key, node, error)
 

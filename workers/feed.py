@@ -7,8 +7,13 @@ of the last change, read at one instant) and then applies the stream in order. A
 dictionary update, whatever the number of nodes and workers; it never re-reads the whole ledger except after a
 rebuild (an ``r`` entry), when the stream was trimmed past the worker's position, or when Redis lost its data.
 
-Entries carry totals, not increments, so applying one twice or after the worker's own local update is harmless:
-the latest entry is the ledger's truth at that moment.
+Entries carry totals, not increments, so applying one twice is harmless: the latest entry is the ledger's truth at
+that moment. What the worker counts itself rides on top of them (`NodeTable.set_totals`): a decision's tentative
+placement while its reservation call is under way, and a reservation until the feed applies the entry its call
+wrote (the call's reply names it; `NodeTable.expect`, `NodeTable.settle`). The reply and the feed's read of the entry
+come on different connections, in either order; adding the reservation after its entry's totals were applied
+would count it twice, and with nothing else touching the node (a bind in place writes no entry) the worker would
+see the node fuller than it is until the next change there.
 
 The feed also keeps the table's pod index (`NodeTable.pods`: which pods run or are reserved on each node, with
 their namespace, labels and host ports): the load brings every entry, and each ``u`` entry says which pods the
@@ -27,17 +32,11 @@ from collections.abc import Callable, Mapping
 from resolver import compact
 from resolver.errors import LedgerUnavailable, ResolverError
 from resolver.ledger import Change, Ledger, Nomination, decode_nominations, parse_used
-from workers.nodes import NodeTable, parse_placed
+from workers.nodes import NodeTable, parse_placed, stream_position
 
 log = logging.getLogger(__name__)
 
 CHECK_TRIM_SECONDS = 10.0
-
-
-def stream_id(text: str) -> tuple[int, int]:
-    """A stream id ('1700000000000-3') as a comparable pair."""
-    millis, _, sequence = text.partition("-")
-    return int(millis), int(sequence or 0)
 
 
 class NodeFeed:
@@ -72,7 +71,7 @@ class NodeFeed:
             if not spec:
                 continue  # registered by a binding before the sync described it: not schedulable yet
             if self._upsert(name, spec):
-                self.table.set_used(name, used)
+                self.table.set_totals(name, used)
                 present.add(name)
         for name in list(self.table.names):
             if name not in present:
@@ -81,6 +80,7 @@ class NodeFeed:
         for uid, node, meta in snapshot.pods:
             self.table.place_pod(parse_placed(uid, node, meta))
         self.position = snapshot.last_change
+        self.table.settle(self.position)
         self.epoch = snapshot.epoch
         # Read after the load: a hold that changed in between is in the stream after this position as well.
         self.holds = {key: hold for key, hold in (await self.ledger.nominations()).items() if hold.pin}
@@ -103,37 +103,46 @@ class NodeFeed:
     def apply(self, changes: list[Change]) -> bool:
         """Apply entries in order; True when the ledger was rebuilt and must be loaded again."""
         room = False
-        for change in changes:
-            self.position = change.id
-            self.applied += 1
-            if change.kind == "r":
-                return True
-            for name, value in change.items:
-                if change.kind == "u" and name[:2] == "p:":
-                    node, _, meta = value.partition("\n")
-                    self.table.place_pod(parse_placed(name[2:], node, meta))
-                elif change.kind == "u" and name[:2] == "x:":
-                    gone = self.table.remove_pod(name[2:])
-                    room = room or (gone is not None and bool(gone.ports))  # a host port was freed
-                elif change.kind == "u":
-                    if name in self.table:
-                        used = parse_used(value)
-                        before = self.table.used_of(name)
-                        self.table.set_used(name, used)
-                        room = room or any(used.get(r, 0) < amount for r, amount in before.items())
-                elif change.kind == "s":
-                    new = name not in self.table
-                    if value and self._upsert(name, value):
-                        room = room or new
-                    elif not value:
-                        self.table.remove_node(name)
-                elif change.kind == "d":
-                    self.table.remove_node(name)
-                elif change.kind == "h":
-                    self._hold(name, value)
+        try:
+            for change in changes:
+                self.position = change.id
+                self.applied += 1
+                if change.kind == "r":
+                    return True
+                room = self._apply_one(change) or room
+        finally:
+            self.table.settle(self.position)
         if room and self.on_room is not None:
             self.on_room()
         return False
+
+    def _apply_one(self, change: Change) -> bool:
+        """Apply one entry; True when it gave room back (usage fell, a host port was freed, a node appeared)."""
+        room = False
+        for name, value in change.items:
+            if change.kind == "u" and name[:2] == "p:":
+                node, _, meta = value.partition("\n")
+                self.table.place_pod(parse_placed(name[2:], node, meta))
+            elif change.kind == "u" and name[:2] == "x:":
+                gone = self.table.remove_pod(name[2:])
+                room = room or (gone is not None and bool(gone.ports))  # a host port was freed
+            elif change.kind == "u":
+                if name in self.table:
+                    before = self.table.used_of(name)
+                    self.table.set_totals(name, parse_used(value))
+                    after = self.table.used_of(name)
+                    room = room or any(after.get(r, 0) < amount for r, amount in before.items())
+            elif change.kind == "s":
+                new = name not in self.table
+                if value and self._upsert(name, value):
+                    room = room or new
+                elif not value:
+                    self.table.remove_node(name)
+            elif change.kind == "d":
+                self.table.remove_node(name)
+            elif change.kind == "h":
+                self._hold(name, value)
+        return room
 
     def _hold(self, key: str, raw: str) -> None:
         if not raw:
@@ -169,7 +178,7 @@ class NodeFeed:
         """Load again when the oldest entry in the stream is newer than our position (we missed entries), or when
         the ledger's epoch changed without us seeing the rebuild (Redis lost the stream with its data)."""
         first = await self.ledger.first_change()
-        if first is not None and self.position != "0-0" and stream_id(first) > stream_id(self.position):
+        if first is not None and self.position != "0-0" and stream_position(first) > stream_position(self.position):
             log.warning("the change stream no longer holds this worker's position; loading the ledger again")
             await self.load()
             return

@@ -118,6 +118,12 @@ class PlacedPod:
         return bool(self.affinity or self.preferred or self.preferred_anti)
 
 
+def stream_position(text: str) -> tuple[int, int]:
+    """A Redis stream id ('1700000000000-3') as a comparable pair."""
+    millis, _, sequence = text.partition("-")
+    return int(millis), int(sequence or 0)
+
+
 def parse_placed(uid: str, node: str, meta: str) -> PlacedPod:
     """A pod index entry from the ledger's meta (`resolver.compact.pod_meta`); lenient: a pod without meta (written
     by an older resolver) or with an unreadable one has no labels and no ports."""
@@ -238,6 +244,11 @@ class NodeTable:
         self._label_values: dict[str, list[str]] = {}
         self._label_value_codes: dict[str, dict[str, int]] = {}
         self.pods: dict[str, PlacedPod] = {}
+        self._local: dict[str, dict[str, int]] = {}
+        """Per node, what this worker counts there that the ledger totals it last applied do not hold yet
+        (`hold_locally`, `expect`); `set_totals` keeps it on top of the ledger's totals."""
+        self._expected: list[tuple[tuple[int, int], str, ResourceVector]] = []
+        """(change-stream id, node, request) of reservations counted locally until the feed applies that entry."""
         """The pod index: every pod holding a ledger entry, by uid (fed by `workers.feed`)."""
         self.pods_on: dict[str, set[str]] = {}
         """Node name -> uids of the pods on it (nodes not in the table included: the index follows the ledger)."""
@@ -376,6 +387,7 @@ class NodeTable:
         row = self.index.pop(name, None)
         if row is None:
             return False
+        self._local.pop(name, None)
         last = len(self.names) - 1
         self._clear_labels(row)
         if row != last:
@@ -400,8 +412,71 @@ class NodeTable:
         self.taints.pop()
         return True
 
+    def set_totals(self, name: str, totals: Mapping[str, int]) -> None:
+        """The ledger's bound + assumed totals for the node (a change-stream entry, a load or a read): the node's
+        usage becomes them plus what this worker counts there that they do not hold yet (`hold_locally`,
+        `expect`). Entries carry totals, so the last one applied is the ledger's truth at that moment."""
+        self.set_used(name, totals)
+        local = self._local.get(name)
+        if local:
+            self.add_used(name, local)
+
+    def hold_locally(self, name: str, amount: Mapping[str, int]) -> None:
+        """Count `amount` on the node until `drop_locally` takes it off, whatever totals arrive in between (a
+        decision's tentative placement while its reservation call is under way)."""
+        local = self._local.setdefault(name, {})
+        for resource, units in amount.items():
+            local[resource] = local.get(resource, 0) + units
+        self.add_used(name, amount)
+
+    def drop_locally(self, name: str, amount: Mapping[str, int]) -> None:
+        """Take off what `hold_locally` (or a settled `expect`) counted; nothing when the node left the table
+        since (its local count went with it)."""
+        local = self._local.get(name)
+        if local is None:
+            return
+        for resource, units in amount.items():
+            left = local.get(resource, 0) - units
+            if left:
+                local[resource] = left
+            else:
+                local.pop(resource, None)
+        if not local:
+            del self._local[name]
+        self.add_used(name, {resource: -units for resource, units in amount.items()})
+
+    def expect(self, name: str, amount: Mapping[str, int], change: str, applied: str) -> None:
+        """The ledger reserved `amount` on the node in the call that wrote change-stream entry `change`; `applied`
+        is the last entry the feed applied. Entry applied already: its totals count the reservation, nothing to
+        do. Else count it locally until `settle` sees that entry applied (a call's reply and the feed's read of
+        its entry arrive on different connections, in either order). Without an entry id (none written), count
+        it until the next totals for the node replace it."""
+        if not change:
+            self.add_used(name, amount)
+            return
+        position = stream_position(change)
+        if position <= stream_position(applied):
+            return
+        self.hold_locally(name, amount)
+        self._expected.append((position, name, dict(amount)))
+
+    def settle(self, applied: str) -> None:
+        """The feed applied every entry up to `applied`: reservations expected in those entries are in the
+        totals now, so stop counting them locally."""
+        if not self._expected:
+            return
+        position = stream_position(applied)
+        keep = []
+        for expected in self._expected:
+            if expected[0] <= position:
+                self.drop_locally(expected[1], expected[2])
+            else:
+                keep.append(expected)
+        self._expected = keep
+
     def set_used(self, name: str, used: Mapping[str, int]) -> None:
-        """Replace the node's usage (the ledger's bound + assumed totals); resources not named are 0."""
+        """Replace the node's usage as it stands in this table (a what-if put back); resources not named are 0.
+        The ledger's totals go through `set_totals`."""
         row = self.row(name)
         self._used[row] = 0
         for resource, amount in used.items():

@@ -731,7 +731,8 @@ local function add_change(fields)
   return redis.call('XADD', CHANGES, 'MAXLEN', '~', CHANGES_MAXLEN, '*', unpack(fields))
 end
 
--- Appends the used totals of every node this call touched (one entry); call before returning a change.
+-- Appends the used totals of every node this call touched (one entry); call before returning a change. Returns
+-- the entry's id (nil when the call touched nothing): a worker counts its reservation until it applied that entry.
 local function publish()
   if #touched_list == 0 then
     return
@@ -758,8 +759,11 @@ local function publish()
   pod_events = {}
   pod_event_list = {}
   if #fields > 2 then
-    settle_domains(add_change(fields))
+    local id = add_change(fields)
+    settle_domains(id)
+    return id
   end
+  return nil
 end
 
 -- The fields of an admitted entry: when the webhook admitted it (ms), what it admitted ('binding', 'create' or

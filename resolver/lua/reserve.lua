@@ -11,7 +11,8 @@
 -- Per placement: assumed on the same node -> refreshed (request and owner replaced); assumed on another node ->
 -- moved; bound or admitted (the webhook allowed its binding: it may be bound already) on the same node -> left
 -- as is; bound or admitted elsewhere -> refused.
--- Reply: {'reserved'} | {'conflict', node, resource, wanted, free} | {'unknown_node', node}
+-- Reply: {'reserved', id of the change-stream entry the call wrote} | {'conflict', node, resource, wanted, free}
+--        | {'unknown_node', node}
 --        | {'held_elsewhere', node, 'bound' | 'admitted'} | NOT_READY
 if not is_ready() then
   return NOT_READY
@@ -100,5 +101,4 @@ for _, p in ipairs(placements) do
   consume_claim(p.claim)
   drop_nomination(p.uid)  -- a member that preempted has its room now (as reserve_batch ends a pod's hold)
 end
-publish()
-return {'reserved'}
+return {'reserved', publish() or ''}

@@ -40,6 +40,7 @@
 --   {'reserved', node, '', 0, 0} | {'reserved', node, 'consumed', 0, 0} (the pod took its Reservation's room)
 --   | {'bound', node, '', 0, 0} | {'stale', marker, '', 0, 0}
 --   | {'conflict', node, resource, wanted, free} | {'unknown', node, '', 0, 0}
+--   then one more item: the id of the change-stream entry the call wrote ('' when it wrote none).
 if not is_ready() then
   return NOT_READY
 end
@@ -152,5 +153,5 @@ for _, item in ipairs(cjson.decode(next_arg())) do
     answer(result[1], result[2], result[3], result[4], result[5])
   end
 end
-publish()
+table.insert(reply, publish() or '')
 return reply
