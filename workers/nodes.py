@@ -135,21 +135,29 @@ def parse_placed(uid: str, node: str, meta: str) -> PlacedPod:
         value = {}
     labels = value.get("labels")
     ports = value.get("ports")
-    parsed = (HostPort.parse(p) for p in (ports if isinstance(ports, list) else []) if isinstance(p, str))
+    parsed = (HostPort.parse(p) for p in ports if isinstance(p, str)) if isinstance(ports, list) else ()
     namespace = str(value.get("namespace") or "default")
-    try:
-        anti = parse_terms(value.get("anti"), field="anti", owner_namespace=namespace, lenient=True)
-    except ResolverError:
-        anti = ()  # unreadable terms of a pod already placed: nothing to hold against others
+    anti: tuple[PodAffinityTerm, ...] = ()
+    affinity: tuple[PodAffinityTerm, ...] = ()
+    preferred: tuple[WeightedPodTerm, ...] = ()
+    preferred_anti: tuple[WeightedPodTerm, ...] = ()
+    # Most pods carry no inter-pod terms: their meta has none of these keys, and nothing is parsed for them.
+    if "anti" in value:
+        try:
+            anti = parse_terms(value["anti"], field="anti", owner_namespace=namespace, lenient=True)
+        except ResolverError:
+            anti = ()  # unreadable terms of a pod already placed: nothing to hold against others
+    if "aff" in value or "paff" in value or "panti" in value:
+        try:
+            affinity = parse_terms(value.get("aff"), field="aff", owner_namespace=namespace, lenient=True)
+            preferred = parse_weighted_terms(value.get("paff"), field="paff", owner_namespace=namespace,
+                                             lenient=True)
+            preferred_anti = parse_weighted_terms(value.get("panti"), field="panti", owner_namespace=namespace,
+                                                  lenient=True)
+        except ResolverError:
+            affinity, preferred, preferred_anti = (), (), ()  # unreadable: they weigh in no score
     priority = value.get("priority")
     request = value.get("request")
-    try:
-        affinity = parse_terms(value.get("aff"), field="aff", owner_namespace=namespace, lenient=True)
-        preferred = parse_weighted_terms(value.get("paff"), field="paff", owner_namespace=namespace, lenient=True)
-        preferred_anti = parse_weighted_terms(value.get("panti"), field="panti", owner_namespace=namespace,
-                                              lenient=True)
-    except ResolverError:
-        affinity, preferred, preferred_anti = (), (), ()  # unreadable: they weigh in no score
     return PlacedPod(
         uid=uid,
         node=node,
