@@ -6,7 +6,8 @@ counted twice: the worker would see the node fuller than it is and leave a pod t
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -74,11 +75,9 @@ async def table_matches_ledger(client: redis.asyncio.Redis, worker: Worker, name
         assert worker.nodes.used_of(name) == usage[name][1], name
 
 
-async def test_a_gang_reserved_while_the_feed_runs_ahead_is_counted_once_and_what_fits_still_binds(
-    client: redis.asyncio.Redis, redis_url: str
-) -> None:
-    # 3 nodes of 8 cpu; a gang of 4 pods of 4 cpu takes 16, then 2 pods of 4 cpu fill the nodes exactly.
-    await prepare_ledger(client, [node_object(name, cpu="8") for name in NODES])
+@asynccontextmanager
+async def entry_first_worker(redis_url: str) -> AsyncIterator[Worker]:
+    """One sink worker whose reserving calls return only after its feed applied their entries (`entry_first`)."""
     stop = asyncio.Event()
     held: list[Worker] = []
 
@@ -89,15 +88,31 @@ async def test_a_gang_reserved_while_the_feed_runs_ahead_is_counted_once_and_wha
     task = asyncio.create_task(run_worker(worker_settings("w1", redis_url, str(POLICIES_FILE)), stop,
                                           prepare=prepare))
     try:
-        gang = await drive(client, gang_pods(0, 4, cpu="4"), expected_workers=1, timeout=60)
-        assert gang.bound == 4
-        await table_matches_ledger(client, held[0], NODES)
-        rest = await drive(client, [pod_object(n, cpu="4") for n in (10, 11)], expected_workers=1, timeout=30)
-        assert rest.bound == 2, "a pod that fits was left unplaced"
-        await table_matches_ledger(client, held[0], NODES)
+        await wait_until(_started(held), timeout=10, what="the worker to be built")
+        yield held[0]
     finally:
         stop.set()
         await task
+
+
+def _started(held: list[Worker]) -> Callable[[], Awaitable[tuple[bool, str]]]:
+    async def check() -> tuple[bool, str]:
+        return bool(held), "not yet"
+    return check
+
+
+async def test_a_gang_reserved_while_the_feed_runs_ahead_is_counted_once_and_what_fits_still_binds(
+    client: redis.asyncio.Redis, redis_url: str
+) -> None:
+    # 3 nodes of 8 cpu; a gang of 4 pods of 4 cpu takes 16, then 2 pods of 4 cpu fill the nodes exactly.
+    await prepare_ledger(client, [node_object(name, cpu="8") for name in NODES])
+    async with entry_first_worker(redis_url) as worker:
+        gang = await drive(client, gang_pods(0, 4, cpu="4"), expected_workers=1, timeout=60)
+        assert gang.bound == 4
+        await table_matches_ledger(client, worker, NODES)
+        rest = await drive(client, [pod_object(n, cpu="4") for n in (10, 11)], expected_workers=1, timeout=30)
+        assert rest.bound == 2, "a pod that fits was left unplaced"
+        await table_matches_ledger(client, worker, NODES)
     usage = await Ledger(client).node_usage(list(NODES))
     assert {name: used["cpu"] for name, (_alloc, used) in usage.items()} == dict.fromkeys(NODES, 8000)
 
@@ -107,19 +122,7 @@ async def test_singles_reserved_while_the_feed_runs_ahead_leave_the_table_equal_
 ) -> None:
     # 3 nodes of 2 cpu, 60 pods of 100m: exactly full, in batches whose entries the feed applies first.
     await prepare_ledger(client, [node_object(name, cpu="2") for name in NODES])
-    stop = asyncio.Event()
-    held: list[Worker] = []
-
-    def prepare(worker: Worker) -> None:
-        entry_first(worker)
-        held.append(worker)
-
-    task = asyncio.create_task(run_worker(worker_settings("w1", redis_url, str(POLICIES_FILE)), stop,
-                                          prepare=prepare))
-    try:
+    async with entry_first_worker(redis_url) as worker:
         run = await drive(client, [pod_object(n) for n in range(60)], expected_workers=1, timeout=60)
         assert run.bound == 60
-        await table_matches_ledger(client, held[0], NODES)
-    finally:
-        stop.set()
-        await task
+        await table_matches_ledger(client, worker, NODES)
