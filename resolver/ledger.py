@@ -67,7 +67,7 @@ import importlib.resources
 import logging
 import secrets
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Final, Literal, Self
 
@@ -553,8 +553,7 @@ class Ledger:
         if isinstance(refusal, LedgerNotReady):
             return refusal
         change = _text(reply[-1]) if len(reply) % 5 == 1 else ""
-        results = [decode_batch_result(reply[i:i + 5]) for i in range(0, len(reply) - len(reply) % 5, 5)]
-        return [replace(r, change=change) if isinstance(r, Reserved) else r for r in results]
+        return [decode_batch_result(reply[i:i + 5], change=change) for i in range(0, len(reply) - len(reply) % 5, 5)]
 
     async def confirm(
         self, *, uid: str, pod: str, node: str, request: Mapping[str, int] | None, owner: str,
@@ -1151,11 +1150,11 @@ def decode_quotas_reply(reply: Sequence[object]) -> QuotaReport:
     return QuotaReport(quotas=quotas, sum_min=cursor.vector(), sum_used=cursor.vector())
 
 
-def decode_batch_result(item: Sequence[object]) -> BatchResult:
-    """One 5-item result of reserve_batch.lua."""
+def decode_batch_result(item: Sequence[object], *, change: str = "") -> BatchResult:
+    """One 5-item result of reserve_batch.lua; `change`: the id of the change-stream entry the call wrote."""
     kind, node = _text(item[0]), _text(item[1])
     if kind == "reserved":
-        return Reserved(node, consumed=_text(item[2]) == "consumed")
+        return Reserved(node, consumed=_text(item[2]) == "consumed", change=change)
     if kind == "bound":
         return HeldElsewhere(node=node, state="bound")
     if kind == "stale":

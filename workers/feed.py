@@ -103,15 +103,13 @@ class NodeFeed:
     def apply(self, changes: list[Change]) -> bool:
         """Apply entries in order; True when the ledger was rebuilt and must be loaded again."""
         room = False
-        try:
-            for change in changes:
-                self.position = change.id
-                self.applied += 1
-                if change.kind == "r":
-                    return True
-                room = self._apply_one(change) or room
-        finally:
-            self.table.settle(self.position)
+        for change in changes:
+            self.position = change.id
+            self.applied += 1
+            if change.kind == "r":
+                return True  # the load that follows settles the table
+            room = self._apply_one(change) or room
+        self.table.settle(self.position)
         if room and self.on_room is not None:
             self.on_room()
         return False

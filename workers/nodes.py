@@ -251,12 +251,12 @@ class NodeTable:
         self._label_codes: dict[str, NDArray[np.int32]] = {}
         self._label_values: dict[str, list[str]] = {}
         self._label_value_codes: dict[str, dict[str, int]] = {}
-        self.pods: dict[str, PlacedPod] = {}
         self._local: dict[str, dict[str, int]] = {}
         """Per node, what this worker counts there that the ledger totals it last applied do not hold yet
         (`hold_locally`, `expect`); `set_totals` keeps it on top of the ledger's totals."""
         self._expected: list[tuple[tuple[int, int], str, ResourceVector]] = []
         """(change-stream id, node, request) of reservations counted locally until the feed applies that entry."""
+        self.pods: dict[str, PlacedPod] = {}
         """The pod index: every pod holding a ledger entry, by uid (fed by `workers.feed`)."""
         self.pods_on: dict[str, set[str]] = {}
         """Node name -> uids of the pods on it (nodes not in the table included: the index follows the ledger)."""

@@ -6,7 +6,7 @@ counted twice: the worker would see the node fuller than it is and leave a pod t
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -88,17 +88,14 @@ async def entry_first_worker(redis_url: str) -> AsyncIterator[Worker]:
     task = asyncio.create_task(run_worker(worker_settings("w1", redis_url, str(POLICIES_FILE)), stop,
                                           prepare=prepare))
     try:
-        await wait_until(_started(held), timeout=10, what="the worker to be built")
+        async def built() -> tuple[bool, str]:
+            return bool(held), "not yet"
+
+        await wait_until(built, timeout=10, what="the worker to be built")
         yield held[0]
     finally:
         stop.set()
         await task
-
-
-def _started(held: list[Worker]) -> Callable[[], Awaitable[tuple[bool, str]]]:
-    async def check() -> tuple[bool, str]:
-        return bool(held), "not yet"
-    return check
 
 
 async def test_a_gang_reserved_while_the_feed_runs_ahead_is_counted_once_and_what_fits_still_binds(
