@@ -48,7 +48,7 @@ _CONNECTION_COMMANDS = "+ping +hello +client|setname +select +evalsha +evalsha_r
 _LEDGER_KEYS = ("ready", "epoch", "nodes", "node:*", "pod:*", "assumed", "changes", "ipa:*", "nominated", "stats",
                 "verify", "quotas", "quota:*", "nsused", "resv:*")
 """The ledger's keys under {hoss}: (tests/unit/test_redis_acl.py checks that the Lua scripts use no other)."""
-_QUEUE_KEYS = ("queue:*", "worker:*", "workers", "dispatched", "podver")
+_QUEUE_KEYS = ("queue:*", "worker:*", "workers", "binding", "dispatched", "podver")
 
 
 def _writes(keys: Sequence[str]) -> list[str]:
@@ -63,13 +63,13 @@ REDIS_ACL: dict[str, str] = {
         "resetkeys %R~{hoss}:*", *_writes((*_QUEUE_KEYS, "nominated")), "resetchannels -@all",
         _CONNECTION_COMMANDS,
         "+xadd +xrange +xlen +xreadgroup +xinfo|groups +xgroup|create +xack +xdel +hset +hget +hdel +hgetall +hmget",
-        "+sadd +srem +smembers +scard +sismember +del +exists +get +pexpire +scan +time +xrevrange",
+        "+sadd +srem +smembers +scard +sismember +del +exists +get +pexpire +scan +time +xrevrange +zrem",
     ]),
     # Its queue and heartbeat, the dispatched map (acknowledgements) and the ledger (reservations, change stream).
     "hoss-worker": " ".join([
         "resetkeys %R~{hoss}:*", *_writes((*_LEDGER_KEYS, *_QUEUE_KEYS)), "resetchannels -@all",
         _CONNECTION_COMMANDS, *(f"+{c}" for c in _LEDGER_SCRIPT_COMMANDS.split()),
-        "+xread +xrange +xreadgroup +xinfo|groups +xgroup|create +xack +xdel +hmget +pexpire",
+        "+xread +xrange +xreadgroup +xinfo|groups +xgroup|create +xack +xdel +hmget +pexpire +zremrangebyscore +zcard",
     ]),
     # The ledger (sync, webhook), the sync's stamp and its own stats hash; reads the rest, writes no work stream.
     "hoss-resolver": " ".join([

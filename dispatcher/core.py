@@ -324,6 +324,8 @@ class Dispatcher:
         self._attempts: dict[str, int] = {}
         self._progress: dict[str, tuple[float, int]] = {}  # worker id -> (started_unix, progress) last seen
         self._sent_since: dict[str, float] = {}  # worker id -> first send since its progress last moved
+        self._ahead: dict[str, int] = {}  # worker id -> pods sent since the heartbeat we last saw from it
+        self._beat_seen: dict[str, float] = {}  # worker id -> that heartbeat's time
         self._notices: asyncio.Task[None] | None = None
         m = self.metrics
         m.pending.set_function(lambda: len(self.pending))
@@ -543,6 +545,7 @@ class Dispatcher:
         live, dead = await self.queue.workers()
         stalled = self._stalled(live)
         self.workers = [w for w in live if w.id not in stalled and not w.unhealthy]
+        self._note_beats(live)
         report = TickReport(dead_workers=sorted(dead | stalled))
         reclaimed: dict[str, None] = {}
         for worker_id in report.dead_workers:
@@ -574,6 +577,20 @@ class Dispatcher:
         pods = [self.pending[uid] for uid in reclaimed if uid in self.pending]
         report.dispatched = await self._send(sorted(pods, key=dispatch_order))
         return report
+
+    def _note_beats(self, live: Sequence[WorkerInfo]) -> None:
+        """A new heartbeat counts the ready pods itself: what was sent before it is in it or decided."""
+        for worker in live:
+            if self._beat_seen.get(worker.id) != worker.heartbeat_unix:
+                self._beat_seen[worker.id] = worker.heartbeat_unix
+                self._ahead[worker.id] = 0
+        for gone in self._beat_seen.keys() - {worker.id for worker in live}:
+            self._beat_seen.pop(gone, None)
+            self._ahead.pop(gone, None)
+
+    def backlog(self) -> dict[str, int]:
+        """Each live worker's pods waiting for a decision, as far as the dispatcher can tell."""
+        return {worker.id: worker.ready + self._ahead.get(worker.id, 0) for worker in self.workers}
 
     def _stalled(self, live: Sequence[WorkerInfo]) -> set[str]:
         """Live workers that were sent work ``stall_seconds`` ago and have not read or decided anything since
@@ -634,18 +651,21 @@ class Dispatcher:
             for member in item.members:
                 by_uid.setdefault(member.uid, self.pending[member.uid])
         loads = worker_loads(self.workers, self.dispatched)
+        backlog = self.backlog()
         sent = 0
         batch: list[tuple[str, WorkItem]] = []
         for item in [*map(self._with_hints, plan_work_items(singles, attempts=self._attempts)), *gang_items]:
             uids = item_uids(item)
             worker = choose_worker(self.workers, item.policy, loads=loads, rng=self._rng,
-                                   pack_depth=self.settings.pack_depth)
+                                   pack_depth=self.settings.pack_depth, backlog=backlog)
             if worker is None:
                 for uid in uids:
                     self._wait(by_uid[uid])
                 continue
             batch.append((worker.id, item))
             loads[worker.id] = loads.get(worker.id, 0) + len(uids)
+            backlog[worker.id] = backlog.get(worker.id, 0) + len(uids)
+            self._ahead[worker.id] = self._ahead.get(worker.id, 0) + len(uids)
         if not self._is_leader():
             log.info("no longer leader: stopped dispatching")
             return 0

@@ -4,6 +4,8 @@ Keys (all under the ``{hoss}`` hash tag, so they share a slot with the ledger):
 - ``{hoss}:worker:<id>``  hash, the worker's heartbeat (policies, queue depth, in flight, counters); it expires
   when the worker stops beating, which is how the dispatcher learns that a worker died.
 - ``{hoss}:workers``      set of worker ids the dispatcher has sent work to or seen beating.
+- ``{hoss}:binding``      sorted set of the workers with bindings to post (score: their last such heartbeat);
+  they share the binding budget (workers/bindlimit.py).
 - ``{hoss}:queue:<id>``   stream of work items for one worker, read through the consumer group ``hoss``.
 - ``{hoss}:dispatched``   hash pod uid -> worker id, so a new dispatcher leader knows what is already assigned.
 - ``{hoss}:podver``       hash pod uid -> digest | "gone", written only when a queued pod changed (the new
@@ -45,6 +47,8 @@ from resolver.redisclient import PipelinedRedis
 PREFIX = "{hoss}"
 GROUP = "hoss"
 WORKERS = f"{PREFIX}:workers"
+BINDING = f"{PREFIX}:binding"
+"""Workers with bindings waiting or in flight (score: their last such beat); they share the binding budget."""
 DISPATCHED = f"{PREFIX}:dispatched"
 PODVER = f"{PREFIX}:podver"
 BOUND_PREFIX = "bound:"
@@ -224,6 +228,11 @@ class WorkerInfo:
     still while work waits for it is stuck, and the dispatcher stops routing to it."""
     unhealthy: list[str] = field(default_factory=list)
     """The worker's loops that are failing or dead (empty when all run); such a worker gets no new work."""
+    ready: int = 0
+    """Items read and waiting for a decision (``queue_depth`` also counts pods waiting out a backoff)."""
+    decided_per_second: float = 0.0
+    """Pods the worker decided per second over its last beat: with ``ready``, how much more it can take before
+    the dispatcher engages another worker (dispatcher/routing.py)."""
 
     def serves(self, policy: str) -> bool:
         return policy in self.policies
@@ -244,6 +253,8 @@ class WorkerInfo:
             "counters": orjson.dumps(self.counters).decode(),
             "progress": str(self.progress),
             "unhealthy": ",".join(self.unhealthy),
+            "ready": str(self.ready),
+            "decided_per_second": f"{self.decided_per_second:.1f}",
         }
 
     @classmethod
@@ -259,6 +270,8 @@ class WorkerInfo:
             counters={k: int(v) for k, v in orjson.loads(fields.get("counters") or "{}").items()},
             progress=int(fields.get("progress") or 0),
             unhealthy=[n for n in fields.get("unhealthy", "").split(",") if n],
+            ready=int(fields.get("ready") or 0),
+            decided_per_second=float(fields.get("decided_per_second") or 0),
         )
 
 
@@ -277,14 +290,16 @@ class WorkQueue:
         self._mark_gone = script_client.register_script(_MARK_GONE)
         self._resend_changed = script_client.register_script(_RESEND_CHANGED)
         self._ack = script_client.register_script(_ACK)
-        self.registered_workers = 1
-        """Workers registered at the last heartbeat this process sent (workers share the binding budget by it)."""
+        self.binding_workers = 1
+        """Workers with bindings to post at the last heartbeat this process sent, counting this one (at least 1):
+        they share the binding budget (workers/bindlimit.py)."""
 
     # --- worker side -------------------------------------------------------------------------------------
 
-    async def heartbeat(self, info: WorkerInfo, *, ttl_seconds: float) -> bool:
+    async def heartbeat(self, info: WorkerInfo, *, ttl_seconds: float, binding: bool = False) -> bool:
         """Beat; True when the previous beat was still there (False: it expired, or the dispatcher reclaimed this
-        worker, or Redis lost it: the worker may have been declared dead). Notes ``registered_workers``."""
+        worker, or Redis lost it: the worker may have been declared dead). ``binding``: this worker has bindings
+        waiting or in flight; notes ``binding_workers``."""
         info.heartbeat_unix = time.time()
         async with self._guard():
             pipe = self.redis.pipeline(transaction=True)
@@ -293,9 +308,15 @@ class WorkQueue:
             pipe.hset(worker_key(info.id), mapping=fields)
             pipe.pexpire(worker_key(info.id), int(ttl_seconds * 1000))
             pipe.sadd(WORKERS, info.id)
-            pipe.scard(WORKERS)
+            if binding:
+                pipe.zadd(BINDING, {info.id: info.heartbeat_unix})
+            else:
+                pipe.zrem(BINDING, info.id)
+            # A worker that died while binding stops counting once its heartbeat would have expired.
+            pipe.zremrangebyscore(BINDING, "-inf", f"({info.heartbeat_unix - ttl_seconds}")
+            pipe.zcard(BINDING)
             replies = await pipe.execute()
-        self.registered_workers = int(replies[4])
+        self.binding_workers = max(1, int(replies[6]) + (0 if binding else 1))
         return bool(replies[0])
 
     async def has_group(self, worker_id: str) -> bool:
@@ -360,7 +381,10 @@ class WorkQueue:
     async def deregister(self, worker_id: str) -> None:
         """A worker shutting down: drop its heartbeat so the dispatcher hands its remaining items to others."""
         async with self._guard():
-            await self.redis.delete(worker_key(worker_id))
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.delete(worker_key(worker_id))
+            pipe.zrem(BINDING, worker_id)
+            await pipe.execute()
 
     # --- dispatcher side ---------------------------------------------------------------------------------
 
@@ -462,6 +486,7 @@ class WorkQueue:
             pipe.delete(queue_key(worker_id))
             pipe.delete(worker_key(worker_id))
             pipe.srem(WORKERS, worker_id)
+            pipe.zrem(BINDING, worker_id)
             await pipe.execute()
         return [WorkItem.decode(fields) for _id, fields in entries if fields]
 

@@ -57,9 +57,10 @@ class DispatcherSettings(AccessSettings):
     """How far the pending-pod watch may lag the workers: a pod a worker acknowledged but still seen pending is
     dispatched again, and a dispatched uid never seen pending is forgotten, only after this long."""
     pack_depth: int = Field(default=32, ge=0)
-    """A worker keeps getting new pods until this many of its pods are outstanding (sent, not yet acknowledged);
-    only then does the dispatcher spread them (power of two choices). A light load then stays on few workers, which
-    decide, reserve and acknowledge its pods in batches instead of one at a time; 0 spreads every pod."""
+    """A worker keeps getting new pods until this many of them wait for its decision, beyond what it decided in
+    the last two seconds; only then is another worker engaged, and once all are, pods are spread (power of two
+    choices). A load that one worker keeps up with stays on it: fewer, fuller batches, less CPU per pod
+    (dispatcher/routing.py). 0 spreads every pod."""
     failed_dependency: Literal["fail", "wait"] = "fail"
     """What becomes of a pod whose hoss.io/depends-on Job or PodGroup failed: fail (the pod is set Failed with
     reason DependencyFailed, so its Job counts the failure) or wait (it stays Pending, told why, and starts if the

@@ -45,6 +45,11 @@ class BindLimit:
         self.active = 0
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
 
+    @property
+    def demand(self) -> int:
+        """Bindings in flight and waiting for a slot."""
+        return self.active + len(self._waiters)
+
     def resize(self, limit: int) -> None:
         self.limit = limit
         self._wake()

@@ -238,6 +238,11 @@ class Worker:
         self._ack_ready = asyncio.Event()
         self.supervisor = Supervisor()
         self.progress = 0
+        self.decided = 0
+        """Pods taken from the ready queue and decided (placed, found unschedulable or malformed)."""
+        self.decided_per_second = 0.0
+        """``decided`` per second over the last beat, in the heartbeat (dispatcher/routing.py)."""
+        self._rate_mark = (time.monotonic(), 0)
         """Batches decided: the heartbeat carries it so the dispatcher sees a worker whose scheduling is stuck
         (reading alone is no progress: a reader whose decisions hang would otherwise look well)."""
         self.requeues = 0
@@ -263,6 +268,8 @@ class Worker:
             counters=dict(self.counters),
             progress=self.progress,
             unhealthy=sorted(self.supervisor.health()),
+            ready=len(self.ready),
+            decided_per_second=self.decided_per_second,
         )
 
     def _background(self, work: Coroutine[Any, Any, None]) -> None:
@@ -404,6 +411,7 @@ class Worker:
                 continue
             batch = [self.ready.popleft() for _ in range(min(len(self.ready), self.settings.decide_batch))]
             self.progress += 1
+            self.decided += sum(len(work.item.members) or 1 for work in batch)
             try:
                 await self.schedule(batch)
             except (LedgerUnavailable, LedgerNotReadyError) as error:
@@ -960,11 +968,16 @@ class Worker:
     async def _heartbeat_loop(self) -> None:
         outage = False
         while not self.stopping.is_set():
+            now, (then, decided) = time.monotonic(), self._rate_mark
+            if now - then > 0:
+                self.decided_per_second = (self.decided - decided) / (now - then)
+                self._rate_mark = (now, self.decided)
             try:
-                if not await self.queue.heartbeat(self.info(), ttl_seconds=self.settings.heartbeat_ttl_seconds):
+                if not await self.queue.heartbeat(self.info(), ttl_seconds=self.settings.heartbeat_ttl_seconds,
+                                                  binding=self.binds.demand > 0):
                     self._suspect = True
                 self.binds.resize(bindlimit.share(self.settings.binds_in_flight_budget,
-                                                  self.queue.registered_workers, self.settings.max_binds_in_flight))
+                                                  self.queue.binding_workers, self.settings.max_binds_in_flight))
                 self._last_beat = time.monotonic()
             except LedgerUnavailable as error:
                 if not outage:

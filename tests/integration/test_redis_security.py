@@ -19,6 +19,7 @@ import redis
 import redis.asyncio
 from redis.exceptions import AuthenticationError, ConnectionError, NoPermissionError, ResponseError
 
+from dispatcher.queue import WorkerInfo, WorkItem, WorkQueue
 from deploy import lockdown
 from deploy.local import pki
 from deploy.local.plane import _redis_version
@@ -226,3 +227,28 @@ async def test_read_only_scripts_run_for_every_component_and_cannot_write(hoss_a
     async with redis.asyncio.Redis.from_url(hoss_acl_redis["admin"]) as admin:
         with pytest.raises(ResponseError, match=r"[Ww]rite commands are not allowed"):
             await admin.eval_ro("return redis.call('SET', KEYS[1], '0')", 1, READY_KEY)
+
+
+async def test_the_work_queue_calls_run_under_each_components_user(hoss_acl_redis: dict[str, str]) -> None:
+    """A worker beats (with and without bindings to post, sharing the budget), reads and acknowledges its work and
+    deregisters; the dispatcher sends and reclaims a dead worker's items: each under its own ACL user."""
+    worker_client = redis.asyncio.Redis.from_url(hoss_acl_redis["hoss-worker"], decode_responses=True)
+    dispatcher_client = redis.asyncio.Redis.from_url(hoss_acl_redis["hoss-dispatcher"], decode_responses=True)
+    try:
+        worker, dispatcher = WorkQueue(worker_client), WorkQueue(dispatcher_client)
+        for name in ("w1", "w2"):
+            await worker.ensure_group(name)
+            assert await worker.heartbeat(WorkerInfo(id=name, policies=["default"]), ttl_seconds=30,
+                                          binding=True) in (True, False)
+        assert worker.binding_workers == 2
+        await dispatcher.enqueue_many([("w1", WorkItem(uid="u1", namespace="ns", name="p1", policy="default")),
+                                       ("w2", WorkItem(uid="u2", namespace="ns", name="p2", policy="default"))])
+        [(message_id, item)] = await worker.read("w1", count=10, block_ms=10)
+        await worker.ack("w1", message_id, [item.uid])
+        await worker.deregister("w1")
+        assert [item.uid for item in await dispatcher.reclaim("w2")] == ["u2"]
+        await worker.heartbeat(WorkerInfo(id="w3", policies=["default"]), ttl_seconds=30)
+        assert worker.binding_workers == 1, "w1 deregistered and w2 reclaimed: neither holds a share"
+    finally:
+        await worker_client.aclose()
+        await dispatcher_client.aclose()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import fakeredis
 import pytest
@@ -80,7 +81,6 @@ async def test_reclaim_returns_delivered_unacked_and_undelivered_items_and_delet
 async def test_a_worker_that_stops_beating_is_dead(queue: WorkQueue) -> None:
     await queue.heartbeat(WorkerInfo(id="quiet", policies=["default"]), ttl_seconds=0.3)
     await queue.heartbeat(WorkerInfo(id="steady", policies=["default"]), ttl_seconds=30)
-    assert queue.registered_workers == 2, "each beat learns how many workers share the binding budget"
     live, dead = await queue.workers()
     assert sorted(w.id for w in live) == ["quiet", "steady"]
     assert dead == set()
@@ -94,13 +94,37 @@ async def test_a_worker_that_stops_beating_is_dead(queue: WorkQueue) -> None:
 
 async def test_heartbeat_publishes_what_the_worker_says_about_itself(queue: WorkQueue) -> None:
     info = WorkerInfo(id="a", policies=["default", "gpu"], queue_depth=3, in_flight=2, capacity=64,
-                      counters={"bound": 10, "conflicts": 1})
+                      counters={"bound": 10, "conflicts": 1}, ready=2, decided_per_second=412.5)
     await queue.heartbeat(info, ttl_seconds=30)
     [seen], _dead = await queue.workers()
     assert seen.policies == ["default", "gpu"]
     assert (seen.queue_depth, seen.in_flight, seen.capacity) == (3, 2, 64)
+    assert (seen.ready, seen.decided_per_second) == (2, 412.5)
     assert seen.counters == {"bound": 10, "conflicts": 1}
     assert seen.heartbeat_unix > 0
+
+
+async def test_the_binding_budget_is_shared_by_the_workers_that_have_bindings_to_post(queue: WorkQueue) -> None:
+    def beat(worker: str, *, binding: bool, ttl: float = 30) -> Any:
+        return queue.heartbeat(WorkerInfo(id=worker, policies=["default"]), ttl_seconds=ttl, binding=binding)
+
+    await beat("idle-1", binding=False)
+    await beat("idle-2", binding=False)
+    assert queue.binding_workers == 1, "idle workers do not take a share: the one that starts binding has it all"
+    await beat("busy-1", binding=True)
+    assert queue.binding_workers == 1
+    await beat("busy-2", binding=True)
+    assert queue.binding_workers == 2
+    await beat("idle-1", binding=False)
+    assert queue.binding_workers == 3, "a worker with nothing to bind counts itself, for when it has"
+    await beat("busy-1", binding=False)
+    await beat("busy-2", binding=True)
+    assert queue.binding_workers == 1, "a worker that finished binding gives its share back at its next beat"
+    await queue.deregister("busy-2")
+    await beat("dying", binding=True)
+    await asyncio.sleep(0.3)
+    await beat("busy-1", binding=True, ttl=0.2)  # every worker has the same TTL; a short one keeps the test short
+    assert queue.binding_workers == 1, "deregistered and long-silent workers hold no share"
 
 
 async def test_forget_drops_uids_from_the_dispatched_map(queue: WorkQueue) -> None:

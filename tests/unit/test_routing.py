@@ -110,3 +110,47 @@ def test_pack_depth_zero_spreads_every_pod() -> None:
         assert chosen is not None
         loads[chosen.id] += 1
     assert max(loads.values()) < 8, "without packing a burst is not kept on one worker"
+
+
+def test_a_worker_that_keeps_up_takes_every_pod_and_another_is_engaged_only_when_it_falls_behind() -> None:
+    # w1 decided 300 pods a second at its last beat: with depth 4 it may hold 4 + 2 s x 300 undecided pods.
+    workers = [WorkerInfo(id="w0", policies=["default"]),
+               WorkerInfo(id="w1", policies=["default"], decided_per_second=300.0),
+               WorkerInfo(id="w2", policies=["default"])]
+    loads = {"w0": 0, "w1": 50, "w2": 0}  # w1 already holds pods (outstanding, most of them decided)
+    backlog = {"w0": 0, "w1": 0, "w2": 0}
+    rng = random.Random(8)
+
+    def send(n: int) -> list[str]:
+        chosen = []
+        for _ in range(n):
+            worker = choose_worker(workers, "default", loads=loads, rng=rng, pack_depth=4, backlog=backlog)
+            assert worker is not None
+            chosen.append(worker.id)
+            loads[worker.id] += 1
+            backlog[worker.id] += 1
+        return chosen
+
+    assert send(604) == ["w1"] * 604, "a burst within what w1 decides in the headroom stays on w1"
+    second = send(4)
+    assert second in (["w0"] * 4, ["w2"] * 4), "past it, one more worker is engaged, up to the depth"
+    third = send(4)
+    assert third in (["w0"] * 4, ["w2"] * 4) and third != second
+    rest = send(300)
+    assert set(rest) == {"w0", "w2"}, "all filled: the smaller backlogs win, w1's is far the largest"
+
+    # w1's next beat: it decided everything; its backlog starts again from what it says is ready.
+    backlog.update(w1=0)
+    assert send(10) == ["w1"] * 10, "back to the engaged worker once it caught up"
+
+
+def test_a_worker_with_decisions_waiting_is_passed_over_even_with_fewer_pods_outstanding() -> None:
+    workers = [WorkerInfo(id="slow", policies=["default"], ready=40),
+               WorkerInfo(id="quick", policies=["default"], ready=0, decided_per_second=50.0)]
+    loads = {"slow": 60, "quick": 10}
+    chosen = choose_worker(workers, "default", loads=loads, rng=random.Random(9), pack_depth=32,
+                           backlog={"slow": 40, "quick": 0})
+    assert chosen is not None and chosen.id == "quick"
+    # Without the dispatcher's estimate the heartbeat's ready count is the backlog.
+    chosen = choose_worker(workers, "default", loads=loads, rng=random.Random(9), pack_depth=32, backlog={})
+    assert chosen is not None and chosen.id == "quick"
