@@ -19,10 +19,10 @@ import redis
 import redis.asyncio
 from redis.exceptions import AuthenticationError, ConnectionError, NoPermissionError, ResponseError
 
-from dispatcher.queue import WorkerInfo, WorkItem, WorkQueue
 from deploy import lockdown
 from deploy.local import pki
 from deploy.local.plane import _redis_version
+from dispatcher.queue import WorkerInfo, WorkItem, WorkQueue
 from resolver.ledger import KEY_PREFIX, READY_KEY, Ledger
 from resolver.redisclient import PipelinedRedis
 from resolver.settings import ResolverSettings, SettingsError, load_settings
