@@ -324,8 +324,7 @@ class Dispatcher:
         self._attempts: dict[str, int] = {}
         self._progress: dict[str, tuple[float, int]] = {}  # worker id -> (started_unix, progress) last seen
         self._sent_since: dict[str, float] = {}  # worker id -> first send since its progress last moved
-        self._ahead: dict[str, int] = {}  # worker id -> pods sent since the heartbeat we last saw from it
-        self._beat_seen: dict[str, float] = {}  # worker id -> that heartbeat's time
+        self._sends: dict[str, collections.deque[tuple[float, int]]] = {}  # worker id -> (unix time, pods) sent
         self._notices: asyncio.Task[None] | None = None
         m = self.metrics
         m.pending.set_function(lambda: len(self.pending))
@@ -579,18 +578,27 @@ class Dispatcher:
         return report
 
     def _note_beats(self, live: Sequence[WorkerInfo]) -> None:
-        """A new heartbeat counts the ready pods itself: what was sent before it is in it or decided."""
-        for worker in live:
-            if self._beat_seen.get(worker.id) != worker.heartbeat_unix:
-                self._beat_seen[worker.id] = worker.heartbeat_unix
-                self._ahead[worker.id] = 0
-        for gone in self._beat_seen.keys() - {worker.id for worker in live}:
-            self._beat_seen.pop(gone, None)
-            self._ahead.pop(gone, None)
+        """Forget the sends that every live worker's heartbeat already counts (and those of workers gone)."""
+        beats = {worker.id: worker.heartbeat_unix for worker in live}
+        for worker_id in list(self._sends):
+            sends = self._sends[worker_id]
+            if worker_id not in beats:
+                del self._sends[worker_id]
+                continue
+            while sends and sends[0][0] <= beats[worker_id]:
+                sends.popleft()
 
     def backlog(self) -> dict[str, int]:
-        """Each live worker's pods waiting for a decision, as far as the dispatcher can tell."""
-        return {worker.id: worker.ready + self._ahead.get(worker.id, 0) for worker in self.workers}
+        """Each live worker's pods waiting for a decision, as far as the dispatcher can tell: those its last
+        heartbeat called ready plus those sent since, less what it decides at its ``decide_rate`` in the time
+        since that beat (dispatcher/routing.py)."""
+        now = self._wall()
+        backlog = {}
+        for worker in self.workers:
+            since = sum(n for when, n in self._sends.get(worker.id, ()) if when > worker.heartbeat_unix)
+            decided = worker.decide_rate * max(0.0, now - worker.heartbeat_unix)
+            backlog[worker.id] = max(0, round(worker.ready + since - decided))
+        return backlog
 
     def _stalled(self, live: Sequence[WorkerInfo]) -> set[str]:
         """Live workers that were sent work ``stall_seconds`` ago and have not read or decided anything since
@@ -665,15 +673,15 @@ class Dispatcher:
             batch.append((worker.id, item))
             loads[worker.id] = loads.get(worker.id, 0) + len(uids)
             backlog[worker.id] = backlog.get(worker.id, 0) + len(uids)
-            self._ahead[worker.id] = self._ahead.get(worker.id, 0) + len(uids)
         if not self._is_leader():
             log.info("no longer leader: stopped dispatching")
             return 0
         # One transaction per burst, in chunks so that a huge backlog does not make one giant reply.
         for start in range(0, len(batch), 500):
             await self.queue.enqueue_many(batch[start:start + 500])
-        now = self._clock()
+        now, wall = self._clock(), self._wall()
         for worker_id, item in batch:
+            self._sends.setdefault(worker_id, collections.deque()).append((wall, len(item_uids(item))))
             self._sent_since.setdefault(worker_id, now)
             uids = item_uids(item)
             for uid in uids:

@@ -230,9 +230,9 @@ class WorkerInfo:
     """The worker's loops that are failing or dead (empty when all run); such a worker gets no new work."""
     ready: int = 0
     """Items read and waiting for a decision (``queue_depth`` also counts pods waiting out a backoff)."""
-    decided_per_second: float = 0.0
-    """Pods the worker decided per second over its last beat: with ``ready``, how much more it can take before
-    the dispatcher engages another worker (dispatcher/routing.py)."""
+    decide_rate: float = 0.0
+    """Pods the worker decides per second while deciding (0: not measured yet): with ``ready``, how much more it
+    can take before the dispatcher engages another worker (dispatcher/routing.py)."""
 
     def serves(self, policy: str) -> bool:
         return policy in self.policies
@@ -254,7 +254,7 @@ class WorkerInfo:
             "progress": str(self.progress),
             "unhealthy": ",".join(self.unhealthy),
             "ready": str(self.ready),
-            "decided_per_second": f"{self.decided_per_second:.1f}",
+            "decide_rate": f"{self.decide_rate:.1f}",
         }
 
     @classmethod
@@ -271,7 +271,7 @@ class WorkerInfo:
             progress=int(fields.get("progress") or 0),
             unhealthy=[n for n in fields.get("unhealthy", "").split(",") if n],
             ready=int(fields.get("ready") or 0),
-            decided_per_second=float(fields.get("decided_per_second") or 0),
+            decide_rate=float(fields.get("decide_rate") or 0),
         )
 
 

@@ -240,9 +240,12 @@ class Worker:
         self.progress = 0
         self.decided = 0
         """Pods taken from the ready queue and decided (placed, found unschedulable or malformed)."""
-        self.decided_per_second = 0.0
-        """``decided`` per second over the last beat, in the heartbeat (dispatcher/routing.py)."""
-        self._rate_mark = (time.monotonic(), 0)
+        self.deciding_seconds = 0.0
+        """Wall time spent deciding them (in ``schedule``, reserve round trips included)."""
+        self.decide_rate = 0.0
+        """Pods decided per second of deciding over the last beats that decided any: how fast this worker works
+        off its ready queue (heartbeat; the dispatcher's routing uses it, dispatcher/routing.py)."""
+        self._rate_mark = (0.0, 0)
         """Batches decided: the heartbeat carries it so the dispatcher sees a worker whose scheduling is stuck
         (reading alone is no progress: a reader whose decisions hang would otherwise look well)."""
         self.requeues = 0
@@ -269,7 +272,7 @@ class Worker:
             progress=self.progress,
             unhealthy=sorted(self.supervisor.health()),
             ready=len(self.ready),
-            decided_per_second=self.decided_per_second,
+            decide_rate=self.decide_rate,
         )
 
     def _background(self, work: Coroutine[Any, Any, None]) -> None:
@@ -412,6 +415,7 @@ class Worker:
             batch = [self.ready.popleft() for _ in range(min(len(self.ready), self.settings.decide_batch))]
             self.progress += 1
             self.decided += sum(len(work.item.members) or 1 for work in batch)
+            started = time.monotonic()
             try:
                 await self.schedule(batch)
             except (LedgerUnavailable, LedgerNotReadyError) as error:
@@ -422,6 +426,8 @@ class Worker:
             except Exception as error:
                 log.exception("scheduling a batch of %d pods failed; retrying them one by one", len(batch))
                 await self._isolate(batch, error)
+            finally:
+                self.deciding_seconds += time.monotonic() - started
 
     async def _isolate(self, batch: Sequence[Work], error: Exception) -> None:
         """A batch raised something unexpected: schedule its items one at a time, so only the pod that raises
@@ -968,10 +974,10 @@ class Worker:
     async def _heartbeat_loop(self) -> None:
         outage = False
         while not self.stopping.is_set():
-            now, (then, decided) = time.monotonic(), self._rate_mark
-            if now - then > 0:
-                self.decided_per_second = (self.decided - decided) / (now - then)
-                self._rate_mark = (now, self.decided)
+            (busy, decided), self._rate_mark = self._rate_mark, (self.deciding_seconds, self.decided)
+            if self.deciding_seconds > busy and self.decided > decided:
+                rate = (self.decided - decided) / (self.deciding_seconds - busy)
+                self.decide_rate = rate if not self.decide_rate else 0.5 * (self.decide_rate + rate)
             try:
                 if not await self.queue.heartbeat(self.info(), ttl_seconds=self.settings.heartbeat_ttl_seconds,
                                                   binding=self.binds.demand > 0):

@@ -6,7 +6,7 @@ import itertools
 import os
 import signal
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from redis.asyncio import Redis
@@ -39,11 +39,25 @@ async def nodes(cluster: Cluster, request: pytest.FixtureRequest) -> AsyncIterat
     await cluster.delete_nodes(names)
 
 
+@pytest.fixture
+def spreading(plane: LocalPlane, dispatcher: Process) -> Iterator[Process]:
+    """The session's dispatcher restarted with --pack-depth=0 for one test: every pod is spread over the workers
+    (by default a load that one worker keeps up with stays on it), then the default dispatcher again."""
+    plane.stop_process(dispatcher.name)
+    process = plane.start_dispatcher(extra_args=["--pack-depth=0"])
+    try:
+        yield process
+    finally:
+        plane.stop_process(process.name)
+        plane.start_dispatcher()
+
+
 async def test_three_workers_fill_30_nodes_with_300_pods_asking_more_than_fits_and_oversell_none(
-    plane: LocalPlane, dispatcher: Process, cluster: Cluster, namespace: str, nodes: list[str]
+    plane: LocalPlane, spreading: Process, cluster: Cluster, namespace: str, nodes: list[str]
 ) -> None:
     # 300 pods of one core on 30 nodes of 8 cores: 240 fit, 60 must wait. Demand above capacity is what makes
-    # overselling possible, so it is what this test must have.
+    # overselling possible, so it is what this test must have; the pods are spread, so all three workers race
+    # for the same nodes.
     capacity = len(nodes) * 8
     layout = [("share-1", ["default"]), ("share-2", ["default"]), ("share-3", ["default"])]
     async with workers(plane, layout):
@@ -89,7 +103,6 @@ async def test_a_worker_killed_mid_run_loses_no_pod_and_its_reservations_are_rel
 ) -> None:
     layout = [("kill-1", ["default"]), ("kill-2", ["default"]), ("kill-3", ["default"])]
     async with workers(plane, layout, extra_args=["--reservation-ttl-seconds=5"]) as started:
-        victim = started[0]
         await cluster.create_pods(hoss_pods("kill", 300), namespace=namespace)
 
         async def some_bound() -> tuple[bool, str]:
@@ -98,6 +111,15 @@ async def test_a_worker_killed_mid_run_loses_no_pod_and_its_reservations_are_rel
             return done >= 30, f"{done} bound"
 
         await wait_until(some_bound, timeout=60, what="the run to be under way")
+        # The victim is the worker holding the most unfinished pods: its death is the one that could lose some.
+        redis = Redis.from_url(plane.state().redis_url, decode_responses=True)
+        try:
+            held = Counter((await WorkQueue(redis).dispatched()).values())
+        finally:
+            await redis.aclose()
+        victim_id = max((wid for wid, _ in layout), key=lambda wid: held.get(wid, 0))
+        assert held.get(victim_id, 0) > 0, held
+        victim = next(p for p in started if p.name.endswith(victim_id))
         os.kill(victim.pid, signal.SIGKILL)
         pods = await wait_all_bound(cluster, namespace, 300, timeout=180)
         assert oversold_nodes(await cluster.raw_list("list_node"), pods) == {}
@@ -105,7 +127,7 @@ async def test_a_worker_killed_mid_run_loses_no_pod_and_its_reservations_are_rel
         ledger = Ledger.from_url(plane.state().redis_url)
         try:
             async def released() -> tuple[bool, str]:
-                held = [e for e in await ledger.entries() if e.owner == "kill-1" and e.state == "assumed"]
+                held = [e for e in await ledger.entries() if e.owner == victim_id and e.state == "assumed"]
                 return not held, f"{len(held)} reservations of the dead worker left"
 
             await wait_until(released, timeout=30, what="the dead worker's reservations to expire")

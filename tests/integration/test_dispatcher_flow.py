@@ -131,7 +131,7 @@ async def test_dead_workers_items_go_to_a_live_worker_none_lost_none_twice(queue
 async def test_live_worker_consuming_while_another_dies_sees_every_pod_exactly_once(queue: WorkQueue) -> None:
     pods = [pending_pod(n) for n in range(40)]
     by_uid = {pod["metadata"]["uid"]: pod for pod in pods}
-    dispatcher = await make_dispatcher(queue, pods)
+    dispatcher = await make_dispatcher(queue, pods, pack_depth=8)  # both workers get a share
     await beat(queue, "doomed", ttl=DYING_SECONDS)
     await beat(queue, "steady")
     await queue.ensure_group("steady")
@@ -531,3 +531,34 @@ async def test_a_reservation_no_worker_serves_is_told_so_and_placed_once_a_worke
     await dispatcher.tick()
     assert await stream_uids(queue, "gpu-worker") == ["uid-slot"]
     assert dispatcher.queue_status().waiting_for_worker == []
+
+
+@pytest.mark.parametrize(("rate", "spilled"), [(2000.0, False), (100.0, True)])
+async def test_pods_stay_on_the_engaged_worker_while_it_decides_as_fast_as_they_come(
+    queue: WorkQueue, rate: float, spilled: bool
+) -> None:
+    """Pods arrive 50 every 0.1 s (500 a second). A worker that decides 2,000 a second keeps up: every pod goes to
+    it, and the idle worker is never engaged. One that decides 100 a second falls behind: past the pack depth the
+    dispatcher engages the other worker."""
+    wall = [0.0]
+    dispatcher = Dispatcher(queue=queue, settings=settings(pack_depth=64), rng=random.Random(12),
+                            wall=lambda: wall[0])
+    dispatcher.synced.set()
+    await queue.heartbeat(WorkerInfo(id="engaged", policies=["default"], decide_rate=rate), ttl_seconds=ALIVE_SECONDS)
+    await queue.heartbeat(WorkerInfo(id="idle", policies=["default"]), ttl_seconds=ALIVE_SECONDS)
+    engaged = await queue.redis.hget("{hoss}:worker:engaged", "heartbeat_unix")
+    wall[0] = float(engaged)
+    await dispatcher.reclaim_step()
+
+    for wave in range(10):
+        wall[0] += 0.1
+        for n in range(wave * 50, wave * 50 + 50):
+            await dispatcher.on_event("ADDED", pending_pod(n))
+        await dispatcher.dispatch_pending(fresh_only=True)
+
+    owners = list((await queue.dispatched()).values())
+    assert len(owners) == 500
+    if spilled:
+        assert owners.count("idle") >= 200, "a worker that falls behind gets help"
+    else:
+        assert owners.count("engaged") == 500, "a worker that keeps up is not joined by an idle one"

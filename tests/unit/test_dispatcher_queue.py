@@ -94,12 +94,12 @@ async def test_a_worker_that_stops_beating_is_dead(queue: WorkQueue) -> None:
 
 async def test_heartbeat_publishes_what_the_worker_says_about_itself(queue: WorkQueue) -> None:
     info = WorkerInfo(id="a", policies=["default", "gpu"], queue_depth=3, in_flight=2, capacity=64,
-                      counters={"bound": 10, "conflicts": 1}, ready=2, decided_per_second=412.5)
+                      counters={"bound": 10, "conflicts": 1}, ready=2, decide_rate=412.5)
     await queue.heartbeat(info, ttl_seconds=30)
     [seen], _dead = await queue.workers()
     assert seen.policies == ["default", "gpu"]
     assert (seen.queue_depth, seen.in_flight, seen.capacity) == (3, 2, 64)
-    assert (seen.ready, seen.decided_per_second) == (2, 412.5)
+    assert (seen.ready, seen.decide_rate) == (2, 412.5)
     assert seen.counters == {"bound": 10, "conflicts": 1}
     assert seen.heartbeat_unix > 0
 
