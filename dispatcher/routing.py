@@ -4,14 +4,14 @@ Engage as few workers as keep up, then power of two choices. A worker's *backlog
 its pods waiting for a decision: what its last heartbeat called ready, plus what was sent to it since, less what it
 decides at its measured ``decide_rate`` (pods per second of deciding) in the time since that beat. A worker whose
 backlog is below ``pack_depth`` takes the pod, the one with the most pods outstanding first (then the fastest), so
-the work stays on the workers already engaged: one worker keeps up with any rate it can decide, and each pod costs less there than on
-an extra worker (fuller batches of decisions, reserves, events and acknowledgements, one connection pool warm;
-measured on the local plane, 3,000 pods, one worker taking all the pods of four spent 2.1 ms of worker CPU per pod
-against 2.5 ms spread). Another worker is engaged only when the engaged ones fall behind on decisions (a burst
-beyond their rate, a slow or paused worker: its backlog only grows). Once every worker is past the depth, two are
-drawn at random and the one with the smaller backlog wins: it spreads load nearly as well as picking the global
-minimum, and it does not send every pod of a burst to the worker that looked idlest in a stale heartbeat. Without a
-``backlog`` the outstanding counts stand in for it.
+the work stays on the workers already engaged: one worker keeps up with any rate it can decide, and each pod costs
+less there than on an extra worker (fuller batches of decisions, reserves, events and acknowledgements, one
+connection pool warm; measured on the local plane, 3,000 pods, one worker taking all the pods of four spent 2.1 ms
+of worker CPU per pod against 2.5 ms spread). Another worker is engaged only when the engaged ones fall behind on
+decisions (a burst beyond their rate, a slow or paused worker: its backlog only grows). Once every worker is past
+the depth, two are drawn at random and the one with the smaller backlog wins: it spreads load nearly as well as
+picking the global minimum, and it does not send every pod of a burst to the worker that looked idlest in a stale
+heartbeat. Without a ``backlog`` the outstanding counts stand in for it.
 """
 
 from __future__ import annotations
