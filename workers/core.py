@@ -209,7 +209,8 @@ class Worker:
         self.default_profile = default
         self.nodes = NodeTable()
         self.feed = NodeFeed(self.ledger, self.nodes, on_room=self._wake_retries,
-                             linger_ms=settings.feed_linger_ms)
+                             linger_ms=settings.feed_linger_ms, idle=self._idle,
+                             pause_after_seconds=settings.feed_pause_after_idle_seconds)
         self.rng = np.random.default_rng(settings.seed)
         self.jitter = random.Random(settings.seed)
         self.ready: collections.deque[Work] = collections.deque()
@@ -274,6 +275,10 @@ class Worker:
             ready=len(self.ready),
             decide_rate=self.decide_rate,
         )
+
+    def _idle(self) -> bool:
+        """Nothing to decide, retry, bind or acknowledge: the node table may go stale until there is."""
+        return not (self.ready or self.retries or self._bind_tasks or self.binds.demand or self._acks)
 
     def _background(self, work: Coroutine[Any, Any, None]) -> None:
         """Run a best-effort apiserver write (a condition) without holding up scheduling."""
@@ -415,6 +420,7 @@ class Worker:
             batch = [self.ready.popleft() for _ in range(min(len(self.ready), self.settings.decide_batch))]
             self.progress += 1
             self.decided += sum(len(work.item.members) or 1 for work in batch)
+            await self.feed.ready()  # a feed paused while this worker was idle catches up first
             started = time.monotonic()
             try:
                 await self.schedule(batch)

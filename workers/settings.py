@@ -51,15 +51,21 @@ class WorkerSettings(AccessSettings):
     p99 latency in the 2026-11-23 08:28 bench was twice kube-scheduler's)."""
     binds_in_flight_budget: int = Field(default=IDLE_WEBHOOK_CONNECTIONS, ge=0)
     """Bindings in flight across all workers, shared by those with bindings to post (at least 2 each, at most
-    ``max_binds_in_flight``; counted at each heartbeat). The default, 100, is what the apiserver keeps open to the webhook: 25 idle connections
-    for each of its 4 binding lanes (resolver/admission.py); beyond that every binding costs a TLS handshake on
-    both sides. 0: no shared budget, each worker posts up to ``max_binds_in_flight``."""
+    ``max_binds_in_flight``; counted at each heartbeat). The default, 100, is what the apiserver keeps open to the
+    webhook: 25 idle connections for each of its 4 binding lanes (resolver/admission.py); beyond that every
+    binding costs a TLS handshake on both sides. 0: no shared budget, each worker posts up to
+    ``max_binds_in_flight``."""
     feed_linger_ms: float = Field(default=20.0, ge=0, le=1000)
     """After reading the ledger's change stream, wait this long before reading it again, so that the changes of
     several reservations (every worker's) come in one read: each worker reads every change, so the number of reads,
     not the size of each, is what grows with the number of workers. Other workers' reservations reach this worker's
     node table up to this much later (its own at once); a decision made on older totals costs at most a ledger
     conflict and the next candidate, never an oversold node. 0: read again at once."""
+    feed_pause_after_idle_seconds: float = Field(default=2.0, ge=0)
+    """A worker that has had nothing to decide or bind for this long stops reading the change stream, and catches
+    up (the entries since, or one load of the ledger when they are more than its table holds) before its next
+    decision: with the dispatcher keeping a load on as few workers as keep up, the idle ones then cost no CPU per
+    pod (workers/feed.py). 0: always follow the stream."""
     read_batch: int = Field(default=128, ge=1)
     """Work items read from the queue at once."""
     candidates: int = Field(default=8, ge=1)
