@@ -7,19 +7,19 @@ full handshake on both sides for every such pod. Measured on the local plane wit
 bindings in flight per worker made the apiserver open 610 connections (0.41 per pod) and the resolver spend 1.70 ms
 of CPU per pod; 16 per worker made 2 connections and 1.26 ms per pod.
 
-So the workers share one budget (``binds_in_flight_budget``): each takes budget / the workers that have bindings
-to post (waiting or in flight, itself counted even when it has none), at least ``MIN_SHARE`` and at most
-``max_binds_in_flight``; that number comes with each heartbeat ({hoss}:binding, dispatcher/queue.py), so the
-share follows demand within a beat. Splitting it by every registered worker instead starved the one worker the
-dispatcher keeps busy (dispatcher/routing.py) at a quarter of the budget when four were registered. Bindings
-travel in 4 lanes of their own webhook entries (resolver/admission.py), 25 idle connections each, so the default
-budget is 100: one busy worker takes all 100, two take 50 each, eight 12 each, and the total never opens
-connections beyond the lanes' (for a beat after another worker starts binding, the two may hold more). Before
-the lanes, one worker with 3,000 pods on 50 nodes measured: budget 24 gave 115.5 pods/s, p50 latency 10.7 s, 25
-connections and 1.24 ms of resolver CPU per pod; no budget (64 in flight) gave 120.3 pods/s, p50 5.1 s, 859
-connections and 1.74 ms per pod. With the lanes, 64 in flight made 0.02 new connections per pod and the resolver 1.24 ms per pod
-(uvloop since: about 1.06 ms). One worker's share was capped at 64 until 2026-11-23; with 100 its p50 latency
-fell from 5.2 and 3.7 s to 3.4 and 3.2 s in two pairs of 3,000-pod runs (throughput within the runs' noise).
+So the workers share one budget (``binds_in_flight_budget``): each takes budget / the workers that have bindings to
+post (waiting or in flight, itself counted even when it has none), at least ``MIN_SHARE`` and at most
+``max_binds_in_flight``; that number comes with each heartbeat ({hoss}:binding, dispatcher/queue.py), so the share
+follows demand within a beat. Splitting it by every registered worker instead starved the one worker the dispatcher
+keeps busy (dispatcher/routing.py) at a quarter of the budget when four were registered. Bindings travel in 4 lanes
+of their own webhook entries (resolver/admission.py), 25 idle connections each, so the default budget is 100: one
+busy worker takes all 100, two take 50 each, eight 12 each, and the total never opens connections beyond the lanes'
+(for a beat after another worker starts binding, the two may hold more). Before the lanes, one worker with 3,000
+pods on 50 nodes measured: budget 24 gave 115.5 pods/s, p50 latency 10.7 s, 25 connections and 1.24 ms of resolver
+CPU per pod; no budget (64 in flight) gave 120.3 pods/s, p50 5.1 s, 859 connections and 1.74 ms per pod. With the
+lanes, 64 in flight made 0.02 new connections per pod and the resolver 1.24 ms per pod (uvloop since: about 1.06
+ms). One worker's share was capped at 64 until 2026-11-23; with 100 its p50 latency fell from 5.2 and 3.7 s to 3.4
+and 3.2 s in two pairs of 3,000-pod runs (throughput within the runs' noise).
 """
 
 from __future__ import annotations
