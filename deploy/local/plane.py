@@ -720,18 +720,19 @@ class LocalPlane:
 
     def start_dispatcher(
         self, state: PlaneState | None = None, *, name: str = "hoss-dispatcher", extra_args: Sequence[str] = (),
-        wait: bool = True,
+        wait: bool = True, port: int | None = None,
     ) -> Process:
         """Start hoss-dispatcher with its own identity; its HTTP port (status, dashboard) is in the Process
-        (``wait=False``: return at once, see `wait_healthy`)."""
+        (``wait=False``: return at once, see `wait_healthy`; ``port``: that one, e.g. a stopped dispatcher's,
+        instead of a free one)."""
         return self._start_service("dispatcher.main", "hoss-dispatcher", state, name=name, extra_args=extra_args,
-                                   wait=wait)
+                                   wait=wait, port=port)
 
     def _start_service(self, module: str, identity: str, state: PlaneState | None, *, name: str,
-                       extra_args: Sequence[str], wait: bool) -> Process:
+                       extra_args: Sequence[str], wait: bool, port: int | None = None) -> Process:
         """A hoss service (`python -m module`) with `identity`'s kubeconfig and Redis user, on a free port."""
         state = state or self.state()
-        port = _free_port()
+        port = port or _free_port()
         return self._spawn(
             state,
             name,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 import signal
@@ -42,14 +43,15 @@ async def nodes(cluster: Cluster, request: pytest.FixtureRequest) -> AsyncIterat
 @pytest.fixture
 def spreading(plane: LocalPlane, dispatcher: Process) -> Iterator[Process]:
     """The session's dispatcher restarted with --pack-depth=0 for one test: every pod is spread over the workers
-    (by default a load that one worker keeps up with stays on it), then the default dispatcher again."""
+    (by default a load that one worker keeps up with stays on it), then the default dispatcher again, on the same
+    port (other tests hold the session fixture's Process)."""
     plane.stop_process(dispatcher.name)
-    process = plane.start_dispatcher(extra_args=["--pack-depth=0"])
+    process = plane.start_dispatcher(extra_args=["--pack-depth=0"], port=dispatcher.port)
     try:
         yield process
     finally:
         plane.stop_process(process.name)
-        plane.start_dispatcher()
+        plane.start_dispatcher(port=dispatcher.port)
 
 
 async def test_three_workers_fill_30_nodes_with_300_pods_asking_more_than_fits_and_oversell_none(
@@ -103,32 +105,33 @@ async def test_a_worker_killed_mid_run_loses_no_pod_and_its_reservations_are_rel
 ) -> None:
     layout = [("kill-1", ["default"]), ("kill-2", ["default"]), ("kill-3", ["default"])]
     async with workers(plane, layout, extra_args=["--reservation-ttl-seconds=5"]) as started:
-        await cluster.create_pods(hoss_pods("kill", 300), namespace=namespace)
-
-        async def some_bound() -> tuple[bool, str]:
-            pods = await cluster.raw_list("list_namespaced_pod", namespace)
-            done = sum(1 for p in pods if p["spec"].get("nodeName"))
-            return done >= 30, f"{done} bound"
-
-        await wait_until(some_bound, timeout=60, what="the run to be under way")
-        # The victim is the worker holding the most unfinished pods: its death is the one that could lose some.
+        # The victim is a worker holding unfinished pods (dispatched, not yet bound): its death is the one that
+        # could lose some. It is killed the moment one is seen holding ten or more, while the pods are created.
+        creating = asyncio.create_task(cluster.create_pods(hoss_pods("kill", 300), namespace=namespace))
         redis = Redis.from_url(plane.state().redis_url, decode_responses=True)
+        held: Counter[str] = Counter()
+        victim_id = ""
         try:
-            held = Counter((await WorkQueue(redis).dispatched()).values())
+            for _ in range(6000):
+                held = Counter((await WorkQueue(redis).dispatched()).values())
+                victim_id = max((wid for wid, _ in layout), key=lambda wid: held.get(wid, 0))
+                if held.get(victim_id, 0) >= 10:
+                    break
+                await asyncio.sleep(0.01)
         finally:
             await redis.aclose()
-        victim_id = max((wid for wid, _ in layout), key=lambda wid: held.get(wid, 0))
-        assert held.get(victim_id, 0) > 0, held
+        assert held.get(victim_id, 0) >= 10, f"no worker held unfinished pods: {held}"
         victim = next(p for p in started if p.name.endswith(victim_id))
         os.kill(victim.pid, signal.SIGKILL)
+        await creating
         pods = await wait_all_bound(cluster, namespace, 300, timeout=180)
         assert oversold_nodes(await cluster.raw_list("list_node"), pods) == {}
 
         ledger = Ledger.from_url(plane.state().redis_url)
         try:
             async def released() -> tuple[bool, str]:
-                held = [e for e in await ledger.entries() if e.owner == victim_id and e.state == "assumed"]
-                return not held, f"{len(held)} reservations of the dead worker left"
+                left = [e for e in await ledger.entries() if e.owner == victim_id and e.state == "assumed"]
+                return not left, f"{len(left)} reservations of the dead worker left"
 
             await wait_until(released, timeout=30, what="the dead worker's reservations to expire")
         finally:
