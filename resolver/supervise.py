@@ -12,6 +12,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 
@@ -94,3 +95,15 @@ class Supervisor:
 def _check_ended(name: str, until: asyncio.Event | None) -> None:
     if until is None or not until.is_set():
         raise LoopEnded(f"loop {name} returned while it should run")
+
+
+async def first_of(*waits: Awaitable[Any]) -> None:
+    """Wait until the first of `waits` finishes; cancel the others (all of them when this wait is cancelled)."""
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        pending = [task for task in tasks if not task.done()]
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)

@@ -33,7 +33,7 @@ import heapq
 import logging
 import random
 import time
-from collections.abc import Awaitable, Coroutine, Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
@@ -67,7 +67,7 @@ from resolver.ledger import GangMember as GangPlacementMember
 from resolver.redisclient import PipelinedRedis
 from resolver.rest import KubeREST
 from resolver.settings import SettingsError
-from resolver.supervise import Supervisor
+from resolver.supervise import Supervisor, first_of
 from workers import bindlimit
 from workers.bindlimit import BindLimit
 from workers.extender import decide_with_extenders
@@ -239,6 +239,8 @@ class Worker:
         self._ack_ready = asyncio.Event()
         self.supervisor = Supervisor()
         self.progress = 0
+        """Batches decided: the heartbeat carries it so the dispatcher sees a worker whose scheduling is stuck
+        (reading alone is no progress: a reader whose decisions hang would otherwise look well)."""
         self.decided = 0
         """Pods taken from the ready queue and decided (placed, found unschedulable or malformed)."""
         self.deciding_seconds = 0.0
@@ -247,13 +249,11 @@ class Worker:
         """Pods decided per second of deciding over the last beats that decided any: how fast this worker works
         off its ready queue (heartbeat; the dispatcher's routing uses it, dispatcher/routing.py)."""
         self._rate_mark = (0.0, 0)
-        """Batches decided: the heartbeat carries it so the dispatcher sees a worker whose scheduling is stuck
-        (reading alone is no progress: a reader whose decisions hang would otherwise look well)."""
         self.requeues = 0
+        """Times this worker found its queue gone (declared dead, or Redis lost its data) and registered again."""
         self._last_beat = time.monotonic()
         self._suspect = False
         """A beat found our heartbeat gone: we may have been declared dead."""
-        """Times this worker found its queue gone (declared dead, or Redis lost its data) and registered again."""
 
     # --- bookkeeping -------------------------------------------------------------------------------------
 
@@ -277,8 +277,9 @@ class Worker:
         )
 
     def _idle(self) -> bool:
-        """Nothing to decide, retry, bind or acknowledge: the node table may go stale until there is."""
-        return not (self.ready or self.retries or self._bind_tasks or self.binds.demand or self._acks)
+        """Nothing to decide, retry, bind or acknowledge: the node table may go stale until there is (every binding
+        runs in a bind task)."""
+        return not (self.ready or self.retries or self._bind_tasks or self._acks)
 
     def _background(self, work: Coroutine[Any, Any, None]) -> None:
         """Run a best-effort apiserver write (a condition) without holding up scheduling."""
@@ -1008,7 +1009,7 @@ class Worker:
         supervise = self.supervisor.run
         feed = asyncio.create_task(supervise("feed", lambda: self.feed.follow(self.stopping), until=self.stopping),
                                    name="node-feed")
-        await _first(self.feed.loaded.wait(), self.stopping.wait(), self.supervisor.fatal.wait())
+        await first_of(self.feed.loaded.wait(), self.stopping.wait(), self.supervisor.fatal.wait())
         log.info("worker %s ready: %d nodes, policies %s", self.settings.id, len(self.nodes.names),
                  ",".join(self.settings.policies))
         loops = [
@@ -1017,7 +1018,7 @@ class Worker:
                                ("retry", self._retry_loop), ("schedule", self._schedule_loop),
                                ("ack", self._ack_loop))
         ]
-        await _first(self.stopping.wait(), self.supervisor.fatal.wait())
+        await first_of(self.stopping.wait(), self.supervisor.fatal.wait())
         if self.supervisor.fatal.is_set():
             log.critical("worker %s stopping: a loop is dead (%s)", self.settings.id, self.supervisor.health())
             self.stopping.set()
@@ -1042,10 +1043,3 @@ class Worker:
                  self.settings.id, released)
 
 
-async def _first(*waits: Awaitable[Any]) -> None:
-    """Wait until the first of `waits` finishes; cancel the others."""
-    tasks = [asyncio.ensure_future(w) for w in waits]
-    _done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    for task in pending:
-        task.cancel()
-    await asyncio.gather(*pending, return_exceptions=True)

@@ -39,6 +39,7 @@ from collections.abc import Callable, Mapping
 from resolver import compact
 from resolver.errors import LedgerUnavailable, ResolverError
 from resolver.ledger import Change, Ledger, Nomination, decode_nominations, parse_used
+from resolver.supervise import first_of
 from workers.nodes import NodeTable, parse_placed, stream_position
 
 log = logging.getLogger(__name__)
@@ -212,13 +213,7 @@ class NodeFeed:
         self.pauses += 1
         log.debug("idle: change stream paused at %s", self.position)
         try:
-            wake = asyncio.ensure_future(self._wake.wait())
-            stop = asyncio.ensure_future(stopping.wait())
-            try:
-                await asyncio.wait((wake, stop), return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                wake.cancel()
-                stop.cancel()
+            await first_of(self._wake.wait(), stopping.wait())
             self._wake.clear()
             self._idle_since = None
             if not stopping.is_set():

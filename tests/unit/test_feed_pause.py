@@ -12,6 +12,7 @@ import pytest
 from resolver import compact
 from resolver.ledger import BatchPod, Ledger, Reserved
 from tests.unit.kube_objects import raw_node
+from tests.unit.tls_apiserver import until
 from workers.feed import CATCH_UP_MIN_ENTRIES, NodeFeed
 from workers.nodes import NodeTable
 
@@ -36,14 +37,6 @@ async def reserve(ledger: Ledger, uid: str, node: str) -> None:
     assert isinstance(results, list) and isinstance(results[0], Reserved)
 
 
-async def until(condition: object, what: str) -> None:
-    for _ in range(400):
-        if callable(condition) and condition():
-            return
-        await asyncio.sleep(0.01)
-    pytest.fail(f"timed out waiting for {what}")
-
-
 async def expected_table(ledger: Ledger) -> tuple[dict[str, dict[str, int]], set[str]]:
     table = NodeTable()
     assert await NodeFeed(ledger, table).load()
@@ -58,7 +51,7 @@ async def test_an_idle_worker_reads_nothing_then_catches_up_before_it_decides(le
     stopping = asyncio.Event()
     task = asyncio.create_task(feed.follow(stopping))
     try:
-        await until(lambda: feed.pauses == 1 and not feed.current.is_set(), "the feed to pause")
+        await until(lambda: feed.pauses == 1 and not feed.current.is_set())
         applied, reads = feed.applied, feed.reads
         for n in range(changes):  # another worker's reservations, one entry each
             await reserve(ledger, f"p{n}", NODES[n % len(NODES)])
@@ -75,7 +68,7 @@ async def test_an_idle_worker_reads_nothing_then_catches_up_before_it_decides(le
         # A few entries are applied; more than the table holds (nodes + pods) are replaced by one load.
         assert feed.catch_up_loads == (0 if changes < CATCH_UP_MIN_ENTRIES else 1)
         await reserve(ledger, "busy", "a")  # a busy worker follows the stream again
-        await until(lambda: "busy" in table.pods, "the feed to follow again")
+        await until(lambda: "busy" in table.pods)
         assert feed.pauses == 1
     finally:
         stopping.set()
@@ -95,7 +88,7 @@ async def test_a_busy_worker_never_pauses_and_stopping_ends_a_pause(ledger: Ledg
     idle = NodeFeed(ledger, NodeTable(), block_ms=5, idle=lambda: True, pause_after_seconds=0.01)
     stopping = asyncio.Event()
     task = asyncio.create_task(idle.follow(stopping))
-    await until(lambda: idle.pauses == 1, "the idle feed to pause")
+    await until(lambda: idle.pauses == 1)
     stopping.set()
     await asyncio.wait_for(task, timeout=5)
     assert idle.current.is_set(), "nobody waits on a feed that stopped"
