@@ -22,6 +22,7 @@ import asyncio
 import collections
 import dataclasses
 import logging
+import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -88,6 +89,9 @@ GANG_TIMEOUT_REASON = "GangTimeout"
 HANDBACK_BACKOFF_MAX_SECONDS = 300.0
 GANG_QUIET_ROUNDS = 5
 """A gang with no pending member is counted until its counts stood still this many rounds (members start)."""
+FRESH_BEATS_SECONDS = 0.1
+"""How old the workers' heartbeats may be when the dispatcher is about to engage one more worker; older ones are
+read again first (at most this often)."""
 PLACED_PATIENCE = 10
 """A pod its worker bound but our watch still shows pending is sent again after this many informer lags."""
 STATUS_TIMEOUT_SECONDS = 5.0
@@ -308,6 +312,7 @@ class Dispatcher:
         self._gang_since: dict[GangKey, float] = {}
         """scheduler-plugins PodGroups by namespace/name (empty when the CRD is not installed)."""
         self.workers: list[WorkerInfo] = []
+        self._beats_read_at = -math.inf
         """Live workers as of the last round."""
         self.redis_error: str | None = None
         self._rng = rng if rng is not None else random.Random()
@@ -542,9 +547,7 @@ class Dispatcher:
         """Refresh the live workers; take every unfinished item of each dead worker back and send its pods to
         live workers serving their policy (those no live worker serves wait)."""
         live, dead = await self.queue.workers()
-        stalled = self._stalled(live)
-        self.workers = [w for w in live if w.id not in stalled and not w.unhealthy]
-        self._note_beats(live)
+        stalled = self._take_beats(live)
         report = TickReport(dead_workers=sorted(dead | stalled))
         reclaimed: dict[str, None] = {}
         for worker_id in report.dead_workers:
@@ -576,6 +579,24 @@ class Dispatcher:
         pods = [self.pending[uid] for uid in reclaimed if uid in self.pending]
         report.dispatched = await self._send(sorted(pods, key=dispatch_order))
         return report
+
+    def _take_beats(self, live: Sequence[WorkerInfo]) -> set[str]:
+        """Route to the ``live`` workers that are neither stalled nor unhealthy; the stalled ones are returned."""
+        stalled = self._stalled(live)
+        self.workers = [w for w in live if w.id not in stalled and not w.unhealthy]
+        self._note_beats(live)
+        self._beats_read_at = self._clock()
+        return stalled
+
+    async def _look_again(self) -> bool:
+        """Read the workers' heartbeats again before engaging one more worker, unless they were read within
+        FRESH_BEATS_SECONDS: the view is up to a round old, and a worker that started deciding since (its first
+        beat with a rate comes right after its first batch) may well keep up. True when they were read."""
+        if self._clock() - self._beats_read_at < FRESH_BEATS_SECONDS:
+            return False
+        live, _dead = await self.queue.workers()
+        self._take_beats(live)
+        return True
 
     def _note_beats(self, live: Sequence[WorkerInfo]) -> None:
         """Forget the sends that every live worker's heartbeat already counts (and those of workers gone)."""
@@ -660,12 +681,21 @@ class Dispatcher:
                 by_uid.setdefault(member.uid, self.pending[member.uid])
         loads = worker_loads(self.workers, self.dispatched)
         backlog = self.backlog()
+        assigned: dict[str, int] = {}
         sent = 0
         batch: list[tuple[str, WorkItem]] = []
         for item in [*map(self._with_hints, plan_work_items(singles, attempts=self._attempts)), *gang_items]:
             uids = item_uids(item)
             worker = choose_worker(self.workers, item.policy, loads=loads, rng=self._rng,
                                    pack_depth=self.settings.pack_depth, backlog=backlog)
+            if (worker is not None and any(count > loads.get(worker.id, 0) for count in loads.values())
+                    and await self._look_again()):
+                # About to pass over a busier worker (it looks behind): on a fresh view of its rate first.
+                backlog = self.backlog()
+                for worker_id, count in assigned.items():
+                    backlog[worker_id] = backlog.get(worker_id, 0) + count
+                worker = choose_worker(self.workers, item.policy, loads=loads, rng=self._rng,
+                                       pack_depth=self.settings.pack_depth, backlog=backlog)
             if worker is None:
                 for uid in uids:
                     self._wait(by_uid[uid])
@@ -673,6 +703,7 @@ class Dispatcher:
             batch.append((worker.id, item))
             loads[worker.id] = loads.get(worker.id, 0) + len(uids)
             backlog[worker.id] = backlog.get(worker.id, 0) + len(uids)
+            assigned[worker.id] = assigned.get(worker.id, 0) + len(uids)
         if not self._is_leader():
             log.info("no longer leader: stopped dispatching")
             return 0

@@ -249,6 +249,10 @@ class Worker:
         """Pods decided per second of deciding over the last beats that decided any: how fast this worker works
         off its ready queue (heartbeat; the dispatcher's routing uses it, dispatcher/routing.py)."""
         self._rate_mark = (0.0, 0)
+        self._beat_now = asyncio.Event()
+        """Set when the first batch is decided: the heartbeat goes at once, so the dispatcher learns this worker's
+        rate within a batch instead of a beat (until then it counts every pod sent as waiting, and a burst at
+        start-up would spill onto other workers for nothing)."""
         self.requeues = 0
         """Times this worker found its queue gone (declared dead, or Redis lost its data) and registered again."""
         self._last_beat = time.monotonic()
@@ -435,6 +439,8 @@ class Worker:
                 await self._isolate(batch, error)
             finally:
                 self.deciding_seconds += time.monotonic() - started
+                if not self.decide_rate:
+                    self._beat_now.set()
 
     async def _isolate(self, batch: Sequence[Work], error: Exception) -> None:
         """A batch raised something unexpected: schedule its items one at a time, so only the pod that raises
@@ -1000,7 +1006,8 @@ class Worker:
                 outage = False
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.settings.heartbeat_interval_seconds):
-                    await self.stopping.wait()
+                    await first_of(self.stopping.wait(), self._beat_now.wait())
+            self._beat_now.clear()
 
     async def run(self) -> None:
         """Run until ``stopping`` is set, then shut down gracefully."""

@@ -561,3 +561,41 @@ async def test_pods_stay_on_the_engaged_worker_while_it_decides_as_fast_as_they_
         assert owners.count("idle") >= 200, "a worker that falls behind gets help"
     else:
         assert owners.count("engaged") == 500, "a worker that keeps up is not joined by an idle one"
+
+
+async def test_before_engaging_another_worker_the_dispatcher_reads_the_busy_ones_rate_again(queue: WorkQueue) -> None:
+    """A worker just started has no measured rate: the dispatcher counts every pod sent to it as waiting. It beats
+    as soon as its first batch is decided; past the pack depth the dispatcher reads that beat before it engages
+    an idle worker, finds the busy one keeping up, and keeps sending to it. With a view too fresh to read again,
+    the same pods spill."""
+    wall = [0.0]
+    clock = [100.0]
+    dispatcher = Dispatcher(queue=queue, settings=settings(pack_depth=64), rng=random.Random(12),
+                            wall=lambda: wall[0], clock=lambda: clock[0])
+    dispatcher.synced.set()
+    await queue.heartbeat(WorkerInfo(id="w2", policies=["default"]), ttl_seconds=ALIVE_SECONDS)
+    await queue.heartbeat(WorkerInfo(id="w1", policies=["default"]), ttl_seconds=ALIVE_SECONDS)
+    await dispatcher.reclaim_step()
+    wall[0] = max(worker.heartbeat_unix for worker in dispatcher.workers) + 0.01
+    for n in range(50):
+        await dispatcher.on_event("ADDED", pending_pod(n))
+    await dispatcher.dispatch_pending(fresh_only=True)
+    assert set((await queue.dispatched()).values()) == {"w2"}
+
+    # w2 decided its first batch and beat at once, with its rate; the dispatcher has not read that beat yet.
+    await queue.heartbeat(WorkerInfo(id="w2", policies=["default"], decide_rate=2000.0), ttl_seconds=ALIVE_SECONDS)
+    wall[0] += 0.05
+    clock[0] += 0.05  # the last read is 0.05 s old: too fresh to read again
+    for n in range(50, 70):
+        await dispatcher.on_event("ADDED", pending_pod(n))
+    await dispatcher.dispatch_pending(fresh_only=True)
+    owners = await queue.dispatched()
+    assert [owners[f"uid-{n}"] for n in range(64, 70)] == ["w1"] * 6, "an unmeasured worker's sends all count"
+
+    wall[0] += 0.1
+    clock[0] += 0.1
+    for n in range(70, 120):
+        await dispatcher.on_event("ADDED", pending_pod(n))
+    await dispatcher.dispatch_pending(fresh_only=True)
+    owners = await queue.dispatched()
+    assert [owners[f"uid-{n}"] for n in range(70, 120)] == ["w2"] * 50, "read again: w2 keeps up"
