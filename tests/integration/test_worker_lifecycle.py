@@ -1,6 +1,9 @@
-"""A worker's first heartbeat with a measured rate, on a real redis-server: it goes as soon as the worker has
-decided its first batch, not a heartbeat interval later, so the dispatcher's routing (dispatcher/routing.py)
-stops counting every pod sent to a fresh worker as still waiting."""
+"""A worker's beats and stop, on a real redis-server.
+
+Its first heartbeat with a measured rate goes as soon as it has decided its first batch, not a heartbeat interval
+later, so the dispatcher's routing (dispatcher/routing.py) stops counting every pod sent to a fresh worker as still
+waiting. An idle worker's loops sleep on their events (work, retries, acknowledgements) with only a long safety
+timeout, and stopping wakes them all."""
 
 from __future__ import annotations
 
@@ -8,6 +11,8 @@ import asyncio
 
 import pytest
 import redis.asyncio
+
+import workers.core
 
 from bench.pipeline import drive, node_object, pod_object, prepare_ledger, run_worker, worker_settings
 from deploy.local.plane import POLICIES_FILE
@@ -34,3 +39,19 @@ async def test_a_fresh_worker_reports_its_rate_right_after_its_first_batch(
     finally:
         stop.set()
         await task
+
+
+async def test_stopping_an_idle_worker_wakes_its_sleeping_loops(
+    client: redis.asyncio.Redis, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the loops' safety timeout at an hour, an idle worker still stops at once: stopping sets the events
+    they sleep on."""
+    monkeypatch.setattr(workers.core, "IDLE_WAKE_SECONDS", 3600.0)
+    await prepare_ledger(client, [node_object("n0", cpu="8")])
+    stop = asyncio.Event()
+    task = asyncio.create_task(run_worker(worker_settings("w1", redis_url, str(POLICIES_FILE)), stop))
+    run = await drive(client, [pod_object(n) for n in range(5)], expected_workers=1, timeout=60)
+    assert run.bound == 5
+    await asyncio.sleep(0.5)  # every loop asleep on its event
+    stop.set()
+    await asyncio.wait_for(task, timeout=60)  # an hour without the wake-up
