@@ -13,7 +13,6 @@ import pytest
 import redis.asyncio
 
 import workers.core
-
 from bench.pipeline import drive, node_object, pod_object, prepare_ledger, run_worker, worker_settings
 from deploy.local.plane import POLICIES_FILE
 from dispatcher.queue import WorkQueue
