@@ -19,6 +19,7 @@ import orjson
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.config.incluster_config import SERVICE_CERT_FILENAME, SERVICE_TOKEN_FILENAME
 
+from resolver import protobuf
 from resolver.admission import LANE_LABEL
 from resolver.http1 import Http1Pool
 from resolver.kube import DEFAULT_REQUEST_TIMEOUT_SECONDS, KubeError, status_message
@@ -234,18 +235,11 @@ class KubeREST:
     async def create_binding(self, namespace: str, name: str, uid: str, node: str, *, lane: str | None = None,
                              timeout: float = DEFAULT_REQUEST_TIMEOUT_SECONDS) -> Json:
         """Bind the pod to ``node``; ``uid`` makes the apiserver refuse the binding if the pod was replaced;
-        ``lane`` labels the Binding with the webhook lane it travels on (`resolver.admission.LANE_LABEL`)."""
-        metadata: Json = {"name": name, "namespace": namespace, "uid": uid}
-        if lane is not None:
-            metadata["labels"] = {LANE_LABEL: lane}
-        body = {
-            "apiVersion": "v1",
-            "kind": "Binding",
-            "metadata": metadata,
-            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
-        }
+        ``lane`` labels the Binding with the webhook lane it travels on (`resolver.admission.LANE_LABEL`). The body
+        is protobuf (`resolver.protobuf`), as kube-scheduler sends it: the apiserver decodes it far more cheaply."""
+        body = protobuf.binding(namespace, name, uid, node, None if lane is None else {LANE_LABEL: lane})
         path = f"/api/v1/namespaces/{segment(namespace)}/pods/{segment(name)}/binding"
-        return await self.request("POST", path, body=body, timeout=timeout)
+        return await self.request("POST", path, body=body, content_type=protobuf.PROTOBUF, timeout=timeout)
 
     async def get_pod(self, namespace: str, name: str, *, timeout: float = DEFAULT_REQUEST_TIMEOUT_SECONDS) -> Json:
         return await self.request("GET", f"/api/v1/namespaces/{segment(namespace)}/pods/{segment(name)}",

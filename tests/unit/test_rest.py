@@ -13,6 +13,7 @@ import pytest
 from aiohttp import web
 
 from deploy.local import pki
+from resolver import protobuf
 from resolver.events import pod_event, post_event, scheduled_event, set_unschedulable, unschedulable_condition
 from resolver.kube import KubeError
 from resolver.rest import STRATEGIC_MERGE_PATCH, KubeREST, TokenFile
@@ -33,25 +34,72 @@ async def rest(apiserver: TLSApiserver) -> AsyncIterator[KubeREST]:
         yield client
 
 
-async def test_binding_is_one_orjson_post_with_the_pod_uid_over_mutual_tls_from_the_kubeconfig(
+def _message(data: bytes) -> dict[int, list[bytes]]:
+    """A protobuf message's length-delimited fields (the only wire type a Binding uses), by field number."""
+    fields: dict[int, list[bytes]] = {}
+    at = 0
+
+    def varint() -> int:
+        nonlocal at
+        value, shift = 0, 0
+        while True:
+            byte = data[at]
+            at += 1
+            value |= (byte & 0x7F) << shift
+            shift += 7
+            if not byte & 0x80:
+                return value
+
+    while at < len(data):
+        key = varint()
+        assert key & 7 == 2, f"wire type {key & 7}"
+        size = varint()
+        fields.setdefault(key >> 3, []).append(data[at:at + size])
+        at += size
+    return fields
+
+
+def decode_binding(body: bytes) -> dict[str, object]:
+    """The fields of a protobuf Binding (resolver/protobuf.py) by their proto names."""
+    assert body[:4] == b"k8s\x00", "the protobuf magic"
+    envelope = _message(body[4:])
+    type_meta = _message(envelope[1][0])
+    binding = _message(envelope[2][0])
+    metadata, target = _message(binding[1][0]), _message(binding[2][0])
+    labels = {_message(entry)[1][0].decode(): _message(entry)[2][0].decode() for entry in metadata.get(11, [])}
+    return {
+        "apiVersion": type_meta[1][0].decode(), "kind": type_meta[2][0].decode(),
+        "metadata": {"name": metadata[1][0].decode(), "namespace": metadata[3][0].decode(),
+                     "uid": metadata[5][0].decode(), "labels": labels},
+        "target": {"kind": target[1][0].decode(), "name": target[3][0].decode(),
+                   "apiVersion": target[5][0].decode()},
+    }
+
+
+async def test_binding_is_one_protobuf_post_with_the_pod_uid_over_mutual_tls_from_the_kubeconfig(
     apiserver: TLSApiserver, rest: KubeREST
 ) -> None:
-    answer = await rest.create_binding("team", "web-0", "uid-1", "n7")
+    answer = await rest.create_binding("team", "web-0", "uid-1", "n7", lane="2")
 
     [seen] = apiserver.seen
     assert (seen.method, seen.raw_path) == ("POST", "/api/v1/namespaces/team/pods/web-0/binding")
-    assert seen.content_type == "application/json"
+    assert seen.content_type == "application/vnd.kubernetes.protobuf", "as kube-scheduler sends it"
     assert seen.client_cn == "hoss-worker", "the kubeconfig's client certificate is presented"
     assert seen.authorization == "Bearer t0k3n"
-    expected = {
+    assert decode_binding(seen.body) == {
         "apiVersion": "v1",
         "kind": "Binding",
-        "metadata": {"name": "web-0", "namespace": "team", "uid": "uid-1"},
+        "metadata": {"name": "web-0", "namespace": "team", "uid": "uid-1", "labels": {"hoss.io/lane": "2"}},
         "target": {"apiVersion": "v1", "kind": "Node", "name": "n7"},
     }
-    assert orjson.loads(seen.body) == expected
-    assert seen.body == orjson.dumps(expected), "the body is orjson's compact encoding"
-    assert answer == expected
+    assert answer["status"] == "Success", "the answer is read as JSON"
+
+
+def test_long_names_take_multi_byte_lengths() -> None:
+    name = "p" * 300  # a length of 300 is two bytes of varint
+    binding = decode_binding(protobuf.binding("ns", name, "u" * 36, "node-" + "x" * 200))
+    assert binding["metadata"] == {"name": name, "namespace": "ns", "uid": "u" * 36, "labels": {}}
+    assert binding["target"] == {"kind": "Node", "name": "node-" + "x" * 200, "apiVersion": "v1"}
 
 
 async def test_calls_reuse_one_keep_alive_connection(apiserver: TLSApiserver, rest: KubeREST) -> None:

@@ -33,9 +33,13 @@ Responder = Callable[[Seen], Awaitable[web.StreamResponse]]
 
 
 async def echo(seen: Seen) -> web.StreamResponse:
-    """201 with the request body, as the apiserver answers a create; a GET gets a small Pod."""
+    """201 with the request body, as the apiserver answers a create (a protobuf body, e.g. a Binding: a Success
+    Status in JSON, as the apiserver answers a client that accepts JSON); a GET gets a small Pod."""
     if seen.method == "GET":
         return web.json_response({"kind": "Pod", "metadata": {"name": seen.raw_path.rsplit("/", 1)[-1]}})
+    if seen.content_type == "application/vnd.kubernetes.protobuf":
+        return web.json_response({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201},
+                                 status=201)
     return web.Response(status=201, body=seen.body or b"{}", content_type="application/json")
 
 
