@@ -90,8 +90,8 @@ HANDBACK_BACKOFF_MAX_SECONDS = 300.0
 GANG_QUIET_ROUNDS = 5
 """A gang with no pending member is counted until its counts stood still this many rounds (members start)."""
 FRESH_BEATS_SECONDS = 0.1
-"""How old the workers' heartbeats may be when the dispatcher is about to engage one more worker; older ones are
-read again first (at most this often)."""
+"""How old the workers' heartbeats may be when the dispatcher is about to pass over a busier worker (engaging one
+with less outstanding); older ones are read again first, so they are read at most this often."""
 PLACED_PATIENCE = 10
 """A pod its worker bound but our watch still shows pending is sent again after this many informer lags."""
 STATUS_TIMEOUT_SECONDS = 5.0
@@ -312,8 +312,9 @@ class Dispatcher:
         self._gang_since: dict[GangKey, float] = {}
         """scheduler-plugins PodGroups by namespace/name (empty when the CRD is not installed)."""
         self.workers: list[WorkerInfo] = []
-        self._beats_read_at = -math.inf
         """Live workers as of the last round."""
+        self._beats_read_at = -math.inf
+        """When `workers` was last read from their heartbeats (``clock``)."""
         self.redis_error: str | None = None
         self._rng = rng if rng is not None else random.Random()
         self._is_leader = is_leader
@@ -589,7 +590,7 @@ class Dispatcher:
         return stalled
 
     async def _look_again(self) -> bool:
-        """Read the workers' heartbeats again before engaging one more worker, unless they were read within
+        """Read the workers' heartbeats again before passing over a busier worker, unless they were read within
         FRESH_BEATS_SECONDS: the view is up to a round old, and a worker that started deciding since (its first
         beat with a rate comes right after its first batch) may well keep up. True when they were read."""
         if self._clock() - self._beats_read_at < FRESH_BEATS_SECONDS:

@@ -128,13 +128,13 @@ class Pipelined:
 
 
 EVENT_POSTS_IN_FLIGHT = 32
+"""Events (Scheduled above all, one per bound pod) posted at once: enough that they keep pace with the bindings
+they follow (with 8 they fell minutes behind under load: the bench counted 0.27 per bound pod by its last binding,
+kube-scheduler 1.0), so `kubectl describe pod` shows them promptly and their cost falls where it is caused."""
 IDLE_WAKE_SECONDS = 5.0
 """Longest a loop of the worker sleeps waiting for its event (work, a retry, acknowledgements): every wait ends
 when its event is set, and stopping sets them all; the timeout is only a safety net, so an idle worker wakes up
 rarely (a timer a second per loop costs it more than anything else while idle)."""
-"""Events (Scheduled above all, one per bound pod) posted at once: enough that they keep pace with the bindings
-they follow (with 8 they fell minutes behind under load: the bench counted 0.27 per bound pod by its last binding,
-kube-scheduler 1.0), so `kubectl describe pod` shows them promptly and their cost falls where it is caused."""
 COUNTERS = ("bound", "conflicts", "denied", "unschedulable", "malformed", "retries", "gone", "stale", "errors")
 
 
@@ -969,13 +969,16 @@ class Worker:
         self._acks.append((work.message_id, uids))
         self._ack_ready.set()
 
-    async def _flush_acks(self) -> None:
+    async def _flush_acks(self) -> bool:
+        """Send the acknowledgements gathered so far; False when Redis could not take them (they are kept)."""
         done, self._acks = self._acks, []
         try:
             await self.queue.ack_many(self.settings.id, done)
         except LedgerUnavailable as error:
             log.warning("cannot acknowledge %d items (they stay queued and are retried): %s", len(done), error)
             self._acks[:0] = done
+            return False
+        return True
 
     async def _ack_loop(self) -> None:
         while not self.stopping.is_set():
@@ -987,9 +990,8 @@ class Worker:
                 if not self._acks:
                     continue
             await asyncio.sleep(0.01)  # gather the acknowledgements of a burst into one round trip
-            await self._flush_acks()
-            if self._acks:  # not sent (Redis unreachable): try again shortly
-                await asyncio.sleep(0.5)
+            if not await self._flush_acks():
+                await asyncio.sleep(0.5)  # Redis unreachable: try again shortly
 
     # --- lifecycle ---------------------------------------------------------------------------------------
 
