@@ -682,7 +682,6 @@ class Dispatcher:
                 by_uid.setdefault(member.uid, self.pending[member.uid])
         loads = worker_loads(self.workers, self.dispatched)
         backlog = self.backlog()
-        assigned: dict[str, int] = {}
         sent = 0
         batch: list[tuple[str, WorkItem]] = []
         for item in [*map(self._with_hints, plan_work_items(singles, attempts=self._attempts)), *gang_items]:
@@ -693,8 +692,8 @@ class Dispatcher:
                     and await self._look_again()):
                 # About to pass over a busier worker (it looks behind): on a fresh view of its rate first.
                 backlog = self.backlog()
-                for worker_id, count in assigned.items():
-                    backlog[worker_id] = backlog.get(worker_id, 0) + count
+                for worker_id, assigned in batch:  # chosen in this burst, not sent yet
+                    backlog[worker_id] = backlog.get(worker_id, 0) + len(item_uids(assigned))
                 worker = choose_worker(self.workers, item.policy, loads=loads, rng=self._rng,
                                        pack_depth=self.settings.pack_depth, backlog=backlog)
             if worker is None:
@@ -704,7 +703,6 @@ class Dispatcher:
             batch.append((worker.id, item))
             loads[worker.id] = loads.get(worker.id, 0) + len(uids)
             backlog[worker.id] = backlog.get(worker.id, 0) + len(uids)
-            assigned[worker.id] = assigned.get(worker.id, 0) + len(uids)
         if not self._is_leader():
             log.info("no longer leader: stopped dispatching")
             return 0

@@ -1017,7 +1017,7 @@ class Worker:
                 outage = False
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.settings.heartbeat_interval_seconds):
-                    await first_of(self.stopping.wait(), self._beat_now.wait())
+                    await self._beat_now.wait()  # set early by the first batch, and by stopping
             self._beat_now.clear()
 
     async def run(self) -> None:
@@ -1040,7 +1040,7 @@ class Worker:
         if self.supervisor.fatal.is_set():
             log.critical("worker %s stopping: a loop is dead (%s)", self.settings.id, self.supervisor.health())
             self.stopping.set()
-        for wake in (self._ready_event, self._retry_added, self._ack_ready):
+        for wake in (self._ready_event, self._retry_added, self._ack_ready, self._beat_now):
             wake.set()  # the loops waiting on them see `stopping` now, not at their next timeout
         log.info("worker %s stopping: %d bindings in flight", self.settings.id, len(self._bind_tasks))
         await asyncio.gather(*loops[1:], return_exceptions=True)
