@@ -14,7 +14,6 @@ import asyncio
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from bench.measure import CpuMeter
+from deploy.local.ports import free_port
 from dispatcher.core import Dispatcher, cancel_and_wait
 from dispatcher.queue import WorkQueue
 from dispatcher.settings import DispatcherSettings
@@ -199,16 +199,10 @@ def _start(argv: list[str], work_dir: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(argv, cwd=work_dir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 async def pipeline_rows(*, nodes: int, pods: int, policies_file: str, work_dir: str,
                         progress: Callable[[str, int, int], None]) -> dict[str, dict[str, Any]]:
     """Every pipeline run on a redis-server of its own: pods/s and CPU ms per pod of each process."""
-    port = _free_port()
+    port = free_port()
     url = f"redis://127.0.0.1:{port}/0"
     redis_process = _start([shutil.which("redis-server") or "redis-server", "--port", str(port), "--save", "",
                             "--appendonly", "no", "--bind", "127.0.0.1"], work_dir)

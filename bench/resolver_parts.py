@@ -31,18 +31,13 @@ from aiohttp import web
 from redis.asyncio import Redis
 
 from bench.measure import cpu_seconds
+from deploy.local.ports import free_port
 from resolver.httpserver import HttpServer, Request, Response
 from resolver.redisclient import PipelinedRedis
 
 BODY = b'{"kind":"AdmissionReview","request":{"uid":"' + b"x" * 2000 + b'"}}'
 ANSWER = b'{"allowed":true}'
 SCRIPT = "return redis.call('HINCRBY', KEYS[1], 'n', 1)"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _serve_hoss(port: int) -> None:
@@ -82,7 +77,7 @@ async def _drive_http(port: int, requests: int) -> None:
 
 def http_cost(serve: Callable[[int], None], requests: int) -> float:
     """Server CPU microseconds per request."""
-    port = _free_port()
+    port = free_port()
     process = multiprocessing.get_context("spawn").Process(target=serve, args=(port,), daemon=True)
     process.start()
     try:
@@ -140,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     if redis_server is None:
         print("redis-server not found: Redis client not measured", file=sys.stderr)
         return 1
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen([redis_server, "--port", str(port), "--save", "", "--appendonly", "no"],
                               stdout=subprocess.DEVNULL, cwd=tempfile.gettempdir())
     try:

@@ -51,6 +51,7 @@ import yaml
 
 from deploy import lockdown
 from deploy.local import binaries, pki
+from deploy.local.ports import free_port
 from resolver.admission import BINDING_LANES, LANE_LABEL
 
 DEPLOY_DIR = Path(__file__).resolve().parent.parent
@@ -140,12 +141,6 @@ def lane_host(hook: Mapping[str, Any]) -> str:
     lane = labels.get(LANE_LABEL)
     return LANE_HOSTS[int(lane)] if isinstance(lane, str) and lane.isdigit() and int(lane) < len(LANE_HOSTS) \
         else LANE_HOSTS[0]
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _check_port_free(port: int, owner: str) -> int:
@@ -256,9 +251,9 @@ class LocalPlane:
             self.down()
         state = PlaneState(directory=str(self.directory), audit=audit)
         state.apiserver_port = (
-            _check_port_free(apiserver_port, "kube-apiserver") if apiserver_port else _free_port()
+            _check_port_free(apiserver_port, "kube-apiserver") if apiserver_port else free_port()
         )
-        state.redis_port = _check_port_free(redis_port, "redis-server") if redis_port else _free_port()
+        state.redis_port = _check_port_free(redis_port, "redis-server") if redis_port else free_port()
         paths = {b.name: binaries.require(b.name) for b in binaries.BINARIES}
         redis_server = shutil.which("redis-server")
         if redis_server is None:
@@ -266,8 +261,8 @@ class LocalPlane:
         for directory in (self.pki_dir, self.kubeconfig_dir, self.log_dir):
             directory.mkdir(parents=True, exist_ok=True)
         state.redis_passwords = {user: secrets.token_urlsafe(24) for user in ("admin", *HOSS_COMPONENTS)}
-        state.etcd_port = _free_port()
-        state.etcd_peer_port = _free_port()
+        state.etcd_port = free_port()
+        state.etcd_peer_port = free_port()
         shm = Path("/dev/shm")
         data_root = shm if shm.is_dir() and os.access(shm, os.W_OK) else self.directory
         state.etcd_data = str(data_root / f"hoss-etcd-{abs(hash(str(self.directory))) % 10**8}")
@@ -549,7 +544,7 @@ class LocalPlane:
     def _start_controller_manager(self, state: PlaneState, controller_manager: Path) -> None:
         """kube-controller-manager with `CONTROLLERS`, few workers each and no leader election (one per plane)."""
         kubeconfig = self.kubeconfig("kube-controller-manager")
-        port = _free_port()
+        port = free_port()
         self._spawn(
             state,
             "kube-controller-manager",
@@ -577,7 +572,7 @@ class LocalPlane:
         )
 
     def _start_kwok(self, state: PlaneState, kwok: Path) -> None:
-        port = _free_port()
+        port = free_port()
         self._spawn(
             state,
             "kwok",
@@ -625,7 +620,7 @@ class LocalPlane:
                 indent=2,
             )
         )
-        port = _free_port()
+        port = free_port()
         return self._spawn(
             state,
             scheduler_process_name(scheduler_name),
@@ -693,7 +688,7 @@ class LocalPlane:
                 ip_addresses=LANE_HOSTS,
                 server=True,
             )
-        port = _free_port()
+        port = free_port()
         return self._spawn(
             state,
             name,
@@ -732,7 +727,7 @@ class LocalPlane:
                        extra_args: Sequence[str], wait: bool, port: int | None = None) -> Process:
         """A hoss service (`python -m module`) with `identity`'s kubeconfig and Redis user, on a free port."""
         state = state or self.state()
-        port = port or _free_port()
+        port = port or free_port()
         return self._spawn(
             state,
             name,
@@ -763,7 +758,7 @@ class LocalPlane:
         """Start one hoss-worker serving ``policies`` with the hoss-worker identity; ``cpu`` pins it to that core
         (taskset, util-linux). With ``wait=False`` it returns at once: ``wait_healthy`` waits for several."""
         state = state or self.state()
-        port = _free_port()
+        port = free_port()
         pin = [] if cpu is None else [_taskset(), "-c", str(cpu)]
         return self._spawn(
             state,

@@ -39,8 +39,8 @@ from deploy.local.plane import (
     WEBHOOK_MANIFEST,
     LocalPlane,
     Process,
-    _free_port,
 )
+from deploy.local.ports import free_port
 from resolver.admission import BINDING_LANES, lane_path
 from workers.profiles import load_profiles
 
@@ -276,7 +276,7 @@ async def test_hoss_lockdown_writes_what_the_apiserver_and_redis_accept(plane: L
 
     acl = base64.b64decode(objects[lockdown.REDIS_USERS_SECRET]["data"]["users.acl"])
     (out / "users.acl").write_bytes(acl)
-    port = _free_port()
+    port = free_port()
     redis_server = await asyncio.create_subprocess_exec(
         "redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--protected-mode", "yes",
         "--aclfile", str(out / "users.acl"), stdout=asyncio.subprocess.DEVNULL,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -13,17 +12,11 @@ import pytest
 import redis
 import redis.asyncio
 
+from deploy.local.ports import free_port
 from resolver.ledger import Ledger
 
 _STARTUP_SECONDS = 10.0
 _STOP_SECONDS = 10.0
-
-
-def _free_loopback_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _wait_for_ping(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
@@ -59,7 +52,7 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         pytest.fail("redis-server is not on PATH; `make deps` installs it (Debian package redis-server)")
     workdir = tmp_path_factory.mktemp("redis")
     log = workdir / "redis.log"
-    port = _free_loopback_port()
+    port = free_port()
     url = f"redis://127.0.0.1:{port}/0"
     command = [
         binary,

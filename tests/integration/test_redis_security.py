@@ -22,12 +22,13 @@ from redis.exceptions import AuthenticationError, ConnectionError, NoPermissionE
 from deploy import lockdown
 from deploy.local import pki
 from deploy.local.plane import _redis_version
+from deploy.local.ports import free_port
 from dispatcher.queue import WorkerInfo, WorkItem, WorkQueue
 from resolver.ledger import KEY_PREFIX, READY_KEY, Ledger
 from resolver.redisclient import PipelinedRedis
 from resolver.settings import ResolverSettings, SettingsError, load_settings
 from resolver.webhook import ledger_redis
-from tests.integration.conftest import _free_loopback_port, _stop, _wait_for_ping
+from tests.integration.conftest import _stop, _wait_for_ping
 
 PASSWORD = "s3cret-for-the-test"
 
@@ -61,7 +62,7 @@ def secure_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureRed
         f"user hoss on >{PASSWORD} resetkeys ~{{hoss}}:* resetchannels -@all +@read +@write +@scripting"
         " -@dangerous +ping +time +hello +select +client|setname\n"
     )
-    port = _free_loopback_port()
+    port = free_port()
     log = workdir / "redis.log"
     process = subprocess.Popen(
         [binary, "--bind", "127.0.0.1", "--port", "0", "--tls-port", str(port), "--tls-cert-file", str(server.cert),
@@ -162,7 +163,7 @@ def hoss_acl_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[st
     passwords = lockdown.new_passwords((*lockdown.COMPONENTS, "admin"))
     acl = workdir / "users.acl"
     acl.write_text(lockdown.redis_acl(passwords, admin=True, client_setinfo=_redis_version(binary) >= (7, 2)))
-    port = _free_loopback_port()
+    port = free_port()
     log = workdir / "redis.log"
     process = subprocess.Popen(
         [binary, "--bind", "127.0.0.1", "--port", str(port), "--aclfile", str(acl), "--save", "", "--appendonly",
