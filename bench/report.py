@@ -58,6 +58,13 @@ def table(results: dict[str, Any]) -> str:
             )
         lines.append("   * hoss = dispatcher + workers + redis-server; total = every process (etcd, kwok and the "
                      "benchmark's load generator too); per process and per worker in the JSON")
+        repeated = {system: r["runs_pods_per_second"] for system, r in tput.items() if r.get("runs_pods_per_second")}
+        if repeated:
+            lines.append(f"   {', '.join(repeated)}: the run with the median pods/s of "
+                         f"{max(len(runs) for runs in repeated.values())}, interleaved (kube-scheduler alone, then "
+                         "hoss alone, in each round); pods/s of every run in order:")
+            lines.extend(f"     {system}: " + " / ".join(_number(value, 0) for value in runs)
+                         for system, runs in repeated.items())
         for system, r in tput.items():
             if r.get("bound") != r.get("pods"):
                 lines.append(f"   ! {system}: only {r.get('bound')} of {r.get('pods')} pods bound (the run gives up "

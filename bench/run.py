@@ -91,6 +91,8 @@ async def run_bench(*, plane: LocalPlane, quick: bool, json_path: Path, chart_pa
             if not quick:
                 churned.update(await churn.churn_hoss(bench))
                 figures["gpu_churn"] = churned
+            # kube-scheduler, hoss-1w and hoss-4w again, interleaved; each row becomes its median run.
+            scenarios.take_medians(throughput, await scenarios.throughput_again(bench, size))
             hoss_core = scenarios.core_scale(size, policies_file=POLICIES_FILE, progress=progress)
             # kube-scheduler alone again, last: its worker-core scenario leaves thousands of nodes behind.
             bench.kube_alone()

@@ -74,14 +74,21 @@ class Size:
     core_decisions: int
     kube_core_pods: int
     gpu_nodes: int
+    repeats: int = 1
+    """How many times the runs of `REPEATED_ROWS` are made, interleaved (kube-scheduler, then hoss, and again);
+    each of those rows is the run with the median pods/s. This machine's speed drifts by up to 2x within minutes,
+    and one draw of each system made the ratio between them a lottery."""
 
 
 FULL = Size(nodes=500, pods=5000, worker_counts=(1, 2, 4, 8), pinned_worker_counts=(1, 2), contention_nodes=40,
             contention_pods_per_system=120, core_nodes=(1000, 5000, 20000), core_decisions=200, kube_core_pods=300,
-            gpu_nodes=32)
+            gpu_nodes=32, repeats=3)
 QUICK = Size(nodes=50, pods=300, worker_counts=(1, 2, 4), pinned_worker_counts=(1, 2), contention_nodes=10,
              contention_pods_per_system=30, core_nodes=(1000, 5000), core_decisions=50, kube_core_pods=100,
-             gpu_nodes=8)
+             gpu_nodes=8, repeats=2)
+REPEATED_ROWS = ("kube-scheduler", "hoss-1w", "hoss-4w")
+"""The throughput rows the targets compare with each other (hoss-1w against kube-scheduler, hoss-4w against
+hoss-1w): measured `Size.repeats` times each."""
 
 SMALL_POD = {"cpu": "100m", "memory": "128Mi"}
 NODE = {"cpu": "32", "memory": "128Gi", "pods": "110"}
@@ -335,14 +342,7 @@ ThroughputHook = Callable[["Bench", Size], Awaitable[dict[str, Any]]]
 
 async def throughput_kube(bench: Bench, size: Size) -> dict[str, Any]:
     """kube-scheduler alone, then the apiserver's own ceiling without the webhook (call with ``kube_alone``)."""
-    results: dict[str, Any] = {}
-    bench.progress("throughput: kube-scheduler (alone)", 0, size.pods)
-    namespace, nodes = await bench.fresh("tput-kube", size.nodes, NODE)
-    try:
-        results["kube-scheduler"] = await bench.timed_run(namespace, small_pods(size.pods, "default-scheduler"),
-                                                          nodes, timeout=THROUGHPUT_TIMEOUT)
-    finally:
-        await bench.cleanup(namespace, nodes)
+    results: dict[str, Any] = {"kube-scheduler": await _kube_run(bench, size)}
     bench.progress("throughput: apiserver ceiling (pre-chosen nodes, no webhook)", 0, size.pods)
     results["apiserver-ceiling"] = await ceiling(bench, size)
     return results
@@ -358,19 +358,64 @@ async def throughput_hoss(bench: Bench, size: Size, *, pipeline_ceiling: Through
     runs: list[tuple[str, int, list[int] | None]] = [(f"hoss-{n}w", n, None) for n in size.worker_counts]
     runs += [(f"hoss-{n}w-pinned", n, list(range(n))) for n in size.pinned_worker_counts]
     for label, workers, cpus in runs:
-        pinned = f", pinned to core{'s' if workers > 1 else ''} {','.join(map(str, cpus))}" if cpus else ""
-        bench.progress(f"throughput: hoss, {workers} worker(s){pinned}", 0, size.pods)
-        namespace, nodes = await bench.fresh(f"tput-hoss{workers}", size.nodes, NODE)
-        processes = bench.start_hoss(workers, cpus=cpus)
-        try:
-            row = await bench.timed_run(namespace, small_pods(size.pods, "hoss"), nodes, timeout=THROUGHPUT_TIMEOUT)
-            results[label] = {**row, "workers": workers, "pinned_cpus": cpus}
-        finally:
-            bench.stop(processes)
-            await bench.cleanup(namespace, nodes)
+        results[label] = await _hoss_run(bench, size, workers, cpus)
     if pipeline_ceiling is not None:
         results.update(await pipeline_ceiling(bench, size))
     return results
+
+
+async def throughput_again(bench: Bench, size: Size) -> dict[str, list[dict[str, Any]]]:
+    """The runs of `REPEATED_ROWS` made again ``size.repeats - 1`` times, each round kube-scheduler alone, then
+    hoss alone; the runs of each row in order. Leaves hoss alone on the plane."""
+    again: dict[str, list[dict[str, Any]]] = {}
+    for round_ in range(2, size.repeats + 1):
+        bench.kube_alone()
+        bench.progress(f"throughput again ({round_} of {size.repeats}): kube-scheduler (alone)", 0, size.pods)
+        again.setdefault("kube-scheduler", []).append(await _kube_run(bench, size))
+        bench.hoss_alone()
+        for name in REPEATED_ROWS[1:]:
+            workers = int(name.removeprefix("hoss-").removesuffix("w"))
+            if workers in size.worker_counts:
+                again.setdefault(name, []).append(await _hoss_run(bench, size, workers, None, again=round_))
+    return again
+
+
+def take_medians(throughput: dict[str, Any], again: Mapping[str, Sequence[dict[str, Any]]]) -> None:
+    """Each row of ``throughput`` measured again becomes its run with the median pods/s (of an even count, the
+    lower of the middle two), all its figures from that one run, with every run's pods/s in ``runs_pods_per_second``
+    (in the order they ran)."""
+    for name, later in again.items():
+        if name not in throughput or not later:
+            continue
+        runs = [throughput[name], *later]
+        ranked = sorted(runs, key=lambda row: float(row.get("pods_per_second") or 0.0))
+        throughput[name] = {**ranked[(len(ranked) - 1) // 2],
+                            "runs_pods_per_second": [row.get("pods_per_second") for row in runs]}
+
+
+async def _kube_run(bench: Bench, size: Size) -> dict[str, Any]:
+    bench.progress("throughput: kube-scheduler (alone)", 0, size.pods)
+    namespace, nodes = await bench.fresh("tput-kube", size.nodes, NODE)
+    try:
+        return await bench.timed_run(namespace, small_pods(size.pods, "default-scheduler"), nodes,
+                                     timeout=THROUGHPUT_TIMEOUT)
+    finally:
+        await bench.cleanup(namespace, nodes)
+
+
+async def _hoss_run(bench: Bench, size: Size, workers: int, cpus: list[int] | None, *,
+                    again: int = 0) -> dict[str, Any]:
+    pinned = f", pinned to core{'s' if workers > 1 else ''} {','.join(map(str, cpus))}" if cpus else ""
+    round_ = f" again ({again} of {size.repeats})" if again else ""
+    bench.progress(f"throughput{round_}: hoss, {workers} worker(s){pinned}", 0, size.pods)
+    namespace, nodes = await bench.fresh(f"tput-hoss{workers}", size.nodes, NODE)
+    processes = bench.start_hoss(workers, cpus=cpus)
+    try:
+        row = await bench.timed_run(namespace, small_pods(size.pods, "hoss"), nodes, timeout=THROUGHPUT_TIMEOUT)
+        return {**row, "workers": workers, "pinned_cpus": cpus}
+    finally:
+        bench.stop(processes)
+        await bench.cleanup(namespace, nodes)
 
 
 async def ceiling(bench: Bench, size: Size) -> dict[str, Any]:
