@@ -246,9 +246,15 @@ class KubeREST:
                                   timeout=timeout)
 
     async def create_event(self, event: Json, *, timeout: float = DEFAULT_REQUEST_TIMEOUT_SECONDS) -> Json:
-        """Post a core/v1 Event into the namespace its metadata names."""
+        """Post a core/v1 Event into the namespace its metadata names: in protobuf (`resolver.protobuf.event`),
+        like the binding, or as JSON when it has a field that encoder leaves to JSON."""
         namespace = segment(str(event["metadata"]["namespace"]))
-        return await self.request("POST", f"/api/v1/namespaces/{namespace}/events", body=event, timeout=timeout)
+        path = f"/api/v1/namespaces/{namespace}/events"
+        try:
+            body = protobuf.event(event)
+        except protobuf.Unencodable:
+            return await self.request("POST", path, body=event, timeout=timeout)
+        return await self.request("POST", path, body=body, content_type=protobuf.PROTOBUF, timeout=timeout)
 
     async def patch_pod_status(self, namespace: str, name: str, patch: Json, *,
                                timeout: float = DEFAULT_REQUEST_TIMEOUT_SECONDS) -> Json:

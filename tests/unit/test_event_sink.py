@@ -8,12 +8,12 @@ import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import orjson
 import pytest
 from aiohttp import web
 
 from resolver.events import EventSink, TokenBucket, scheduled_event
 from resolver.rest import KubeREST
+from tests.unit.test_rest import decode_event
 from tests.unit.tls_apiserver import Seen, TLSApiserver, status, until
 
 
@@ -34,7 +34,7 @@ def event(index: int) -> dict[str, object]:
 
 
 def names(server: TLSApiserver) -> list[str]:
-    return [orjson.loads(seen.body)["involvedObject"]["name"] for seen in server.seen]
+    return [decode_event(seen.body)["involvedObject"]["name"] for seen in server.seen]  # type: ignore[index]
 
 
 @pytest.fixture
@@ -151,7 +151,7 @@ async def test_at_most_concurrency_posts_are_in_flight(apiserver: TLSApiserver, 
 
     async def held(seen: Seen) -> web.StreamResponse:
         await gate.wait()
-        return web.Response(status=201, body=seen.body, content_type="application/json")
+        return web.Response(status=201, body=b"{\"kind\": \"Event\"}", content_type="application/json")
 
     apiserver.respond = held
     async with EventSink(rest, concurrency=3) as sink:

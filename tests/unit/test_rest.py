@@ -4,6 +4,7 @@ paths, methods, content types and orjson bodies of the hot-path calls, and apise
 from __future__ import annotations
 
 import asyncio
+import datetime
 import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,7 +15,14 @@ from aiohttp import web
 
 from deploy.local import pki
 from resolver import protobuf
-from resolver.events import pod_event, post_event, scheduled_event, set_unschedulable, unschedulable_condition
+from resolver.events import (
+    node_event,
+    pod_event,
+    post_event,
+    scheduled_event,
+    set_unschedulable,
+    unschedulable_condition,
+)
 from resolver.kube import KubeError
 from resolver.rest import STRATEGIC_MERGE_PATCH, KubeREST, TokenFile
 from tests.unit.tls_apiserver import Seen, TLSApiserver, status
@@ -35,7 +43,8 @@ async def rest(apiserver: TLSApiserver) -> AsyncIterator[KubeREST]:
 
 
 def _message(data: bytes) -> dict[int, list[bytes]]:
-    """A protobuf message's length-delimited fields (the only wire type a Binding uses), by field number."""
+    """A protobuf message's length-delimited fields, by field number (a varint field is its value's decimal
+    digits, so that every field reads as bytes)."""
     fields: dict[int, list[bytes]] = {}
     at = 0
 
@@ -52,7 +61,10 @@ def _message(data: bytes) -> dict[int, list[bytes]]:
 
     while at < len(data):
         key = varint()
-        assert key & 7 == 2, f"wire type {key & 7}"
+        assert key & 7 in (0, 2), f"wire type {key & 7}"
+        if key & 7 == 0:
+            fields.setdefault(key >> 3, []).append(str(varint()).encode())
+            continue
         size = varint()
         fields.setdefault(key >> 3, []).append(data[at:at + size])
         at += size
@@ -108,6 +120,30 @@ async def test_calls_reuse_one_keep_alive_connection(apiserver: TLSApiserver, re
     assert len({seen.peer for seen in apiserver.seen}) == 1
 
 
+def decode_event(body: bytes) -> dict[str, object]:
+    """The fields of a protobuf core/v1 Event (resolver/protobuf.py) by their proto names, as JSON writes them."""
+    assert body[:4] == b"k8s\x00", "the protobuf magic"
+    envelope = _message(body[4:])
+    type_meta = _message(envelope[1][0])
+    fields = _message(envelope[2][0])
+    names = {number: name for name, number in protobuf.EVENT_FIELDS.items()}
+    objects = {"metadata": {1: "name", 3: "namespace"}, "source": {1: "component", 2: "host"},
+               "involvedObject": {1: "kind", 2: "namespace", 3: "name", 4: "uid", 5: "apiVersion"}}
+    decoded: dict[str, object] = {"apiVersion": type_meta[1][0].decode(), "kind": type_meta[2][0].decode()}
+    for number, [value] in fields.items():
+        name = names[number]
+        if name in objects:
+            decoded[name] = {objects[name][n]: v.decode() for n, [v] in _message(value).items()}
+        elif name.endswith("Timestamp"):
+            seconds = int(_message(value)[1][0])
+            decoded[name] = datetime.datetime.fromtimestamp(seconds, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        elif name == "count":
+            decoded[name] = int(value)
+        else:
+            decoded[name] = value.decode()
+    return decoded
+
+
 async def test_event_is_posted_into_its_namespace_as_kube_scheduler_words_it(
     apiserver: TLSApiserver, rest: KubeREST
 ) -> None:
@@ -116,9 +152,9 @@ async def test_event_is_posted_into_its_namespace_as_kube_scheduler_words_it(
 
     [seen] = apiserver.seen
     assert (seen.method, seen.raw_path, seen.content_type) == ("POST", "/api/v1/namespaces/team/events",
-                                                               "application/json")
-    body = orjson.loads(seen.body)
-    assert body == event
+                                                               "application/vnd.kubernetes.protobuf")
+    body = decode_event(seen.body)
+    assert body == event, "every field of the event, in protobuf"
     assert (body["type"], body["reason"], body["action"]) == ("Normal", "Scheduled", "Binding")
     assert body["message"] == "Successfully assigned team/web-0 to n7"
     assert body["involvedObject"] == {"apiVersion": "v1", "kind": "Pod", "namespace": "team", "name": "web-0",
@@ -247,3 +283,27 @@ async def test_post_event_and_set_unschedulable_accept_a_kube_rest_and_never_rai
     await post_event(rest, event)
     await set_unschedulable(rest, namespace="team", name="web-0", message="m")
     assert len(apiserver.seen) == 4
+
+
+def test_every_event_hoss_writes_encodes_in_protobuf_and_reads_back_whole() -> None:
+    long = "0/3 nodes are available: ünschedulable " + "x" * 2000
+    for event in (pod_event(namespace="team", name="web-1", uid="u", reason="FailedScheduling", message=long,
+                            component="hoss-worker-1"),
+                  node_event(name="n1", uid="nu", reason="Drift", message="m", component="hoss-resolver")):
+        assert decode_event(protobuf.event(event)) == event
+
+
+async def test_an_event_with_a_field_protobuf_is_not_written_for_goes_as_json(
+    apiserver: TLSApiserver, rest: KubeREST
+) -> None:
+    event = {**scheduled_event(namespace="team", name="web-0", uid="u", node="n7", component="c"),
+             "series": {"count": 2}}
+    with pytest.raises(protobuf.Unencodable, match="series"):
+        protobuf.event(event)
+    for bad in ({"count": -1}, {"count": True}, {"lastTimestamp": "yesterday"}, {"kind": "Binding"},
+                {"source": {"component": 3}}, {"involvedObject": "pod"}):
+        with pytest.raises(protobuf.Unencodable):
+            protobuf.event({**event, **bad})
+    await rest.create_event(event)
+    [seen] = apiserver.seen
+    assert seen.content_type == "application/json" and orjson.loads(seen.body) == event
