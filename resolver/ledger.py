@@ -61,6 +61,7 @@ Key layout (one hash tag, so every script's keys are in one slot and it runs on 
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
 import importlib.resources
@@ -92,6 +93,8 @@ nomination of a pod that left the pending set."""
 EntryState = Literal["assumed", "admitted", "bound"]
 STATS_KEY: Final = f"{KEY_PREFIX}:stats"
 STAMP_KEY: Final = f"{KEY_PREFIX}:stamp"
+CONFIRM_BATCH: Final = 64
+"""Most confirms the webhook's concurrent reviews send in one script call (Ledger._gathered_confirm)."""
 Via = Literal["binding", "create", "resize"]
 """What the webhook admitted: a binding, the creation of a pod with spec.nodeName, or an in-place resize."""
 
@@ -479,6 +482,9 @@ class Ledger:
         self._reads = reads
         self._owns_client = owns_client
         self._scripts: dict[str, AsyncScript | _ReadOnlyScript] = {}
+        self._confirms: list[tuple[list[str | int], asyncio.Future[list[Any]]]] = []
+        """Confirms waiting for the next confirm call (`_gathered_confirm`)."""
+        self._confirming: asyncio.Task[None] | None = None
 
     @classmethod
     def from_url(cls, url: str) -> Ledger:
@@ -571,12 +577,56 @@ class Ledger:
         placement = Placement(uid=uid, pod=pod, node=node, request=request or {}, ports=ports, meta=meta)
         has_request = 0 if request is None else 1
         result = decode_confirm_reply(
-            await self._run("confirm", [owner, _ttl_ms(verify_after_seconds), has_request, int(dry_run), via,
-                                        *_placement_args(placement)])
+            await self._gathered_confirm([owner, _ttl_ms(verify_after_seconds), has_request, int(dry_run), via,
+                                          *_placement_args(placement)])
         )
         if isinstance(result, Confirmed) and result.foreign:
             logger.info("confirmed foreign binding of %s to %s for %s", pod, node, owner)
         return result
+
+    async def _gathered_confirm(self, args: list[str | int]) -> list[Any]:
+        """One confirm's reply. A confirm made while no confirm call is in flight goes out at once; those made
+        while one is wait for it, then go out together in one call (up to CONFIRM_BATCH confirms), in the order
+        they were made. So the webhook's concurrent reviews share the script's fixed cost and one round trip
+        instead of queueing one call each behind it; a quiet webhook pays nothing for this."""
+        future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+        self._confirms.append((args, future))
+        if self._confirming is None or self._confirming.done():
+            self._confirming = asyncio.create_task(self._send_confirms())
+        return await future
+
+    async def _send_confirms(self) -> None:
+        """Send the waiting confirms, a call at a time, until none wait. A caller that stopped waiting (its
+        review timed out) before its call went is left out; every error reaches every caller of its call."""
+        while self._confirms:
+            batch = [(args, future) for args, future in self._confirms[:CONFIRM_BATCH] if not future.done()]
+            del self._confirms[:CONFIRM_BATCH]
+            if not batch:
+                continue
+            try:
+                reply = await self._confirm_call([args for args, _ in batch])
+            except asyncio.CancelledError:
+                for _, future in (*batch, *self._confirms):
+                    future.cancel()
+                self._confirms.clear()
+                raise
+            except Exception as error:  # each caller raises it, as a call of its own would
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(error)
+                continue
+            for (_, future), answer in zip(batch, reply, strict=True):
+                if not future.done():
+                    future.set_result(answer)
+
+    async def _confirm_call(self, confirms: Sequence[Sequence[str | int]]) -> list[Any]:
+        """One confirm script call for ``confirms``: a reply for each, in order."""
+        reply = await self._run("confirm", [len(confirms), *(arg for args in confirms for arg in args)])
+        if reply and not isinstance(reply[0], list):  # not ready: the one answer for every confirm
+            return [reply] * len(confirms)
+        if len(reply) != len(confirms):
+            raise LedgerUnavailable(f"ledger script confirm answered {len(reply)} of {len(confirms)} confirms")
+        return reply
 
     # -- nominations (preemption) ----------------------------------------------------------------------------
 

@@ -1,6 +1,8 @@
 -- confirm: the admission webhook allows a binding of uid to node, or the creation of a pod with spec.nodeName.
--- ARGV: prefix, owner, verify_after_ms, has_request (0|1), dry_run (0|1), via ('binding' | 'create'), then one
--- placement (uid, pod, node, n, n resource/amount pairs, ports, meta).
+-- ARGV: prefix, count, then count confirms, each: owner, verify_after_ms, has_request (0|1), dry_run (0|1), via
+-- ('binding' | 'create'), one placement (uid, pod, node, n, n resource/amount pairs, ports, meta). The webhook's
+-- concurrent reviews share a call this way (Ledger.confirm); each confirm sees the writes of those before it, as
+-- separate calls in that order would.
 -- Without a request (has_request 0, a hoss binding whose reservation holds it) a uid with no entry answers
 -- {'need_request'}: the caller looks the pod's request up and calls again with it.
 -- An entry on this node confirms it: an assumed or admitted one becomes admitted (it no longer expires, moves or
@@ -9,48 +11,56 @@
 -- at least its priority, read from its meta; see 'Nominations' in common.lua; and against its namespace's
 -- elastic quota, see 'Elastic quotas') and held as admitted for owner. An
 -- entry elsewhere is refused. dry_run 1 (the apiserver's dryRun) gives the same answer and writes nothing.
--- Reply: {'confirmed', node, foreign (0|1)} | {'conflict', ...} | {'unknown_node', node}
---        | {'held_elsewhere', node, state} | {'need_request'} | NOT_READY
+-- Reply: NOT_READY, or one reply per confirm, in order: {'confirmed', node, foreign (0|1)} | {'conflict', ...}
+--        | {'unknown_node', node} | {'held_elsewhere', node, state} | {'need_request'}
 if not is_ready() then
   return NOT_READY
 end
-local owner = next_arg()
-local verify_after_ms = next_number()
-local has_request = next_number()
-local dry_run = next_number() == 1
-local via = next_arg()
-local p = next_placement()
-if redis.call('SISMEMBER', NODES, p.node) == 0 then
-  return {'unknown_node', p.node}
-end
-local entry = read_entry(p.uid)
-if entry then
-  if entry.node ~= p.node then
-    return {'held_elsewhere', entry.node, entry.state}
+local function confirm_one()
+  local owner = next_arg()
+  local verify_after_ms = next_number()
+  local has_request = next_number()
+  local dry_run = next_number() == 1
+  local via = next_arg()
+  local p = next_placement()
+  if redis.call('SISMEMBER', NODES, p.node) == 0 then
+    return {'unknown_node', p.node}
   end
-  if entry.state ~= 'bound' and not dry_run then
-    admit_entry(entry, via, now_ms() + verify_after_ms)
+  local entry = read_entry(p.uid)
+  if entry then
+    if entry.node ~= p.node then
+      return {'held_elsewhere', entry.node, entry.state}
+    end
+    if entry.state ~= 'bound' and not dry_run then
+      admit_entry(entry, via, now_ms() + verify_after_ms)
+    end
+    return {'confirmed', p.node, 0}
   end
-  return {'confirmed', p.node, 0}
+  if has_request == 0 then
+    return {'need_request'}
+  end
+  -- The quota first, as CapacityScheduling's PreFilter runs before any node filter.
+  local conflict = quota_conflict(p.pod, p.request, nil, nil) or check_fit({p})
+    or nominated_conflict(p.node, p.uid, p.meta, p.request, nil)
+  if conflict then
+    return conflict
+  end
+  local claim = move_claim
+  local port = port_conflict(p.node, p.ports, nil, nil)
+  if port then
+    return {'conflict', p.node, 'hostPort ' .. port, 1, 0}
+  end
+  if not dry_run then
+    admit(p, owner, via, now_ms() + verify_after_ms)
+    drop_nomination(p.uid)
+    consume_claim(claim)
+    publish()
+  end
+  return {'confirmed', p.node, 1}
 end
-if has_request == 0 then
-  return {'need_request'}
+
+local replies = {}
+for i = 1, next_number() do
+  replies[i] = confirm_one()
 end
--- The quota first, as CapacityScheduling's PreFilter runs before any node filter.
-local conflict = quota_conflict(p.pod, p.request, nil, nil) or check_fit({p})
-  or nominated_conflict(p.node, p.uid, p.meta, p.request, nil)
-if conflict then
-  return conflict
-end
-local claim = move_claim
-local port = port_conflict(p.node, p.ports, nil, nil)
-if port then
-  return {'conflict', p.node, 'hostPort ' .. port, 1, 0}
-end
-if not dry_run then
-  admit(p, owner, via, now_ms() + verify_after_ms)
-  drop_nomination(p.uid)
-  consume_claim(claim)
-  publish()
-end
-return {'confirmed', p.node, 1}
+return replies
