@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import functools
 import logging
 import math
 import time
@@ -28,7 +29,13 @@ Json = dict[str, Any]
 
 
 def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return _second_text(int(time.time()))
+
+
+@functools.lru_cache(maxsize=2)
+def _second_text(second: int) -> str:
+    """RFC 3339 in whole seconds, as Kubernetes writes a Time; formatted once per second, not once per event."""
+    return datetime.datetime.fromtimestamp(second, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def pod_event(

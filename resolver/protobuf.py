@@ -12,11 +12,13 @@ the 4-byte magic ``k8s\\0``. Answers are still asked for in JSON (``Accept``): a
 from __future__ import annotations
 
 import datetime
+import functools
 from collections.abc import Mapping
 from typing import Any
 
 PROTOBUF = "application/vnd.kubernetes.protobuf"
 MAGIC = b"k8s\x00"
+_BYTES = [bytes((value,)) for value in range(0x80)]
 
 
 class Unencodable(ValueError):
@@ -24,6 +26,8 @@ class Unencodable(ValueError):
 
 
 def _varint(value: int) -> bytes:
+    if value < 0x80:  # most lengths and field keys: one byte
+        return _BYTES[value]
     out = bytearray()
     while True:
         byte = value & 0x7F
@@ -35,9 +39,14 @@ def _varint(value: int) -> bytes:
             return bytes(out)
 
 
+_KEYS = [_varint(number << 3 | 2) for number in range(16)]
+"""The key of a length-delimited field (wire type 2) by field number, for the numbers used here."""
+
+
 def _field(number: int, payload: bytes) -> bytes:
     """A length-delimited field (wire type 2: strings, bytes, embedded messages, map entries)."""
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+    size = len(payload)
+    return _KEYS[number] + (_BYTES[size] if size < 0x80 else _varint(size)) + payload
 
 
 def _string(number: int, value: str) -> bytes:
@@ -94,11 +103,23 @@ def _strings(what: str, value: Any, numbers: Mapping[str, int]) -> bytes:
 
 def _time(what: str, value: Any) -> bytes:
     """meta/v1 Time (seconds 1, nanos 2) of an RFC 3339 time in whole seconds, as Time marshals to JSON."""
+    if not isinstance(value, str):
+        raise Unencodable(f"{what}: expected a time like 2026-01-02T03:04:05Z, got {value!r}")
+    seconds = _seconds(value)
+    if seconds is None:
+        raise Unencodable(f"{what}: expected a time like 2026-01-02T03:04:05Z, got {value!r}")
+    return _integer(1, seconds)
+
+
+@functools.lru_cache(maxsize=16)
+def _seconds(text: str) -> int | None:
+    """Seconds since the epoch of ``text`` (an event's two timestamps, the same second for many events: parsed
+    once), None when it is no such time."""
     try:
-        moment = datetime.datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
-    except (TypeError, ValueError) as error:
-        raise Unencodable(f"{what}: expected a time like 2026-01-02T03:04:05Z, got {value!r}") from error
-    return _integer(1, int(moment.timestamp()))
+        moment = datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
+    except ValueError:
+        return None
+    return int(moment.timestamp())
 
 
 def event(body: Mapping[str, Any]) -> bytes:
