@@ -86,9 +86,9 @@ FULL = Size(nodes=500, pods=5000, worker_counts=(1, 2, 4, 8), pinned_worker_coun
 QUICK = Size(nodes=50, pods=300, worker_counts=(1, 2, 4), pinned_worker_counts=(1, 2), contention_nodes=10,
              contention_pods_per_system=30, core_nodes=(1000, 5000), core_decisions=50, kube_core_pods=100,
              gpu_nodes=8, repeats=2)
-REPEATED_ROWS = ("kube-scheduler", "hoss-1w", "hoss-4w")
+REPEATED_ROWS = ("kube-scheduler", "apiserver-ceiling", "apiserver-ceiling+webhook", "hoss-1w", "hoss-4w")
 """The throughput rows the targets compare with each other (hoss-1w against kube-scheduler, hoss-4w against
-hoss-1w): measured `Size.repeats` times each."""
+hoss-1w, the apiserver's ceiling with the webhook against without): measured `Size.repeats` times each."""
 
 SMALL_POD = {"cpu": "100m", "memory": "128Mi"}
 NODE = {"cpu": "32", "memory": "128Gi", "pods": "110"}
@@ -365,18 +365,23 @@ async def throughput_hoss(bench: Bench, size: Size, *, pipeline_ceiling: Through
 
 
 async def throughput_again(bench: Bench, size: Size) -> dict[str, list[dict[str, Any]]]:
-    """The runs of `REPEATED_ROWS` made again ``size.repeats - 1`` times, each round kube-scheduler alone, then
-    hoss alone; the runs of each row in order. Leaves hoss alone on the plane."""
+    """The runs of `REPEATED_ROWS` made again ``size.repeats - 1`` times, each round kube-scheduler alone (and
+    the ceiling without the webhook), then hoss alone (the ceiling with the webhook, 1 and 4 workers); the runs
+    of each row in order. Leaves hoss alone on the plane."""
     again: dict[str, list[dict[str, Any]]] = {}
     for round_ in range(2, size.repeats + 1):
         bench.kube_alone()
-        bench.progress(f"throughput again ({round_} of {size.repeats}): kube-scheduler (alone)", 0, size.pods)
-        again.setdefault("kube-scheduler", []).append(await _kube_run(bench, size))
+        again.setdefault("kube-scheduler", []).append(await _kube_run(bench, size, again=round_))
+        bench.progress(f"throughput again ({round_} of {size.repeats}): apiserver ceiling, no webhook", 0, size.pods)
+        again.setdefault("apiserver-ceiling", []).append(await ceiling(bench, size))
         bench.hoss_alone()
-        for name in REPEATED_ROWS[1:]:
-            workers = int(name.removeprefix("hoss-").removesuffix("w"))
+        bench.progress(f"throughput again ({round_} of {size.repeats}): apiserver ceiling, with the webhook", 0,
+                       size.pods)
+        again.setdefault("apiserver-ceiling+webhook", []).append(await ceiling(bench, size))
+        for workers in (1, 4):
             if workers in size.worker_counts:
-                again.setdefault(name, []).append(await _hoss_run(bench, size, workers, None, again=round_))
+                again.setdefault(f"hoss-{workers}w", []).append(
+                    await _hoss_run(bench, size, workers, None, again=round_))
     return again
 
 
@@ -393,8 +398,9 @@ def take_medians(throughput: dict[str, Any], again: Mapping[str, Sequence[dict[s
                             "runs_pods_per_second": [row.get("pods_per_second") for row in runs]}
 
 
-async def _kube_run(bench: Bench, size: Size) -> dict[str, Any]:
-    bench.progress("throughput: kube-scheduler (alone)", 0, size.pods)
+async def _kube_run(bench: Bench, size: Size, *, again: int = 0) -> dict[str, Any]:
+    round_ = f" again ({again} of {size.repeats})" if again else ""
+    bench.progress(f"throughput{round_}: kube-scheduler (alone)", 0, size.pods)
     namespace, nodes = await bench.fresh("tput-kube", size.nodes, NODE)
     try:
         return await bench.timed_run(namespace, small_pods(size.pods, "default-scheduler"), nodes,

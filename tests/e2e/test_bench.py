@@ -128,7 +128,7 @@ def test_quick_bench_reports_every_scenario_and_figure(tmp_path: Path) -> None:
         assert math.isclose(sum(per_worker.values()), cpu["workers"], abs_tol=0.01), system
     assert throughput["hoss-2w-pinned"]["pinned_cpus"] == [0, 1]
     # The rows the targets compare were measured twice, interleaved; each is its median run (of two, the slower).
-    for system in ("kube-scheduler", "hoss-1w", "hoss-4w"):
+    for system in ("kube-scheduler", "apiserver-ceiling", "apiserver-ceiling+webhook", "hoss-1w", "hoss-4w"):
         runs = throughput[system]["runs_pods_per_second"]
         assert len(runs) == 2 and throughput[system]["pods_per_second"] == min(runs), system
     assert "runs_pods_per_second" not in throughput["hoss-2w"]
