@@ -39,7 +39,7 @@ def _varint(value: int) -> bytes:
             return bytes(out)
 
 
-_KEYS = [_varint(number << 3 | 2) for number in range(16)]
+_KEYS = [_varint(number << 3 | 2) for number in range(32)]
 """The key of a length-delimited field (wire type 2) by field number, for the numbers used here."""
 
 
