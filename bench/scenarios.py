@@ -75,9 +75,9 @@ class Size:
     kube_core_pods: int
     gpu_nodes: int
     repeats: int = 1
-    """How many times the runs of `REPEATED_ROWS` are made, interleaved (kube-scheduler, then hoss, and again);
-    each of those rows is the run with the median pods/s. This machine's speed drifts by up to 2x within minutes,
-    and one draw of each system made the ratio between them a lottery."""
+    """How many times the throughput runs the targets compare with each other are made, interleaved
+    (`throughput_again`); each of those rows is the run with the median pods/s. This machine's speed drifts by up
+    to 2x within minutes, and one draw of each system made the ratio between them a lottery."""
 
 
 FULL = Size(nodes=500, pods=5000, worker_counts=(1, 2, 4, 8), pinned_worker_counts=(1, 2), contention_nodes=40,
@@ -86,9 +86,6 @@ FULL = Size(nodes=500, pods=5000, worker_counts=(1, 2, 4, 8), pinned_worker_coun
 QUICK = Size(nodes=50, pods=300, worker_counts=(1, 2, 4), pinned_worker_counts=(1, 2), contention_nodes=10,
              contention_pods_per_system=30, core_nodes=(1000, 5000), core_decisions=50, kube_core_pods=100,
              gpu_nodes=8, repeats=2)
-REPEATED_ROWS = ("kube-scheduler", "apiserver-ceiling", "apiserver-ceiling+webhook", "hoss-1w", "hoss-4w")
-"""The throughput rows the targets compare with each other (hoss-1w against kube-scheduler, hoss-4w against
-hoss-1w, the apiserver's ceiling with the webhook against without): measured `Size.repeats` times each."""
 
 SMALL_POD = {"cpu": "100m", "memory": "128Mi"}
 NODE = {"cpu": "32", "memory": "128Gi", "pods": "110"}
@@ -365,18 +362,18 @@ async def throughput_hoss(bench: Bench, size: Size, *, pipeline_ceiling: Through
 
 
 async def throughput_again(bench: Bench, size: Size) -> dict[str, list[dict[str, Any]]]:
-    """The runs of `REPEATED_ROWS` made again ``size.repeats - 1`` times, each round kube-scheduler alone (and
-    the ceiling without the webhook), then hoss alone (the ceiling with the webhook, 1 and 4 workers); the runs
-    of each row in order. Leaves hoss alone on the plane."""
+    """The throughput rows the targets compare with each other (hoss-1w against kube-scheduler, hoss-4w against
+    hoss-1w, the apiserver's ceiling with the webhook against without) made again ``size.repeats - 1`` times,
+    each round kube-scheduler alone (and the ceiling without the webhook), then hoss alone (the ceiling with the
+    webhook, 1 and 4 workers); the runs of each row in order. Leaves hoss alone on the plane."""
     again: dict[str, list[dict[str, Any]]] = {}
     for round_ in range(2, size.repeats + 1):
         bench.kube_alone()
         again.setdefault("kube-scheduler", []).append(await _kube_run(bench, size, again=round_))
-        bench.progress(f"throughput again ({round_} of {size.repeats}): apiserver ceiling, no webhook", 0, size.pods)
+        bench.progress(f"throughput{_round(size, round_)}: apiserver ceiling, no webhook", 0, size.pods)
         again.setdefault("apiserver-ceiling", []).append(await ceiling(bench, size))
         bench.hoss_alone()
-        bench.progress(f"throughput again ({round_} of {size.repeats}): apiserver ceiling, with the webhook", 0,
-                       size.pods)
+        bench.progress(f"throughput{_round(size, round_)}: apiserver ceiling, with the webhook", 0, size.pods)
         again.setdefault("apiserver-ceiling+webhook", []).append(await ceiling(bench, size))
         for workers in (1, 4):
             if workers in size.worker_counts:
@@ -398,9 +395,13 @@ def take_medians(throughput: dict[str, Any], again: Mapping[str, Sequence[dict[s
                             "runs_pods_per_second": [row.get("pods_per_second") for row in runs]}
 
 
+def _round(size: Size, again: int) -> str:
+    """How a progress line names a repeated run's round (nothing for the first)."""
+    return f" again ({again} of {size.repeats})" if again else ""
+
+
 async def _kube_run(bench: Bench, size: Size, *, again: int = 0) -> dict[str, Any]:
-    round_ = f" again ({again} of {size.repeats})" if again else ""
-    bench.progress(f"throughput{round_}: kube-scheduler (alone)", 0, size.pods)
+    bench.progress(f"throughput{_round(size, again)}: kube-scheduler (alone)", 0, size.pods)
     namespace, nodes = await bench.fresh("tput-kube", size.nodes, NODE)
     try:
         return await bench.timed_run(namespace, small_pods(size.pods, "default-scheduler"), nodes,
@@ -412,8 +413,7 @@ async def _kube_run(bench: Bench, size: Size, *, again: int = 0) -> dict[str, An
 async def _hoss_run(bench: Bench, size: Size, workers: int, cpus: list[int] | None, *,
                     again: int = 0) -> dict[str, Any]:
     pinned = f", pinned to core{'s' if workers > 1 else ''} {','.join(map(str, cpus))}" if cpus else ""
-    round_ = f" again ({again} of {size.repeats})" if again else ""
-    bench.progress(f"throughput{round_}: hoss, {workers} worker(s){pinned}", 0, size.pods)
+    bench.progress(f"throughput{_round(size, again)}: hoss, {workers} worker(s){pinned}", 0, size.pods)
     namespace, nodes = await bench.fresh(f"tput-hoss{workers}", size.nodes, NODE)
     processes = bench.start_hoss(workers, cpus=cpus)
     try:

@@ -51,7 +51,7 @@ import yaml
 
 from deploy import lockdown
 from deploy.local import binaries, pki
-from deploy.local.ports import free_port
+from deploy.local.ports import bind_error, free_port
 from resolver.admission import BINDING_LANES, LANE_LABEL
 
 DEPLOY_DIR = Path(__file__).resolve().parent.parent
@@ -144,11 +144,9 @@ def lane_host(hook: Mapping[str, Any]) -> str:
 
 
 def _check_port_free(port: int, owner: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError as error:
-            raise PlaneError(f"port {port} asked for {owner} is in use on 127.0.0.1: {error.strerror}") from error
+    error = bind_error(port)
+    if error is not None:
+        raise PlaneError(f"port {port} asked for {owner} is in use on 127.0.0.1: {error.strerror}") from error
     return port
 
 

@@ -34,13 +34,14 @@ def ephemeral_range() -> tuple[int, int]:
     return low, high
 
 
-def _bindable(port: int) -> bool:
+def bind_error(port: int) -> OSError | None:
+    """Why ``port`` cannot be bound on 127.0.0.1 now, or None when it can."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         try:
             sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
+        except OSError as error:
+            return error
+    return None
 
 
 def _kernel_choice() -> int:
@@ -59,7 +60,7 @@ def free_port() -> int:
     for _ in range(ATTEMPTS):
         start, end = random.choices(spans, weights)[0]
         port = random.randint(start, end)
-        if port not in _handed_out and _bindable(port):
+        if port not in _handed_out and bind_error(port) is None:
             _handed_out.add(port)
             return port
     return _kernel_choice()
