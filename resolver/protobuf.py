@@ -56,7 +56,7 @@ def _string(number: int, value: str) -> bytes:
 def _integer(number: int, value: int) -> bytes:
     """A varint field (wire type 0) of a non-negative integer; zero, protobuf's default, is left out."""
     if value < 0:
-        raise ValueError(f"field {number}: negative integers are not encoded here, got {value}")
+        raise Unencodable(f"field {number}: negative integers are not encoded here, got {value}")
     return _varint(number << 3) + _varint(value) if value else b""
 
 

@@ -300,7 +300,8 @@ async def test_an_event_with_a_field_protobuf_is_not_written_for_goes_as_json(
              "series": {"count": 2}}
     with pytest.raises(protobuf.Unencodable, match="series"):
         protobuf.event(event)
-    for bad in ({"count": -1}, {"count": True}, {"lastTimestamp": "yesterday"}, {"kind": "Binding"},
+    for bad in ({"count": -1}, {"count": True}, {"lastTimestamp": "yesterday"},
+                {"firstTimestamp": "1960-01-01T00:00:00Z"}, {"kind": "Binding"},
                 {"source": {"component": 3}}, {"involvedObject": "pod"}):
         with pytest.raises(protobuf.Unencodable):
             protobuf.event({**event, **bad})
