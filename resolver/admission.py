@@ -39,7 +39,7 @@ KIND = "AdmissionReview"
 # of the others' values, unlabelled ones included), so a label can choose the connection a review travels on,
 # never whether it is judged.
 LANE_LABEL = "hoss.io/lane"
-BINDING_LANES = 4
+BINDING_LANES = 8
 BINDING_PATH = "/validate-binding"
 
 

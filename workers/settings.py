@@ -47,12 +47,13 @@ class WorkerSettings(AccessSettings):
     """After this long without a heartbeat the dispatcher treats the worker as dead and moves its work."""
     max_binds_in_flight: int = Field(default=IDLE_WEBHOOK_CONNECTIONS, ge=1)
     """Most bindings this worker posts at once (its share of ``binds_in_flight_budget`` never exceeds it). The
-    default, 100, lets a lone worker use the whole budget: with 64 its pods queued behind its bindings (hoss-1w's
-    p99 latency in the 2026-11-23 08:28 bench was twice kube-scheduler's)."""
+    default, 200, lets a lone worker use the whole budget: with 64 its pods queued behind its bindings (hoss-1w's
+    p99 latency in the 2026-11-23 08:28 bench was twice kube-scheduler's), and with 100 they still waited for a
+    binding slot under an apiserver-bound load (docs/architecture.md, "The webhook's connections")."""
     binds_in_flight_budget: int = Field(default=IDLE_WEBHOOK_CONNECTIONS, ge=0)
     """Bindings in flight across all workers, shared by those with bindings to post (at least 2 each, at most
-    ``max_binds_in_flight``; counted at each heartbeat). The default, 100, is what the apiserver keeps open to the
-    webhook: 25 idle connections for each of its 4 binding lanes (resolver/admission.py); beyond that every
+    ``max_binds_in_flight``; counted at each heartbeat). The default, 200, is what the apiserver keeps open to the
+    webhook: 25 idle connections for each of its 8 binding lanes (resolver/admission.py); beyond that every
     binding costs a TLS handshake on both sides. 0: no shared budget, each worker posts up to
     ``max_binds_in_flight``."""
     feed_linger_ms: float = Field(default=20.0, ge=0, le=1000)
