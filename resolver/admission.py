@@ -40,6 +40,10 @@ KIND = "AdmissionReview"
 # never whether it is judged.
 LANE_LABEL = "hoss.io/lane"
 BINDING_LANES = 8
+SERVED_LANES = 64
+"""The resolver judges bindings on the paths of this many lanes, more than deploy/webhook.yaml registers, so that
+a webhook configuration with more lanes (a later version's) works against this version's resolver while an
+upgrade rolls: a lane path it did not serve would answer 404, and failurePolicy Fail would deny the binding."""
 BINDING_PATH = "/validate-binding"
 
 

@@ -598,7 +598,7 @@ def build_server(state: WebhookState) -> HttpServer:
     and /validate-system (the apiserver's client
     certificate, `WebhookState.refusal`), GET /healthz, /readyz (open: probes), /metrics, /status (``state.access``)."""
     routes: dict[tuple[str, str], Callable[[WebhookState, Request], Awaitable[Response]]] = {
-        **{("POST", admission.lane_path(lane)): validate_binding for lane in range(admission.BINDING_LANES)},
+        **{("POST", admission.lane_path(lane)): validate_binding for lane in range(admission.SERVED_LANES)},
         ("POST", "/validate-system"): validate_system,
         ("POST", "/mutate-pod"): mutate_pod,
         ("GET", "/healthz"): healthz,

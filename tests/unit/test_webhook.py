@@ -15,7 +15,7 @@ import fakeredis
 import pytest
 
 from deploy.local import pki
-from resolver.admission import BINDING_LANES, lane_path
+from resolver.admission import BINDING_LANES, SERVED_LANES, lane_path
 from resolver.kube import KubeError
 from resolver.ledger import Ledger, Placement, Reserved
 from resolver.settings import ResolverSettings
@@ -141,6 +141,17 @@ async def test_every_lane_path_judges_bindings_alike(webhook: Webhook) -> None:
     status, body = await webhook.post(review(pod_name="small", uid="u-small", node="n1"), path=lane_path(3))
     assert status == 200 and body["response"] == {"uid": "review-1", "allowed": True}
     assert (await webhook.ledger.node_usage(["n1"]))["n1"][1]["cpu"] == 500
+
+
+async def test_lane_paths_beyond_the_shipped_lanes_are_judged_during_an_upgrade(webhook: Webhook) -> None:
+    """A later version's webhook configuration may register more lanes than this resolver's; while an upgrade
+    rolls, its reviews reach this resolver, which judges them (a 404 would deny every such binding)."""
+    status, body = await webhook.post(review(pod_name="big", uid="u-big", node="n1"),
+                                      path=lane_path(SERVED_LANES - 1))
+    assert SERVED_LANES > BINDING_LANES
+    assert status == 200 and body["response"]["status"]["code"] == 409, body
+    async with webhook.session.post(f"{webhook.url}{lane_path(SERVED_LANES)}", data=b"{}") as response:
+        assert response.status == 404
 
 
 async def test_binding_to_the_reserved_node_is_allowed_even_when_the_node_is_now_full(webhook: Webhook) -> None:
