@@ -20,7 +20,8 @@ class FakeContent:
         self._lines = list(lines)
         self._hang = hang
 
-    async def readline(self) -> bytes:
+    async def readany(self) -> bytes:
+        """One read of the connection: here each scripted piece, which may hold several events or part of one."""
         if self._lines:
             line = self._lines.pop(0)
             if line == b"!reset":
@@ -186,3 +187,24 @@ async def test_a_failed_handler_lists_again() -> None:
     assert api.calls == [("list", None), ("watch", "10"), ("list", None), ("watch", "20")]
     assert recorder.lists == [[], ["b"]]
     assert recorder.events == []
+
+
+async def test_events_are_read_however_the_connection_splits_them() -> None:
+    """Under load one read carries many events, and a large event arrives over several reads; each event is
+    handled once, whole, in order, and an event cut off by the stream's end is not handled: the watch resumes from
+    the last whole one."""
+    first, second, third = event("ADDED", "b", "11"), event("MODIFIED", "b", "12"), event("ADDED", "c", "13")
+    big = event("ADDED", "d" * 5000, "14")
+    api = ScriptedApi(
+        lists=[listing("10")],
+        watches=[
+            FakeResponse(200, lines=[first + second + third[:7], third[7:] + b"\n", big[:100], big[100:3000],
+                                     big[3000:] + event("DELETED", "b", "15")[:-20]]),
+            FakeResponse(200, lines=[event("DELETED", "b", "15")]),
+        ],
+    )
+    recorder = Recorder()
+    await run(api, recorder)
+    assert recorder.events == [("ADDED", "b"), ("MODIFIED", "b"), ("ADDED", "c"), ("ADDED", "d" * 5000),
+                               ("DELETED", "b")]
+    assert api.calls == [("list", None), ("watch", "10"), ("watch", "14"), ("watch", "15")]
