@@ -61,8 +61,8 @@ def table(results: dict[str, Any]) -> str:
         repeated = {system: r["runs_pods_per_second"] for system, r in tput.items() if r.get("runs_pods_per_second")}
         if repeated:
             lines.append(f"   {', '.join(repeated)}: the run with the median pods/s of "
-                         f"{max(len(runs) for runs in repeated.values())}, interleaved (kube-scheduler alone, then "
-                         "hoss alone, in each round); pods/s of every run in order:")
+                         f"{max(len(runs) for runs in repeated.values())}, interleaved (kube-scheduler alone and "
+                         "hoss alone in each round, which goes first alternating); pods/s of every run in order:")
             lines.extend(f"     {system}: " + " / ".join(_number(value, 0) for value in runs)
                          for system, runs in repeated.items())
         for system, r in tput.items():

@@ -363,22 +363,37 @@ async def throughput_hoss(bench: Bench, size: Size, *, pipeline_ceiling: Through
 
 async def throughput_again(bench: Bench, size: Size) -> dict[str, list[dict[str, Any]]]:
     """The throughput rows the targets compare with each other (hoss-1w against kube-scheduler, hoss-4w against
-    hoss-1w, the apiserver's ceiling with the webhook against without) made again ``size.repeats - 1`` times,
-    each round kube-scheduler alone (and the ceiling without the webhook), then hoss alone (the ceiling with the
-    webhook, 1 and 4 workers); the runs of each row in order. Leaves hoss alone on the plane."""
+    hoss-1w, the apiserver's ceiling with the webhook against without) made again ``size.repeats - 1`` times; the
+    runs of each row in order. Each round has kube-scheduler alone (and the ceiling without the webhook) and hoss
+    alone (the ceiling with the webhook, 1 and 4 workers). The order alternates: round 2 hoss first (4 workers
+    before 1), round 3 kube-scheduler first (1 worker before 4), and so on, so that neither system always runs
+    on a plane that has run longer (the first round, the main pass, has kube-scheduler first and 1 worker before
+    4). Leaves hoss alone on the plane."""
     again: dict[str, list[dict[str, Any]]] = {}
-    for round_ in range(2, size.repeats + 1):
+
+    async def kube_side(round_: int) -> None:
         bench.kube_alone()
         again.setdefault("kube-scheduler", []).append(await _kube_run(bench, size, again=round_))
         bench.progress(f"throughput{_round(size, round_)}: apiserver ceiling, no webhook", 0, size.pods)
         again.setdefault("apiserver-ceiling", []).append(await ceiling(bench, size))
+
+    async def hoss_side(round_: int, worker_counts: Sequence[int]) -> None:
         bench.hoss_alone()
         bench.progress(f"throughput{_round(size, round_)}: apiserver ceiling, with the webhook", 0, size.pods)
         again.setdefault("apiserver-ceiling+webhook", []).append(await ceiling(bench, size))
-        for workers in (1, 4):
+        for workers in worker_counts:
             if workers in size.worker_counts:
                 again.setdefault(f"hoss-{workers}w", []).append(
                     await _hoss_run(bench, size, workers, None, again=round_))
+
+    for round_ in range(2, size.repeats + 1):
+        if round_ % 2 == 0:
+            await hoss_side(round_, (4, 1))
+            await kube_side(round_)
+        else:
+            await kube_side(round_)
+            await hoss_side(round_, (1, 4))
+    bench.hoss_alone()
     return again
 
 
