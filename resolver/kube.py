@@ -94,6 +94,11 @@ async def list_objects(call: ListCall, **kwargs: Any) -> tuple[list[Json], str]:
     return list(body.get("items") or []), str(body["metadata"]["resourceVersion"])
 
 
+MAX_WATCH_EVENT_BYTES = 16 * 2**20
+"""Longest watch event read (an apiserver object is at most about 1.5 MiB in etcd): a stream that sends more
+without ending the line is abandoned with an error instead of growing without bound."""
+
+
 async def watch_objects(
     call: ListCall,
     *,
@@ -143,7 +148,10 @@ async def watch_objects(
                 return
             pieces.append(chunk)
             if b"\n" not in chunk:
-                continue  # a long event arriving in pieces: joined once its end is here
+                # a long event arriving in pieces: joined once its end is here
+                if sum(map(len, pieces)) > MAX_WATCH_EVENT_BYTES:
+                    raise KubeError(f"watch event longer than {MAX_WATCH_EVENT_BYTES} bytes")
+                continue
             lines = b"".join(pieces).split(b"\n")
             pieces = [lines.pop()]
             for line in lines:

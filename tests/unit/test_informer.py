@@ -10,7 +10,9 @@ from typing import Any
 
 import aiohttp
 import orjson
+import pytest
 
+from resolver import kube
 from resolver.errors import ResolverError
 from resolver.kube import InformerHandlers, Json, run_informer
 
@@ -208,3 +210,22 @@ async def test_events_are_read_however_the_connection_splits_them() -> None:
     assert recorder.events == [("ADDED", "b"), ("MODIFIED", "b"), ("ADDED", "c"), ("ADDED", "d" * 5000),
                                ("DELETED", "b")]
     assert api.calls == [("list", None), ("watch", "10"), ("watch", "14"), ("watch", "15")]
+
+
+async def test_a_stream_that_never_ends_its_line_is_abandoned_and_resumed(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A stream sending more than an event can hold without a line end is given up (with an error, logged) and
+    the watch is opened again from the last whole event, instead of buffering without bound."""
+    monkeypatch.setattr(kube, "MAX_WATCH_EVENT_BYTES", 1000)
+    api = ScriptedApi(
+        lists=[listing("10")],
+        watches=[
+            FakeResponse(200, lines=[event("ADDED", "b", "11"), b"x" * 600, b"x" * 600, event("ADDED", "c", "12")]),
+            FakeResponse(200, lines=[event("ADDED", "c", "12")]),
+        ],
+    )
+    recorder = Recorder()
+    await run(api, recorder)
+    assert recorder.events == [("ADDED", "b"), ("ADDED", "c")]
+    assert api.calls == [("list", None), ("watch", "10"), ("watch", "11"), ("watch", "12")]
+    assert "watch event longer than 1000 bytes" in caplog.text
