@@ -103,9 +103,7 @@ def _strings(what: str, value: Any, numbers: Mapping[str, int]) -> bytes:
 
 def _time(what: str, value: Any) -> bytes:
     """meta/v1 Time (seconds 1, nanos 2) of an RFC 3339 time in whole seconds, as Time marshals to JSON."""
-    if not isinstance(value, str):
-        raise Unencodable(f"{what}: expected a time like 2026-01-02T03:04:05Z, got {value!r}")
-    seconds = _seconds(value)
+    seconds = _seconds(value) if isinstance(value, str) else None
     if seconds is None:
         raise Unencodable(f"{what}: expected a time like 2026-01-02T03:04:05Z, got {value!r}")
     return _integer(1, seconds)
