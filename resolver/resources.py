@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, TypeVar
 
+import orjson
+
 from resolver.errors import NodeSpecError, PodSpecError, QuantityError, SpecError
 
 ResourceVector = dict[str, int]
@@ -190,11 +192,43 @@ def pod_requests(pod: Mapping[str, Any]) -> ResourceVector:
     requests are left out (the kubelet will not grant them). A pod without such status counts its spec.
     """
     spec = _mapping(pod.get("spec"), field="spec", error=PodSpecError)
-    containers = _list(spec.get("containers"), field="spec.containers")
-    if not containers:
+    if not _list(spec.get("containers"), field="spec.containers"):
         raise PodSpecError(field="spec.containers", reason="must list at least one container")
     statuses = _status_requests(pod.get("status"))
-    infeasible = bool(statuses) and _resize_infeasible(pod.get("status"))
+    key = None if statuses else _spec_key(spec)
+    if key is not None:
+        known = _COMPUTED.get(key)
+        if known is not None:
+            return dict(known)
+    vector = _pod_requests(spec, statuses, pod.get("status"))
+    if key is not None:
+        if len(_COMPUTED) >= _COMPUTED_MAX:
+            _COMPUTED.clear()
+        _COMPUTED[key] = dict(vector)
+    return vector
+
+
+# Requests already computed, by the spec fields a request depends on (for pods whose status reports no container
+# resources): the pods of one Job or ReplicaSet share a template, and the sync, the workers and the reservations
+# compute every new pod's. Bounded: cleared when full. Only successes are kept, so a bad spec raises every time.
+_COMPUTED: dict[bytes, ResourceVector] = {}
+_COMPUTED_MAX = 4096
+
+
+def _spec_key(spec: Mapping[str, Any]) -> bytes | None:
+    """Every spec field `_pod_requests` reads, serialised (orjson keeps types apart: "1" and 1, 1 and 1.0, true and
+    1); None when the spec holds something JSON cannot say (then the request is computed each time)."""
+    try:
+        return orjson.dumps(
+            (spec.get("containers"), spec.get("initContainers"), spec.get("resources"), spec.get("overhead"))
+        )
+    except TypeError:
+        return None
+
+
+def _pod_requests(spec: Mapping[str, Any], statuses: dict[str, _Quantities], status: object) -> ResourceVector:
+    containers = _list(spec.get("containers"), field="spec.containers")
+    infeasible = bool(statuses) and _resize_infeasible(status)
 
     def effective(container: object, field: str) -> _Quantities:
         request = _container_requests(container, field=field)

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from resolver import resources
 from resolver.errors import NodeSpecError, PodSpecError, QuantityError
 from resolver.resources import (
     MAX_UNITS,
@@ -376,3 +377,57 @@ def test_malformed_node_is_rejected_naming_the_field(node: dict[str, Any], field
     with pytest.raises((NodeSpecError, QuantityError)) as caught:
         node_allocatable(node)
     assert str(caught.value).startswith(f"{field}: ")
+
+
+def _fresh(pod: dict[str, Any]) -> dict[str, int]:
+    resources._COMPUTED.clear()
+    return pod_requests(pod)
+
+
+def test_pods_of_one_template_share_a_computed_request_without_sharing_the_dict() -> None:
+    template = _pod([_container({"cpu": "250m", "memory": "1Gi"})], overhead={"cpu": "10m"})
+    first = _fresh(template)
+    assert len(resources._COMPUTED) == 1
+    first["cpu"] = 1  # a caller changing its vector changes no one else's
+    again = pod_requests({**template, "metadata": {"name": "p2", "namespace": "ns"}})
+    assert again == {"cpu": 260, "memory": Gi, "pods": 1}
+    assert len(resources._COMPUTED) == 1
+
+
+@pytest.mark.parametrize(
+    ("one", "other"),
+    [
+        pytest.param(_container({"cpu": "1"}), _container({"cpu": 1.5}), id="string-and-number"),
+        pytest.param(_container({"cpu": 1}), _container({"cpu": 1.5}), id="int-and-float"),
+        pytest.param(_container({"cpu": "1"}), _container(limits={"cpu": "2"}), id="request-and-limit"),
+        pytest.param(_container({"cpu": "1"}), _container({"cpu": "1", "memory": "1"}), id="another-resource"),
+    ],
+)
+def test_specs_that_differ_in_any_field_the_request_reads_are_computed_apart(one: Any, other: Any) -> None:
+    resources._COMPUTED.clear()
+    assert pod_requests(_pod([one])) != pod_requests(_pod([other]))
+    assert pod_requests(_pod([other])) == _fresh(_pod([other]))
+    for spec in ({"initContainers": [_container({"cpu": "3"})]}, {"overhead": {"cpu": "1"}},
+                 {"resources": {"requests": {"cpu": "5"}}}):
+        resources._COMPUTED.clear()
+        plain, with_field = pod_requests(_pod([one])), pod_requests(_pod([one], **spec))
+        assert plain != with_field
+        assert with_field == _fresh(_pod([one], **spec))
+
+
+def test_a_pod_whose_status_reports_resources_is_computed_from_its_status_every_time() -> None:
+    spec = _pod([{**_container({"cpu": "1"}), "name": "main"}])
+    assert _fresh(spec)["cpu"] == 1000
+    grown = {**spec, "status": {"containerStatuses": [
+        {"name": "main", "resources": {"requests": {"cpu": "2"}}, "allocatedResources": {"cpu": "2"}}]}}
+    assert pod_requests(grown)["cpu"] == 2000
+    assert pod_requests(spec)["cpu"] == 1000
+
+
+def test_a_malformed_spec_raises_every_time_and_is_not_remembered() -> None:
+    bad = _pod([_container({"memory": "12x"})])
+    resources._COMPUTED.clear()
+    for _ in range(2):
+        with pytest.raises(QuantityError, match=r"^spec.containers\[0\].resources.requests.memory: "):
+            pod_requests(bad)
+    assert not resources._COMPUTED
