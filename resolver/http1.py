@@ -8,8 +8,9 @@ asyncio Protocol, and the response parser reads only what the apiserver sends: a
 framed by Content-Length, chunked transfer coding, or the connection's end.
 
 Errors: a connection that fails, closes before its response is complete, or sends something that is not HTTP/1.x
-raises ConnectionError (an OSError); a TLS failure raises ssl.SSLError (also an OSError); the caller's deadline
-raises TimeoutError and closes the connection in use, which is never reused with a response outstanding.
+raises ConnectionError (an OSError); a TLS failure raises ssl.SSLError (also an OSError); a missed deadline (the
+request's ``deadline``, or the caller's own timeout) raises TimeoutError and closes the connection in use, which is
+never reused with a response outstanding.
 """
 
 from __future__ import annotations
@@ -95,6 +96,12 @@ class _Connection(asyncio.Protocol):
         self._body = bytearray()
         self.transport.write(request)
         return self._waiter
+
+    def expire(self, waiter: asyncio.Future[tuple[int, bytes, bool]]) -> None:
+        """The deadline of the exchange whose future is ``waiter`` passed: fail it and close the connection (its
+        answer may still come, and must not be read as the next request's). Nothing when it was answered."""
+        if waiter is self._waiter and not waiter.done():
+            self._fail(TimeoutError("no answer before the deadline"))
 
     def close(self) -> None:
         self.closed = True
@@ -241,17 +248,42 @@ class Http1Pool:
     def closed(self) -> bool:
         return self._closed
 
-    async def request(self, head: bytes, body: bytes | None = None, *, no_body: bool = False) -> tuple[int, bytes]:
+    async def request(
+        self, head: bytes, body: bytes | None = None, *, no_body: bool = False, deadline: float | None = None
+    ) -> tuple[int, bytes]:
         """Send ``head`` (request line and headers, ending in a blank line) and ``body``; (status, body).
 
-        The head must carry Host and, with a body, Content-Length (`request_head` writes both)."""
+        The head must carry Host and, with a body, Content-Length (`request_head` writes both). ``deadline`` (the
+        event loop's clock) raises TimeoutError when it passes, whether the request is waiting for a connection
+        or for its answer; without one, the caller bounds the call."""
         if self._closed:
             raise ConnectionError("the HTTP pool is closed")
         payload = head if body is None else head + body
-        async with self._slots:
-            connection = self._take_idle() or await self._open()
+        slots = self._slots
+        if deadline is not None and slots.locked():
+            async with asyncio.timeout_at(deadline):
+                await slots.acquire()
+        else:
+            await slots.acquire()
+        try:
+            connection = self._take_idle()
+            if connection is None:
+                if deadline is None:
+                    connection = await self._open()
+                else:
+                    async with asyncio.timeout_at(deadline):
+                        connection = await self._open()
             try:
-                status, answer, keep = await connection.exchange(payload, no_body=no_body)
+                answered = connection.exchange(payload, no_body=no_body)
+                # One timer on the loop instead of a timeout context per call: the hot path (a free slot, an idle
+                # connection) pays for nothing else.
+                timer = None if deadline is None else \
+                    asyncio.get_running_loop().call_at(deadline, connection.expire, answered)
+                try:
+                    status, answer, keep = await answered
+                finally:
+                    if timer is not None:
+                        timer.cancel()
             except BaseException:
                 self._discard(connection)
                 raise
@@ -261,6 +293,8 @@ class Http1Pool:
             else:
                 self._discard(connection)
             return status, answer
+        finally:
+            slots.release()
 
     def request_head(self, method: str, target: str, headers: str, body: bytes | None) -> bytes:
         """The head of one request: ``target`` is the encoded path and query, ``headers`` CRLF-ended lines."""

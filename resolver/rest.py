@@ -218,8 +218,8 @@ class KubeREST:
         if params:
             target += ("&" if "?" in target else "?") + urlencode(params)
         head = self._pool.request_head(method, target, self._headers(content_type if data is not None else None), data)
-        async with asyncio.timeout(timeout):
-            status, payload = await self._pool.request(head, data, no_body=method == "HEAD")
+        deadline = asyncio.get_running_loop().time() + timeout
+        status, payload = await self._pool.request(head, data, no_body=method == "HEAD", deadline=deadline)
         if not 200 <= status <= 299:
             raise KubeError(f"{status}: {status_message(payload)}", status=status)
         if not payload:

@@ -261,6 +261,75 @@ async def test_a_cancelled_request_closes_its_connection(make_pool: Callable[...
         assert server.connections == 2
 
 
+def _deadline(seconds: float) -> float:
+    return asyncio.get_running_loop().time() + seconds
+
+
+async def test_a_deadline_fails_an_unanswered_request_and_its_late_answer_reaches_no_one(
+    make_pool: Callable[..., Http1Pool]
+) -> None:
+    release = asyncio.Event()
+
+    async def late(request: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        if len(server.requests) == 1:
+            await release.wait()
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nlate")
+            return True
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nk")
+        return True
+
+    async with RawServer(late) as server:
+        pool = make_pool(server.url, limit=1)
+        head = pool.request_head("GET", "/x", "", None)
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(TimeoutError, match="no answer before the deadline"):
+            async with asyncio.timeout(5):  # a guard: a deadline not kept fails here, without that message
+                await pool.request(head, deadline=_deadline(0.1))
+        assert 0.09 <= asyncio.get_running_loop().time() - started < 1.0
+        release.set()
+        # the slot came back, and the next request gets a connection of its own and its own answer
+        assert await pool.request(head, deadline=_deadline(5)) == (200, b"k")
+        assert server.connections == 2
+
+
+async def test_a_deadline_bounds_the_wait_for_a_connection_slot(make_pool: Callable[..., Http1Pool]) -> None:
+    release = asyncio.Event()
+
+    async def slow(request: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        await release.wait()
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nk")
+        return True
+
+    async with RawServer(slow) as server:
+        pool = make_pool(server.url, limit=1)
+        head = pool.request_head("GET", "/x", "", None)
+        holder = asyncio.create_task(pool.request(head))
+        await asyncio.sleep(0.05)
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(5):  # a guard: a wait the deadline does not end takes 5 s
+                await pool.request(head, deadline=_deadline(0.1))
+        assert asyncio.get_running_loop().time() - started < 1.0
+        assert len(server.requests) == 1, "the timed-out request never reached the server"
+        release.set()
+        assert await holder == (200, b"k")
+        # the timed-out waiter took no slot with it: the one slot serves the next request on the same connection
+        assert await pool.request(head, deadline=_deadline(5)) == (200, b"k")
+        assert server.connections == 1
+
+
+async def test_an_answer_in_time_keeps_its_connection_after_the_deadline_passes(
+    make_pool: Callable[..., Http1Pool]
+) -> None:
+    async with RawServer(answer(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nk")) as server:
+        pool = make_pool(server.url)
+        head = pool.request_head("GET", "/x", "", None)
+        assert await pool.request(head, deadline=_deadline(0.05)) == (200, b"k")
+        await asyncio.sleep(0.1)  # past the first request's deadline: its timer must not touch the idle connection
+        assert await pool.request(head, deadline=_deadline(5)) == (200, b"k")
+        assert server.connections == 1
+
+
 async def test_requests_tunnel_through_a_connect_proxy_with_its_credentials(
     make_pool: Callable[..., Http1Pool]
 ) -> None:
