@@ -10,9 +10,10 @@ multidicts) cost more CPU than judging the binding. This server does only what t
 - bodies sent with ``Content-Length`` only: ``Transfer-Encoding`` is answered 411 (the apiserver, kubelet probes
   and Prometheus all send a length or no body);
 - limits: the request line and headers together at most ``max_header_bytes`` (431), at most 100 headers, a body
-  at most ``max_body_bytes`` (the handler's ``too_large`` answer, 400 by default); anything it cannot parse is
-  answered 400 and the connection closed; a connection idle (or stuck mid-request) for ``idle_timeout_seconds``
-  is closed.
+  at most ``max_body_bytes`` (the handler's ``too_large`` answer, 400 by default: the rest of that body, up to
+  ``MAX_DRAIN_BYTES``, is then read and dropped before the connection closes, so that a client still sending it
+  reads the answer rather than a reset connection); anything it cannot parse is answered 400 and the connection
+  closed; a connection idle (or stuck mid-request) for ``idle_timeout_seconds`` is closed.
 
 Handlers get a `Request` and return a `Response`; an exception in a handler is logged and answered 500.
 
@@ -99,6 +100,10 @@ def client_names(peercert: object) -> tuple[str, ...] | None:
     return tuple(names)
 
 
+MAX_DRAIN_BYTES = 16 * 2**20
+"""The most of a refused (too large) body read and dropped after the answer; a longer one is cut off at once."""
+
+
 class _Connection(asyncio.Protocol):
     def __init__(self, server: HttpServer) -> None:
         self._server = server
@@ -108,6 +113,8 @@ class _Connection(asyncio.Protocol):
         self._closing = False
         self._continued = False
         self._paused = False
+        self._draining = 0
+        """Bytes of a refused body still to be read and dropped before the connection closes."""
         self._idle: asyncio.TimerHandle | None = None
         self._active_at = 0.0
         self._client_names: tuple[str, ...] | None = None
@@ -131,6 +138,12 @@ class _Connection(asyncio.Protocol):
             self._idle.cancel()
 
     def data_received(self, data: bytes) -> None:
+        if self._draining:
+            self._active_at = asyncio.get_running_loop().time()
+            self._draining -= len(data)
+            if self._draining <= 0:
+                self._close()
+            return
         self._buffer += data
         if not self._busy:
             self._next_request()
@@ -245,9 +258,19 @@ class _Connection(asyncio.Protocol):
         keep_alive = "close" not in connection if version == "HTTP/1.1" else "keep-alive" in connection
         path, _, query = target.partition("?")
         if length > server.max_body_bytes:
-            del self._buffer[: end + 4]
+            arrived = len(self._buffer) - (end + 4)
+            self._buffer.clear()  # the head, and as much of the refused body as is here
             request = Request(method, path, query, headers, b"", self._client_names)
-            self._write(server.too_large(request), close=True)
+            answer = server.too_large(request)
+            rest = length - arrived
+            if 0 < rest <= MAX_DRAIN_BYTES and self._transport is not None:
+                # Closing with the body still arriving would reset the connection, and a client busy sending
+                # would read the reset instead of the answer: answer, then drop the rest of the body, then close.
+                self._transport.write(_render(answer, close=True))
+                self._closing = True
+                self._draining = rest
+            else:
+                self._write(answer, close=True)
             return None
         if len(self._buffer) < end + 4 + length:
             if not self._continued and headers.get("expect", "").lower() == "100-continue":

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from resolver.httpserver import HttpServer, Request, Response
+from resolver.httpserver import MAX_DRAIN_BYTES, HttpServer, Request, Response
 
 
 async def echo(request: Request) -> Response:
@@ -119,6 +119,47 @@ async def test_what_cannot_be_parsed_is_refused_and_the_connection_closed(
 async def test_a_body_over_the_limit_gets_the_too_large_answer(server: tuple[HttpServer, int]) -> None:
     responses, closed = await exchange(server[1], post("/echo", b"x" * 101))
     assert (responses[0][0], responses[0][2], closed) == (400, b"too large", True)
+
+
+async def test_a_client_still_sending_a_refused_body_reads_the_answer_not_a_reset(
+    server: tuple[HttpServer, int]
+) -> None:
+    body = b"[" * 300_000
+    reader, writer = await asyncio.open_connection("127.0.0.1", server[1])
+    try:
+        writer.write(f"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode())
+        for start in range(0, len(body), 50_000):  # the body keeps coming after the server has answered
+            writer.write(body[start:start + 50_000])
+            await writer.drain()
+            await asyncio.sleep(0.02)
+        head = (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 2)).decode()
+        assert head.startswith("HTTP/1.1 400 ") and "Connection: close" in head
+        assert await reader.readexactly(len(b"too large")) == b"too large"
+        assert await asyncio.wait_for(reader.read(1), 2) == b"", "closed once the whole body was read"
+    finally:
+        writer.close()
+
+
+async def test_a_refused_body_longer_than_the_drain_limit_is_cut_off_at_once(server: tuple[HttpServer, int]) -> None:
+    responses, closed = await exchange(
+        server[1], b"POST /echo HTTP/1.1\r\nContent-Length: %d\r\n\r\nxx" % (MAX_DRAIN_BYTES + 100))
+    assert (responses[0][0], closed) == (400, True)
+
+
+async def test_a_refused_body_that_stops_coming_is_closed_after_the_idle_timeout(
+    server: tuple[HttpServer, int]
+) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", server[1])
+    try:
+        writer.write(b"POST /echo HTTP/1.1\r\nContent-Length: 5000\r\n\r\n" + b"x" * 200)
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 2)
+        assert head.startswith(b"HTTP/1.1 400 ")
+        await reader.readexactly(len(b"too large"))
+        started = asyncio.get_running_loop().time()
+        assert await asyncio.wait_for(reader.read(1), 5) == b""
+        assert asyncio.get_running_loop().time() - started < 3.0  # the fixture's idle timeout is 0.5 s
+    finally:
+        writer.close()
 
 
 async def test_unknown_paths_methods_and_failing_handlers(server: tuple[HttpServer, int]) -> None:
