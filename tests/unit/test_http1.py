@@ -242,16 +242,28 @@ async def test_no_more_than_limit_connections_and_callers_over_it_wait(make_pool
         assert in_flight[1] == 3
 
 
+OK_K = b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nk"
+
+
+def first_held(release: asyncio.Event, first: bytes = OK_K) -> Handler:
+    """Answers every request with 200 ``k``; the first only once ``release`` is set, and with ``first``."""
+    answered = 0
+
+    async def handle(request: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        nonlocal answered
+        answered += 1
+        if answered == 1:
+            await release.wait()
+            writer.write(first)
+        else:
+            writer.write(OK_K)
+        return True
+    return handle
+
+
 async def test_a_cancelled_request_closes_its_connection(make_pool: Callable[..., Http1Pool]) -> None:
     release = asyncio.Event()
-
-    async def late(request: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
-        if len(server.requests) == 1:
-            await release.wait()
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nk")
-        return True
-
-    async with RawServer(late) as server:
+    async with RawServer(first_held(release)) as server:
         pool = make_pool(server.url)
         with pytest.raises(TimeoutError):
             async with asyncio.timeout(0.1):
@@ -269,16 +281,7 @@ async def test_a_deadline_fails_an_unanswered_request_and_its_late_answer_reache
     make_pool: Callable[..., Http1Pool]
 ) -> None:
     release = asyncio.Event()
-
-    async def late(request: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
-        if len(server.requests) == 1:
-            await release.wait()
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nlate")
-            return True
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nk")
-        return True
-
-    async with RawServer(late) as server:
+    async with RawServer(first_held(release, b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nlate")) as server:
         pool = make_pool(server.url, limit=1)
         head = pool.request_head("GET", "/x", "", None)
         started = asyncio.get_running_loop().time()
