@@ -260,19 +260,16 @@ class Http1Pool:
             raise ConnectionError("the HTTP pool is closed")
         payload = head if body is None else head + body
         slots = self._slots
-        if deadline is not None and slots.locked():
-            async with asyncio.timeout_at(deadline):
+        if slots.locked():
+            async with asyncio.timeout_at(deadline):  # None: no deadline
                 await slots.acquire()
         else:
             await slots.acquire()
         try:
             connection = self._take_idle()
             if connection is None:
-                if deadline is None:
+                async with asyncio.timeout_at(deadline):
                     connection = await self._open()
-                else:
-                    async with asyncio.timeout_at(deadline):
-                        connection = await self._open()
             try:
                 answered = connection.exchange(payload, no_body=no_body)
                 # One timer on the loop instead of a timeout context per call: the hot path (a free slot, an idle
