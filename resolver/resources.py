@@ -192,7 +192,8 @@ def pod_requests(pod: Mapping[str, Any]) -> ResourceVector:
     requests are left out (the kubelet will not grant them). A pod without such status counts its spec.
     """
     spec = _mapping(pod.get("spec"), field="spec", error=PodSpecError)
-    if not _list(spec.get("containers"), field="spec.containers"):
+    containers = _list(spec.get("containers"), field="spec.containers")
+    if not containers:
         raise PodSpecError(field="spec.containers", reason="must list at least one container")
     statuses = _status_requests(pod.get("status"))
     key = None if statuses else _spec_key(spec)
@@ -200,7 +201,7 @@ def pod_requests(pod: Mapping[str, Any]) -> ResourceVector:
         known = _COMPUTED.get(key)
         if known is not None:
             return dict(known)
-    vector = _pod_requests(spec, statuses, pod.get("status"))
+    vector = _pod_requests(spec, containers, statuses, pod.get("status"))
     if key is not None:
         if len(_COMPUTED) >= _COMPUTED_MAX:
             _COMPUTED.clear()
@@ -226,8 +227,9 @@ def _spec_key(spec: Mapping[str, Any]) -> bytes | None:
         return None
 
 
-def _pod_requests(spec: Mapping[str, Any], statuses: dict[str, _Quantities], status: object) -> ResourceVector:
-    containers = _list(spec.get("containers"), field="spec.containers")
+def _pod_requests(
+    spec: Mapping[str, Any], containers: list[Any], statuses: dict[str, _Quantities], status: object
+) -> ResourceVector:
     infeasible = bool(statuses) and _resize_infeasible(status)
 
     def effective(container: object, field: str) -> _Quantities:
