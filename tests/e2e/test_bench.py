@@ -133,6 +133,10 @@ def test_quick_bench_reports_every_scenario_and_figure(tmp_path: Path) -> None:
         assert len(runs) == 2 and throughput[system]["pods_per_second"] == min(runs), system
     assert "runs_pods_per_second" not in throughput["hoss-2w"]
     assert "the run with the median pods/s of 2" in result.stdout
+    # ...and the targets comparing them read the ratio of each round's two runs.
+    assert "hoss-1w / kube-scheduler in each round: " in result.stdout
+    (one,) = [t for t in figures["targets"] if t["target"] == "hoss-1w pods/s >= 1.0x kube-scheduler"]
+    assert "the median of 2 rounds" in one["value"], one
     assert throughput["apiserver-ceiling"]["cpu_per_1000_pods"]["resolver"] == 0
     assert throughput["apiserver-ceiling+webhook"]["cpu_per_1000_pods"]["resolver"] > 0
 

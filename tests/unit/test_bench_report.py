@@ -172,3 +172,43 @@ def test_a_row_measured_again_is_its_median_run_and_the_targets_read_that() -> N
     assert "kube-scheduler, hoss-1w: the run with the median pods/s of 4" in text
     assert "     kube-scheduler: 200.0 / 260.0 / 230.0" in text
     assert "     hoss-1w: 220.0 / 180.0 / 240.0 / 210.0" in text
+
+
+def test_a_ratio_target_of_rows_made_in_the_same_rounds_is_the_median_of_the_per_round_ratios() -> None:
+    results = _results()
+    throughput = results["scenarios"]["throughput"]
+    # Medians: kube 230, hoss-1w 240 (1.04x). Per round: 190/200 0.95x, 240/260 0.92x, 250/230 1.09x: median
+    # 0.95x, so the medians' ratio (a fast hoss draw against a slow kube one) would call it met and it is not.
+    again = {"kube-scheduler": [_row(260, 800, **{"kube-scheduler": 1.0}), _row(230, 700, **{"kube-scheduler": 3.0})],
+             "hoss-1w": [_row(240, 900, **{"hoss-side": 1.5}), _row(250, 900, **{"hoss-side": 1.5})],
+             "hoss-4w": [_row(250, 900), _row(240, 900)],
+             "apiserver-ceiling": [_row(500, 0), _row(700, 0)],
+             "apiserver-ceiling+webhook": [_row(420, 0), _row(520, 0)]}
+    throughput["hoss-1w"] = _row(190, 900, **{"hoss-side": 1.5, "resolver": 0.4})
+    scenarios.take_medians(throughput, again)
+    assert throughput["hoss-1w"]["pods_per_second"] == 240 and throughput["kube-scheduler"]["pods_per_second"] == 230
+    assert report.per_round(throughput, "hoss-1w", "kube-scheduler") == pytest.approx([0.95, 240 / 260, 250 / 230])
+    found = {t["target"]: t for t in report.targets(results)}
+    one = found["hoss-1w pods/s >= 1.0x kube-scheduler"]
+    assert one["met"] is False
+    assert one["value"] == ("0.95x, the median of 3 rounds (0.95x / 0.92x / 1.09x); of the median runs "
+                            "1.04x (240.0 vs 230.0)")
+    # hoss-4w 200/190 1.05x, 250/240 1.04x, 240/250 0.96x: median 1.04x, met; the medians' ratio (240/240) too.
+    assert found["hoss-4w pods/s >= 0.95x hoss-1w"]["met"] is True
+    assert found["hoss-4w pods/s >= 0.95x hoss-1w"]["value"].startswith("1.04x, the median of 3 rounds")
+    # Ceiling 450/600 75%, 420/500 84%, 520/700 74%: median 75%, not met, though the median runs give 450/600 too.
+    ceiling = found["apiserver ceiling with webhook >= 80% of without"]
+    assert ceiling["met"] is False and ceiling["value"].startswith("75%, the median of 3 rounds (75% / 84% / 74%)")
+    text = report.table(results)
+    assert "     hoss-1w / kube-scheduler in each round: 0.95x / 0.92x / 1.09x (median 0.95x; the targets read this)" \
+        in text
+
+
+def test_rows_not_made_in_the_same_rounds_are_compared_by_their_median_runs() -> None:
+    throughput = {"kube-scheduler": {"runs_pods_per_second": [200, 210]},
+                  "hoss-1w": {"runs_pods_per_second": [220, 230, 240]}}
+    assert report.per_round(throughput, "hoss-1w", "kube-scheduler") is None
+    assert report.per_round({"hoss-1w": {"runs_pods_per_second": [1]}, "kube-scheduler":
+                             {"runs_pods_per_second": [1]}}, "hoss-1w", "kube-scheduler") is None
+    assert report.per_round({"hoss-1w": {"runs_pods_per_second": [1, 2]}, "kube-scheduler":
+                             {"runs_pods_per_second": [0, 2]}}, "hoss-1w", "kube-scheduler") is None
