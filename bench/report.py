@@ -193,7 +193,9 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         """A target on the pods/s of ``top`` against ``bottom``. Rows made again in interleaved rounds are judged on
         the median of the per-round ratios (each round's two runs ran minutes apart, on the same drift of the
         machine), not on the ratio of the two median runs, which can pair a fast draw with a slow one."""
-        shown = (lambda r: f"{r:.0%}") if percent else (lambda r: f"{r:.2f}x")
+        def shown(value: float) -> str:
+            return f"{value:.0%}" if percent else f"{value:.2f}x"
+
         high, low = _row_value(tput, top, "pods_per_second"), _row_value(tput, bottom, "pods_per_second")
         if not low or high is None:
             add(target, None, "n/a")
