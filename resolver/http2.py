@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import ssl
 import struct
-import typing
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
@@ -186,9 +185,9 @@ def _status_value(data: bytes, at: int) -> tuple[int, int]:
 
 def response_status(block: bytes) -> int | None:
     """The ``:status`` of a header block (None for one without, such as trailers), decoded without a dynamic table
-    (this client announces a table size of 0, so a reference past the static table is the server's error).
-    Pseudo-header fields come first (RFC 9113 8.3), so the fields after ``:status`` are not read at all; fields
-    before it are skipped by their lengths."""
+    (this client announces a table size of 0, so a reference past the static table is the server's error). Other
+    fields are skipped by their lengths."""
+    status = None
     at, size = 0, len(block)
     while at < size:
         octet = block[at]
@@ -197,7 +196,7 @@ def response_status(block: bytes) -> int | None:
             if not 1 <= index <= STATIC_ENTRIES:
                 raise ProtocolError(f"HPACK index {index} with no dynamic table")
             if index in STATIC_STATUS:
-                return STATIC_STATUS[index]
+                status = STATIC_STATUS[index]
             continue
         if octet & 0xE0 == 0x20:  # dynamic table size update
             update, at = decode_integer(block, at, 5)
@@ -213,9 +212,10 @@ def response_status(block: bytes) -> int | None:
             name = block[start:at]
             named_status = name == (_STATUS_NAME_HUFFMAN if huffman else b":status")
         if named_status:
-            return _status_value(block, at)[0]
-        at = _string_bounds(block, at)[2]
-    return None
+            status, at = _status_value(block, at)
+        else:
+            at = _string_bounds(block, at)[2]
+    return status
 
 
 # --- one connection ----------------------------------------------------------------------------------------------
@@ -263,7 +263,8 @@ class Http2Connection(asyncio.Protocol):
     # -- asyncio.Protocol
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport = typing.cast(asyncio.Transport, transport)  # uvloop's are not its subclasses
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
         settings = struct.pack(">HIHIHI", SETTINGS_HEADER_TABLE_SIZE, 0, SETTINGS_ENABLE_PUSH, 0,
                                SETTINGS_INITIAL_WINDOW_SIZE, WINDOW_MAX)
         transport.write(PREFACE + frame(SETTINGS, 0, 0, settings)
@@ -603,19 +604,12 @@ class Http2Client:
         clock) raises TimeoutError when it passes, whether the request waits for a stream or for its answer."""
         if self._closed:
             raise ConnectionError("the HTTP/2 client is closed")
-        slots = self._slots
-        if slots.locked():
-            async with asyncio.timeout_at(deadline):
-                await slots.acquire()
-        else:
-            await slots.acquire()
+        async with asyncio.timeout_at(deadline):
+            await self._slots.acquire()
         try:
             for attempt in range(1, OPEN_ATTEMPTS + 1):
-                # The usual case, an open connection with a free stream, pays for no timeout context.
-                connection = self._open_connection()
-                if connection is None:
-                    async with asyncio.timeout_at(deadline):
-                        connection = await self._connection()
+                async with asyncio.timeout_at(deadline):
+                    connection = await self._connection()
                 stream_id, answer = connection.start(block, body)
                 timer = None if deadline is None else asyncio.get_running_loop().call_at(
                     deadline, connection.cancel, stream_id, TimeoutError("no answer before the deadline"))
@@ -635,20 +629,13 @@ class Http2Client:
         finally:
             self._slots.release()
 
-    def _open_connection(self) -> Http2Connection | None:
-        """An open connection with a free stream, if there is one."""
-        for connection in self._connections:
-            if connection.available > 0:
-                return connection
-        return None
-
     async def _connection(self) -> Http2Connection:
         """A connection with a free stream: an open one, else a new one."""
         while True:
             self._connections = [c for c in self._connections if not c.closed]
-            connection = self._open_connection()
-            if connection is not None:
-                return connection
+            for connection in self._connections:
+                if connection.available > 0:
+                    return connection
             if self._opening is None:
                 self._opening = asyncio.ensure_future(self._open())
                 self._opening.add_done_callback(self._opened)
@@ -676,13 +663,11 @@ class Http2Client:
         ssl_object = transport.get_extra_info("ssl_object")
         chosen = ssl_object.selected_alpn_protocol() if ssl_object is not None else None
         if chosen != "h2":
-            connection.ready.cancel()  # no one will wait for the SETTINGS that never come
             transport.close()
             raise NoHttp2(f"{self.authority} chose {chosen or 'no protocol'} by ALPN, not h2")
         try:
             await connection.ready
         except BaseException:
-            connection.ready.cancel()
             transport.close()
             raise
         self.opened += 1

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-import typing
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -132,7 +131,8 @@ class _Protocol(asyncio.Protocol):
         self.answering: set[asyncio.Future[None]] = set()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = typing.cast(asyncio.Transport, transport)  # uvloop's are not its subclasses
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
         self.h2.initiate_connection()
         if self.server.max_streams is not None:
             self.h2.update_settings({SettingCodes.MAX_CONCURRENT_STREAMS: self.server.max_streams})

@@ -13,7 +13,6 @@ from pathlib import Path
 import hpack
 import orjson
 import pytest
-import uvloop
 
 from resolver import protobuf
 from resolver.http2 import (
@@ -266,19 +265,3 @@ def test_disable_http2_is_honoured_like_client_go() -> None:
     assert http2_allowed({}) is True
     assert http2_allowed({"DISABLE_HTTP2": "true"}) is False
     assert KubeREST("http://127.0.0.1:1", http2=True).protocol == "http/1.1"  # no TLS: no h2c
-
-
-def test_it_runs_on_uvloop_as_the_services_do(tmp_path: Path) -> None:
-    async def main() -> tuple[list[dict[str, object]], int]:
-        server = H2Server(tmp_path)
-        await server.start()
-        try:
-            async with _rest(server) as rest:
-                answers = await asyncio.gather(*(rest.get_pod("default", f"p-{i}") for i in range(50)))
-                await rest.create_binding("default", "p", "u", "n")
-            return answers, server.connections
-        finally:
-            await server.stop()
-
-    answers, connections = uvloop.run(main())
-    assert answers[7] == {"kind": "Pod", "metadata": {"name": "p-7"}} and connections == 1
