@@ -1,5 +1,4 @@
-"""A lean apiserver client for the hot path: HTTP/2 (`resolver.http2`, many requests in flight on one connection)
-when the apiserver offers it over TLS, else a pool of keep-alive HTTP/1.1 connections (`resolver.http1`); orjson
+"""A lean apiserver client for the hot path: a pool of keep-alive HTTP/1.1 connections (`resolver.http1`), orjson
 bodies, no generated models."""
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ from kubernetes_asyncio.config.incluster_config import SERVICE_CERT_FILENAME, SE
 from resolver import protobuf
 from resolver.admission import LANE_LABEL
 from resolver.http1 import Http1Pool
-from resolver.http2 import Http2Client, NoHttp2, alpn_context, encode_header
 from resolver.kube import DEFAULT_REQUEST_TIMEOUT_SECONDS, KubeError, status_message
 
 Json = dict[str, Any]
@@ -89,12 +87,6 @@ def _authorization(configuration: client.Configuration) -> str | None:
     return f"{prefix} {key}" if prefix else str(key)
 
 
-def http2_allowed(environ: Mapping[str, str] | None = None) -> bool:
-    """HTTP/2 unless ``DISABLE_HTTP2`` is set to anything, the switch client-go programs (kube-scheduler among them)
-    honour too."""
-    return not (os.environ if environ is None else environ).get("DISABLE_HTTP2")
-
-
 def _env_proxy(url: str) -> str | None:
     """The proxy the environment names for ``url`` (HTTPS_PROXY / NO_PROXY), resolved once rather than per call."""
     parts = urlsplit(url)
@@ -122,27 +114,18 @@ class KubeREST:
         limit: int = DEFAULT_CONNECTION_LIMIT,
         server_hostname: str | None = None,
         proxy: str | None = None,
-        http2: bool = False,
     ) -> None:
         self.host = host.rstrip("/")
         self._prefix = urlsplit(self.host).path  # an apiserver behind a path prefix
         self._authorization = authorization
-        proxy = proxy if proxy is not None else _env_proxy(self.host)
-        # HTTP/2 over TLS without a proxy; ``tls`` then offers h2 by ALPN, so it must be this client's own.
-        self._h2 = Http2Client(self.host, tls=alpn_context(tls), server_hostname=server_hostname, limit=limit) \
-            if http2 and tls is not None and proxy is None and self.host.startswith("https://") else None
-        self._pool = Http1Pool(self.host, tls=tls, server_hostname=server_hostname, limit=limit, proxy=proxy)
-        # Pseudo-header fields come first in a header block (RFC 9113 8.3).
-        self._h2_pseudo = encode_header(":scheme", "https") + encode_header(":authority", self._h2.authority) \
-            if self._h2 is not None else b""
-        self._h2_common = encode_header("accept", JSON) + encode_header("user-agent", "hoss")
-        self._h2_parts: dict[tuple[str, str], bytes] = {}
+        self._pool = Http1Pool(self.host, tls=tls, server_hostname=server_hostname, limit=limit,
+                               proxy=proxy if proxy is not None else _env_proxy(self.host))
 
     @classmethod
     async def connect(cls, kubeconfig: str | None, *, limit: int = DEFAULT_CONNECTION_LIMIT,
                       context: str | None = None) -> KubeREST:
         """A client from the ``kubeconfig`` file (its current context unless ``context``), or from the pod's
-        service account when None. Both speak HTTP/2 when the apiserver offers it, unless ``DISABLE_HTTP2``."""
+        service account when None."""
         if kubeconfig is None:
             return cls.in_cluster(limit=limit)
         configuration = client.Configuration()
@@ -162,7 +145,6 @@ class KubeREST:
             limit=limit,
             server_hostname=configuration.tls_server_name or None,
             proxy=configuration.proxy or None,
-            http2=http2_allowed(),
         )
 
     @classmethod
@@ -190,7 +172,6 @@ class KubeREST:
             tls=ssl_context(configuration),
             authorization=TokenFile(token_file, reread_seconds=token_reread_seconds),
             limit=limit,
-            http2=http2_allowed(environ),
         )
 
     async def __aenter__(self) -> KubeREST:
@@ -202,15 +183,7 @@ class KubeREST:
         await self.close()
 
     async def close(self) -> None:
-        if self._h2 is not None:
-            await self._h2.close()
         await self._pool.close()
-
-    @property
-    def protocol(self) -> str:
-        """What the calls travel on: "h2", or "http/1.1" (no TLS, a proxy, DISABLE_HTTP2, or an apiserver that did
-        not choose h2)."""
-        return "h2" if self._h2 is not None else "http/1.1"
 
     @property
     def closed(self) -> bool:
@@ -224,27 +197,6 @@ class KubeREST:
         if auth is not None:
             headers += f"Authorization: {auth if isinstance(auth, str) else auth()}\r\n"
         return headers
-
-    def _h2_part(self, name: str, value: str) -> bytes:
-        """One encoded header field of the few that repeat (method, content type, credentials), kept."""
-        part = self._h2_parts.get((name, value))
-        if part is None:
-            if len(self._h2_parts) > 64:  # a rotating token must not grow it without end
-                self._h2_parts.clear()
-            part = self._h2_parts[(name, value)] = encode_header(name, value)
-        return part
-
-    def _h2_block(self, method: str, target: str, content_type: str | None, data: bytes | None) -> bytes:
-        """The HTTP/2 header block of a request: the same fields as the HTTP/1.1 head."""
-        parts = [self._h2_part(":method", method), self._h2_pseudo, encode_header(":path", target), self._h2_common]
-        if content_type is not None:
-            parts.append(self._h2_part("content-type", content_type))
-        auth = self._authorization
-        if auth is not None:
-            parts.append(self._h2_part("authorization", auth if isinstance(auth, str) else auth()))
-        if data is not None:
-            parts.append(encode_header("content-length", str(len(data))))
-        return b"".join(parts)
 
     async def request(
         self,
@@ -265,22 +217,9 @@ class KubeREST:
         target = self._prefix + path
         if params:
             target += ("&" if "?" in target else "?") + urlencode(params)
+        head = self._pool.request_head(method, target, self._headers(content_type if data is not None else None), data)
         deadline = asyncio.get_running_loop().time() + timeout
-        if self._h2 is not None:
-            try:
-                status, payload = await self._h2.request(
-                    self._h2_block(method, target, content_type if data is not None else None, data), data,
-                    deadline=deadline)
-            except NoHttp2:  # nothing was sent; HTTP/1.1 from now on (requests racing this one find the same)
-                h2, self._h2 = self._h2, None
-                if h2 is not None:
-                    await h2.close()
-                return await self.request(method, path, body=body, params=params, content_type=content_type,
-                                          timeout=timeout)
-        else:
-            head = self._pool.request_head(method, target, self._headers(content_type if data is not None else None),
-                                           data)
-            status, payload = await self._pool.request(head, data, no_body=method == "HEAD", deadline=deadline)
+        status, payload = await self._pool.request(head, data, no_body=method == "HEAD", deadline=deadline)
         if not 200 <= status <= 299:
             raise KubeError(f"{status}: {status_message(payload)}", status=status)
         if not payload:
