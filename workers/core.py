@@ -131,6 +131,18 @@ EVENT_POSTS_IN_FLIGHT = 32
 """Events (Scheduled above all, one per bound pod) posted at once: enough that they keep pace with the bindings
 they follow (with 8 they fell minutes behind under load: the bench counted 0.27 per bound pod by its last binding,
 kube-scheduler 1.0), so `kubectl describe pod` shows them promptly and their cost falls where it is caused."""
+OTHER_REQUESTS_IN_FLIGHT = 8
+"""Room in a worker's apiserver connection pool beyond its bindings and events: status patches, preemption,
+reservations and access reviews."""
+
+
+def apiserver_requests_in_flight(settings: WorkerSettings) -> int:
+    """How many requests a worker's apiserver client carries at once: every binding ``max_binds_in_flight`` lets it
+    post, its events, and the rest. Each is one HTTP/1.1 connection; a pool smaller than this would silently cap the
+    bindings below the setting (it did: a fixed 100 until 2026-11-24)."""
+    return settings.max_binds_in_flight + EVENT_POSTS_IN_FLIGHT + OTHER_REQUESTS_IN_FLIGHT
+
+
 IDLE_WAKE_SECONDS = 5.0
 """Longest a loop of the worker sleeps waiting for its event (work, a retry, acknowledgements): every wait ends
 when its event is set, and stopping sets them all; the timeout is only a safety net, so an idle worker wakes up

@@ -12,14 +12,14 @@ from aiohttp import web
 from resolver.access import TokenAccess
 from resolver.rest import KubeREST
 from resolver.settings import run_service
-from workers.core import Pipelined, Worker, connect_redis
+from workers.core import Pipelined, Worker, apiserver_requests_in_flight, connect_redis
 from workers.server import build_app
 from workers.settings import WorkerSettings
 
 
 async def serve(settings: WorkerSettings) -> int:
     """Run until SIGTERM or SIGINT (0) or until a loop is dead (1)."""
-    rest = await KubeREST.connect(settings.kubeconfig)
+    rest = await KubeREST.connect(settings.kubeconfig, limit=apiserver_requests_in_flight(settings))
     redis = connect_redis(settings.redis_url)
     pipelined = Pipelined.connect(settings.redis_url)
     worker = Worker(settings, redis=redis, rest=rest, pipelined=pipelined)

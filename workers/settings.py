@@ -49,7 +49,9 @@ class WorkerSettings(AccessSettings):
     """Most bindings this worker posts at once (its share of ``binds_in_flight_budget`` never exceeds it). The
     default, 200, lets a lone worker use the whole budget: with 64 its pods queued behind its bindings (hoss-1w's
     p99 latency in the 2026-11-23 08:28 bench was twice kube-scheduler's), and with 100 they still waited for a
-    binding slot under an apiserver-bound load (docs/architecture.md, "The webhook's connections")."""
+    binding slot under an apiserver-bound load (docs/architecture.md, "The webhook's connections"). The worker's
+    apiserver client holds this many requests at once and room for its events (workers.core.
+    apiserver_requests_in_flight); before 2026-11-24 a fixed 100 capped it, so those runs had at most 100."""
     binds_in_flight_budget: int = Field(default=IDLE_WEBHOOK_CONNECTIONS, ge=0)
     """Bindings in flight across all workers, shared by those with bindings to post (at least 2 each, at most
     ``max_binds_in_flight``; counted at each heartbeat). The default, 200, is what the apiserver keeps open to the

@@ -26,6 +26,8 @@ from resolver.events import (
 from resolver.kube import KubeError
 from resolver.rest import STRATEGIC_MERGE_PATCH, KubeREST, TokenFile
 from tests.unit.tls_apiserver import Seen, TLSApiserver, status
+from workers.core import EVENT_POSTS_IN_FLIGHT, apiserver_requests_in_flight
+from workers.settings import WorkerSettings
 
 
 @pytest.fixture
@@ -308,3 +310,27 @@ async def test_an_event_with_a_field_protobuf_is_not_written_for_goes_as_json(
     await rest.create_event(event)
     [seen] = apiserver.seen
     assert seen.content_type == "application/json" and orjson.loads(seen.body) == event
+
+
+async def test_a_workers_client_carries_every_binding_its_setting_allows(apiserver: TLSApiserver) -> None:
+    # The worker sizes its client from its settings (workers/main.py); a fixed pool of 100 once capped a lone
+    # worker's bindings at 100 whatever --max-binds-in-flight said.
+    settings = WorkerSettings(max_binds_in_flight=150)
+    release = asyncio.Event()
+
+    async def held(seen: Seen) -> web.StreamResponse:
+        await release.wait()
+        return web.json_response({"kind": "Status", "status": "Success", "code": 201}, status=201)
+
+    apiserver.respond = held
+    async with await KubeREST.connect(str(apiserver.kubeconfig()),
+                                      limit=apiserver_requests_in_flight(settings)) as rest:
+        posts = [asyncio.ensure_future(rest.create_binding("default", f"p-{i}", f"u-{i}", "n"))
+                 for i in range(150 + EVENT_POSTS_IN_FLIGHT)]
+        for _ in range(500):
+            if apiserver.in_flight == len(posts):
+                break
+            await asyncio.sleep(0.01)
+        assert apiserver.in_flight == len(posts)  # every binding and event at once, none waiting for a connection
+        release.set()
+        await asyncio.gather(*posts)
