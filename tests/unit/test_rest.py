@@ -25,7 +25,7 @@ from resolver.events import (
 )
 from resolver.kube import KubeError
 from resolver.rest import STRATEGIC_MERGE_PATCH, KubeREST, TokenFile
-from tests.unit.tls_apiserver import Seen, TLSApiserver, status
+from tests.unit.tls_apiserver import Seen, TLSApiserver, status, until
 from workers.core import EVENT_POSTS_IN_FLIGHT, apiserver_requests_in_flight
 from workers.settings import WorkerSettings
 
@@ -327,10 +327,7 @@ async def test_a_workers_client_carries_every_binding_its_setting_allows(apiserv
                                       limit=apiserver_requests_in_flight(settings)) as rest:
         posts = [asyncio.ensure_future(rest.create_binding("default", f"p-{i}", f"u-{i}", "n"))
                  for i in range(150 + EVENT_POSTS_IN_FLIGHT)]
-        for _ in range(500):
-            if apiserver.in_flight == len(posts):
-                break
-            await asyncio.sleep(0.01)
+        await until(lambda: apiserver.in_flight == len(posts), deadline=5.0)
         assert apiserver.in_flight == len(posts)  # every binding and event at once, none waiting for a connection
         release.set()
         await asyncio.gather(*posts)
