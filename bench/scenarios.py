@@ -235,8 +235,9 @@ class Bench:
         return processes
 
     def _wait_routed(self, ids: Sequence[str], *, timeout: float = 30.0) -> None:
-        """Until the dispatcher's /status lists every worker of ``ids`` alive (it routes only to workers whose
-        heartbeat it has read): hoss is up before its pods arrive, as kube-scheduler is."""
+        """Until the dispatcher's /status lists every worker of ``ids`` on its routing list (read once a round;
+        new pods also make it read the heartbeats again): hoss is up before its pods arrive, as kube-scheduler
+        is."""
         assert self.dispatcher is not None
         url = f"http://127.0.0.1:{self.dispatcher.port}/status"
         deadline = time.monotonic() + timeout
@@ -245,13 +246,13 @@ class Bench:
             try:
                 with urllib.request.urlopen(url, timeout=5) as response:
                     status = json.loads(response.read())
-                alive = {w["id"] for w in status.get("workers", []) if w.get("alive")}
+                alive = {w["id"] for w in status.get("workers", []) if w.get("alive") and w.get("routed")}
             except (OSError, ValueError):
                 alive = set()
             if alive >= set(ids):
                 return
             time.sleep(0.2)
-        raise RuntimeError(f"the dispatcher did not see workers {sorted(set(ids) - alive)} alive within "
+        raise RuntimeError(f"the dispatcher did not route to workers {sorted(set(ids) - alive)} within "
                            f"{timeout:.0f} s; read {self.dispatcher.log}")
 
     def stop(self, processes: Sequence[Process]) -> None:

@@ -71,8 +71,12 @@ def render(status: SystemStatus, *, url: str) -> str:
                  f"{'conflicts':>11}{'heartbeat':>11}")
     for w in status.workers:
         beat = f"{w.heartbeat_age_seconds:.1f}s" if w.heartbeat_age_seconds is not None else "-"
-        lines.append(f"  {w.id:<22}{'yes' if w.alive else 'NO':<7}{','.join(w.policies):<24}{w.queue_depth:>7}"
+        alive = "NO" if not w.alive else "yes*" if w.routed is False else "yes"
+        lines.append(f"  {w.id:<22}{alive:<7}{','.join(w.policies):<24}{w.queue_depth:>7}"
                      f"{w.in_flight:>11}{w.counters.get('bound', 0):>8}{w.counters.get('conflicts', 0):>11}{beat:>11}")
+    if any(w.alive and w.routed is False for w in status.workers):
+        lines.append("  * alive but not sent new pods: stalled, an unhealthy loop, or started since the leader's "
+                     "last read of the heartbeats")
     if status.ledger is not None:
         ledger = status.ledger
         lines.append("")

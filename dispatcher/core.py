@@ -590,9 +590,10 @@ class Dispatcher:
         return stalled
 
     async def _look_again(self) -> bool:
-        """Read the workers' heartbeats again before passing over a busier worker, unless they were read within
-        FRESH_BEATS_SECONDS: the view is up to a round old, and a worker that started deciding since (its first
-        beat with a rate comes right after its first batch) may well keep up. True when they were read."""
+        """Read the workers' heartbeats again before passing over a busier worker or parking a pod no listed
+        worker serves, unless they were read within FRESH_BEATS_SECONDS: the view is up to a round old, and a
+        worker that started deciding since (its first beat with a rate comes right after its first batch) may well
+        keep up, as a worker that started since may serve the pod. True when they were read."""
         if self._clock() - self._beats_read_at < FRESH_BEATS_SECONDS:
             return False
         live, _dead = await self.queue.workers()
@@ -684,18 +685,23 @@ class Dispatcher:
         backlog = self.backlog()
         sent = 0
         batch: list[tuple[str, WorkItem]] = []
+
+        def choose(policy: str) -> WorkerInfo | None:
+            return choose_worker(self.workers, policy, loads=loads, rng=self._rng,
+                                 pack_depth=self.settings.pack_depth, backlog=backlog)
+
         for item in [*map(self._with_hints, plan_work_items(singles, attempts=self._attempts)), *gang_items]:
             uids = item_uids(item)
-            worker = choose_worker(self.workers, item.policy, loads=loads, rng=self._rng,
-                                   pack_depth=self.settings.pack_depth, backlog=backlog)
-            if (worker is not None and any(count > loads.get(worker.id, 0) for count in loads.values())
+            worker = choose(item.policy)
+            # Read the heartbeats again (at most every FRESH_BEATS_SECONDS) before passing over a busier worker
+            # (it may keep up after all) or parking the pod (a worker that started since the round may serve it:
+            # a fresh worker's first pods otherwise waited up to a round, most of its first second).
+            if ((worker is None or any(count > loads.get(worker.id, 0) for count in loads.values()))
                     and await self._look_again()):
-                # About to pass over a busier worker (it looks behind): on a fresh view of its rate first.
                 backlog = self.backlog()
                 for worker_id, assigned in batch:  # chosen in this burst, not sent yet
                     backlog[worker_id] = backlog.get(worker_id, 0) + len(item_uids(assigned))
-                worker = choose_worker(self.workers, item.policy, loads=loads, rng=self._rng,
-                                       pack_depth=self.settings.pack_depth, backlog=backlog)
+                worker = choose(item.policy)
             if worker is None:
                 for uid in uids:
                     self._wait(by_uid[uid])

@@ -88,6 +88,7 @@ async def gather_status(state: ServiceState) -> SystemStatus:
         throughput=dispatcher.throughput(),
         live=live,
         dead=dead,
+        routed={worker.id for worker in dispatcher.workers} if state.elector.is_leader else None,
         dispatched=dispatched,
         snapshot=snapshot,
         resolver_stats=stats,

@@ -63,6 +63,10 @@ class WorkerStatus(_Model):
     """Policy profiles the worker serves."""
     alive: bool
     """False: registered but its heartbeat expired; its work is moved on the leader's next reclaim."""
+    routed: bool | None = None
+    """True: on the leader's routing list, so new pods go to it. An alive worker is off the list when it stalled,
+    reports an unhealthy loop, or started after the list was last read (new pods make the leader read it again).
+    None on a dispatcher that is not the leader (it routes nothing)."""
     queue_depth: int
     """Items the worker holds and has not started, from its heartbeat."""
     in_flight: int
@@ -388,13 +392,16 @@ class BoundRate:
 
 
 def worker_statuses(
-    live: Sequence[WorkerInfo], dead: Collection[str], *, dispatched: Mapping[str, str], now_unix: float
+    live: Sequence[WorkerInfo], dead: Collection[str], *, dispatched: Mapping[str, str], now_unix: float,
+    routed: Collection[str] | None = None,
 ) -> list[WorkerStatus]:
-    """Live workers and registered-but-dead ones, by id, with what the dispatched map assigns each."""
+    """Live workers and registered-but-dead ones, by id, with what the dispatched map assigns each; ``routed``:
+    the ids on the leader's routing list (None when this dispatcher is not the leader)."""
     outstanding = collections.Counter(dispatched.values())
     rows = [
         WorkerStatus(
-            id=w.id, policies=list(w.policies), alive=True, queue_depth=w.queue_depth, in_flight=w.in_flight,
+            id=w.id, policies=list(w.policies), alive=True, routed=None if routed is None else w.id in routed,
+            queue_depth=w.queue_depth, in_flight=w.in_flight,
             outstanding=outstanding[w.id], heartbeat_age_seconds=round(max(now_unix - w.heartbeat_unix, 0.0), 3),
             counters=dict(w.counters),
         )
@@ -402,8 +409,8 @@ def worker_statuses(
     ]
     rows += [
         WorkerStatus(
-            id=worker_id, policies=[], alive=False, queue_depth=0, in_flight=0, outstanding=outstanding[worker_id],
-            heartbeat_age_seconds=None, counters={},
+            id=worker_id, policies=[], alive=False, routed=None if routed is None else False, queue_depth=0,
+            in_flight=0, outstanding=outstanding[worker_id], heartbeat_age_seconds=None, counters={},
         )
         for worker_id in dead
     ]
@@ -632,6 +639,7 @@ def build_status(
     throughput: ThroughputStatus,
     live: Sequence[WorkerInfo] = (),
     dead: Collection[str] = (),
+    routed: Collection[str] | None = None,
     dispatched: Mapping[str, str] | None = None,
     snapshot: LedgerSnapshot | None = None,
     resolver_stats: Mapping[str, Mapping[str, str]] | None = None,
@@ -649,7 +657,7 @@ def build_status(
         leader_identity=leader_identity,
         generated_unix=round(now, 3),
         redis="ok" if redis_error is None else f"unreachable: {redis_error}",
-        workers=worker_statuses(live, dead, dispatched=dispatched or {}, now_unix=now),
+        workers=worker_statuses(live, dead, dispatched=dispatched or {}, now_unix=now, routed=routed),
         queues=queues,
         throughput=throughput,
         conflicts=sum(w.counters.get("conflicts", 0) for w in live),

@@ -22,7 +22,7 @@ import redis.asyncio
 from aiohttp import web
 
 from dispatcher import reservations as dispatcher_reservations
-from dispatcher.core import Dispatcher, cancel_and_wait, no_worker_message, run_roles
+from dispatcher.core import FRESH_BEATS_SECONDS, Dispatcher, cancel_and_wait, no_worker_message, run_roles
 from dispatcher.intake import PendingPod
 from dispatcher.leader import LeaderElector
 from dispatcher.queue import WorkerInfo, WorkItem, WorkQueue, queue_key
@@ -382,6 +382,7 @@ async def test_status_reports_workers_queues_ledger_and_summed_resolver_verdicts
     dispatcher = await make_dispatcher(queue, [pending_pod(1), pending_pod(2, policy="gpu")], notifier=notifier)
     await dispatcher.tick()
     await asyncio.sleep(DYING_SECONDS + 0.2)
+    await beat(queue, "late")  # after the leader's last read: alive, not yet on its routing list
     runner, url = await serve_status(ServiceState(
         settings=dispatcher.settings, dispatcher=dispatcher, elector=elector, redis=client, ledger=ledger))
     try:
@@ -399,8 +400,10 @@ async def test_status_reports_workers_queues_ledger_and_summed_resolver_verdicts
     assert status.version == 1 and status.leader and status.identity == "test-dispatcher"
     assert status.redis == "ok"
     workers = {w.id: w for w in status.workers}
-    assert set(workers) == {"a", "b", "gone"}
+    assert set(workers) == {"a", "b", "gone", "late"}
     assert not workers["gone"].alive and workers["gone"].heartbeat_age_seconds is None
+    assert {w.id: (w.alive, w.routed) for w in status.workers} == {
+        "a": (True, True), "b": (True, True), "gone": (False, False), "late": (True, False)}
     assert (workers["a"].queue_depth, workers["a"].in_flight) == (2, 1)
     assert sum(w.outstanding for w in status.workers) == 1
     assert status.conflicts == 5
@@ -599,3 +602,33 @@ async def test_before_engaging_another_worker_the_dispatcher_reads_the_busy_ones
     await dispatcher.dispatch_pending(fresh_only=True)
     owners = await queue.dispatched()
     assert [owners[f"uid-{n}"] for n in range(70, 120)] == ["w2"] * 50, "read again: w2 keeps up"
+
+
+async def test_a_worker_that_started_since_the_last_round_gets_new_pods_before_the_next_round(
+    queue: WorkQueue,
+) -> None:
+    """The routing list is read once a round (a second by default). A worker that starts between rounds must not
+    leave the pods that arrive meanwhile waiting for the next round: before parking a pod no listed worker serves,
+    the dispatcher reads the heartbeats again (unless it read them less than FRESH_BEATS_SECONDS ago)."""
+    clock = [100.0]
+    dispatcher = Dispatcher(queue=queue, settings=settings(), rng=random.Random(13), clock=lambda: clock[0])
+    dispatcher.synced.set()
+    await dispatcher.tick()  # a round with no worker at all
+    assert dispatcher.workers == []
+
+    await beat(queue, "fresh")
+    clock[0] += FRESH_BEATS_SECONDS / 2  # read too recently to read again: the pod waits for a worker
+    await dispatcher.on_event("ADDED", pending_pod(1))
+    assert await dispatcher.dispatch_pending(fresh_only=True) == 0
+    assert [row.pod for row in dispatcher.queue_status().waiting_for_worker] == ["team/pod-1"]
+
+    clock[0] += FRESH_BEATS_SECONDS
+    for n in range(2, 6):
+        await dispatcher.on_event("ADDED", pending_pod(n))
+    assert await dispatcher.dispatch_pending(fresh_only=True) == 4, "sent at once, no round in between"
+    assert await stream_uids(queue, "fresh") == [f"uid-{n}" for n in range(2, 6)]
+    assert [worker.id for worker in dispatcher.workers] == ["fresh"]
+
+    await dispatcher.tick()  # the pod that arrived before the worker was seen goes with the next round
+    assert sorted(await stream_uids(queue, "fresh")) == sorted(f"uid-{n}" for n in range(1, 6))
+    assert dispatcher.queue_status().waiting_for_worker == []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from deploy.status import readable_totals, render
-from dispatcher.status import LedgerStatus, QueueStatus, ResourceTotal, SystemStatus, ThroughputStatus
+from dispatcher.status import LedgerStatus, QueueStatus, ResourceTotal, SystemStatus, ThroughputStatus, WorkerStatus
 
 GIB = 1 << 30
 
@@ -44,3 +44,22 @@ def test_render_prints_one_unit_per_resource_line() -> None:
     memory = next(line for line in lines if line.strip().startswith("memory"))
     assert cpu.split() == ["cpu", "1,001.75", "/", "2,560", "cores", "(39%", "used)"]
     assert memory.split() == ["memory", "512", "/", "10,240", "GiB", "(5%", "used)"]
+
+
+def test_render_marks_a_live_worker_the_leader_does_not_route_to() -> None:
+    def worker(worker_id: str, *, alive: bool, routed: bool | None) -> WorkerStatus:
+        return WorkerStatus(id=worker_id, policies=["default"], alive=alive, routed=routed, queue_depth=0,
+                            in_flight=0, outstanding=0, heartbeat_age_seconds=0.5 if alive else None, counters={})
+
+    status = SystemStatus(
+        leader=True, identity="d1", leader_identity="d1", redis="ok", conflicts=0,
+        workers=[worker("w-routed", alive=True, routed=True), worker("w-new", alive=True, routed=False),
+                 worker("w-dead", alive=False, routed=False), worker("w-unknown", alive=True, routed=None)],
+        queues=QueueStatus(pending_total=0, undispatched=0, waiting_for_worker=[]),
+        throughput=ThroughputStatus(bound_per_second_1m=0.0, dispatched_total=0, bound_total=0),
+        ledger=None, resolver=None,
+    )
+    lines = render(status, url="http://x/status").splitlines()
+    alive = {line.split()[0]: line.split()[1] for line in lines if line.strip().startswith("w-")}
+    assert alive == {"w-routed": "yes", "w-new": "yes*", "w-dead": "NO", "w-unknown": "yes"}
+    assert sum("* alive but not sent new pods" in line for line in lines) == 1
