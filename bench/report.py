@@ -9,7 +9,7 @@ import os
 import platform
 import re
 import statistics
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +67,7 @@ def table(results: dict[str, Any]) -> str:
                          f"{max(len(runs) for runs in repeated.values())}, interleaved (kube-scheduler alone and "
                          "hoss alone in each round, which goes first alternating); pods/s of every run in order:")
             lines.extend(f"     {system}: " + " / ".join(_number(value, 0) for value in runs)
-                         for system, runs in repeated.items())
+                         + _run_latencies(tput[system]) for system, runs in repeated.items())
             for top, bottom in COMPARED:
                 rounds = per_round(tput, top, bottom)
                 if rounds is not None:
@@ -154,6 +154,15 @@ def _row_value(rows: dict[str, Any], name: str, key: str) -> float | None:
 def _pinned_scaling(tput: dict[str, Any]) -> float | None:
     one, two = (_row_value(tput, f"hoss-{n}w-pinned", "pods_per_second") for n in (1, 2))
     return two / one if one and two is not None else None
+
+
+def _run_latencies(row: Mapping[str, Any]) -> str:
+    """`` (p50 ... ms, p99 ... ms)`` of every run of a repeated row, in order; empty for rows without latencies."""
+    p50, p99 = row.get("runs_p50_ms"), row.get("runs_p99_ms")
+    if not p50 or not p99:
+        return ""
+    return (f"   (p50 {' / '.join(f'{value:,.0f}' for value in p50)} ms, "
+            f"p99 {' / '.join(f'{value:,.0f}' for value in p99)} ms)")
 
 
 def per_round(tput: dict[str, Any], top: str, bottom: str) -> list[float] | None:

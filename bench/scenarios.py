@@ -401,14 +401,18 @@ async def throughput_again(bench: Bench, size: Size) -> dict[str, list[dict[str,
 def take_medians(throughput: dict[str, Any], again: Mapping[str, Sequence[dict[str, Any]]]) -> None:
     """Each row of ``throughput`` measured again becomes its run with the median pods/s (of an even count, the
     lower of the middle two), all its figures from that one run, with every run's pods/s in ``runs_pods_per_second``
-    (in the order they ran)."""
+    (in the order they ran), and, for rows with latencies, every run's p50 and p99 in ``runs_p50_ms`` and
+    ``runs_p99_ms``: the median run by pods/s need not be the median by latency."""
     for name, later in again.items():
         if name not in throughput or not later:
             continue
         runs = [throughput[name], *later]
         ranked = sorted(runs, key=lambda row: float(row.get("pods_per_second") or 0.0))
-        throughput[name] = {**ranked[(len(ranked) - 1) // 2],
-                            "runs_pods_per_second": [row.get("pods_per_second") for row in runs]}
+        row = {**ranked[(len(ranked) - 1) // 2], "runs_pods_per_second": [run.get("pods_per_second") for run in runs]}
+        for key in ("p50_ms", "p99_ms"):
+            if all(isinstance(run.get(key), int | float) for run in runs):
+                row[f"runs_{key}"] = [run[key] for run in runs]
+        throughput[name] = row
 
 
 def _round(size: Size, again: int) -> str:

@@ -163,6 +163,9 @@ def test_a_row_measured_again_is_its_median_run_and_the_targets_read_that() -> N
     assert kube["pods_per_second"] == 230 and kube["p99_ms"] == 700
     assert kube["cpu_per_1000_pods"] == {"kube-scheduler": 3.0}
     assert kube["runs_pods_per_second"] == [200, 260, 230] and "runs_pods_per_second" not in first_kube
+    # Every run's latencies too, in the order they ran (the first run's p99 comes from _results()).
+    assert kube["runs_p99_ms"] == [first_kube["p99_ms"], 800, 700]
+    assert kube["runs_p50_ms"] == [first_kube["p50_ms"], 800 / 3, 700 / 3]
     # 220, 180, 240, 210 (even): the lower of the middle two.
     assert throughput["hoss-1w"]["pods_per_second"] == 210
     assert "hoss-9w" not in throughput and "runs_pods_per_second" not in throughput["hoss-4w"]
@@ -171,6 +174,9 @@ def test_a_row_measured_again_is_its_median_run_and_the_targets_read_that() -> N
     text = report.table(results)
     assert "kube-scheduler, hoss-1w: the run with the median pods/s of 4" in text
     assert "     kube-scheduler: 200.0 / 260.0 / 230.0" in text
+    kube_line = next(line for line in text.splitlines() if line.startswith("     kube-scheduler: "))
+    assert kube_line.endswith(f"(p50 {first_kube['p50_ms']:,.0f} / 267 / 233 ms, "
+                              f"p99 {first_kube['p99_ms']:,.0f} / 800 / 700 ms)"), kube_line
     assert "     hoss-1w: 220.0 / 180.0 / 240.0 / 210.0" in text
 
 
