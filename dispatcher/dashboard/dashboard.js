@@ -232,7 +232,12 @@ function renderWorkers(status, fetchedAt) {
     }
     rows.push(el("tr", { class: w.alive ? "" : "dead", "data-worker": w.id, "data-alive": String(w.alive) },
       el("td", { text: w.id }),
-      el("td", { text: w.alive ? "yes" : "DEAD" }),
+      // routed false: alive but not sent new pods (stalled, an unhealthy loop, or started since the leader's last
+      // read of the heartbeats); null on a dispatcher that is not the leader.
+      w.alive && w.routed === false
+        ? el("td", { text: "yes, not routed", title: "alive, but the leader sends it no new pods: stalled, an "
+            + "unhealthy loop, or started since it last read the heartbeats" })
+        : el("td", { text: w.alive ? "yes" : "DEAD" }),
       el("td", { text: w.policies.join(", ") || "–" }),
       el("td", { class: "num", text: fmtInt(w.queue_depth) }),
       el("td", { class: "num", text: fmtInt(w.in_flight) }),

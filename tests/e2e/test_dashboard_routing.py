@@ -1,0 +1,67 @@
+"""The dashboard's worker table says which live workers the leader does not send new pods to (``routed`` false in
+/status), in a real browser (Debian's headless Chromium), from a /status document served as the dispatcher would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from aiohttp import web
+
+from deploy.local.cluster import wait_until
+from dispatcher.server import DASHBOARD_KEY, dashboard, load_dashboard
+from dispatcher.status import QueueStatus, SystemStatus, ThroughputStatus, WorkerStatus
+from tests.e2e.browser import Page
+
+READ_WORKERS = """(() => {
+  const table = document.querySelector('[data-testid="workers"]');
+  if (!table || document.body.dataset.loaded !== "true") return null;
+  return Object.fromEntries([...table.querySelectorAll("tr[data-worker]")].map(
+    (row) => [row.dataset.worker, row.children[1].textContent]));
+})()"""
+
+
+def worker(worker_id: str, *, alive: bool, routed: bool | None) -> WorkerStatus:
+    return WorkerStatus(id=worker_id, policies=["default"], alive=alive, routed=routed, queue_depth=0, in_flight=0,
+                        outstanding=0, heartbeat_age_seconds=0.4 if alive else None, counters={"bound": 3})
+
+
+def status() -> SystemStatus:
+    return SystemStatus(
+        leader=True, identity="d1", leader_identity="d1", redis="ok", conflicts=0, generated_unix=time.time(),
+        workers=[worker("w-routed", alive=True, routed=True), worker("w-new", alive=True, routed=False),
+                 worker("w-dead", alive=False, routed=False)],
+        queues=QueueStatus(pending_total=0, undispatched=0, waiting_for_worker=[]),
+        throughput=ThroughputStatus(bound_per_second_1m=0.0, dispatched_total=9, bound_total=9),
+        ledger=None, resolver=None,
+    )
+
+
+async def test_a_live_worker_the_leader_does_not_route_to_is_marked(browser: Page) -> None:
+    async def serve_status(_request: web.Request) -> web.Response:
+        return web.Response(body=status().model_dump_json(), content_type="application/json")
+
+    app = web.Application()
+    app[DASHBOARD_KEY] = load_dashboard()
+    app.router.add_get("/", dashboard)
+    app.router.add_get("/dashboard/{name}", dashboard)
+    app.router.add_get("/status", serve_status)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    host, port, *_ = runner.addresses[0]
+    try:
+        await browser.open(f"http://{host}:{port}/", width=1366, height=768)
+        shown: dict[str, str] = {}
+
+        async def read() -> tuple[bool, str]:
+            shown.update(await browser.evaluate(READ_WORKERS) or {})
+            return len(shown) == 3, f"rows shown: {shown}"
+
+        await wait_until(read, timeout=30, interval=0.2, what="the dashboard's worker table")
+    finally:
+        await asyncio.wait_for(runner.cleanup(), 10)
+
+    assert shown == {"w-routed": "yes", "w-new": "yes, not routed", "w-dead": "DEAD"}
+    assert browser.errors == [], browser.errors
