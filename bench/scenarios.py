@@ -241,18 +241,18 @@ class Bench:
         assert self.dispatcher is not None
         url = f"http://127.0.0.1:{self.dispatcher.port}/status"
         deadline = time.monotonic() + timeout
-        alive: set[str] = set()
+        routed: set[str] = set()
         while time.monotonic() < deadline:
             try:
                 with urllib.request.urlopen(url, timeout=5) as response:
                     status = json.loads(response.read())
-                alive = {w["id"] for w in status.get("workers", []) if w.get("alive") and w.get("routed")}
+                routed = {w["id"] for w in status.get("workers", []) if w.get("routed")}
             except (OSError, ValueError):
-                alive = set()
-            if alive >= set(ids):
+                routed = set()
+            if routed >= set(ids):
                 return
             time.sleep(0.2)
-        raise RuntimeError(f"the dispatcher did not route to workers {sorted(set(ids) - alive)} within "
+        raise RuntimeError(f"the dispatcher did not route to workers {sorted(set(ids) - routed)} within "
                            f"{timeout:.0f} s; read {self.dispatcher.log}")
 
     def stop(self, processes: Sequence[Process]) -> None:

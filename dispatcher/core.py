@@ -693,9 +693,6 @@ class Dispatcher:
         for item in [*map(self._with_hints, plan_work_items(singles, attempts=self._attempts)), *gang_items]:
             uids = item_uids(item)
             worker = choose(item.policy)
-            # Read the heartbeats again (at most every FRESH_BEATS_SECONDS) before passing over a busier worker
-            # (it may keep up after all) or parking the pod (a worker that started since the round may serve it:
-            # a fresh worker's first pods otherwise waited up to a round, most of its first second).
             if ((worker is None or any(count > loads.get(worker.id, 0) for count in loads.values()))
                     and await self._look_again()):
                 backlog = self.backlog()

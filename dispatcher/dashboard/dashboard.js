@@ -219,6 +219,9 @@ function renderChart(status) {
   box.replaceChildren(chart);
 }
 
+const NOT_ROUTED = "alive, but the leader sends it no new pods: stalled, an unhealthy loop, or started since it "
+  + "last read the heartbeats";
+
 function renderWorkers(status, fetchedAt) {
   const rows = [];
   const nextCounters = new Map();
@@ -230,14 +233,10 @@ function renderWorkers(status, fetchedAt) {
     if (w.alive && before && fetchedAt > before.at && bound >= before.bound) {
       rate = fmtRate((bound - before.bound) / ((fetchedAt - before.at) / 1000));
     }
+    const unrouted = w.alive && w.routed === false;  // routed is null on a dispatcher that is not the leader
     rows.push(el("tr", { class: w.alive ? "" : "dead", "data-worker": w.id, "data-alive": String(w.alive) },
       el("td", { text: w.id }),
-      // routed false: alive but not sent new pods (stalled, an unhealthy loop, or started since the leader's last
-      // read of the heartbeats); null on a dispatcher that is not the leader.
-      w.alive && w.routed === false
-        ? el("td", { text: "yes, not routed", title: "alive, but the leader sends it no new pods: stalled, an "
-            + "unhealthy loop, or started since it last read the heartbeats" })
-        : el("td", { text: w.alive ? "yes" : "DEAD" }),
+      el("td", unrouted ? { text: "yes, not routed", title: NOT_ROUTED } : { text: w.alive ? "yes" : "DEAD" }),
       el("td", { text: w.policies.join(", ") || "–" }),
       el("td", { class: "num", text: fmtInt(w.queue_depth) }),
       el("td", { class: "num", text: fmtInt(w.in_flight) }),

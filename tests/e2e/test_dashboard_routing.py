@@ -11,8 +11,8 @@ from aiohttp import web
 
 from deploy.local.cluster import wait_until
 from dispatcher.server import DASHBOARD_KEY, dashboard, load_dashboard
-from dispatcher.status import QueueStatus, SystemStatus, ThroughputStatus, WorkerStatus
 from tests.e2e.browser import Page
+from tests.unit.test_status_text import status_with, worker_row
 
 READ_WORKERS = """(() => {
   const table = document.querySelector('[data-testid="workers"]');
@@ -22,25 +22,13 @@ READ_WORKERS = """(() => {
 })()"""
 
 
-def worker(worker_id: str, *, alive: bool, routed: bool | None) -> WorkerStatus:
-    return WorkerStatus(id=worker_id, policies=["default"], alive=alive, routed=routed, queue_depth=0, in_flight=0,
-                        outstanding=0, heartbeat_age_seconds=0.4 if alive else None, counters={"bound": 3})
-
-
-def status() -> SystemStatus:
-    return SystemStatus(
-        leader=True, identity="d1", leader_identity="d1", redis="ok", conflicts=0, generated_unix=time.time(),
-        workers=[worker("w-routed", alive=True, routed=True), worker("w-new", alive=True, routed=False),
-                 worker("w-dead", alive=False, routed=False)],
-        queues=QueueStatus(pending_total=0, undispatched=0, waiting_for_worker=[]),
-        throughput=ThroughputStatus(bound_per_second_1m=0.0, dispatched_total=9, bound_total=9),
-        ledger=None, resolver=None,
-    )
-
-
 async def test_a_live_worker_the_leader_does_not_route_to_is_marked(browser: Page) -> None:
     async def serve_status(_request: web.Request) -> web.Response:
-        return web.Response(body=status().model_dump_json(), content_type="application/json")
+        status = status_with([worker_row("w-routed", alive=True, routed=True),
+                              worker_row("w-new", alive=True, routed=False),
+                              worker_row("w-dead", alive=False, routed=False)])
+        status.generated_unix = time.time()
+        return web.Response(body=status.model_dump_json(), content_type="application/json")
 
     app = web.Application()
     app[DASHBOARD_KEY] = load_dashboard()

@@ -46,19 +46,27 @@ def test_render_prints_one_unit_per_resource_line() -> None:
     assert memory.split() == ["memory", "512", "/", "10,240", "GiB", "(5%", "used)"]
 
 
-def test_render_marks_a_live_worker_the_leader_does_not_route_to() -> None:
-    def worker(worker_id: str, *, alive: bool, routed: bool | None) -> WorkerStatus:
-        return WorkerStatus(id=worker_id, policies=["default"], alive=alive, routed=routed, queue_depth=0,
-                            in_flight=0, outstanding=0, heartbeat_age_seconds=0.5 if alive else None, counters={})
+def worker_row(worker_id: str, *, alive: bool, routed: bool | None) -> WorkerStatus:
+    """A /status worker row with nothing queued (also used by tests/e2e/test_dashboard_routing.py)."""
+    return WorkerStatus(id=worker_id, policies=["default"], alive=alive, routed=routed, queue_depth=0, in_flight=0,
+                        outstanding=0, heartbeat_age_seconds=0.5 if alive else None, counters={})
 
-    status = SystemStatus(
-        leader=True, identity="d1", leader_identity="d1", redis="ok", conflicts=0,
-        workers=[worker("w-routed", alive=True, routed=True), worker("w-new", alive=True, routed=False),
-                 worker("w-dead", alive=False, routed=False), worker("w-unknown", alive=True, routed=None)],
+
+def status_with(workers: list[WorkerStatus]) -> SystemStatus:
+    """A leader's /status with these workers and nothing else."""
+    return SystemStatus(
+        leader=True, identity="d1", leader_identity="d1", redis="ok", conflicts=0, workers=workers,
         queues=QueueStatus(pending_total=0, undispatched=0, waiting_for_worker=[]),
         throughput=ThroughputStatus(bound_per_second_1m=0.0, dispatched_total=0, bound_total=0),
         ledger=None, resolver=None,
     )
+
+
+def test_render_marks_a_live_worker_the_leader_does_not_route_to() -> None:
+    status = status_with([
+        worker_row("w-routed", alive=True, routed=True), worker_row("w-new", alive=True, routed=False),
+        worker_row("w-dead", alive=False, routed=False), worker_row("w-unknown", alive=True, routed=None),
+    ])
     lines = render(status, url="http://x/status").splitlines()
     alive = {line.split()[0]: line.split()[1] for line in lines if line.strip().startswith("w-")}
     assert alive == {"w-routed": "yes", "w-new": "yes*", "w-dead": "NO", "w-unknown": "yes"}
