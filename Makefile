@@ -18,7 +18,7 @@ test: deps binaries lint
 	$(BIN)/pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile -m "not chaos" tests/unit tests/integration tests/e2e $(PYTEST_ARGS)
 
 demo: deps binaries
-	$(BIN)/hoss demo
+	$(BIN)/python -m dev demo
 
 venv: $(STAMP)
 
@@ -44,7 +44,7 @@ deps: venv
 # Builds kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd and kwok once into the cache (see
 # README); reuses them after.
 binaries: venv
-	$(BIN)/hoss local build
+	$(BIN)/python -m dev local build
 
 lint: venv
 	$(BIN)/ruff check .
@@ -68,7 +68,7 @@ fuzz: deps venv
 	HOSS_FUZZ_REVIEWS=10000 $(BIN)/pytest -p no:cacheprovider -m fuzz tests/integration $(PYTEST_ARGS)
 
 down: venv
-	$(BIN)/hoss local down
+	$(BIN)/python -m dev local down
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
@@ -77,5 +77,5 @@ clean:
 # control-plane binaries hoss built, Go's build and module caches (`go clean -cache -modcache`: shared with any
 # other Go work of this user), then what `make clean` removes.
 clean-all:
-	if [ -x $(BIN)/hoss ]; then $(BIN)/hoss local clean --go-cache; else echo "no $(BIN)/hoss: local plane and caches left as they are"; fi
+	if [ -x $(BIN)/python ]; then $(BIN)/python -m dev local clean --go-cache; else echo "no $(BIN)/python: local plane and caches left as they are"; fi
 	$(MAKE) clean

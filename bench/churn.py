@@ -36,8 +36,9 @@ from bench.scenarios import (
     Bench,
     gpu_figures,
 )
-from deploy.local.cluster import Cluster, Json, oversold_nodes
-from deploy.local.plane import LocalPlane, PlaneError, Process, default_directory
+from dev.local.cluster import Cluster, oversold_nodes
+from dev.local.plane import LocalPlane, PlaneError, Process, default_directory
+from hoss.model.objects import Json
 
 CHURN_NODES = 24
 SHARE = 0.6

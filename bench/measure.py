@@ -22,9 +22,10 @@ from typing import Any
 import aiohttp
 import numpy as np
 
-from deploy.local.cluster import Cluster, Json, for_each
-from resolver.admission import LANE_LABEL, lane_of
-from resolver.kube import KubeError, list_objects, request_json, watch_objects
+from dev.local.cluster import Cluster, for_each
+from hoss.kube.client import KubeError, list_objects, request_json, watch_objects
+from hoss.model.admission import LANE_LABEL, lane_of
+from hoss.model.objects import Json
 
 log = logging.getLogger(__name__)
 

@@ -25,21 +25,21 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from bench.measure import CpuMeter
-from deploy.local.ports import free_port
+from dev.local.ports import free_port
 from dispatcher.core import Dispatcher, cancel_and_wait
-from dispatcher.queue import WorkQueue
 from dispatcher.settings import DispatcherSettings
-from resolver import compact
-from resolver.ledger import BoundPod, Ledger
-from resolver.redisclient import PipelinedRedis
-from resolver.resources import node_allocatable, pod_requests
-from resolver.settings import run_loop
+from hoss.framework.pod import PodView
+from hoss.ledger.client import BoundPod, Ledger
+from hoss.ledger.redisclient import PipelinedRedis
+from hoss.model import compact
+from hoss.model.objects import Json
+from hoss.model.resources import node_allocatable, pod_requests
+from hoss.queue import WorkQueue
+from hoss.settings import run_loop
 from workers.core import Pipelined, Worker, connect_redis
-from workers.pod import PodView
 from workers.settings import WorkerSettings
 
 BOUND_KEY = "{hoss}:bench:bound"
-Json = dict[str, Any]
 
 
 class SinkBinder:

@@ -6,7 +6,7 @@
    and for aiohttp's web server, each in a process of its own answering the same handler (read the body, answer a
    small JSON), driven by one keep-alive client with 16 connections and an AdmissionReview-sized body (2 KiB);
 2. Redis: CPU of the client per script call (EVALSHA of one small script, 64 calls in flight), for the webhook's
-   pipelined client (`resolver.redisclient`) and for redis-py's asyncio client, against a redis-server of its own.
+   pipelined client (`hoss.ledger.redisclient`) and for redis-py's asyncio client, against a redis-server of its own.
 
 Only CPU seconds are compared (from /proc for the server process, ``time.process_time`` for the client), so a busy
 machine slows the run but changes the figures little.
@@ -31,9 +31,9 @@ from aiohttp import web
 from redis.asyncio import Redis
 
 from bench.measure import cpu_seconds
-from deploy.local.ports import free_port
+from dev.local.ports import free_port
+from hoss.ledger.redisclient import PipelinedRedis
 from resolver.httpserver import HttpServer, Request, Response
-from resolver.redisclient import PipelinedRedis
 
 BODY = b'{"kind":"AdmissionReview","request":{"uid":"' + b"x" * 2000 + b'"}}'
 ANSWER = b'{"allowed":true}'
@@ -120,7 +120,7 @@ async def redis_costs(url: str, calls: int) -> dict[str, float]:
     theirs_script = redis_py.register_script(SCRIPT)
     theirs = await _redis_calls(lambda: theirs_script(keys=["{hoss}:bench:parts"]), calls)
     await redis_py.aclose()
-    return {"resolver.redisclient": ours, "redis-py asyncio": theirs}
+    return {"hoss.ledger.redisclient": ours, "redis-py asyncio": theirs}
 
 
 def main(argv: list[str] | None = None) -> int:

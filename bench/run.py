@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from bench import churn, pipeline, report, scenarios
-from deploy.local import binaries
-from deploy.local.cluster import Cluster
-from deploy.local.plane import POLICIES_FILE, LocalPlane, PlaneError
-from workers.profiles import load_profiles
+from dev.local import binaries
+from dev.local.cluster import Cluster
+from dev.local.plane import POLICIES_FILE, LocalPlane, PlaneError
+from hoss.framework.profiles import load_profiles
 
 
 class ProgressBar:

@@ -34,14 +34,15 @@ from bench.measure import (
     parse_histogram,
     post_bindings,
 )
-from deploy.local.cluster import Cluster, Json, for_each, node_manifest, oversold_nodes, pod_manifest
-from deploy.local.plane import LocalPlane, Process
-from resolver.kube import KubeError, request_json
-from resolver.resources import gpu_spread, node_allocatable, pod_requests
-from workers.framework import Profile, decide
-from workers.nodes import NodeTable, PlacedPod
-from workers.pod import PodView, parse_pod
-from workers.profiles import load_profiles
+from dev.local.cluster import Cluster, for_each, node_manifest, oversold_nodes, pod_manifest
+from dev.local.plane import LocalPlane, Process
+from hoss.framework.cycle import Profile, decide
+from hoss.framework.nodes import NodeTable, PlacedPod
+from hoss.framework.pod import PodView, parse_pod
+from hoss.framework.profiles import load_profiles
+from hoss.kube.client import KubeError, request_json
+from hoss.model.objects import Json
+from hoss.model.resources import gpu_spread, node_allocatable, pod_requests
 
 GPU = "nvidia.com/gpu"
 Progress = Callable[[str, int, int], None]

@@ -36,9 +36,8 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.config.config_exception import ConfigException
 
-from deploy.local import pki
-
-Json = dict[str, Any]
+from deploy import pki
+from hoss.model.objects import Json
 
 DEFAULT_NAMESPACE = "hoss-system"
 DEFAULT_SERVICE = "hoss-resolver"

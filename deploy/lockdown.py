@@ -13,7 +13,7 @@ Two things a cluster needs beyond the resolver's serving certificate (``hoss cer
   passwords, the Secret ``hoss-redis-users`` (the ACL file the bundled Redis loads) and the Secret
   ``hoss-redis-urls`` (one ``redis://<user>:<password>@...`` URL per component, each Deployment's HOSS_REDIS_URL).
 
-Files holding a key or a password are written with mode 0600 from the first byte (`deploy.local.pki.write_private`).
+Files holding a key or a password are written with mode 0600 from the first byte (`deploy.pki.write_private`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import yaml
 
-from deploy.local import pki
+from deploy import pki
 
 COMPONENTS = ("hoss-dispatcher", "hoss-worker", "hoss-resolver", "hoss-rescheduler")
 WEBHOOK_CLIENT_NAME = "kube-apiserver"
@@ -41,7 +41,7 @@ _LEDGER_SCRIPT_COMMANDS = (
     "del exists get set hdel hget hgetall hincrby hlen hset sadd scard sismember smembers smove srem time xadd"
     " xrevrange zadd zrem zrange zrangebyscore zscore"
 )
-"""What the ledger's Lua scripts (resolver/lua) call; Redis checks a script's commands against its caller's ACL
+"""What the ledger's Lua scripts (hoss/ledger/lua) call; Redis checks a script's commands against its caller's ACL
 (tests/unit/test_redis_acl.py checks that this lists every command the scripts call)."""
 _CONNECTION_COMMANDS = "+ping +hello +client|setname +select +evalsha +evalsha_ro +script|load +multi +exec +discard"
 """Every component's connection set-up and script calls (redis-py also sends CLIENT SETINFO, on Redis >= 7.2)."""

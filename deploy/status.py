@@ -7,8 +7,12 @@ import time
 import urllib.error
 import urllib.request
 
-from deploy.local.plane import LocalPlane, PlaneError
 from dispatcher.status import SystemStatus
+
+
+class StatusUnreachable(Exception):
+    """The dispatcher's /status could not be read (the URL and the cause in the message)."""
+
 
 _BYTE_RESOURCES = frozenset({"memory", "ephemeral-storage", "storage"})
 GIB = 1 << 30
@@ -35,15 +39,6 @@ def readable_totals(resource: str, used: int, alloc: int) -> tuple[str, str, str
     return _number(used), _number(alloc), ""
 
 
-def dispatcher_url(plane: LocalPlane) -> str:
-    """The /status URL of the dispatcher running in a local plane."""
-    state = plane.state()
-    for process in state.processes:
-        if process.name.startswith("hoss-dispatcher"):
-            return f"http://127.0.0.1:{process.port}/status"
-    raise PlaneError(f"no hoss-dispatcher runs in the plane in {plane.directory}; start one with `hoss demo`")
-
-
 def fetch(url: str, *, token: str | None = None) -> SystemStatus:
     """/status from ``url``; ``token`` is sent as a bearer token (a dispatcher with --access=kubernetes)."""
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
@@ -51,7 +46,7 @@ def fetch(url: str, *, token: str | None = None) -> SystemStatus:
         with urllib.request.urlopen(request, timeout=5) as response:
             return SystemStatus.model_validate(json.loads(response.read()))
     except (urllib.error.URLError, OSError) as error:
-        raise PlaneError(f"cannot read {url}: {error}") from error
+        raise StatusUnreachable(f"cannot read {url}: {error}") from error
 
 
 def render(status: SystemStatus, *, url: str) -> str:

@@ -58,7 +58,6 @@ from dispatcher.intake import (
     with_namespaces,
 )
 from dispatcher.leader import LeaderElector
-from dispatcher.queue import BOUND_PREFIX, GangMember, WorkerInfo, WorkItem, WorkQueue
 from dispatcher.routing import choose_worker
 from dispatcher.settings import DispatcherSettings
 from dispatcher.spreading import SelectorSources
@@ -73,12 +72,14 @@ from dispatcher.status import (
     gang_view,
     pending_view,
 )
-from resolver import compact, reservations
-from resolver.errors import LedgerUnavailable, PodSpecError
-from resolver.events import pod_event, post_event, set_unschedulable, unschedulable_condition
-from resolver.kube import InformerHandlers, Json, KubeError, request_json
-from resolver.reservations import Reservation
-from resolver.rest import STRATEGIC_MERGE_PATCH
+from hoss.errors import LedgerUnavailable, PodSpecError
+from hoss.kube.client import InformerHandlers, KubeError, request_json
+from hoss.kube.events import pod_event, post_event, reservation_event, set_unschedulable, unschedulable_condition
+from hoss.kube.rest import STRATEGIC_MERGE_PATCH
+from hoss.model import compact, reservations
+from hoss.model.objects import Json
+from hoss.model.reservations import Reservation
+from hoss.queue import BOUND_PREFIX, GangMember, WorkerInfo, WorkItem, WorkQueue
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +181,7 @@ class KubeNotifier:
     async def waiting(self, pod: PendingPod, *, reason: str, message: str) -> None:
         name = pod.annotations.get(reservations.ANNOTATION)
         if name:
-            await post_event(self.core, reservations.event(name, pod.uid, reason=reason, message=message,
+            await post_event(self.core, reservation_event(name, pod.uid, reason=reason, message=message,
                                                            component=COMPONENT, warning=True))
             await write_reservation_status(self.core.api_client, name, reservations.no_worker_status(message),
                                            what="the status")

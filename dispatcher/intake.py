@@ -7,12 +7,12 @@ import datetime
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from dispatcher.queue import WorkItem
 from dispatcher.routing import policy_of
 from dispatcher.spreading import SelectorSources
-from resolver import compact
-from resolver.errors import PodSpecError
-from resolver.kube import Json, section
+from hoss.errors import PodSpecError
+from hoss.model import compact
+from hoss.model.objects import Json, section
+from hoss.queue import WorkItem
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -36,7 +36,7 @@ class PendingPod:
     unschedulable_message: str | None = None
     """Message of the pod's PodScheduled=False condition, if it has one; for /status."""
     compact: str = ""
-    """The pod's compact form (JSON, `resolver.compact`): what its work item carries to the worker."""
+    """The pod's compact form (JSON, `hoss.model.compact`): what its work item carries to the worker."""
     digest: str = ""
     """The version of `compact`; a change while the pod is queued sends the new version after the old."""
     priority: int = 0

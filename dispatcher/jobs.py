@@ -8,7 +8,8 @@ from kubernetes_asyncio import client
 
 from dispatcher import dependencies
 from dispatcher.core import Dispatcher
-from resolver.kube import InformerHandlers, Json, run_informer
+from hoss.kube.client import InformerHandlers, run_informer
+from hoss.model.objects import Json
 
 
 async def watch_jobs(api: client.ApiClient, dispatcher: Dispatcher) -> None:

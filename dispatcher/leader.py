@@ -1,9 +1,9 @@
-"""Leader election on a Lease: moved to `resolver.leader` (the resolver elects its syncing replica too); this module
+"""Leader election on a Lease: moved to `hoss.kube.leader` (the resolver elects its syncing replica too); this module
 re-exports the same names so the dispatcher and its tests keep importing them from here."""
 
 from __future__ import annotations
 
-from resolver.leader import (
+from hoss.kube.leader import (
     MICRO_TIME_FORMAT,
     Action,
     KubeLeaseAPI,

@@ -20,16 +20,16 @@ from dispatcher.intake import pending_pods_selector
 from dispatcher.jobs import watch_jobs
 from dispatcher.leader import KubeLeaseAPI, LeaderElector
 from dispatcher.podgroups import track_gangs, watch_podgroups
-from dispatcher.queue import WorkQueue
 from dispatcher.reservations import end_reservations, watch_reservations
 from dispatcher.server import ServiceState, build_app
 from dispatcher.settings import DispatcherSettings
-from resolver.access import STATUS_PATHS, TokenAccess
-from resolver.kube import api_client, run_informer
-from resolver.ledger import Ledger
-from resolver.redisclient import PipelinedRedis
-from resolver.rest import KubeREST
-from resolver.settings import run_service
+from hoss.kube.access import STATUS_PATHS, TokenAccess
+from hoss.kube.client import api_client, run_informer
+from hoss.kube.rest import KubeREST
+from hoss.ledger.client import Ledger
+from hoss.ledger.redisclient import PipelinedRedis
+from hoss.queue import WorkQueue
+from hoss.settings import run_service
 
 log = logging.getLogger(__name__)
 

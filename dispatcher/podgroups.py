@@ -14,7 +14,8 @@ from kubernetes_asyncio import client
 from dispatcher import dependencies
 from dispatcher.core import STATUS_TIMEOUT_SECONDS, Dispatcher
 from dispatcher.gangs import GangKey, parse_podgroup
-from resolver.kube import InformerHandlers, Json, request_json, run_crd_informer
+from hoss.kube.client import InformerHandlers, request_json, run_crd_informer
+from hoss.model.objects import Json
 
 log = logging.getLogger(__name__)
 

@@ -13,10 +13,11 @@ from typing import Any
 from kubernetes_asyncio import client
 
 from dispatcher.core import Dispatcher, write_reservation_status
-from resolver import reservations
-from resolver.errors import LedgerNotReadyError, LedgerUnavailable, ResolverError
-from resolver.kube import InformerHandlers, Json, run_crd_informer
-from resolver.ledger import Ledger, ReservationShares
+from hoss.errors import HossError, LedgerNotReadyError, LedgerUnavailable
+from hoss.kube.client import InformerHandlers, run_crd_informer
+from hoss.ledger.client import Ledger, ReservationShares
+from hoss.model import reservations
+from hoss.model.objects import Json
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +30,7 @@ def observe(dispatcher: Dispatcher, kind: str, obj: Json) -> None:
     uid = str((obj.get("metadata") or {}).get("uid") or "")
     try:
         parsed = reservations.parse(obj)
-    except ResolverError as error:
+    except HossError as error:
         log.warning("Reservation %s ignored: %s", (obj.get("metadata") or {}).get("name"), error)
         dispatcher.reservations.pop(uid, None)
         return

@@ -20,7 +20,7 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dispatcher.queue import WorkerInfo
+from hoss.queue import WorkerInfo
 
 POLICY_LABEL = "hoss.io/policy"
 

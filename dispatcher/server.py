@@ -17,13 +17,13 @@ from redis.exceptions import RedisError
 
 from dispatcher.core import STATUS_TIMEOUT_SECONDS, Dispatcher
 from dispatcher.leader import LeaderElector
-from dispatcher.queue import WorkerInfo
 from dispatcher.settings import DispatcherSettings
 from dispatcher.status import RESOLVER_STATS_MATCH, SystemStatus, build_status, resolver_instance
-from resolver.access import TokenAccess, middleware
-from resolver.errors import LedgerUnavailable
-from resolver.ledger import RESCHED_STATUS_KEY, Ledger, LedgerSnapshot, QuotaReport
-from resolver.supervise import Supervisor
+from hoss.errors import LedgerUnavailable
+from hoss.kube.access import TokenAccess, middleware
+from hoss.ledger.client import RESCHED_STATUS_KEY, Ledger, LedgerSnapshot, QuotaReport
+from hoss.queue import WorkerInfo
+from hoss.supervise import Supervisor
 
 
 @dataclass
@@ -165,7 +165,7 @@ async def healthz(request: web.Request) -> web.Response:
 
 def build_app(state: ServiceState, *, access: TokenAccess | None = None) -> web.Application:
     """The routes; with ``access``, /status (and its schema) and /metrics need a bearer token it accepts
-    (resolver.access)."""
+    (hoss.kube.access)."""
     app = web.Application(middlewares=[middleware(access)] if access is not None else [])
     app[STATE_KEY] = state
     app[DASHBOARD_KEY] = load_dashboard()

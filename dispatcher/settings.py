@@ -1,4 +1,4 @@
-"""Settings of ``hoss-dispatcher`` (flags, env ``HOSS_*``, YAML; see resolver.settings for precedence)."""
+"""Settings of ``hoss-dispatcher`` (flags, env ``HOSS_*``, YAML; see hoss.settings for precedence)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Literal, Self
 
 from pydantic import ConfigDict, Field, model_validator
 
-from resolver.settings import AccessSettings, RedisURL
+from hoss.settings import AccessSettings, RedisURL
 
 
 def _default_identity() -> str:
@@ -60,8 +60,8 @@ class DispatcherSettings(AccessSettings):
     """A worker keeps getting new pods until about this many wait for its decision (as the dispatcher estimates
     from its heartbeat and its measured decision rate); only then is another worker engaged, and once all are,
     pods are spread (power of two choices). A load that one worker keeps up with stays on it: fewer, fuller
-    batches, less CPU per pod, and the others' feeds pause (dispatcher/routing.py, workers/feed.py). A worker reads
-    up to 128 items at once (its read batch), so a heartbeat right after a read says 128 are ready: a depth of 64
+    batches, less CPU per pod, and the others' feeds pause (dispatcher/routing.py, hoss/framework/feed.py). A worker
+    reads up to 128 items at once (its read batch), so a heartbeat right after a read says 128 are ready: a depth of 64
     engaged other workers for nothing several times a run (on the local plane, 4 workers and 3,000 pods: worker
     CPU 1.59 ms per pod at 64 against 1.38 at 256). At the rates workers decide (several hundred to a few thousand
     pods a second) 256 pods are a fraction of a second. 0 spreads every pod."""

@@ -6,7 +6,7 @@ kube-scheduler's PodTopologySpread gives a pod without constraints of its own th
 selectors of the Services in the pod's namespace that select it (merged), plus the selector of its controller
 when that is a ReplicationController, ReplicaSet or StatefulSet. Workers read neither Services nor controllers,
 so the dispatcher keeps their selectors (`SelectorSources`, fed by its watches) and puts the pod's default
-selector into its compact form (`resolver.compact.DEFAULT_SPREAD`); the worker's PodTopologySpread applies its
+selector into its compact form (`hoss.model.compact.DEFAULT_SPREAD`); the worker's PodTopologySpread applies its
 profile's defaults with it.
 """
 
@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from resolver.kube import Json, section
+from hoss.model.objects import Json, section
 
 KINDS = {("v1", "ReplicationController"): "rc", ("apps/v1", "ReplicaSet"): "rs", ("apps/v1", "StatefulSet"): "ss"}
 """The controllers whose selector joins the default one (apiVersion, kind of the pod's controller reference)."""

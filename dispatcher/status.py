@@ -28,9 +28,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from dispatcher.gangs import GangKey, PodGroupSpec, gang_of, gang_state
-from dispatcher.queue import PREFIX, WorkerInfo
-from resolver.ledger import LedgerSnapshot, NodeSnapshot, QuotaReport
-from resolver.resources import gpu_spread
+from hoss.ledger.client import LedgerSnapshot, NodeSnapshot, QuotaReport
+from hoss.model.resources import gpu_spread
+from hoss.queue import PREFIX, WorkerInfo
 
 log = logging.getLogger(__name__)
 

@@ -25,19 +25,19 @@ from typing import Any
 
 import numpy as np
 
+from hoss.errors import HossError
+from hoss.framework.budget import Budget, parse_budget
+from hoss.framework.cycle import Profile, run_filters
+from hoss.framework.feed import NodeFeed
+from hoss.framework.nodes import NodeTable
+from hoss.framework.pod import parse_pod
+from hoss.framework.profiles import parse_profiles
+from hoss.kube.rest import KubeREST
+from hoss.ledger.client import Ledger
+from hoss.model import compact
+from hoss.model.objects import Json
+from hoss.model.resources import pod_requests
 from rescheduler.plan import GPU, Node, Pod
-from resolver import compact
-from resolver.errors import ResolverError
-from resolver.kube import Json
-from resolver.ledger import Ledger
-from resolver.resources import pod_requests
-from resolver.rest import KubeREST
-from workers.feed import NodeFeed
-from workers.framework import Profile, run_filters
-from workers.nodes import NodeTable
-from workers.pod import parse_pod
-from workers.preempt import Budget, parse_budget
-from workers.profiles import parse_profiles
 
 MOVABLE_ANNOTATION = "hoss.io/movable"
 GANG_KEYS = ("scheduling.x-k8s.io/pod-group", "pod-group.scheduling.sigs.k8s.io/name", "scheduling.k8s.io/group-name")
@@ -124,7 +124,7 @@ async def read_cluster(rest: KubeREST, ledger: Ledger, *, node_selector: Mapping
     table = NodeTable()
     feed = NodeFeed(ledger, table)
     if not await feed.load():
-        raise ResolverError("the ledger is not ready (not rebuilt since Redis started)")
+        raise HossError("the ledger is not ready (not rebuilt since Redis started)")
     selector = dict(node_selector or {})
     names = [name for name in table.names
              if all(_label(table, name, key) == value for key, value in selector.items())]
@@ -144,7 +144,7 @@ async def read_cluster(rest: KubeREST, ledger: Ledger, *, node_selector: Mapping
     for raw in budgets_json.get("items") or []:
         try:
             budgets.append(parse_budget(raw))
-        except ResolverError:
+        except HossError:
             continue  # a malformed budget protects nothing we can read: its pods are left alone below
     allowed = {f"{b.namespace}/{b.name}": b.disruptions_allowed for b in budgets}
     profile = _placement_profile()
@@ -156,7 +156,7 @@ async def read_cluster(rest: KubeREST, ledger: Ledger, *, node_selector: Mapping
         uid = str(metadata.get("uid") or "")
         try:
             request = pod_requests(raw)
-        except ResolverError:
+        except HossError:
             continue
         if request.get(GPU, 0) <= 0:
             continue
@@ -167,7 +167,7 @@ async def read_cluster(rest: KubeREST, ledger: Ledger, *, node_selector: Mapping
             view = parse_pod(raw)
             mask, _reasons = run_filters(profile.filters, view, table)
             allowed_nodes = frozenset(row_names[i] for i in np.flatnonzero(mask)) & gpu_nodes
-        except ResolverError:
+        except HossError:
             continue  # malformed: the workers report it; the rescheduler leaves it alone
         gates = [g.get("name") for g in spec.get("schedulingGates") or [] if isinstance(g, dict)]
         if not node and any(g != DEFRAGMENT_GATE for g in gates):

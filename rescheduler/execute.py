@@ -6,7 +6,7 @@
    webhook judges foreign bindings with the same scripts) and ends at its deadline (``hold_seconds``) if nobody
    claims it. The pending pod's hold is keyed by its uid; a moved pod's hold by ``move/<uid>`` with its
    controller's uid as owner: the replacement its controller creates (same controller, a request no larger)
-   claims it, whatever its name. Workers steer both onto the held node (`workers.feed.NodeFeed.held_nodes`).
+   claims it, whatever its name. Workers steer both onto the held node (`hoss.framework.feed.NodeFeed.held_nodes`).
 2. **Evict** each moved pod through the Eviction API with a uid precondition: PodDisruptionBudgets are honoured by
    the apiserver. A refused eviction stops the plan: the holds of the pods not evicted, and the pending pod's,
    are dropped. A ``Normal Rescheduled`` event goes on every moved pod and a ``Defragmenting`` event on every
@@ -33,15 +33,16 @@ from typing import Any
 
 import aiohttp
 
+from hoss.errors import HossError
+from hoss.kube.client import KubeError
+from hoss.kube.events import node_event, pod_event
+from hoss.kube.rest import KubeREST, segment
+from hoss.ledger.client import Conflict, Ledger, MoveHold, UnknownNode
+from hoss.model import compact
+from hoss.model.objects import Json
+from hoss.model.resources import format_quantity, pod_requests
 from rescheduler.cluster import DEFRAGMENT_GATE, ClusterView
 from rescheduler.plan import Plan
-from resolver import compact
-from resolver.errors import ResolverError
-from resolver.events import node_event, pod_event
-from resolver.kube import Json, KubeError
-from resolver.ledger import Conflict, Ledger, MoveHold, UnknownNode
-from resolver.resources import format_quantity, pod_requests
-from resolver.rest import KubeREST, segment
 
 log = logging.getLogger(__name__)
 
@@ -200,7 +201,7 @@ class Executor:
                     continue  # not a new pod of the moved pod's controller
                 try:
                     request = pod_requests(raw)
-                except ResolverError:
+                except HossError:
                     continue
                 more = {r: a for r, a in request.items() if a > hold.request.get(r, 0)}
                 if more:

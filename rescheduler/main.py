@@ -12,15 +12,15 @@ from collections.abc import Sequence
 from aiohttp import web
 from redis.asyncio import Redis
 
+from hoss.errors import HossError
+from hoss.kube.access import TokenAccess, middleware
+from hoss.kube.client import KubeError, api_client
+from hoss.kube.leader import KubeLeaseAPI, LeaderElector
+from hoss.kube.rest import KubeREST
+from hoss.ledger.client import Ledger
+from hoss.settings import run_service
 from rescheduler.service import Rescheduler
 from rescheduler.settings import ReschedulerSettings
-from resolver.access import TokenAccess, middleware
-from resolver.errors import ResolverError
-from resolver.kube import KubeError, api_client
-from resolver.leader import KubeLeaseAPI, LeaderElector
-from resolver.ledger import Ledger
-from resolver.rest import KubeREST
-from resolver.settings import run_service
 
 log = logging.getLogger("rescheduler")
 
@@ -73,7 +73,7 @@ async def serve(settings: ReschedulerSettings) -> int:
                 if elector.is_leader:
                     try:
                         await rescheduler.round()
-                    except (ResolverError, KubeError, OSError, TimeoutError) as error:
+                    except (HossError, KubeError, OSError, TimeoutError) as error:
                         log.warning("round failed: %s; trying again next round", error)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stopping.wait(), settings.interval_seconds)

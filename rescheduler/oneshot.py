@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import orjson
 
+from hoss.errors import HossError
+from hoss.kube.rest import KubeREST
+from hoss.ledger.client import Ledger
 from rescheduler.service import Rescheduler, describe, plan_json
 from rescheduler.settings import DEFAULT_MIN_STRANDED_GPUS, ReschedulerSettings
-from resolver.errors import ResolverError
-from resolver.ledger import Ledger
-from resolver.rest import KubeREST
 
 
 async def run_once(*, kubeconfig: str, redis_url: str, dry_run: bool, node_selector: str = "", max_moves: int = 4,
@@ -22,7 +22,7 @@ async def run_once(*, kubeconfig: str, redis_url: str, dry_run: bool, node_selec
         rest = await KubeREST.connect(kubeconfig)
         try:
             result = await Rescheduler(settings, rest=rest, ledger=ledger).round()
-        except ResolverError as error:
+        except HossError as error:
             return f"error: {error}", 2
         finally:
             await rest.close()

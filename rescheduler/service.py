@@ -22,13 +22,13 @@ from dataclasses import dataclass
 import orjson
 from redis.asyncio import Redis
 
+from hoss.kube.rest import KubeREST
+from hoss.ledger.client import RESCHED_STATUS_KEY, Ledger
+from hoss.model.objects import Json
 from rescheduler.cluster import ClusterView, read_cluster
 from rescheduler.execute import EvictionLimit, Executor, PlanRecord
 from rescheduler.plan import Plan, fragmentation, plan_defragment, plan_for_pending
 from rescheduler.settings import ReschedulerSettings
-from resolver.kube import Json
-from resolver.ledger import RESCHED_STATUS_KEY, Ledger
-from resolver.rest import KubeREST
 
 log = logging.getLogger(__name__)
 

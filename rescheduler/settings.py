@@ -1,4 +1,4 @@
-"""Settings of ``hoss-rescheduler`` (flags, env ``HOSS_*``, YAML; see resolver.settings for precedence)."""
+"""Settings of ``hoss-rescheduler`` (flags, env ``HOSS_*``, YAML; see hoss.settings for precedence)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Literal, Self
 
 from pydantic import ConfigDict, Field, model_validator
 
-from resolver.settings import AccessSettings, RedisURL, check_lease_timing
+from hoss.settings import AccessSettings, RedisURL, check_lease_timing
 
 DEFAULT_MIN_STRANDED_GPUS = 4
 """The periodic pass's default threshold: half an 8-GPU node stranded on partly used nodes."""

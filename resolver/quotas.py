@@ -3,7 +3,7 @@
 Run by the syncing resolver replica (the Lease holder) beside the node and pod informers. Each namespace's
 ElasticQuota (`scheduling.x-k8s.io/v1alpha1`, spec.min / spec.max) becomes the ledger's quota of that namespace,
 which every script that creates an entry checks atomically with the node's room (see 'Elastic quotas' in
-resolver/lua/common.lua). The mirror is written whole before every rebuild, so a Redis that lost its data enforces
+hoss/ledger/lua/common.lua). The mirror is written whole before every rebuild, so a Redis that lost its data enforces
 the quotas from its first call again. Like kube-scheduler with CapacityScheduling, one ElasticQuota per namespace
 counts: a second one in a namespace is ignored (with a warning) while the first exists.
 """
@@ -18,10 +18,11 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
-from resolver.errors import ResolverError
-from resolver.kube import InformerHandlers, Json, KubeError, request_json, run_crd_informer
-from resolver.ledger import ElasticQuota, Ledger, QuotaReport
-from resolver.resources import ResourceVector, format_quantity, parse_quantity, to_base_units
+from hoss.errors import HossError
+from hoss.kube.client import InformerHandlers, KubeError, request_json, run_crd_informer
+from hoss.ledger.client import ElasticQuota, Ledger, QuotaReport
+from hoss.model.objects import Json
+from hoss.model.resources import ResourceVector, format_quantity, parse_quantity, to_base_units
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +33,7 @@ CRD_RECHECK_SECONDS = 30.0
 """How often a resolver whose cluster lacks the ElasticQuota CRD looks for it again."""
 
 
-class QuotaSpecError(ResolverError):
+class QuotaSpecError(HossError):
     """An ElasticQuota the ledger cannot enforce; the message names the object, the field and the value."""
 
 
@@ -53,7 +54,7 @@ def parse_elastic_quota(obj: Json) -> tuple[str, ElasticQuota]:
             field = f"ElasticQuota {namespace}/{name} spec.{part}[{resource}]"
             try:
                 vector[str(resource)] = to_base_units(str(resource), parse_quantity(value, field=field))
-            except ResolverError as error:
+            except HossError as error:
                 raise QuotaSpecError(str(error)) from error
         vectors[part] = vector
     return name, ElasticQuota(namespace=namespace, min=vectors["min"], max=vectors["max"])
@@ -182,7 +183,7 @@ async def keep_status(api: client.ApiClient, mirror: QuotaMirror, *,
             continue
         try:
             report = await mirror.ledger.quotas()
-        except ResolverError as error:
+        except HossError as error:
             log.warning("cannot read quota use from the ledger: %s", error)
             continue
         await write_used(report, mirror, written, write)

@@ -25,8 +25,8 @@ from typing import Any
 import orjson
 import yaml
 
-from resolver.errors import ResolverError
-from resolver.kube import Json
+from hoss.errors import HossError
+from hoss.model.objects import Json
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ ROUTE_LABEL = "hoss.io/route"
 DEFAULT_SCHEDULER = "default-scheduler"
 
 
-class RoutingError(ResolverError, ValueError):
+class RoutingError(HossError, ValueError):
     """A routing file or rule hoss cannot use; the message names the file, rule and field."""
 
 

@@ -39,21 +39,20 @@ from typing import Any, Literal
 
 from kubernetes_asyncio import client
 
-from resolver import compact, reservations
-from resolver.errors import LedgerNotReadyError, LedgerUnavailable, NodeSpecError, ResolverError
-from resolver.events import node_event, post_event
-from resolver.kube import (
+from hoss.errors import HossError, LedgerNotReadyError, LedgerUnavailable, NodeSpecError
+from hoss.kube.client import (
     InformerHandlers,
-    Json,
     KubeError,
     raise_if_cancelled,
     request_json,
     run_crd_informer,
     run_informer,
 )
-from resolver.ledger import RESERVATION_PREFIX, AdmittedEntry, BoundPod, Ledger, Overcommit, Placement
-from resolver.quotas import QuotaMirror, keep_status, watch_quotas
-from resolver.resources import (
+from hoss.kube.events import node_event, post_event
+from hoss.ledger.client import RESERVATION_PREFIX, AdmittedEntry, BoundPod, Ledger, Overcommit, Placement
+from hoss.model import compact, reservations
+from hoss.model.objects import Json
+from hoss.model.resources import (
     NODE_RESERVATION_ANNOTATION,
     ResourceVector,
     node_allocatable,
@@ -61,6 +60,7 @@ from resolver.resources import (
     pod_requests,
     status_resources_key,
 )
+from resolver.quotas import QuotaMirror, keep_status, watch_quotas
 
 log = logging.getLogger(__name__)
 
@@ -101,14 +101,14 @@ class PodInfo:
     terminal: bool
     generation: int | None = None
     ports: str = ""
-    """Host ports the pod holds on its node, as the ledger checks them (`resolver.compact.pod_meta`)."""
+    """Host ports the pod holds on its node, as the ledger checks them (`hoss.model.compact.pod_meta`)."""
     meta: str = ""
     """namespace, name, labels, host ports, priority and request for the workers' pod index
-    (`resolver.compact.pod_meta`)."""
+    (`hoss.model.compact.pod_meta`)."""
     labels: Mapping[str, str] = field(default_factory=dict)
     """metadata.labels: a change (no new generation) rewrites the meta, which inter-pod affinity reads."""
     status_key: str = ""
-    """`resolver.resources.status_resources_key`: a change (an in-place resize the kubelet allocated or actuated,
+    """`hoss.model.resources.status_resources_key`: a change (an in-place resize the kubelet allocated or actuated,
     no new generation) recomputes the request."""
     terminating: bool = False
     """metadata.deletionTimestamp is set: a change rewrites the meta (PodTopologySpread ignores such pods)."""
@@ -119,7 +119,7 @@ class PodInfo:
 
 
 def parse_pod(pod: Json, *, known: PodInfo | None = None) -> PodInfo:
-    """The typed view of a raw pod; raises ResolverError subclasses naming the bad field.
+    """The typed view of a raw pod; raises HossError subclasses naming the bad field.
 
     ``known``, the view of the same pod from an earlier event, lends its request when the pod's spec has not
     changed since (same uid and ``metadata.generation``, which the apiserver bumps on every spec change, an
@@ -239,7 +239,8 @@ class LedgerSync:
         """the cluster's ElasticQuotas, written to the ledger as they change and whole before every rebuild"""
         self.custom: Any = client.CustomObjectsApi(api)
         self.reservations: dict[str, PodInfo] = {}
-        """Available Reservations by uid: entries 'Reservation/<name>' holding their room (resolver/reservations.py)"""
+        """Available Reservations by uid: entries 'Reservation/<name>' holding their room
+        (hoss/model/reservations.py)"""
         self._reservations_listed = asyncio.Event()
         self.pods = PodIndex()
         self.pending = PodIndex()
@@ -353,7 +354,7 @@ class LedgerSync:
         uid = str((obj.get("metadata") or {}).get("uid") or "")
         try:
             parsed = reservations.parse(obj)
-        except ResolverError as error:
+        except HossError as error:
             log.warning("Reservation %s ignored: %s", (obj.get("metadata") or {}).get("name"), error)
             return uid, None
         if not parsed.available or parsed.expires_unix <= time.time():
@@ -487,7 +488,7 @@ class LedgerSync:
             return
         try:
             self.pending.put(parse_pod(pod))
-        except ResolverError as error:
+        except HossError as error:
             self.pending.drop(uid)  # judged by GET, which reports the bad field
             log.debug("pending pod %s/%s not indexed: %s", metadata.get("namespace"), metadata.get("name"), error)
 
@@ -496,7 +497,7 @@ class LedgerSync:
         known = (self._pod_changes.get(uid) or self.pods.by_uid.get(uid)) if isinstance(uid, str) else None
         try:
             return parse_pod(pod, known=known)
-        except ResolverError as error:
+        except HossError as error:
             self.stats.malformed_pods += 1
             metadata = pod.get("metadata") or {}
             log.warning("pod %s/%s ignored: %s", metadata.get("namespace"), metadata.get("name"), error)
@@ -725,7 +726,7 @@ class LedgerSync:
                         drift.append(f"{entry.pod} bound on {entry.node} in the ledger, not in the apiserver")
                     continue
                 seen.add(entry.uid)
-                # A Reservation's entry holds what its owners have not taken (resolver/lua/common.lua,
+                # A Reservation's entry holds what its owners have not taken (hoss/ledger/lua/common.lua,
                 # 'Reservations' shares'): at most its request.
                 shared = entry.uid in self.reservations and set(entry.request) == set(want.request) and all(
                     0 <= entry.request[r] <= amount for r, amount in want.request.items())
@@ -778,6 +779,6 @@ def admitted_verdict(
 def _logged_skip(kind: str, obj: Json) -> Any:
     try:
         yield
-    except ResolverError as error:
+    except HossError as error:
         name = (obj.get("metadata") or {}).get("name")
         log.warning("%s %s ignored: %s", kind, name, error)

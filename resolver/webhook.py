@@ -54,13 +54,12 @@ from prometheus_client.registry import Collector
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from resolver import admission
-from resolver.access import TokenAccess, challenge
-from resolver.errors import LedgerUnavailable, ResolverError
-from resolver.httpserver import Handler, HttpServer, Request, Response
-from resolver.kube import InformerHandlers, Json, KubeError, api_client, raise_if_cancelled, run_informer
-from resolver.leader import KubeLeaseAPI, LeaderElector
-from resolver.ledger import (
+from hoss.errors import HossError, LedgerUnavailable
+from hoss.kube.access import TokenAccess, challenge
+from hoss.kube.client import InformerHandlers, KubeError, api_client, raise_if_cancelled, run_informer
+from hoss.kube.leader import KubeLeaseAPI, LeaderElector
+from hoss.kube.rest import KubeREST
+from hoss.ledger.client import (
     STATS_KEY,
     Confirmed,
     ConfirmResult,
@@ -73,11 +72,14 @@ from resolver.ledger import (
     QuotaReport,
     UnknownNode,
 )
-from resolver.redisclient import PipelinedRedis
-from resolver.resources import ResourceVector, format_quantity
-from resolver.rest import KubeREST
+from hoss.ledger.redisclient import PipelinedRedis
+from hoss.model import admission
+from hoss.model.objects import Json
+from hoss.model.resources import ResourceVector, format_quantity
+from hoss.settings import SettingsError, load_settings, run_loop
+from resolver.httpserver import Handler, HttpServer, Request, Response
 from resolver.router import NamespaceLabels, Rule, load_rules, mutation_response, route
-from resolver.settings import ResolverSettings, SettingsError, load_settings, run_loop
+from resolver.settings import ResolverSettings
 from resolver.sync import LedgerSync, PodIndex, PodInfo, parse_pod
 
 log = logging.getLogger(__name__)
@@ -362,7 +364,7 @@ async def judge(state: WebhookState, binding: admission.BindingRequest) -> admis
             return verdict_for(result, binding=binding)
     try:
         pod = await _pod_info(state, binding)
-    except ResolverError as error:
+    except HossError as error:
         return admission.Verdict(allowed=False, reason="malformed-pod", code=400, message=f"hoss: {error}")
     if pod is None:
         return admission.Verdict(
@@ -399,7 +401,7 @@ async def judge_pod_write(state: WebhookState, write: admission.PodWriteRequest)
     )
     try:
         info = parse_pod(write.object)
-    except ResolverError as error:
+    except HossError as error:
         return admission.Verdict(allowed=False, reason="malformed-pod", code=400, message=f"hoss: {error}")
     if not info.uid:
         return admission.Verdict(allowed=False, reason="malformed-pod", code=400,
@@ -424,7 +426,7 @@ async def judge_pod_write(state: WebhookState, write: admission.PodWriteRequest)
                 )
     except (LedgerUnavailable, TimeoutError) as error:
         return _unavailable(error)
-    except ResolverError as error:
+    except HossError as error:
         return admission.Verdict(allowed=False, reason="malformed-pod", code=400, message=f"hoss: {error}")
     return verdict_for(result, binding=binding)
 
@@ -731,7 +733,7 @@ async def publish_stats(state: WebhookState, redis: Redis, *, instance: str, int
         try:
             async with asyncio.timeout(LEDGER_CALL_TIMEOUT_SECONDS):
                 state.quota_report = await state.ledger.quotas()
-        except (ResolverError, TimeoutError) as error:
+        except (HossError, TimeoutError) as error:
             log.warning("cannot read elastic quotas' use: %s", error or "no answer")
         raise_if_cancelled()
         await asyncio.sleep(interval)
@@ -799,7 +801,7 @@ async def running_resolver(settings: ResolverSettings) -> AsyncIterator[list[asy
     Yields the tasks whose end is fatal (the sync's role and the election)."""
     async with contextlib.AsyncExitStack() as stack:
         # Two clients on the ledger: the sync's (redis-py), and the webhook's, one pipelined connection that costs
-        # a fraction of redis-py's CPU per call (see resolver.redisclient); each review bounds its call with
+        # a fraction of redis-py's CPU per call (see hoss.ledger.redisclient); each review bounds its call with
         # asyncio.timeout (see _confirm). Ledger uses only what PipelinedRedis offers for the webhook's calls.
         ledger = Ledger(ledger_redis(settings.redis_url), owns_client=True)
         stack.push_async_callback(ledger.close)

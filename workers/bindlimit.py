@@ -9,10 +9,10 @@ of CPU per pod; 16 per worker made 2 connections and 1.26 ms per pod.
 
 So the workers share one budget (``binds_in_flight_budget``): each takes budget / the workers that have bindings to
 post (waiting or in flight, itself counted even when it has none), at least ``MIN_SHARE`` and at most
-``max_binds_in_flight``; that number comes with each heartbeat ({hoss}:binding, dispatcher/queue.py), so the share
+``max_binds_in_flight``; that number comes with each heartbeat ({hoss}:binding, hoss/queue.py), so the share
 follows demand within a beat. Splitting it by every registered worker instead starved the one worker the dispatcher
 keeps busy (dispatcher/routing.py) at a quarter of the budget when four were registered. Bindings travel in 4 lanes
-of their own webhook entries (resolver/admission.py), 25 idle connections each, so the default budget is 100: one
+of their own webhook entries (hoss/model/admission.py), 25 idle connections each, so the default budget is 100: one
 busy worker takes all 100, two take 50 each, eight 12 each, and the total never opens connections beyond the lanes'
 (for a beat after another worker starts binding, the two may hold more). Before the lanes, one worker with 3,000
 pods on 50 nodes measured: budget 24 gave 115.5 pods/s, p50 latency 10.7 s, 25 connections and 1.24 ms of resolver

@@ -1,7 +1,7 @@
 """The worker core: read work from the dispatcher, decide, reserve in the ledger, bind.
 
-A worker watches nothing on the apiserver. Its node table comes from the ledger (`workers.feed`: one load, then
-the ledger's change stream), and each work item carries its pod in compact form (`resolver.compact`). The
+A worker watches nothing on the apiserver. Its node table comes from the ledger (`hoss.framework.feed`: one load, then
+the ledger's change stream), and each work item carries its pod in compact form (`hoss.model.compact`). The
 apiserver sees a worker only when it binds a pod and records events. Per batch of work items:
 
 1. parse each item's pod (a malformed pod gets an event, PodScheduled=False and is acknowledged);
@@ -44,13 +44,16 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from redis.asyncio import BlockingConnectionPool, Redis
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from dispatcher.queue import GONE, GangMember, QueueLost, WorkerInfo, WorkItem, WorkQueue
-from resolver import compact, reservations
-from resolver.admission import lane_of
-from resolver.errors import LedgerNotReadyError, LedgerUnavailable
-from resolver.events import EventSink, pod_event, scheduled_event, set_unschedulable
-from resolver.kube import Json, KubeError
-from resolver.ledger import (
+from hoss.errors import LedgerNotReadyError, LedgerUnavailable
+from hoss.framework.cycle import Evaluation, Placement, Profile, Unschedulable, choose, evaluate
+from hoss.framework.feed import NodeFeed
+from hoss.framework.nodes import NodeTable
+from hoss.framework.pod import PodView, placed_view
+from hoss.framework.profiles import load_profiles
+from hoss.kube.client import KubeError
+from hoss.kube.events import EventSink, pod_event, reservation_event, scheduled_event, set_unschedulable
+from hoss.kube.rest import KubeREST
+from hoss.ledger.client import (
     BatchPod,
     Conflict,
     GangReserved,
@@ -63,22 +66,20 @@ from resolver.ledger import (
     UnknownNode,
     reservation_key,
 )
-from resolver.ledger import GangMember as GangPlacementMember
-from resolver.redisclient import PipelinedRedis
-from resolver.rest import KubeREST
-from resolver.settings import SettingsError
-from resolver.supervise import Supervisor, first_of
+from hoss.ledger.client import GangMember as GangPlacementMember
+from hoss.ledger.redisclient import PipelinedRedis
+from hoss.model import compact, reservations
+from hoss.model.admission import lane_of
+from hoss.model.objects import Json
+from hoss.queue import GONE, GangMember, QueueLost, WorkerInfo, WorkItem, WorkQueue
+from hoss.settings import SettingsError
+from hoss.supervise import Supervisor, first_of
 from workers import bindlimit
 from workers.bindlimit import BindLimit
 from workers.extender import decide_with_extenders
-from workers.feed import NodeFeed
-from workers.framework import Evaluation, Placement, Profile, Unschedulable, choose, evaluate
 from workers.gang import place_gang
 from workers.intake import Work, inter_pod_keys, ledger_meta, parse_work, signature
-from workers.nodes import NodeTable
-from workers.pod import PodView, placed_view
-from workers.preempt import Preemptor, eligible
-from workers.profiles import load_profiles
+from workers.preempt import Preemptor
 from workers.reservations import (
     Hint,
     hints_of,
@@ -88,6 +89,7 @@ from workers.reservations import (
     write_status,
 )
 from workers.settings import WorkerSettings
+from workers.victims import eligible
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +110,7 @@ def connect_redis(url: str) -> Redis:
 
 @dataclass
 class Pipelined:
-    """A worker's pipelined Redis connections (`resolver.redisclient`, a fraction of redis-py's CPU per call): one
+    """A worker's pipelined Redis connections (`hoss.ledger.redisclient`, a fraction of redis-py's CPU per call): one
     for the ledger's and the queue's scripts, and one of its own for each blocking read (the change stream, the
     work stream), which would hold up every other call on a shared connection. `connect_redis`'s pool keeps the
     rest (pipelined reads, heartbeats)."""
@@ -168,7 +170,7 @@ class Binder(Protocol):
 
 class RestBinder:
     """Bindings through the lean client: one keep-alive session, orjson bodies, metadata.uid set, and the webhook
-    lanes taken in turn (`resolver.admission.lane_of`)."""
+    lanes taken in turn (`hoss.model.admission.lane_of`)."""
 
     def __init__(self, rest: KubeREST) -> None:
         self.rest = rest
@@ -562,7 +564,7 @@ class Worker:
         preempting: list[tuple[Work, PodView, Profile, str]] = []
         shared: dict[bytes, tuple[Evaluation, set[str]]] = {}
         # The change-stream position these decisions see: the ledger refuses a pod where an inter-pod domain that
-        # matters to it changed after it (see 'Inter-pod domains' in resolver/lua/common.lua).
+        # matters to it changed after it (see 'Inter-pod domains' in hoss/ledger/lua/common.lua).
         position = self.feed.position
         # Higher priority first, as kube-scheduler's queue pops them (stable: arrival order otherwise), so that a
         # retried preemptor is not beaten to its room by lower-priority pods of the same batch.
@@ -653,7 +655,7 @@ class Worker:
                 case QuotaExceeded():
                     # The namespace's elastic quota refuses the pod on every node: unschedulable, with the quota
                     # named (scheduler-plugins' CapacityScheduling refuses it in PreFilter likewise); a tenant
-                    # within its min reclaims from tenants that borrow (`workers.preempt.reclaim_candidates`).
+                    # within its min reclaims from tenants that borrow (`workers.victims.reclaim_candidates`).
                     if self.preemptor is not None and not work.item.members:
                         reclaiming.append((work, pod, quota_message(result)))
                     else:
@@ -782,7 +784,7 @@ class Worker:
             if self.last_message.get(work.item.uid) != message:
                 self.last_message[work.item.uid] = message
                 self._background(self._reservation_status(name, reservations.unschedulable_status(message)))
-                self._record(reservations.event(name, work.item.uid, reason="FailedScheduling", message=message,
+                self._record(reservation_event(name, work.item.uid, reason="FailedScheduling", message=message,
                                                component=self._component(), warning=True))
             self._retry_later(work)
             return
@@ -881,7 +883,7 @@ class Worker:
             log.warning("Reservation %s: its room on %s is kept by the sync once it sees it (%s)", name, node, error)
         self.count("reserved")
         self.last_message.pop(pod.uid, None)
-        self._record(reservations.event(name, pod.uid, reason="Scheduled", message=f"Reservation {name} placed on "
+        self._record(reservation_event(name, pod.uid, reason="Scheduled", message=f"Reservation {name} placed on "
                                        f"{node}", component=self._component(), warning=False))
         self._done(work, bound=True)
 

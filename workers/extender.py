@@ -1,6 +1,6 @@
 """HTTP scheduler extenders: kube-scheduler's extender protocol, consulted after the in-process plugins.
 
-A profile's ``extenders`` (`workers.framework.ExtenderConfig`) are called for each pod, in order, after the
+A profile's ``extenders`` (`hoss.framework.cycle.ExtenderConfig`) are called for each pod, in order, after the
 profile's filters and scores have run:
 - filter: ``POST <urlPrefix>/<filterVerb>`` with ``ExtenderArgs`` ``{"Pod": <raw pod>, "NodeNames": [...]}``
   (``nodeCacheCapable: true``) or ``{"Pod": ..., "Nodes": {"items": [{"metadata": {"name", "labels"}}]}}``
@@ -18,7 +18,7 @@ message naming the extender and the error (unlike kube-scheduler, which ignores 
 non-ignorable extender is one the operator wants obeyed). There are no retries here: the worker retries the
 pod with backoff.
 
-`decide_with_extenders` is `workers.framework.decide` with the extenders between its evaluate and choose
+`decide_with_extenders` is `hoss.framework.cycle.decide` with the extenders between its evaluate and choose
 steps; for a profile without extenders it is exactly `decide` and makes no call. The payload builders and
 parsers are pure functions; only `call_extender` does I/O.
 """
@@ -35,8 +35,7 @@ import aiohttp
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from workers.errors import WorkerError
-from workers.framework import (
+from hoss.framework.cycle import (
     MAX_EXTENDER_PRIORITY,
     MAX_NODE_SCORE,
     BoolArray,
@@ -49,12 +48,13 @@ from workers.framework import (
     choose,
     evaluate,
 )
-from workers.nodes import NodeTable
-from workers.pod import PodView
+from hoss.framework.errors import WorkerError
+from hoss.framework.nodes import NodeTable
+from hoss.framework.pod import PodView
+from hoss.model.objects import Json
 
 log = logging.getLogger(__name__)
 
-Json = dict[str, Any]
 
 
 class ExtenderError(WorkerError):

@@ -34,9 +34,9 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from workers.framework import BoolArray, Placement, Profile, Unschedulable, choose, evaluate, run_filters
-from workers.nodes import HostPort, NodeTable, NodeView, PlacedPod
-from workers.pod import PodView, placed_view
+from hoss.framework.cycle import BoolArray, Placement, Profile, Unschedulable, choose, evaluate, run_filters
+from hoss.framework.nodes import HostPort, NodeTable, NodeView, PlacedPod
+from hoss.framework.pod import PodView, placed_view
 
 DEFAULT_TOPOLOGY_KEY = "topology.hoss.io/leaf"
 

@@ -7,13 +7,13 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from dispatcher.queue import WorkItem
-from resolver import compact
-from resolver.errors import ResolverError
-from resolver.kube import Json
-from resolver.resources import ResourceVector
-from workers.errors import UnsupportedPodField
-from workers.pod import PodView, check_supported, parse_pod
+from hoss.errors import HossError
+from hoss.framework.errors import UnsupportedPodField
+from hoss.framework.pod import PodView, check_supported, parse_pod
+from hoss.model import compact
+from hoss.model.objects import Json
+from hoss.model.resources import ResourceVector
+from hoss.queue import WorkItem
 
 
 @dataclass
@@ -52,7 +52,7 @@ def parse_work(message_id: str, item: WorkItem) -> Work:
             work.pod, work.shape = _parsed(work.raw)
     except UnsupportedPodField as error:
         work.problem, work.unsupported = str(error), True
-    except (ResolverError, ValueError) as error:
+    except (HossError, ValueError) as error:
         work.problem = f"hoss cannot schedule this pod: {error}"
     return work
 
@@ -90,7 +90,7 @@ def _parsed(raw: Json) -> tuple[PodView, bytes]:
 
 
 def ledger_meta(raw: Json, request: ResourceVector | None = None) -> dict[str, str]:
-    """The ledger's ``ports`` and ``meta`` of a pod (`resolver.compact.pod_meta`; `request` is its effective request,
+    """The ledger's ``ports`` and ``meta`` of a pod (`hoss.model.compact.pod_meta`; `request` is its effective request,
     which preemption reads) as keyword arguments."""
     ports, meta = compact.pod_meta(raw, request=request)
     return {"ports": ports, "meta": meta}

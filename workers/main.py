@@ -9,9 +9,9 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
-from resolver.access import TokenAccess
-from resolver.rest import KubeREST
-from resolver.settings import run_service
+from hoss.kube.access import TokenAccess
+from hoss.kube.rest import KubeREST
+from hoss.settings import run_service
 from workers.core import Pipelined, Worker, apiserver_requests_in_flight, connect_redis
 from workers.server import build_app
 from workers.settings import WorkerSettings

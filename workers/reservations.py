@@ -1,9 +1,9 @@
-"""A worker's part in Koordinator Reservations (resolver/reservations.py): placing one, and owner pods using one.
+"""A worker's part in Koordinator Reservations (hoss/model/reservations.py): placing one, and owner pods using one.
 
-- A work item whose pod carries `resolver.reservations.ANNOTATION` is a Reservation to place: it is decided like a
+- A work item whose pod carries `hoss.model.reservations.ANNOTATION` is a Reservation to place: it is decided like a
   pod, its room is reserved in the ledger under 'Reservation/<name>', and instead of a binding the worker writes
   the Reservation's status (phase Available, nodeName) and then keeps the room (`Ledger.keep_reservation`).
-- A pod whose compact form lists `resolver.reservations.HINTS` is owned by those Available Reservations: the
+- A pod whose compact form lists `hoss.model.reservations.HINTS` is owned by those Available Reservations: the
   worker decides it with their room left given back on their nodes (for allocateOnce false only when the pod fits
   in it), puts such a node first (Koordinator prefers reservations), and names the Reservation in its ledger call,
   which hands a share of the room over atomically (and back when the pod's entry goes, e.g. its binding failed);
@@ -19,9 +19,10 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from resolver import reservations
-from resolver.kube import Json, KubeError, section
-from resolver.rest import KubeREST
+from hoss.kube.client import KubeError
+from hoss.kube.rest import KubeREST
+from hoss.model import reservations
+from hoss.model.objects import Json, section
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The worker's HTTP server: /healthz, /readyz, /metrics and /status (the last two behind resolver.access when
+"""The worker's HTTP server: /healthz, /readyz, /metrics and /status (the last two behind hoss.kube.access when
 ``--access=kubernetes``)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from aiohttp import web
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from resolver.access import TokenAccess, middleware
+from hoss.kube.access import TokenAccess, middleware
 from workers.core import Worker
 
 

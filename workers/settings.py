@@ -1,4 +1,4 @@
-"""Settings of ``hoss-worker`` (flags, env ``HOSS_*``, YAML; see resolver.settings for precedence)."""
+"""Settings of ``hoss-worker`` (flags, env ``HOSS_*``, YAML; see hoss.settings for precedence)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field
 
-from resolver.admission import BINDING_LANES
-from resolver.settings import AccessSettings, RedisURL
+from hoss.model.admission import BINDING_LANES
+from hoss.settings import AccessSettings, RedisURL
 
 IDLE_WEBHOOK_CONNECTIONS = 25 * BINDING_LANES
 """What the apiserver keeps open to the webhook for bindings: 25 idle connections per binding lane."""
@@ -55,7 +55,7 @@ class WorkerSettings(AccessSettings):
     binds_in_flight_budget: int = Field(default=IDLE_WEBHOOK_CONNECTIONS, ge=0)
     """Bindings in flight across all workers, shared by those with bindings to post (at least 2 each, at most
     ``max_binds_in_flight``; counted at each heartbeat). The default, 200, is what the apiserver keeps open to the
-    webhook: 25 idle connections for each of its 8 binding lanes (resolver/admission.py); beyond that every
+    webhook: 25 idle connections for each of its 8 binding lanes (hoss/model/admission.py); beyond that every
     binding costs a TLS handshake on both sides. 0: no shared budget, each worker posts up to
     ``max_binds_in_flight``."""
     feed_linger_ms: float = Field(default=20.0, ge=0, le=1000)
@@ -68,7 +68,7 @@ class WorkerSettings(AccessSettings):
     """A worker that has had nothing to decide or bind for this long stops reading the change stream, and catches
     up (the entries since, or one load of the ledger when they are more than its table holds) before its next
     decision: with the dispatcher keeping a load on as few workers as keep up, the idle ones then cost no CPU per
-    pod (workers/feed.py). 0: always follow the stream."""
+    pod (hoss/framework/feed.py). 0: always follow the stream."""
     read_batch: int = Field(default=128, ge=1)
     """Work items read from the queue at once."""
     candidates: int = Field(default=8, ge=1)

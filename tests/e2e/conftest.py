@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import redis
 
-from deploy.local.cluster import Cluster, oversold_nodes
-from deploy.local.plane import LocalPlane, Process
+from dev.local.cluster import Cluster, oversold_nodes
+from dev.local.plane import LocalPlane, Process
 from tests.e2e.browser import CHROMIUM, MISSING, Page, chromium
 
 _namespaces = itertools.count()

@@ -9,8 +9,9 @@ from contextlib import asynccontextmanager
 
 import aiohttp
 
-from deploy.local.cluster import Cluster, Json, pod_manifest, wait_until
-from deploy.local.plane import LocalPlane, Process
+from dev.local.cluster import Cluster, pod_manifest, wait_until
+from dev.local.plane import LocalPlane, Process
+from hoss.model.objects import Json
 
 
 @asynccontextmanager

@@ -3,8 +3,8 @@ alike: only a token whose user holds hoss-viewer reads them; health probes stay 
 
 from __future__ import annotations
 
-from deploy.local.cluster import Cluster
-from deploy.local.plane import LocalPlane
+from dev.local.cluster import Cluster
+from dev.local.plane import LocalPlane
 from tests.e2e.hoss import status_access
 
 EXPECTED = {"nobody": 401, "forged": 401, "stranger": 403, "viewer": 200}

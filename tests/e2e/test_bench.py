@@ -102,7 +102,7 @@ def check_gpu_mix(gpu: dict[str, Any]) -> None:
 @pytest.mark.timeout(900)
 def test_quick_bench_reports_every_scenario_and_figure(tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "deploy.cli", "bench", "--quick", "--dir", str(tmp_path / "plane"),
+        [sys.executable, "-m", "dev", "bench", "--quick", "--dir", str(tmp_path / "plane"),
          "--json", str(tmp_path / "bench.json"), "--chart", str(tmp_path / "bench.png")],
         capture_output=True, text=True, timeout=840, check=False,
     )

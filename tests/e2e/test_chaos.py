@@ -32,10 +32,11 @@ import yaml
 from kubernetes_asyncio import client
 from redis.asyncio import Redis
 
-from deploy.local.cluster import Cluster, Json, oversold_nodes, wait_until
-from deploy.local.plane import POLICIES_FILE, LocalPlane, Process
-from dispatcher.queue import WorkQueue
-from resolver.ledger import Ledger
+from dev.local.cluster import Cluster, oversold_nodes, wait_until
+from dev.local.plane import POLICIES_FILE, LocalPlane, Process
+from hoss.ledger.client import Ledger
+from hoss.model.objects import Json
+from hoss.queue import WorkQueue
 from tests.e2e.hoss import hoss_pods, workers
 from tests.unit.test_entry_point_plugins import install_dist_info
 
@@ -356,7 +357,7 @@ async def test_a_node_deleted_mid_run_gets_no_new_pod_and_no_pod_is_lost(
 BOOM_PLUGIN = '''
 from typing import Any
 import numpy as np
-from workers.framework import FilterResult
+from hoss.framework.cycle import FilterResult
 
 
 class Boom:

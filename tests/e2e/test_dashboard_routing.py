@@ -9,7 +9,7 @@ import time
 
 from aiohttp import web
 
-from deploy.local.cluster import wait_until
+from dev.local.cluster import wait_until
 from dispatcher.server import DASHBOARD_KEY, dashboard, load_dashboard
 from tests.e2e.browser import Page
 from tests.unit.test_status_text import status_with, worker_row

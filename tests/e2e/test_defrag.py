@@ -24,8 +24,9 @@ from dataclasses import dataclass
 import aiohttp
 import pytest
 
-from deploy.local.cluster import Cluster, Json, oversold_nodes, wait_until
-from deploy.local.plane import LocalPlane, Process
+from dev.local.cluster import Cluster, oversold_nodes, wait_until
+from dev.local.plane import LocalPlane, Process
+from hoss.model.objects import Json
 from tests.e2e.browser import Page
 
 GPU = "nvidia.com/gpu"
@@ -184,9 +185,9 @@ async def test_rescheduler_moves_b_so_that_c_joins_a_and_the_dry_run_changes_not
 
         # The dry run: the plan, and nothing changed.
         dry = await asyncio.to_thread(
-            subprocess.run, [sys.executable, "-m", "deploy.cli", "reschedule", "--dry-run", "--dir",
-                             str(plane.directory), "--node-selector", label], capture_output=True, text=True,
-            timeout=120, check=False)
+            subprocess.run, [sys.executable, "-m", "dev", "reschedule", "--dir",
+                             str(plane.directory), "--dry-run", "--node-selector", label],
+            capture_output=True, text=True, timeout=120, check=False)
         assert dry.returncode == 0, dry.stderr
         assert f"for pending pod {namespace}/c-" in dry.stdout and f"(4 GPUs) on {node1}:" in dry.stdout, dry.stdout
         assert f"move {namespace}/{b_name} (3 GPUs) from {node1} to {node2}" in dry.stdout, dry.stdout
@@ -246,7 +247,7 @@ async def test_periodic_pass_consolidates_c_placed_without_a_gate(
         # The dry run prints the periodic plan under the default threshold (under a threshold of 8 it finds none).
         def dry_run(threshold: int | None) -> str:
             done = subprocess.run(
-                [sys.executable, "-m", "deploy.cli", "reschedule", "--dry-run", "--dir", str(plane.directory),
+                [sys.executable, "-m", "dev", "reschedule", "--dir", str(plane.directory), "--dry-run",
                  "--node-selector", label, *([] if threshold is None else [f"--min-stranded-gpus={threshold}"])],
                 capture_output=True, text=True, timeout=120, check=False)
             assert done.returncode == 0, done.stderr

@@ -19,7 +19,7 @@ THROUGHPUT_FIELDS = {"pods_total", "pods_bound", "pods_pending", "seconds", "pod
 
 
 def _hoss(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "deploy.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "dev", *args], capture_output=True, text=True,
                           timeout=timeout, check=False)
 
 

@@ -29,10 +29,9 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 from redis.exceptions import NoPermissionError
 
-from deploy import certs, lockdown
-from deploy.local import pki
-from deploy.local.cluster import Cluster, pod_manifest, wait_until
-from deploy.local.plane import (
+from deploy import certs, lockdown, pki
+from dev.local.cluster import Cluster, pod_manifest, wait_until
+from dev.local.plane import (
     DEPLOY_DIR,
     HOSS_NAMESPACE,
     POLICIES_FILE,
@@ -40,9 +39,9 @@ from deploy.local.plane import (
     LocalPlane,
     Process,
 )
-from deploy.local.ports import free_port
-from resolver.admission import BINDING_LANES, lane_path
-from workers.profiles import load_profiles
+from dev.local.ports import free_port
+from hoss.framework.profiles import load_profiles
+from hoss.model.admission import BINDING_LANES, lane_path
 
 Json = dict[str, Any]
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from deploy.local.cluster import Cluster, pod_manifest, wait_until
-from deploy.local.plane import LocalPlane
+from dev.local.cluster import Cluster, pod_manifest, wait_until
+from dev.local.plane import LocalPlane
 
 CAPACITY = {"cpu": "4", "memory": "8Gi", "pods": "110"}
 

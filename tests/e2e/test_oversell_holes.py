@@ -28,11 +28,12 @@ import aiohttp
 import pytest
 import redis.asyncio as aioredis
 
-from deploy.local.cluster import Cluster, node_manifest, pod_manifest, wait_until
-from deploy.local.plane import LocalPlane
-from resolver.kube import Json, KubeError, request_json
-from resolver.ledger import Ledger
-from resolver.rest import STRATEGIC_MERGE_PATCH
+from dev.local.cluster import Cluster, node_manifest, pod_manifest, wait_until
+from dev.local.plane import LocalPlane
+from hoss.kube.client import KubeError, request_json
+from hoss.kube.rest import STRATEGIC_MERGE_PATCH
+from hoss.ledger.client import Ledger
+from hoss.model.objects import Json
 
 NOBODY = "no-such-scheduler"
 """schedulerName of pods nobody schedules: the test binds them itself."""

@@ -11,8 +11,9 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from deploy.local.cluster import Cluster, Json, oversold_nodes, wait_until
-from deploy.local.plane import LocalPlane, Process
+from dev.local.cluster import Cluster, oversold_nodes, wait_until
+from dev.local.plane import LocalPlane, Process
+from hoss.model.objects import Json
 from tests.e2e.hoss import hoss_pods, wait_all_bound, workers
 
 CAPACITY = {"cpu": "8", "memory": "32Gi", "pods": "110"}

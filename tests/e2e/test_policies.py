@@ -16,8 +16,9 @@ import yaml
 from aiohttp import web
 from kubernetes_asyncio import client
 
-from deploy.local.cluster import Cluster, Json, oversold_nodes, wait_until
-from deploy.local.plane import POLICIES_FILE, LocalPlane, Process
+from dev.local.cluster import Cluster, oversold_nodes, wait_until
+from dev.local.plane import POLICIES_FILE, LocalPlane, Process
+from hoss.model.objects import Json
 from tests.e2e.hoss import hoss_pods, wait_all_bound, workers
 from tests.unit.test_entry_point_plugins import install_dist_info
 

@@ -21,10 +21,11 @@ from typing import Any
 
 import pytest
 
-from deploy.local.cluster import Cluster, Json, oversold_nodes, wait_until
-from deploy.local.plane import LocalPlane, Process
-from resolver.kube import list_objects, watch_objects
-from resolver.resources import node_allocatable, pod_requests
+from dev.local.cluster import Cluster, oversold_nodes, wait_until
+from dev.local.plane import LocalPlane, Process
+from hoss.kube.client import list_objects, watch_objects
+from hoss.model.objects import Json
+from hoss.model.resources import node_allocatable, pod_requests
 from tests.e2e.hoss import started_workers
 
 NODE = {"cpu": "4", "memory": "16Gi", "pods": "110"}

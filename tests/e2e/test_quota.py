@@ -16,8 +16,9 @@ import aiohttp
 import pytest
 from kubernetes_asyncio import client
 
-from deploy.local.cluster import Cluster, Json, pod_manifest, wait_until
-from deploy.local.plane import LocalPlane, Process
+from dev.local.cluster import Cluster, pod_manifest, wait_until
+from dev.local.plane import LocalPlane, Process
+from hoss.model.objects import Json
 from tests.e2e.hoss import hoss_pods, started_workers
 
 GPU = "nvidia.com/gpu"

@@ -22,9 +22,9 @@ from typing import Any
 import yaml
 from kubernetes_asyncio import client
 
-from deploy.local.cluster import Cluster, pod_manifest, wait_until
-from deploy.local.plane import HOSS_COMPONENTS, HOSS_NAMESPACE, RBAC_MANIFEST, LocalPlane, Process
-from resolver.resources import NODE_RESERVATION_ANNOTATION
+from dev.local.cluster import Cluster, pod_manifest, wait_until
+from dev.local.plane import HOSS_COMPONENTS, HOSS_NAMESPACE, RBAC_MANIFEST, LocalPlane, Process
+from hoss.model.resources import NODE_RESERVATION_ANNOTATION
 from tests.e2e.hoss import hoss_pods, status_access, wait_all_bound, workers
 
 Grant = tuple[str, str, str]

@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
-from deploy.local.cluster import Cluster, Json, pod_manifest, wait_until
-from deploy.local.plane import LocalPlane, Process
-from resolver.resources import NODE_RESERVATION_ANNOTATION, pod_requests
+from dev.local.cluster import Cluster, pod_manifest, wait_until
+from dev.local.plane import LocalPlane, Process
+from hoss.model.objects import Json
+from hoss.model.resources import NODE_RESERVATION_ANNOTATION, pod_requests
 
 _names = itertools.count()
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
-from deploy.local.cluster import Cluster, oversold_nodes, wait_until
-from deploy.local.plane import LocalPlane, Process
-from resolver.ledger import Ledger
+from dev.local.cluster import Cluster, oversold_nodes, wait_until
+from dev.local.plane import LocalPlane, Process
+from hoss.ledger.client import Ledger
 from tests.e2e.hoss import hoss_pods, wait_all_bound, workers
 
 NODE_CAPACITY = {"cpu": "8", "memory": "32Gi", "pods": "110"}

@@ -17,10 +17,10 @@ import aiohttp
 import pytest
 import redis.asyncio as aioredis
 
-from deploy.local import pki
-from deploy.local.cluster import Cluster, oversold_nodes, pod_manifest, wait_until
-from deploy.local.plane import LocalPlane
-from resolver.ledger import Ledger
+from deploy import pki
+from dev.local.cluster import Cluster, oversold_nodes, pod_manifest, wait_until
+from dev.local.plane import LocalPlane
+from hoss.ledger.client import Ledger
 
 NODES = 4
 NODE_CAPACITY = {"cpu": "4", "memory": "16Gi", "pods": "110"}

@@ -7,8 +7,9 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
-from deploy.local.cluster import Cluster, Json, pod_manifest, wait_until
-from deploy.local.plane import LocalPlane, Process
+from dev.local.cluster import Cluster, pod_manifest, wait_until
+from dev.local.plane import LocalPlane, Process
+from hoss.model.objects import Json
 from tests.e2e.hoss import workers
 
 NODE = {"cpu": "8", "memory": "32Gi", "pods": "110"}

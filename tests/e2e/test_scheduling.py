@@ -12,10 +12,11 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 from redis.asyncio import Redis
 
-from deploy.local.cluster import Cluster, Json, oversold_nodes, wait_until
-from deploy.local.plane import LocalPlane, Process
-from dispatcher.queue import WorkQueue
-from resolver.ledger import Ledger
+from dev.local.cluster import Cluster, oversold_nodes, wait_until
+from dev.local.plane import LocalPlane, Process
+from hoss.ledger.client import Ledger
+from hoss.model.objects import Json
+from hoss.queue import WorkQueue
 from tests.e2e.hoss import hoss_pods, wait_all_bound, workers
 
 _node_sets = itertools.count()

@@ -12,8 +12,8 @@ import pytest
 import redis
 import redis.asyncio
 
-from deploy.local.ports import free_port
-from resolver.ledger import Ledger
+from dev.local.ports import free_port
+from hoss.ledger.client import Ledger
 
 _STARTUP_SECONDS = 10.0
 _STOP_SECONDS = 10.0

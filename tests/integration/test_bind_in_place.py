@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from resolver.compact import pod_meta
-from resolver.ledger import BatchPod, Confirmed, Ledger, Placement, Reserved
+from hoss.ledger.client import BatchPod, Confirmed, Ledger, Placement, Reserved
+from hoss.model.compact import pod_meta
 
 NODE = {"cpu": 4000, "memory": 8 << 30, "pods": 110}
 REQUEST = {"cpu": 500, "memory": 1 << 30, "pods": 1}

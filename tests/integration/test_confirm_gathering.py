@@ -12,10 +12,10 @@ import pytest
 import redis.asyncio
 from redis.asyncio import Redis
 
-from deploy.local.ports import free_port
-from resolver.errors import LedgerUnavailable
-from resolver.ledger import Confirmed, Conflict, Ledger, LedgerNotReady
-from resolver.redisclient import PipelinedRedis
+from dev.local.ports import free_port
+from hoss.errors import LedgerUnavailable
+from hoss.ledger.client import Confirmed, Conflict, Ledger, LedgerNotReady
+from hoss.ledger.redisclient import PipelinedRedis
 
 NODE = {"cpu": 2000, "memory": 8 << 30, "pods": 110}
 POD = {"cpu": 100, "pods": 1}

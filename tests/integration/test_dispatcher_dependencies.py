@@ -14,8 +14,8 @@ import pytest
 
 from dispatcher import dependencies
 from dispatcher import reservations as dispatcher_reservations
-from dispatcher.queue import WorkItem, WorkQueue, queue_key
-from resolver import reservations
+from hoss.model import reservations
+from hoss.queue import WorkItem, WorkQueue, queue_key
 from tests.integration.test_dispatcher_flow import (
     RecordingNotifier,
     beat,

@@ -25,12 +25,12 @@ from dispatcher import reservations as dispatcher_reservations
 from dispatcher.core import FRESH_BEATS_SECONDS, Dispatcher, cancel_and_wait, no_worker_message, run_roles
 from dispatcher.intake import PendingPod
 from dispatcher.leader import LeaderElector
-from dispatcher.queue import WorkerInfo, WorkItem, WorkQueue, queue_key
 from dispatcher.routing import POLICY_LABEL
 from dispatcher.server import ServiceState, build_app
 from dispatcher.settings import DispatcherSettings
 from dispatcher.status import SystemStatus
-from resolver.ledger import Ledger
+from hoss.ledger.client import Ledger
+from hoss.queue import WorkerInfo, WorkItem, WorkQueue, queue_key
 
 pytestmark = pytest.mark.integration
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from dispatcher.queue import WorkQueue, queue_key
+from hoss.queue import WorkQueue, queue_key
 from tests.integration.test_dispatcher_flow import beat, make_dispatcher, pending_pod, queue, stream_uids
 
 pytestmark = pytest.mark.integration

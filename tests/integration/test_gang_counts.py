@@ -12,8 +12,8 @@ import redis.asyncio
 
 from dispatcher.core import Dispatcher
 from dispatcher.gangs import GangKey, PodGroupSpec
-from dispatcher.queue import WorkerInfo, WorkItem, WorkQueue, queue_key
 from dispatcher.settings import DispatcherSettings
+from hoss.queue import WorkerInfo, WorkItem, WorkQueue, queue_key
 
 pytestmark = pytest.mark.integration
 Json = dict[str, Any]

@@ -13,15 +13,15 @@ from pathlib import Path
 
 import numpy as np
 
-from resolver import compact
-from resolver.ledger import Conflict, GangMember, GangReserved, Ledger
+from hoss.framework.cycle import Profile, Unschedulable
+from hoss.framework.nodes import NodeTable, parse_placed
+from hoss.framework.pod import parse_pod
+from hoss.framework.profiles import load_profiles
+from hoss.ledger.client import Conflict, GangMember, GangReserved, Ledger
+from hoss.model import compact
 from tests.unit.kube_objects import raw_node, raw_pod
-from workers.framework import Profile, Unschedulable
 from workers.gang import place_gang
 from workers.intake import inter_pod_keys
-from workers.nodes import NodeTable, parse_placed
-from workers.pod import parse_pod
-from workers.profiles import load_profiles
 
 HOST = "kubernetes.io/hostname"
 ZONE = "topology.kubernetes.io/zone"

@@ -21,7 +21,7 @@ import redis.asyncio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from resolver.ledger import (
+from hoss.ledger.client import (
     BoundPod,
     Confirmed,
     Conflict,
@@ -32,7 +32,7 @@ from resolver.ledger import (
     PodEntry,
     Reserved,
 )
-from resolver.resources import ResourceVector, add
+from hoss.model.resources import ResourceVector, add
 
 Mi, Gi = 2**20, 2**30
 NODES: dict[str, ResourceVector] = {

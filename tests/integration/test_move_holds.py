@@ -1,4 +1,4 @@
-"""The rescheduler's holds in the ledger (resolver/lua/hold_moves.lua, 'Nominations' in common.lua) on a real
+"""The rescheduler's holds in the ledger (hoss/ledger/lua/hold_moves.lua, 'Nominations' in common.lua) on a real
 redis-server: all or nothing and fit-checked, kept from every other pod and foreign binding, claimed by the pod
 they are for (the pending pod by uid, a moved pod's replacement by its controller), announced to the workers; and
 the executor (rescheduler/execute.py) over them: a replacement that asks more than the moved pod has its hold
@@ -12,12 +12,12 @@ from typing import Any
 import orjson
 import pytest
 
+from hoss.ledger.client import BatchPod, Confirmed, Conflict, Ledger, MoveHold, Placement, Reserved
+from hoss.model.objects import Json
+from hoss.model.resources import pod_requests
 from rescheduler.cluster import ClusterView
 from rescheduler.execute import EvictionLimit, Executor
 from rescheduler.plan import Move, Node, Plan, Pod, fragmentation, plan_for_pending
-from resolver.kube import Json
-from resolver.ledger import BatchPod, Confirmed, Conflict, Ledger, MoveHold, Placement, Reserved
-from resolver.resources import pod_requests
 
 pytestmark = pytest.mark.integration
 

@@ -17,9 +17,9 @@ import pytest
 import redis.asyncio
 from kubernetes_asyncio import client
 
-from resolver import admission
-from resolver.kube import Json
-from resolver.ledger import BatchPod, Confirmed, Conflict, HeldElsewhere, Ledger, Placement
+from hoss.ledger.client import BatchPod, Confirmed, Conflict, HeldElsewhere, Ledger, Placement
+from hoss.model import admission
+from hoss.model.objects import Json
 from resolver.settings import ResolverSettings
 from resolver.sync import LedgerSync, PodIndex, admitted_verdict, parse_pod
 from resolver.webhook import WebhookState, judge

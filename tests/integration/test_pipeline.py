@@ -11,11 +11,11 @@ import pytest
 import redis.asyncio
 
 from bench.pipeline import SinkBinder, drive, node_object, pod_object, prepare_ledger, run_worker, worker_settings
-from deploy.local.plane import POLICIES_FILE
-from resolver import compact
-from resolver.ledger import Ledger
-from resolver.resources import node_allocatable
-from workers.pod import PodView
+from dev.local.plane import POLICIES_FILE
+from hoss.framework.pod import PodView
+from hoss.ledger.client import Ledger
+from hoss.model import compact
+from hoss.model.resources import node_allocatable
 
 pytestmark = pytest.mark.integration
 

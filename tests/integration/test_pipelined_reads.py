@@ -1,4 +1,4 @@
-"""Pipelined connections (`resolver.redisclient.PipelinedRedis`) where redis-py's pool was, on a real redis-server:
+"""Pipelined connections (`hoss.ledger.redisclient.PipelinedRedis`) where redis-py's pool was, on a real redis-server:
 the workers' blocking reads of the change stream and the work stream (`workers.core.Pipelined`) give exactly what
 redis-py gives, a read blocks until an entry arrives and holds up nothing else; the dispatcher's sends leave exactly
 what redis-py's transaction left, and fail as it does."""
@@ -13,9 +13,9 @@ import pytest
 import redis.asyncio
 from redis.exceptions import ResponseError
 
-from dispatcher.queue import DISPATCHED, WORKERS, WorkItem, WorkQueue, queue_key
-from resolver.ledger import Ledger
-from resolver.redisclient import PipelinedRedis
+from hoss.ledger.client import Ledger
+from hoss.ledger.redisclient import PipelinedRedis
+from hoss.queue import DISPATCHED, WORKERS, WorkItem, WorkQueue, queue_key
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import redis.asyncio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from resolver.ledger import (
+from hoss.ledger.client import (
     BatchPod,
     BoundPod,
     Confirmed,

@@ -10,11 +10,11 @@ import redis.asyncio
 from redis.exceptions import BusyLoadingError, ConnectionError, OutOfMemoryError, ReadOnlyError, ResponseError
 
 from bench.pipeline import drive, node_object, pod_object, prepare_ledger, run_worker, worker_settings
-from deploy.local.plane import POLICIES_FILE
+from dev.local.plane import POLICIES_FILE
 from dispatcher.core import Dispatcher
-from dispatcher.queue import DISPATCHED, QueueLost, WorkerInfo, WorkItem, WorkQueue, classify, queue_key
 from dispatcher.settings import DispatcherSettings
-from resolver.errors import LedgerUnavailable
+from hoss.errors import LedgerUnavailable
+from hoss.queue import DISPATCHED, QueueLost, WorkerInfo, WorkItem, WorkQueue, classify, queue_key
 
 pytestmark = pytest.mark.integration
 

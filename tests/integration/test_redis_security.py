@@ -19,14 +19,14 @@ import redis
 import redis.asyncio
 from redis.exceptions import AuthenticationError, ConnectionError, NoPermissionError, ResponseError
 
-from deploy import lockdown
-from deploy.local import pki
-from deploy.local.plane import _redis_version
-from deploy.local.ports import free_port
-from dispatcher.queue import WorkerInfo, WorkItem, WorkQueue
-from resolver.ledger import KEY_PREFIX, READY_KEY, Ledger
-from resolver.redisclient import PipelinedRedis
-from resolver.settings import ResolverSettings, SettingsError, load_settings
+from deploy import lockdown, pki
+from dev.local.plane import _redis_version
+from dev.local.ports import free_port
+from hoss.ledger.client import KEY_PREFIX, READY_KEY, Ledger
+from hoss.ledger.redisclient import PipelinedRedis
+from hoss.queue import WorkerInfo, WorkItem, WorkQueue
+from hoss.settings import SettingsError, load_settings
+from resolver.settings import ResolverSettings
 from resolver.webhook import ledger_redis
 from tests.integration.conftest import _stop, _wait_for_ping
 
@@ -194,8 +194,8 @@ async def test_the_dispatcher_reads_the_ledger_but_cannot_write_the_ready_flag(h
         for write in (dispatcher.set(READY_KEY, "0"), dispatcher.delete(READY_KEY), dispatcher.expire(READY_KEY, 1)):
             with pytest.raises(NoPermissionError):
                 await write
-        source = (importlib.resources.files("resolver") / "lua" / "common.lua").read_text() + "\n" + (
-            importlib.resources.files("resolver") / "lua" / "snapshot.lua").read_text()
+        source = (importlib.resources.files("hoss.ledger") / "lua" / "common.lua").read_text() + "\n" + (
+            importlib.resources.files("hoss.ledger") / "lua" / "snapshot.lua").read_text()
         sha = await dispatcher.script_load(source)
         with pytest.raises(NoPermissionError, match="key"):
             await dispatcher.evalsha(sha, 1, READY_KEY, KEY_PREFIX, 0)

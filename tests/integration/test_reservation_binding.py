@@ -13,15 +13,15 @@ import pytest
 import redis.asyncio
 
 from bench.pipeline import prepare_ledger, run_worker, worker_settings
-from deploy.local.plane import POLICIES_FILE
+from dev.local.plane import POLICIES_FILE
 from dispatcher import reservations as dispatcher_reservations
 from dispatcher.core import Dispatcher, cancel_and_wait
-from dispatcher.queue import WorkQueue
 from dispatcher.settings import DispatcherSettings
-from resolver.kube import KubeError
-from resolver.ledger import Ledger, ReservationShares
+from hoss.framework.pod import PodView
+from hoss.kube.client import KubeError
+from hoss.ledger.client import Ledger, ReservationShares
+from hoss.queue import WorkQueue
 from workers.core import Worker
-from workers.pod import PodView
 
 pytestmark = pytest.mark.integration
 

@@ -1,12 +1,12 @@
 """Room held for a future pod (a Reservation) in the ledger on a real redis-server: placed in two steps
 (`hold_reservation`, `keep_reservation`), closed to every other pod and to foreign bindings, and taken by the owner
-pod that names it in one call (resolver/lua/reserve_batch.lua, 'Reservations')."""
+pod that names it in one call (hoss/ledger/lua/reserve_batch.lua, 'Reservations')."""
 
 from __future__ import annotations
 
 import asyncio
 
-from resolver.ledger import (
+from hoss.ledger.client import (
     BatchPod,
     BoundPod,
     Conflict,

@@ -11,9 +11,9 @@ import pytest
 from redis.asyncio import Redis
 from redis.asyncio.connection import Connection
 
-from resolver.errors import LedgerUnavailable
-from resolver.ledger import Confirmed, Conflict, Ledger, LedgerNotReady, NeedRequest, Placement, Reserved
-from resolver.redisclient import PipelinedRedis
+from hoss.errors import LedgerUnavailable
+from hoss.ledger.client import Confirmed, Conflict, Ledger, LedgerNotReady, NeedRequest, Placement, Reserved
+from hoss.ledger.redisclient import PipelinedRedis
 from resolver.webhook import HiredisPack, ledger_redis
 
 ROOM = {"cpu": 4000, "memory": 8 << 30, "pods": 110}

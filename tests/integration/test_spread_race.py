@@ -11,12 +11,12 @@ from collections import Counter
 
 import numpy as np
 
-from resolver import compact
-from resolver.ledger import BatchPod, Conflict, Ledger, Reserved
+from hoss.framework.nodes import NodeTable, parse_placed
+from hoss.framework.plugins.topology import PodTopologySpread
+from hoss.framework.pod import parse_pod
+from hoss.ledger.client import BatchPod, Conflict, Ledger, Reserved
+from hoss.model import compact
 from tests.unit.kube_objects import raw_node, raw_pod
-from workers.nodes import NodeTable, parse_placed
-from workers.plugins.topology import PodTopologySpread
-from workers.pod import parse_pod
 
 ZONE = "topology.kubernetes.io/zone"
 NODES = {f"n{i}": f"z{i % 3}" for i in range(9)}

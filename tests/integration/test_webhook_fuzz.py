@@ -28,9 +28,9 @@ import redis.asyncio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from deploy.local import pki
-from resolver.ledger import Ledger
-from resolver.redisclient import PipelinedRedis
+from deploy import pki
+from hoss.ledger.client import Ledger
+from hoss.ledger.redisclient import PipelinedRedis
 from resolver.settings import ResolverSettings
 from resolver.sync import PodIndex, parse_pod
 from resolver.webhook import WebhookState, build_server, tls_context

@@ -14,8 +14,8 @@ import redis.asyncio
 
 import workers.core
 from bench.pipeline import drive, node_object, pod_object, prepare_ledger, run_worker, worker_settings
-from deploy.local.plane import POLICIES_FILE
-from dispatcher.queue import WorkQueue
+from dev.local.plane import POLICIES_FILE
+from hoss.queue import WorkQueue
 
 pytestmark = pytest.mark.integration
 

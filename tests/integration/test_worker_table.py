@@ -14,12 +14,12 @@ import pytest
 import redis.asyncio
 
 from bench.pipeline import drive, node_object, pod_object, prepare_ledger, run_worker, worker_settings
-from deploy.local.cluster import wait_until
-from deploy.local.plane import POLICIES_FILE
+from dev.local.cluster import wait_until
+from dev.local.plane import POLICIES_FILE
 from dispatcher.gangs import MIN_AVAILABLE_LABEL, NAME_LABEL
-from resolver.ledger import CHANGES_KEY, GangReserved, Ledger, Reserved
+from hoss.framework.nodes import stream_position
+from hoss.ledger.client import CHANGES_KEY, GangReserved, Ledger, Reserved
 from workers.core import Worker
-from workers.nodes import stream_position
 
 pytestmark = pytest.mark.integration
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from workers.nodes import NodeTable
-from workers.pod import PodView, parse_pod
+from hoss.framework.nodes import NodeTable
+from hoss.framework.pod import PodView, parse_pod
 
 Json = dict[str, Any]
 

@@ -10,9 +10,9 @@ import orjson
 import pytest
 import yaml
 
-from resolver import admission
-from resolver.admission import BindingRequest, OtherRequest, _binding_as_sent, _parse_checked, parse_review
-from resolver.reservations import selector_matches
+from hoss.model import admission
+from hoss.model.admission import BindingRequest, OtherRequest, _binding_as_sent, _parse_checked, parse_review
+from hoss.model.reservations import selector_matches
 
 SENT: dict[str, Any] = {
     "apiVersion": "admission.k8s.io/v1",

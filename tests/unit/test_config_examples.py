@@ -9,7 +9,8 @@ import pytest
 from pydantic import BaseModel
 
 from dispatcher.settings import DispatcherSettings
-from resolver.settings import ResolverSettings, load_settings
+from hoss.settings import load_settings
+from resolver.settings import ResolverSettings
 from workers.settings import WorkerSettings
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"

@@ -13,13 +13,13 @@ import yaml
 
 from dispatcher.intake import parse_pending_pod
 from dispatcher.spreading import SelectorSources
-from resolver import compact
+from hoss.framework.errors import ProfileError
+from hoss.framework.nodes import NodeTable, parse_placed
+from hoss.framework.plugins.topology import ZONE, PodTopologySpread
+from hoss.framework.pod import PodView, parse_pod
+from hoss.framework.profiles import load_profiles
+from hoss.model import compact
 from tests.unit.kube_objects import Json, raw_node, raw_pod, table
-from workers.errors import ProfileError
-from workers.nodes import NodeTable, parse_placed
-from workers.plugins.topology import ZONE, PodTopologySpread
-from workers.pod import PodView, parse_pod
-from workers.profiles import load_profiles
 
 HOST = "kubernetes.io/hostname"
 

@@ -9,8 +9,8 @@ from typing import Any
 import fakeredis
 import pytest
 
-from dispatcher.queue import DISPATCHED, GangMember, WorkerInfo, WorkItem, WorkQueue, queue_key, worker_key
-from resolver.ledger import Ledger
+from hoss.ledger.client import Ledger
+from hoss.queue import DISPATCHED, GangMember, WorkerInfo, WorkItem, WorkQueue, queue_key, worker_key
 
 
 @pytest.fixture

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from resolver.events import EventSink, TokenBucket, scheduled_event
-from resolver.rest import KubeREST
+from hoss.kube.events import EventSink, TokenBucket, scheduled_event
+from hoss.kube.rest import KubeREST
 from tests.unit.test_rest import decode_event
 from tests.unit.tls_apiserver import Seen, TLSApiserver, status, until
 
@@ -112,7 +112,7 @@ async def test_a_failing_apiserver_never_reaches_the_caller_and_is_logged_at_mos
 
     apiserver.respond = refuse
     clock = Clock()
-    with caplog.at_level(logging.WARNING, logger="resolver.events"):
+    with caplog.at_level(logging.WARNING, logger="hoss.kube.events"):
         async with EventSink(rest, clock=clock) as sink:
             for index in range(10):
                 sink.record(event(index))
@@ -122,7 +122,7 @@ async def test_a_failing_apiserver_never_reaches_the_caller_and_is_logged_at_mos
             await until(lambda: sink.failed == 11)
     assert (sink.posted, sink.failed, sink.dropped) == (0, 11, 0)
     assert len(apiserver.seen) == 11, "a failed post is not retried"
-    messages = [record.getMessage() for record in caplog.records if record.name == "resolver.events"]
+    messages = [record.getMessage() for record in caplog.records if record.name == "hoss.kube.events"]
     assert len(messages) == 2
     assert messages[0].startswith("cannot record Scheduled on web-")
     assert "403: events is forbidden" in messages[0]

@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 from aiohttp import web
 
+from hoss.framework.cycle import ExtenderConfig, FilterPlugin, Placement, Profile, Unschedulable, decide
+from hoss.framework.nodes import NodeTable
+from hoss.framework.plugins.binpack import MostAllocated
+from hoss.framework.plugins.fit import NodeResourcesFit
+from hoss.framework.pod import parse_pod
 from tests.unit.kube_objects import Json, raw_node, raw_pod, table
 from workers.extender import decide_with_extenders
-from workers.framework import ExtenderConfig, FilterPlugin, Placement, Profile, Unschedulable, decide
-from workers.nodes import NodeTable
-from workers.plugins.binpack import MostAllocated
-from workers.plugins.fit import NodeResourcesFit
-from workers.pod import parse_pod
 
 FILTERS: list[FilterPlugin] = [NodeResourcesFit()]
 NODE = {"cpu": "8", "memory": "32Gi", "pods": "110"}

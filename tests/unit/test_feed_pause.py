@@ -9,12 +9,12 @@ from collections.abc import AsyncIterator
 import fakeredis
 import pytest
 
-from resolver import compact
-from resolver.ledger import BatchPod, Ledger, Reserved
+from hoss.framework.feed import CATCH_UP_MIN_ENTRIES, NodeFeed
+from hoss.framework.nodes import NodeTable
+from hoss.ledger.client import BatchPod, Ledger, Reserved
+from hoss.model import compact
 from tests.unit.kube_objects import raw_node
 from tests.unit.tls_apiserver import until
-from workers.feed import CATCH_UP_MIN_ENTRIES, NodeFeed
-from workers.nodes import NodeTable
 
 ALLOC = {"cpu": 400_000, "memory": 8 << 40, "pods": 5000}
 REQUEST = {"cpu": 100, "pods": 1}

@@ -14,10 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from resolver.errors import NodeSpecError, PodSpecError
-from tests.unit.kube_objects import CPU_NODE, GPU_NODE, Json, pod_view, raw_node, raw_pod, table
-from workers.errors import PluginError, UnknownNodeError
-from workers.framework import (
+from hoss.errors import NodeSpecError, PodSpecError
+from hoss.framework.cycle import (
     BoolArray,
     FilterPlugin,
     FilterResult,
@@ -30,13 +28,15 @@ from workers.framework import (
     evaluate,
     min_max_normalize,
 )
-from workers.nodes import NodeTable, Taint, parse_node
-from workers.plugins.affinity import NodeAffinity
-from workers.plugins.binpack import MostAllocated
-from workers.plugins.fit import NodeResourcesFit
-from workers.plugins.spread import LeastAllocated
-from workers.plugins.taints import NodeUnschedulable, TaintToleration
-from workers.pod import PodView, parse_pod
+from hoss.framework.errors import PluginError, UnknownNodeError
+from hoss.framework.nodes import NodeTable, Taint, parse_node
+from hoss.framework.plugins.affinity import NodeAffinity
+from hoss.framework.plugins.binpack import MostAllocated
+from hoss.framework.plugins.fit import NodeResourcesFit
+from hoss.framework.plugins.spread import LeastAllocated
+from hoss.framework.plugins.taints import NodeUnschedulable, TaintToleration
+from hoss.framework.pod import PodView, parse_pod
+from tests.unit.kube_objects import CPU_NODE, GPU_NODE, Json, pod_view, raw_node, raw_pod, table
 
 GPU = "nvidia.com/gpu"
 Gi = 2**30

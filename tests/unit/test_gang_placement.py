@@ -9,12 +9,12 @@ from typing import Any
 import numpy as np
 import pytest
 
+from hoss.framework.cycle import Profile, Unschedulable
+from hoss.framework.nodes import NodeTable
+from hoss.framework.pod import PodView, parse_pod
+from hoss.framework.profiles import load_profiles
 from tests.unit.kube_objects import pod_view, raw_node, raw_pod, table
-from workers.framework import Profile, Unschedulable
 from workers.gang import GangPlacement, ScratchUsage, choose_leaves, gang_name, place_gang
-from workers.nodes import NodeTable
-from workers.pod import PodView, parse_pod
-from workers.profiles import load_profiles
 
 POLICIES = Path(__file__).resolve().parents[2] / "configs" / "policies.yaml"
 LEAF = "topology.hoss.io/leaf"

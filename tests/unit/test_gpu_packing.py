@@ -7,12 +7,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hoss.framework.cycle import FilterPlugin, Placement, Profile, Unschedulable, decide
+from hoss.framework.nodes import NodeTable
+from hoss.framework.plugins.fit import NodeResourcesFit
+from hoss.framework.plugins.gpu import CpuOffGpuNodes, GpuPacking, gpu_fragmentation
+from hoss.framework.profiles import load_profiles
 from tests.unit.kube_objects import CPU_NODE, GPU_NODE, pod_view, raw_node, table
-from workers.framework import FilterPlugin, Placement, Profile, Unschedulable, decide
-from workers.nodes import NodeTable
-from workers.plugins.fit import NodeResourcesFit
-from workers.plugins.gpu import CpuOffGpuNodes, GpuPacking, gpu_fragmentation
-from workers.profiles import load_profiles
 
 POLICIES = Path(__file__).resolve().parents[2] / "configs" / "policies.yaml"
 GPU = "nvidia.com/gpu"

@@ -1,4 +1,4 @@
-"""resolver.http1 against raw sockets that answer byte for byte as a test tells them: every framing an HTTP/1.1
+"""hoss.kube.http1 against raw sockets that answer byte for byte as a test tells them: every framing an HTTP/1.1
 server may use, keep-alive and its end, broken and malformed responses, the connection limit, and a CONNECT proxy."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from kubernetes_asyncio import client, config
 
-from resolver.http1 import Http1Pool, ProtocolError
-from resolver.rest import KubeREST
+from hoss.kube.http1 import Http1Pool, ProtocolError
+from hoss.kube.rest import KubeREST
 from tests.unit.tls_apiserver import TLSApiserver
 
 Handler = Callable[[bytes, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[bool]]

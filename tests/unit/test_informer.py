@@ -12,9 +12,10 @@ import aiohttp
 import orjson
 import pytest
 
-from resolver import kube
-from resolver.errors import ResolverError
-from resolver.kube import InformerHandlers, Json, run_informer
+from hoss.errors import HossError
+from hoss.kube import client as kube
+from hoss.kube.client import InformerHandlers, run_informer
+from hoss.model.objects import Json
 
 
 class FakeContent:
@@ -99,7 +100,7 @@ class Recorder:
         name = obj["metadata"]["name"]
         if name == self.fail_on:
             self.fail_on = None
-            raise ResolverError(f"cannot handle {name}")
+            raise HossError(f"cannot handle {name}")
         self.events.append((kind, name))
 
     def handlers(self) -> InformerHandlers:

@@ -9,18 +9,18 @@ import fakeredis
 import numpy as np
 import pytest
 
-from resolver import compact
-from resolver.ledger import BatchPod, Conflict, Ledger, Reserved
-from tests.unit.kube_objects import Json, raw_node, raw_pod, table
-from workers.errors import UnsupportedPodField
-from workers.nodes import NodeTable, parse_placed
-from workers.plugins.interpod import (
+from hoss.framework.errors import UnsupportedPodField
+from hoss.framework.nodes import NodeTable, parse_placed
+from hoss.framework.plugins.interpod import (
     AFFINITY_MISMATCH,
     ANTI_AFFINITY_MISMATCH,
     EXISTING_ANTI_AFFINITY,
     InterPodAffinity,
 )
-from workers.pod import PodView, parse_pod
+from hoss.framework.pod import PodView, parse_pod
+from hoss.ledger.client import BatchPod, Conflict, Ledger, Reserved
+from hoss.model import compact
+from tests.unit.kube_objects import Json, raw_node, raw_pod, table
 
 HOST = "kubernetes.io/hostname"
 ZONE = "zone"

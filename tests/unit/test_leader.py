@@ -20,7 +20,7 @@ from dispatcher.leader import (
     parse_lease,
     released_object,
 )
-from resolver.kube import KubeError
+from hoss.kube.client import KubeError
 
 T0 = datetime.datetime(2026, 11, 22, 8, 0, 0, tzinfo=datetime.UTC)
 Json = dict[str, Any]

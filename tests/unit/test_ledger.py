@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator
 import fakeredis
 import pytest
 
-from resolver.errors import LedgerNotReadyError, LedgerUnavailable
-from resolver.ledger import (
+from hoss.errors import LedgerNotReadyError, LedgerUnavailable
+from hoss.ledger.client import (
     BoundPod,
     Confirmed,
     Conflict,
@@ -23,7 +23,7 @@ from resolver.ledger import (
     Reserved,
     UnknownNode,
 )
-from resolver.resources import MAX_UNITS
+from hoss.model.resources import MAX_UNITS
 
 Gi = 2**30
 N1 = {"cpu": 4000, "memory": 8 * Gi, "pods": 110}

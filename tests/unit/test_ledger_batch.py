@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 import fakeredis
 import pytest
 
-from resolver.ledger import (
+from hoss.ledger.client import (
     PODVER_KEY,
     BatchPod,
     BoundPod,

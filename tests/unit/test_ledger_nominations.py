@@ -1,4 +1,4 @@
-"""Room held for a preempting pod in the ledger (resolver/lua/nominate.lua and 'Nominations' in common.lua),
+"""Room held for a preempting pod in the ledger (hoss/ledger/lua/nominate.lua and 'Nominations' in common.lua),
 against fakeredis running the real scripts."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import fakeredis
 import orjson
 import pytest
 
-from resolver.ledger import BatchPod, Confirmed, Conflict, GangMember, Ledger, Reserved
+from hoss.ledger.client import BatchPod, Confirmed, Conflict, GangMember, Ledger, Reserved
 
 N1 = {"cpu": 4000, "memory": 8 << 30, "pods": 110}
 N2 = {"cpu": 4000, "memory": 8 << 30, "pods": 110}

@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator
 import fakeredis
 import pytest
 
-from resolver import compact
-from resolver.ledger import BatchPod, BoundPod, Conflict, GangMember, Ledger, Reserved
+from hoss.ledger.client import BatchPod, BoundPod, Conflict, GangMember, Ledger, Reserved
+from hoss.model import compact
 
 NODE = {"cpu": 4000, "memory": 8 << 30, "pods": 110}
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from deploy.cli import main
-from deploy.local import binaries
+from dev.cli import main
+from dev.local import binaries
 
 pytestmark = pytest.mark.skipif(shutil.which("go") is None, reason="needs the Go toolchain (go clean)")
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from deploy.local import binaries
-from deploy.local.plane import LocalPlane, PlaneError
+from dev.local import binaries
+from dev.local.plane import LocalPlane, PlaneError
 
 
 def test_missing_binary_names_it_and_where_it_was_looked_for(

@@ -8,15 +8,15 @@ import fakeredis
 import numpy as np
 import pytest
 
-from resolver import compact
-from resolver.ledger import BatchPod, BoundPod, Ledger
+from hoss.framework.cycle import Profile, decide
+from hoss.framework.feed import NodeFeed
+from hoss.framework.nodes import HostPort, NodeTable, PlacedPod
+from hoss.framework.plugins.ports import PORTS_TAKEN, NodePorts
+from hoss.framework.pod import PodView, parse_pod
+from hoss.ledger.client import BatchPod, BoundPod, Ledger
+from hoss.model import compact
 from tests.unit.kube_objects import Json, raw_node, raw_pod, table
-from workers.feed import NodeFeed
-from workers.framework import Profile, decide
 from workers.gang import place_gang
-from workers.nodes import HostPort, NodeTable, PlacedPod
-from workers.plugins.ports import PORTS_TAKEN, NodePorts
-from workers.pod import PodView, parse_pod
 
 
 def with_ports(name: str, *ports: Json) -> Json:

@@ -13,13 +13,13 @@ import fakeredis
 import pytest
 from kubernetes_asyncio import client
 
-from resolver import compact
+from hoss.errors import NodeSpecError
+from hoss.framework.nodes import parse_node
+from hoss.ledger.client import Ledger
+from hoss.model import compact
+from hoss.model.resources import NODE_RESERVATION_ANNOTATION, node_allocatable, node_reservation
 from resolver import sync as sync_module
-from resolver.errors import NodeSpecError
-from resolver.ledger import Ledger
-from resolver.resources import NODE_RESERVATION_ANNOTATION, node_allocatable, node_reservation
 from resolver.sync import LedgerSync
-from workers.nodes import parse_node
 
 
 def node(name: str = "n1", annotation: object = None, *, cpu: str = "8") -> dict[str, Any]:

@@ -10,11 +10,11 @@ from collections.abc import AsyncIterator
 import fakeredis
 import pytest
 
-from resolver import compact
-from resolver.ledger import BatchPod, GangMember, GangReserved, Ledger, Reserved
+from hoss.framework.feed import NodeFeed
+from hoss.framework.nodes import NodeTable
+from hoss.ledger.client import BatchPod, GangMember, GangReserved, Ledger, Reserved
+from hoss.model import compact
 from tests.unit.kube_objects import raw_node
-from workers.feed import NodeFeed
-from workers.nodes import NodeTable
 
 ALLOC = {"cpu": 4000, "memory": 8 << 30, "pods": 110}
 REQUEST = {"cpu": 1000, "pods": 1}

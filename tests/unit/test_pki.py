@@ -1,4 +1,4 @@
-"""deploy/local/pki: private keys are 0600 from the first byte, and certificates are renewed before they expire."""
+"""deploy/pki: private keys are 0600 from the first byte, and certificates are renewed before they expire."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from deploy.local import pki
+from deploy import pki
 
 
 @pytest.fixture

@@ -7,15 +7,15 @@ from typing import Any
 import numpy as np
 import pytest
 
+from hoss.framework.cycle import FilterResult
+from hoss.framework.nodes import NodeTable
+from hoss.framework.plugins import FILTERS, SCORES, load_registry
+from hoss.framework.plugins.affinity import NodeAffinity
+from hoss.framework.plugins.binpack import MostAllocated
+from hoss.framework.plugins.fit import NodeResourcesFit
+from hoss.framework.plugins.spread import LeastAllocated
+from hoss.framework.plugins.taints import NodeUnschedulable, TaintToleration
 from tests.unit.kube_objects import CPU_NODE, GPU_NODE, Json, pod_view, raw_node, table
-from workers.framework import FilterResult
-from workers.nodes import NodeTable
-from workers.plugins import FILTERS, SCORES, load_registry
-from workers.plugins.affinity import NodeAffinity
-from workers.plugins.binpack import MostAllocated
-from workers.plugins.fit import NodeResourcesFit
-from workers.plugins.spread import LeastAllocated
-from workers.plugins.taints import NodeUnschedulable, TaintToleration
 
 GPU = "nvidia.com/gpu"
 Gi = 2**30

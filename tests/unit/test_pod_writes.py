@@ -9,8 +9,8 @@ from typing import Any
 import orjson
 import pytest
 
-from resolver import admission
-from resolver.resources import pod_requests, status_resources_key
+from hoss.model import admission
+from hoss.model.resources import pod_requests, status_resources_key
 
 
 def review(request: dict[str, Any]) -> bytes:

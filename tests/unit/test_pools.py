@@ -7,13 +7,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+from hoss.framework.cycle import FilterPlugin, FilterResult, Placement, Profile, Unschedulable, decide
+from hoss.framework.errors import ProfileError
+from hoss.framework.nodes import NodeTable
+from hoss.framework.plugins.fit import NodeResourcesFit
+from hoss.framework.plugins.pools import NodePool, pool_usage
+from hoss.framework.profiles import parse_profiles
 from tests.unit.kube_objects import CPU_NODE, GPU_NODE, pod_view, raw_node, table
-from workers.errors import ProfileError
-from workers.framework import FilterPlugin, FilterResult, Placement, Profile, Unschedulable, decide
-from workers.nodes import NodeTable
-from workers.plugins.fit import NodeResourcesFit
-from workers.plugins.pools import NodePool, pool_usage
-from workers.profiles import parse_profiles
 
 POOL = "hoss.io/pool"
 GPU = "nvidia.com/gpu"

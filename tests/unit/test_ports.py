@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.local import ports
+from dev.local import ports
 
 
 def test_a_port_is_outside_the_ephemeral_range_free_and_never_handed_out_twice() -> None:

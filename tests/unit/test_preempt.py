@@ -7,24 +7,23 @@ from pathlib import Path
 
 import pytest
 
-from resolver.ledger import Nomination
+from hoss.framework.budget import Budget, parse_budget
+from hoss.framework.cycle import Profile
+from hoss.framework.nodes import HostPort, NodeTable, PlacedPod
+from hoss.framework.pod import PodView, parse_pod
+from hoss.framework.podterms import label_selector
+from hoss.framework.profiles import load_profiles
+from hoss.ledger.client import Nomination
 from tests.unit.kube_objects import raw_node, raw_pod, table
-from workers.framework import Profile
-from workers.nodes import HostPort, NodeTable, PlacedPod
-from workers.pod import PodView, parse_pod
-from workers.podterms import label_selector
-from workers.preempt import (
-    Budget,
+from workers.victims import (
     Candidate,
     candidates,
     eligible,
-    parse_budget,
     pick,
     preemption_policy,
     select_victims,
     split_by_budgets,
 )
-from workers.profiles import load_profiles
 
 NODE = {"cpu": "4", "memory": "16Gi", "pods": "110"}
 POLICIES = Path(__file__).resolve().parents[2] / "configs" / "policies.yaml"

@@ -12,16 +12,16 @@ import fakeredis
 import pytest
 from aiohttp import web
 
-from resolver.kube import Json
-from resolver.ledger import Ledger
-from resolver.rest import KubeREST
+from hoss.framework.cycle import Profile
+from hoss.framework.nodes import NodeTable, PlacedPod
+from hoss.framework.pod import PodView, parse_pod
+from hoss.framework.profiles import load_profiles
+from hoss.kube.rest import KubeREST
+from hoss.ledger.client import Ledger
+from hoss.model.objects import Json
 from tests.unit.kube_objects import raw_node, raw_pod, table
 from tests.unit.tls_apiserver import Seen, TLSApiserver, status
-from workers.framework import Profile
-from workers.nodes import NodeTable, PlacedPod
-from workers.pod import PodView, parse_pod
 from workers.preempt import Preemptor
-from workers.profiles import load_profiles
 
 NODE = {"cpu": "4", "memory": "16Gi", "pods": "110"}
 ALLOC = {"cpu": 4000, "memory": 16 << 30, "pods": 110}

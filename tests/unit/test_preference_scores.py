@@ -5,14 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from resolver.errors import PodSpecError
+from hoss.errors import PodSpecError
+from hoss.framework.cycle import Profile, decide, default_normalize, evaluate
+from hoss.framework.nodes import NodeTable
+from hoss.framework.plugins.affinity import NodeAffinity
+from hoss.framework.plugins.spread import LeastAllocated
+from hoss.framework.plugins.taints import TaintToleration
+from hoss.framework.pod import PodView, parse_pod
 from tests.unit.kube_objects import Json, pod_view, raw_node, raw_pod, table
-from workers.framework import Profile, decide, default_normalize, evaluate
-from workers.nodes import NodeTable
-from workers.plugins.affinity import NodeAffinity
-from workers.plugins.spread import LeastAllocated
-from workers.plugins.taints import TaintToleration
-from workers.pod import PodView, parse_pod
 
 
 def preferring(*terms: tuple[int, Json]) -> PodView:

@@ -8,12 +8,12 @@ from typing import Any
 import numpy as np
 import pytest
 
+from hoss.framework.cycle import Placement, decide
+from hoss.framework.errors import ProfileError
+from hoss.framework.plugins.binpack import MostAllocated
+from hoss.framework.plugins.spread import LeastAllocated
+from hoss.framework.profiles import load_profiles, parse_profiles, profile_for
 from tests.unit.kube_objects import GPU_NODE, pod_view, raw_node, table
-from workers.errors import ProfileError
-from workers.framework import Placement, decide
-from workers.plugins.binpack import MostAllocated
-from workers.plugins.spread import LeastAllocated
-from workers.profiles import load_profiles, parse_profiles, profile_for
 
 POLICIES = Path(__file__).resolve().parents[2] / "configs" / "policies.yaml"
 FILTERS = ["NodeUnschedulable", "TaintToleration", "NodeAffinity", "NodePorts", "NodePool", "NodeResourcesFit",

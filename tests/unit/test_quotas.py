@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from resolver.ledger import ElasticQuota, QuotaExceeded, QuotaReport, QuotaUse, decode_batch_result
+from hoss.ledger.client import ElasticQuota, QuotaExceeded, QuotaReport, QuotaUse, decode_batch_result
 from resolver.quotas import QuotaMirror, QuotaSpecError, parse_elastic_quota, used_status, write_used
 from resolver.webhook import QuotaCollector
 

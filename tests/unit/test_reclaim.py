@@ -7,14 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from resolver.ledger import ElasticQuota, QuotaReport, QuotaUse
+from hoss.framework.budget import Budget
+from hoss.framework.cycle import Profile
+from hoss.framework.nodes import NodeTable, PlacedPod
+from hoss.framework.pod import PodView, parse_pod
+from hoss.framework.podterms import label_selector
+from hoss.framework.profiles import load_profiles
+from hoss.ledger.client import ElasticQuota, QuotaReport, QuotaUse
 from tests.unit.kube_objects import raw_node, raw_pod, table
-from workers.framework import Profile
-from workers.nodes import NodeTable, PlacedPod
-from workers.pod import PodView, parse_pod
-from workers.podterms import label_selector
-from workers.preempt import Budget, Candidate, keeps_quota_mins, pick, reclaim_candidates, reclaimable
-from workers.profiles import load_profiles
+from workers.victims import Candidate, keeps_quota_mins, pick, reclaim_candidates, reclaimable
 
 GPU = "nvidia.com/gpu"
 GPU_NODE = {"cpu": "16", "memory": "64Gi", "pods": "110", GPU: "2"}

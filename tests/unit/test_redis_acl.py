@@ -9,7 +9,7 @@ from pathlib import Path
 
 from deploy import lockdown
 
-LUA = Path(__file__).resolve().parents[2] / "resolver" / "lua"
+LUA = Path(__file__).resolve().parents[2] / "hoss" / "ledger" / "lua"
 
 
 def lua_commands() -> set[str]:

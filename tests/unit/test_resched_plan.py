@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import orjson
 
+from hoss.framework.feed import NodeFeed
+from hoss.framework.nodes import NodeTable
+from hoss.ledger.client import Change
 from rescheduler.plan import GPU, Node, Pod, fragmentation, plan_defragment, plan_for_pending
-from resolver.ledger import Change
-from workers.feed import NodeFeed
-from workers.nodes import NodeTable
 
 
 def node(name: str, used: int, gpus: int = 8, held: int = 0) -> Node:
@@ -126,7 +126,7 @@ def test_defragment_never_moves_part_of_a_gang_and_leaves_packed_clusters_alone(
 
 
 def test_the_worker_feed_follows_the_rescheduler_holds() -> None:
-    # 'h' entries (resolver/lua/hold_moves.lua) set and end holds; held_nodes steers the pod by uid or owner.
+    # 'h' entries (hoss/ledger/lua/hold_moves.lua) set and end holds; held_nodes steers the pod by uid or owner.
     feed = NodeFeed(None, NodeTable())  # type: ignore[arg-type]  # apply() reads no ledger
     hold = orjson.dumps({"node": "node2", "request": {GPU: "3"}, "owner": "rs-b", "pin": 1}).decode()
     pin = orjson.dumps({"node": "node1", "request": {GPU: "4"}, "owner": "", "pin": 1}).decode()

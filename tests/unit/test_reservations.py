@@ -1,4 +1,4 @@
-"""Koordinator Reservations read as Koordinator defines them (resolver/reservations.py), and the resolver's sync
+"""Koordinator Reservations read as Koordinator defines them (hoss/model/reservations.py), and the resolver's sync
 keeping an Available Reservation's room in the ledger until it is used, fails or is deleted."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import pytest
 from kubernetes_asyncio import client
 
 from dispatcher.reservations import owners_status
-from resolver import reservations
-from resolver.ledger import Ledger, ReservationOwner, ReservationShares, reservation_key
-from resolver.reservations import ReservationError, as_pod, owns, parse, parse_duration
+from hoss.ledger.client import Ledger, ReservationOwner, ReservationShares, reservation_key
+from hoss.model import reservations
+from hoss.model.reservations import ReservationError, as_pod, owns, parse, parse_duration
 from resolver.sync import LedgerSync
 from workers.reservations import Hint, hints_of
 

@@ -12,10 +12,11 @@ from typing import Any, cast
 import fakeredis
 import pytest
 
-from resolver.kube import raise_if_cancelled
-from resolver.leader import LeaderElector
-from resolver.ledger import Ledger
-from resolver.settings import ResolverSettings, SettingsError, load_settings
+from hoss.kube.client import raise_if_cancelled
+from hoss.kube.leader import LeaderElector
+from hoss.ledger.client import Ledger
+from hoss.settings import SettingsError, load_settings
+from resolver.settings import ResolverSettings
 from resolver.sync import LedgerSync
 from resolver.webhook import WebhookState, sync_while_leading
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from resolver import resources
-from resolver.errors import NodeSpecError, PodSpecError, QuantityError
-from resolver.resources import (
+from hoss.errors import NodeSpecError, PodSpecError, QuantityError
+from hoss.model import resources
+from hoss.model.resources import (
     MAX_UNITS,
     add,
     fits,

@@ -13,9 +13,10 @@ import orjson
 import pytest
 from aiohttp import web
 
-from deploy.local import pki
-from resolver import protobuf
-from resolver.events import (
+from deploy import pki
+from hoss.kube import protobuf
+from hoss.kube.client import KubeError
+from hoss.kube.events import (
     node_event,
     pod_event,
     post_event,
@@ -23,8 +24,7 @@ from resolver.events import (
     set_unschedulable,
     unschedulable_condition,
 )
-from resolver.kube import KubeError
-from resolver.rest import STRATEGIC_MERGE_PATCH, KubeREST, TokenFile
+from hoss.kube.rest import STRATEGIC_MERGE_PATCH, KubeREST, TokenFile
 from tests.unit.tls_apiserver import Seen, TLSApiserver, status, until
 from workers.core import EVENT_POSTS_IN_FLIGHT, apiserver_requests_in_flight
 from workers.settings import WorkerSettings
@@ -74,7 +74,7 @@ def _message(data: bytes) -> dict[int, list[bytes]]:
 
 
 def decode_binding(body: bytes) -> dict[str, object]:
-    """The fields of a protobuf Binding (resolver/protobuf.py) by their proto names."""
+    """The fields of a protobuf Binding (hoss/kube/protobuf.py) by their proto names."""
     assert body[:4] == b"k8s\x00", "the protobuf magic"
     envelope = _message(body[4:])
     type_meta = _message(envelope[1][0])
@@ -123,7 +123,7 @@ async def test_calls_reuse_one_keep_alive_connection(apiserver: TLSApiserver, re
 
 
 def decode_event(body: bytes) -> dict[str, object]:
-    """The fields of a protobuf core/v1 Event (resolver/protobuf.py) by their proto names, as JSON writes them."""
+    """The fields of a protobuf core/v1 Event (hoss/kube/protobuf.py) by their proto names, as JSON writes them."""
     assert body[:4] == b"k8s\x00", "the protobuf magic"
     envelope = _message(body[4:])
     type_meta = _message(envelope[1][0])

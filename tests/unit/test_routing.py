@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from dispatcher.queue import WorkerInfo
 from dispatcher.routing import POLICY_LABEL, choose_worker, policy_of
+from hoss.queue import WorkerInfo
 
 
 def pod(labels: dict[str, str] | None = None) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from dispatcher.status import (
     pending_view,
     pool_statuses,
 )
-from resolver.ledger import LedgerSnapshot, NodeSnapshot
+from hoss.ledger.client import LedgerSnapshot, NodeSnapshot
 
 GIB = 1 << 30
 

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from resolver.supervise import Supervisor
+from hoss.supervise import Supervisor
 
 
 async def test_a_loop_that_fails_then_recovers_is_restarted_and_ends_healthy() -> None:

@@ -12,8 +12,8 @@ import fakeredis
 import pytest
 from kubernetes_asyncio import client
 
-from resolver.errors import LedgerUnavailable
-from resolver.ledger import Ledger
+from hoss.errors import LedgerUnavailable
+from hoss.ledger.client import Ledger
 from resolver.sync import BOUND_PODS_SELECTOR, POD_WRITE_BATCH, LedgerSync
 
 ROOM = {"cpu": 64000, "memory": 256 << 30, "pods": 1000}

@@ -10,18 +10,18 @@ import fakeredis
 import numpy as np
 import pytest
 
-from dispatcher.queue import GangMember, WorkItem
-from resolver import compact
-from resolver.errors import PodSpecError
-from resolver.ledger import BatchPod, Conflict, Ledger, Reserved
+from hoss.errors import PodSpecError
+from hoss.framework.cycle import evaluate
+from hoss.framework.nodes import NodeTable, parse_placed
+from hoss.framework.plugins.interpod import InterPodAffinity
+from hoss.framework.plugins.topology import CONSTRAINTS_NOT_MATCH, MISSING_LABEL, PodTopologySpread
+from hoss.framework.pod import PodView, parse_pod
+from hoss.framework.profiles import load_profiles
+from hoss.ledger.client import BatchPod, Conflict, Ledger, Reserved
+from hoss.model import compact
+from hoss.queue import GangMember, WorkItem
 from tests.unit.kube_objects import Json, raw_node, raw_pod, table
-from workers.framework import evaluate
 from workers.intake import inter_pod_keys, parse_work
-from workers.nodes import NodeTable, parse_placed
-from workers.plugins.interpod import InterPodAffinity
-from workers.plugins.topology import CONSTRAINTS_NOT_MATCH, MISSING_LABEL, PodTopologySpread
-from workers.pod import PodView, parse_pod
-from workers.profiles import load_profiles
 
 HOST = "kubernetes.io/hostname"
 ZONE = "zone"

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from dispatcher.queue import WorkItem
-from resolver import compact
+from hoss.framework.errors import UnsupportedPodField
+from hoss.framework.nodes import HostPort
+from hoss.framework.pod import check_supported, parse_pod
+from hoss.model import compact
+from hoss.queue import WorkItem
 from tests.unit.kube_objects import Json, raw_pod
-from workers.errors import UnsupportedPodField
 from workers.intake import parse_work
-from workers.nodes import HostPort
-from workers.pod import check_supported, parse_pod
 
 
 def with_spec(**spec: object) -> Json:

@@ -14,10 +14,10 @@ import aiohttp
 import fakeredis
 import pytest
 
-from deploy.local import pki
-from resolver.admission import BINDING_LANES, SERVED_LANES, lane_path
-from resolver.kube import KubeError
-from resolver.ledger import Ledger, Placement, Reserved
+from deploy import pki
+from hoss.kube.client import KubeError
+from hoss.ledger.client import Ledger, Placement, Reserved
+from hoss.model.admission import BINDING_LANES, SERVED_LANES, lane_path
 from resolver.settings import ResolverSettings
 from resolver.sync import PodIndex, parse_pod
 from resolver.webhook import LatencyWindow, WebhookState, build_server, stats_fields, tls_context
@@ -134,7 +134,7 @@ async def test_binding_that_does_not_fit_is_denied_with_409_naming_node_resource
 
 
 async def test_every_lane_path_judges_bindings_alike(webhook: Webhook) -> None:
-    """deploy/webhook.yaml's binding lanes call paths of their own (resolver/admission.py); each judges alike."""
+    """deploy/webhook.yaml's binding lanes call paths of their own (hoss/model/admission.py); each judges alike."""
     for lane in range(1, BINDING_LANES):
         status, body = await webhook.post(review(pod_name="big", uid="u-big", node="n1"), path=lane_path(lane))
         assert status == 200 and body["response"]["status"]["code"] == 409, (lane, body)

@@ -21,9 +21,10 @@ import fakeredis
 import pytest
 from cryptography import x509
 
-from deploy.local import pki
-from resolver.ledger import Ledger
-from resolver.settings import ResolverSettings, SettingsError, load_settings
+from deploy import pki
+from hoss.ledger.client import Ledger
+from hoss.settings import SettingsError, load_settings
+from resolver.settings import ResolverSettings
 from resolver.webhook import WebhookState, build_server, main, reload_certificates, tls_context
 from tests.unit.test_webhook import NODE_ROOM, review
 

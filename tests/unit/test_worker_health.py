@@ -5,9 +5,9 @@ from __future__ import annotations
 import fakeredis
 from aiohttp.test_utils import TestClient, TestServer
 
-from deploy.local.plane import POLICIES_FILE
+from dev.local.plane import POLICIES_FILE
+from hoss.framework.pod import PodView
 from workers.core import Worker
-from workers.pod import PodView
 from workers.server import build_app
 from workers.settings import WorkerSettings
 

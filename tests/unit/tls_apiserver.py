@@ -12,7 +12,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from deploy.local import pki
+from deploy import pki
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ In policies.yaml::
         args: {label: disktype, value: ssd}
 
 Nodes with ``disktype=ssd`` score 100, all others 0. Announced to hoss by the entry point in this package's
-pyproject.toml (group ``hoss.plugins``); the interface is documented in ``workers/plugins/__init__.py``.
+pyproject.toml (group ``hoss.plugins``); the interface is documented in ``hoss/framework/plugins/__init__.py``.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import numpy as np
 from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field
 
-from workers.nodes import NodeTable
-from workers.pod import PodView
+from hoss.framework.nodes import NodeTable
+from hoss.framework.pod import PodView
 
 
 class PreferLabelArgs(BaseModel):

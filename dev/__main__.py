@@ -1,0 +1,5 @@
+import sys
+
+from dev.cli import main
+
+sys.exit(main())

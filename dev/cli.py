@@ -1,0 +1,222 @@
+"""``python -m dev``: the developer's command line: the local control plane, the demo, the benchmark, and the
+operator's ``status`` and ``reschedule`` aimed at the local plane."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from bench.run import run_bench
+from deploy import cli as operator_cli
+from dev.demo import run_demo
+from dev.local import binaries
+from dev.local.clean import clean
+from dev.local.plane import LocalPlane, PlaneError, default_directory
+
+
+def _say(message: str) -> None:
+    print(f"[hoss-dev] {message}", file=sys.stderr, flush=True)
+
+
+def _plane(args: argparse.Namespace) -> LocalPlane:
+    return LocalPlane(Path(args.dir) if args.dir else None)
+
+
+def _local_up(args: argparse.Namespace) -> int:
+    binaries.build_missing()
+    plane = _plane(args)
+    plane.up(
+        apiserver_port=args.apiserver_port,
+        redis_port=args.redis_port,
+        scheduler=not args.no_scheduler,
+        webhook=not args.no_webhook,
+        progress=_say,
+    )
+    if args.rescheduler and plane.running("hoss-rescheduler") is None:
+        rescheduler = plane.start_rescheduler()
+        _say(f"hoss-rescheduler is up: http://127.0.0.1:{rescheduler.port}/status")
+    print("# paste into your shell to use the local plane:")
+    print(plane.exports())
+    return 0
+
+
+def _local_down(args: argparse.Namespace) -> int:
+    stopped = _plane(args).down()
+    _say(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
+    return 0
+
+
+def _bench_plane(args: argparse.Namespace) -> LocalPlane:
+    # A plane of its own, so that a running demo's workers do not take the benchmark's pods.
+    return LocalPlane(Path(args.dir) if args.dir else default_directory().parent / "bench")
+
+
+def _local_clean(args: argparse.Namespace) -> int:
+    planes = [_plane(args)] if args.dir else [_plane(args), _bench_plane(args)]
+    removed = clean(planes, go_caches=args.go_cache, progress=_say)
+    if not removed:
+        _say("nothing to remove")
+    return 0
+
+
+def _local_status(args: argparse.Namespace) -> int:
+    plane = _plane(args)
+    status = plane.status()
+    if not status:
+        print(f"no local plane in {plane.directory}")
+        return 1
+    state = plane.state()
+    print(f"local plane in {plane.directory}")
+    print(f"  apiserver  {state.apiserver_url}")
+    print(f"  redis      {state.redis_url}")
+    for process in state.processes:
+        health = "healthy" if status.get(process.name) else "NOT RUNNING"
+        print(f"  {process.name:<28} pid {process.pid:<8} {health:<12} log {process.log}")
+    return 0 if all(status.values()) else 1
+
+
+def _local_build(args: argparse.Namespace) -> int:
+    paths = binaries.build_missing(force=args.force)
+    for name, path in paths.items():
+        print(f"{name:<16} {path}")
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    binaries.build_missing()
+    return asyncio.run(
+        run_demo(
+            plane=_plane(args),
+            nodes=args.nodes,
+            pods=args.pods,
+            workers=args.workers,
+            as_json=args.json,
+            progress=_say,
+        )
+    )
+
+
+def _dispatcher_url(plane: LocalPlane) -> str:
+    """The /status URL of the dispatcher running in a local plane."""
+    for process in plane.state().processes:
+        if process.name.startswith("hoss-dispatcher"):
+            return f"http://127.0.0.1:{process.port}/status"
+    raise PlaneError(f"no hoss-dispatcher runs in the plane in {plane.directory}; start one with `make demo`")
+
+
+def _operator(args: argparse.Namespace, command: str, extra: list[str]) -> int:
+    """The operator's ``hoss <command>``, aimed at the local plane."""
+    return operator_cli.main([command, *extra, *args.rest])
+
+
+def _status(args: argparse.Namespace) -> int:
+    return _operator(args, "status", ["--url", _dispatcher_url(_plane(args))])
+
+
+def _reschedule(args: argparse.Namespace) -> int:
+    plane = _plane(args)
+    return _operator(args, "reschedule", ["--kubeconfig", str(plane.kubeconfig("admin")),
+                                          "--redis-url", plane.state().redis_url])
+
+
+def _bench(args: argparse.Namespace) -> int:
+    binaries.build_missing()
+    plane = _bench_plane(args)
+    try:
+        asyncio.run(run_bench(plane=plane, quick=args.quick, json_path=Path(args.json),
+                              chart_path=Path(args.chart), plane_kept=args.keep))
+    finally:
+        if not args.keep:
+            plane.down()
+    return 0
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m dev",
+                                     description="hoss development tools: local plane, demo, benchmark")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    def with_dir(sub: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        sub.add_argument("--dir", help="state directory of the local plane (default $HOSS_LOCAL_DIR or "
+                         "~/.local/state/hoss/local)")
+        return sub
+
+    local = commands.add_parser(
+        "local", help="a real local control plane (etcd, kube-apiserver, kube-controller-manager, kwok, redis)")
+    local_commands = local.add_subparsers(dest="local_command", required=True)
+    up = with_dir(local_commands.add_parser("up", help="start the plane (idempotent) and print shell exports"))
+    up.add_argument("--apiserver-port", type=int, help="fixed kube-apiserver port (default: a free one)")
+    up.add_argument("--redis-port", type=int, help="fixed redis-server port (default: a free one)")
+    up.add_argument("--no-scheduler", action="store_true", help="do not start the default kube-scheduler")
+    up.add_argument("--no-webhook", action="store_true", help="do not start hoss-resolver nor register its webhook")
+    up.add_argument("--rescheduler", action="store_true",
+                    help="also start hoss-rescheduler (GPU defragmentation) with its default settings")
+    up.set_defaults(run=_local_up)
+    with_dir(local_commands.add_parser("down", help="stop everything the plane started")).set_defaults(
+        run=_local_down
+    )
+    with_dir(local_commands.add_parser("status", help="show the plane's processes and health")).set_defaults(
+        run=_local_status
+    )
+    clean_command = with_dir(local_commands.add_parser(
+        "clean", help="stop the plane (and the benchmark's, without --dir); remove their state directories and the "
+        "control-plane binaries hoss built"))
+    clean_command.add_argument("--go-cache", action="store_true",
+                               help="also run `go clean -cache -modcache` (Go's build and module caches, which the "
+                               "build filled; shared with any other Go work of this user)")
+    clean_command.set_defaults(run=_local_clean)
+    build = local_commands.add_parser("build", help="build (or find) the control-plane binaries")
+    build.add_argument("--force", action="store_true", help="rebuild even when binaries are present")
+    build.set_defaults(run=_local_build)
+
+    demo = with_dir(commands.add_parser("demo", help="the whole system on the local plane, with a report"))
+    demo.add_argument("--nodes", type=_positive, default=100, help="fake nodes to create (default 100)")
+    demo.add_argument("--pods", type=_positive, default=1000, help="pods to schedule (default 1000)")
+    demo.add_argument("--workers", type=_positive, default=3, help="hoss workers to run (default 3)")
+    demo.add_argument("--json", action="store_true", help="print the final report as one JSON object")
+    demo.set_defaults(run=_demo)
+
+    status = with_dir(commands.add_parser(
+        "status", help="`hoss status` of the local plane's dispatcher (more arguments go to it)"))
+    status.set_defaults(run=_status)
+    resched = with_dir(commands.add_parser(
+        "reschedule", help="`hoss reschedule` on the local plane (more arguments, e.g. --dry-run, go to it)"))
+    resched.set_defaults(run=_reschedule)
+
+    bench = with_dir(commands.add_parser("bench", help="benchmark hoss against kube-scheduler on the local plane"))
+    bench.add_argument("--quick", action="store_true", help="a small version of every scenario (a few minutes)")
+    bench.add_argument("--json", default="bench/results/latest.json", help="where to write the figures (JSON)")
+    bench.add_argument("--chart", default="bench/results/latest.png", help="where to write the chart (PNG)")
+    bench.add_argument("--keep", action="store_true", help="leave the benchmark's plane running afterwards")
+    bench.set_defaults(run=_bench)
+
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if rest and args.run not in (_status, _reschedule):
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    args.rest = rest
+    try:
+        return int(args.run(args))
+    except (PlaneError, binaries.BinaryError) as error:
+        _say(f"error: {error}")
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,381 @@
+"""The scheduler's view of a pending pod, parsed once from the raw pod. Pure, no I/O.
+
+`parse_pod` is the one entry for raw pods: it checks every field the plugins read and raises `PodSpecError` naming
+the field by its JSON path, so a plugin never meets a malformed pod. Selector and toleration rules are checked the
+way the apiserver validates them (e.g. ``Gt`` takes exactly one integer, ``Exists`` takes no values), because a
+pod that slipped past validation must not be placed by a guess.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from hoss.errors import PodSpecError, QuantityError
+from hoss.framework import payload
+from hoss.framework.errors import UnsupportedPodField
+from hoss.framework.nodes import ANY_HOST_IP, TAINT_EFFECTS, HostPort, PlacedPod, Taint
+from hoss.framework.podterms import (
+    LabelSelector,
+    PodAffinityTerm,
+    SpreadConstraint,
+    WeightedPodTerm,
+    label_selector,
+    parse_spread,
+    parse_terms,
+    parse_weighted_terms,
+)
+from hoss.model.compact import DEFAULT_SPREAD, NAMESPACES, VOLUME_SOURCES_NEEDING_STORAGE, selector_key
+from hoss.model.resources import ResourceVector, pod_requests
+
+POLICY_LABEL = "hoss.io/policy"
+POOL_LABEL = "hoss.io/pool"
+DEFAULT_SCHEDULER = "default-scheduler"
+
+LABEL_OPERATORS = frozenset({"In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"})
+FIELD_OPERATORS = frozenset({"In", "NotIn"})
+NODE_NAME_FIELD = "metadata.name"
+TOLERATION_OPERATORS = frozenset({"Equal", "Exists"})
+
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+_AFFINITY_FIELD = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+
+
+def parse_integer(text: str) -> int | None:
+    """`text` as a base-10 integer the way Kubernetes' ``Gt``/``Lt`` read it, or None when it is not one."""
+    return int(text) if _INTEGER.fullmatch(text) else None
+
+
+@dataclass(frozen=True)
+class SelectorRequirement:
+    """One ``matchExpressions`` / ``matchFields`` entry: `key` `operator` `values`."""
+
+    key: str
+    operator: str
+    values: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class SelectorTerm:
+    """One ``nodeSelectorTerms`` entry: all its requirements must hold; a term with none matches no node."""
+
+    match_expressions: tuple[SelectorRequirement, ...]
+    match_fields: tuple[SelectorRequirement, ...]
+
+
+@dataclass(frozen=True)
+class Toleration:
+    """A pod toleration; an empty `key` (with ``Exists``) matches every key, an empty `effect` every effect."""
+
+    key: str
+    operator: str
+    value: str
+    effect: str
+
+    def tolerates(self, taint: Taint) -> bool:
+        """Kubernetes' ``Toleration.ToleratesTaint``."""
+        if self.effect and self.effect != taint.effect:
+            return False
+        if self.key and self.key != taint.key:
+            return False
+        return self.operator == "Exists" or self.value == taint.value
+
+
+@dataclass(frozen=True)
+class PreferredTerm:
+    """One ``preferredDuringSchedulingIgnoredDuringExecution`` node-affinity term: its weight (1..100) and term."""
+
+    weight: int
+    term: SelectorTerm
+
+
+@dataclass(frozen=True)
+class PodView:
+    """What the scheduler needs of one pod."""
+
+    uid: str
+    namespace: str
+    name: str
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    scheduler_name: str
+    request: ResourceVector
+    """Effective request in base units, always with ``pods: 1`` (see `hoss.model.resources.pod_requests`)."""
+    node_selector: dict[str, str]
+    required_affinity: tuple[SelectorTerm, ...] | None
+    """Required node affinity terms (ORed); None when the pod has none."""
+    tolerations: tuple[Toleration, ...]
+    policy: str | None
+    """The ``hoss.io/policy`` label: the profile that schedules the pod; None (absent or empty) means the default."""
+    pool: str | None
+    """The ``hoss.io/pool`` label: the node pool the pod must run in; None (absent or empty) means any."""
+    priority: int
+    preferred_affinity: tuple[PreferredTerm, ...] = ()
+    """Preferred node-affinity terms (scored by NodeAffinity); empty when the pod has none."""
+    host_ports: tuple[HostPort, ...] = ()
+    """Host ports of the containers (and restartable init containers), as NodePorts reads them."""
+    scheduling_gates: tuple[str, ...] = ()
+    """spec.schedulingGates names: while any is left the pod must not be scheduled."""
+    affinity_terms: tuple[PodAffinityTerm, ...] = ()
+    """Required pod affinity terms (InterPodAffinity): every one must find a matching pod in the node's domain."""
+    anti_affinity_terms: tuple[PodAffinityTerm, ...] = ()
+    """Required pod anti-affinity terms: no matching pod may run in the node's domain."""
+    preferred_affinity_terms: tuple[WeightedPodTerm, ...] = ()
+    """Preferred pod affinity terms (InterPodAffinity's score)."""
+    preferred_anti_affinity_terms: tuple[WeightedPodTerm, ...] = ()
+    """Preferred pod anti-affinity terms (InterPodAffinity's score)."""
+    spread_constraints: tuple[SpreadConstraint, ...] = ()
+    """spec.topologySpreadConstraints (PodTopologySpread: DoNotSchedule filters, ScheduleAnyway scores)."""
+    namespace_labels: dict[str, str] | None = None
+    """The labels of the pod's namespace (from the dispatcher; None: unknown), matched by placed pods' terms'
+    namespaceSelectors."""
+    default_spread_selector: LabelSelector | None = None
+    """For a pod without spread constraints: the selector of kube-scheduler's cluster-default constraints (its
+    Services' and controller's, from the dispatcher; None: none), which PodTopologySpread's profile defaults use."""
+
+    @property
+    def hard_spread(self) -> tuple[SpreadConstraint, ...]:
+        """The DoNotSchedule constraints."""
+        return tuple(c for c in self.spread_constraints if c.hard)
+
+    @property
+    def reads_pod_index(self) -> bool:
+        """Whether the pod has terms or constraints that depend on the pods already placed (its decision is then
+        not shared with other pods of its signature once one of them is placed)."""
+        return bool(self.affinity_terms or self.anti_affinity_terms or self.spread_constraints
+                    or self.preferred_affinity_terms or self.preferred_anti_affinity_terms
+                    or self.default_spread_selector is not None)
+
+    @property
+    def domain_keys(self) -> frozenset[str]:
+        """Topology keys whose domains decide where the pod may go (required inter-pod terms, DoNotSchedule
+        constraints): the ledger refuses the pod on a node where such a domain changed after the decision."""
+        return frozenset({term.topology_key for term in (*self.affinity_terms, *self.anti_affinity_terms)}
+                         | {c.topology_key for c in self.spread_constraints if c.hard})
+
+    @property
+    def key(self) -> str:
+        """``namespace/name``, as events and logs name a pod."""
+        return f"{self.namespace}/{self.name}"
+
+    def tolerates(self, taint: Taint) -> bool:
+        """Whether any of the pod's tolerations tolerates `taint`."""
+        return any(toleration.tolerates(taint) for toleration in self.tolerations)
+
+
+def placed_view(pod: PodView, node: str) -> PlacedPod:
+    """How the pod index holds `pod` once it is placed on `node` (a worker's tentative placement)."""
+    return PlacedPod(uid=pod.uid, node=node, namespace=pod.namespace, labels=pod.labels, ports=pod.host_ports,
+                     anti=pod.anti_affinity_terms, affinity=pod.affinity_terms,
+                     preferred=pod.preferred_affinity_terms, preferred_anti=pod.preferred_anti_affinity_terms,
+                     name=pod.name, priority=pod.priority, request=dict(pod.request))
+
+
+def parse_pod(pod: Mapping[str, Any]) -> PodView:
+    """The typed view of a raw pod; raises `PodSpecError` naming the bad field."""
+    error = PodSpecError
+    metadata = payload.mapping(pod.get("metadata"), field="metadata", error=error, required=True)
+    spec = payload.mapping(pod.get("spec"), field="spec", error=error, required=True)
+    labels = payload.string_map(metadata.get("labels"), field="metadata.labels", error=error)
+    affinity = payload.mapping(spec.get("affinity"), field="spec.affinity", error=error)
+    node_affinity = payload.mapping(affinity.get("nodeAffinity"), field="spec.affinity.nodeAffinity", error=error)
+    tolerations = payload.items(spec.get("tolerations"), field="spec.tolerations", error=error)
+    gates = payload.items(spec.get("schedulingGates"), field="spec.schedulingGates", error=error)
+    namespace = payload.string(metadata.get("namespace"), field="metadata.namespace", error=error) or "default"
+    context = payload.mapping(pod.get(NAMESPACES), field=NAMESPACES, error=error)
+    selected = payload.mapping(context.get("selected"), field=f"{NAMESPACES}.selected", error=error)
+
+    def resolve(selector: Mapping[str, object]) -> frozenset[str] | None:
+        names = selected.get(selector_key(selector))
+        return frozenset(str(name) for name in names) if isinstance(names, list) else None
+
+    inter_pod = {
+        key: parse_terms(
+            payload.mapping(affinity.get(key), field=f"spec.affinity.{key}", error=error).get(REQUIRED),
+            field=f"spec.affinity.{key}.{REQUIRED}", owner_namespace=namespace, resolve=resolve)
+        for key in POD_AFFINITY_KINDS
+    }
+    preferred = {
+        key: parse_weighted_terms(
+            payload.mapping(affinity.get(key), field=f"spec.affinity.{key}", error=error).get(PREFERRED),
+            field=f"spec.affinity.{key}.{PREFERRED}", owner_namespace=namespace, resolve=resolve)
+        for key in POD_AFFINITY_KINDS
+    }
+    return PodView(
+        uid=payload.string(metadata.get("uid"), field="metadata.uid", error=error, required=True),
+        namespace=namespace,
+        name=payload.string(metadata.get("name"), field="metadata.name", error=error, required=True),
+        labels=labels,
+        annotations=payload.string_map(metadata.get("annotations"), field="metadata.annotations", error=error),
+        scheduler_name=payload.string(spec.get("schedulerName"), field="spec.schedulerName", error=error)
+        or DEFAULT_SCHEDULER,
+        request=_requests(pod),
+        node_selector=payload.string_map(spec.get("nodeSelector"), field="spec.nodeSelector", error=error),
+        required_affinity=_required_affinity(node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")),
+        tolerations=tuple(
+            _toleration(raw, field=f"spec.tolerations[{position}]") for position, raw in enumerate(tolerations)
+        ),
+        policy=labels.get(POLICY_LABEL) or None,
+        pool=labels.get(POOL_LABEL) or None,
+        priority=payload.integer(spec.get("priority"), field="spec.priority", error=error),
+        preferred_affinity=_preferred_affinity(
+            node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution")),
+        host_ports=_host_ports(spec),
+        affinity_terms=inter_pod["podAffinity"],
+        anti_affinity_terms=inter_pod["podAntiAffinity"],
+        preferred_affinity_terms=preferred["podAffinity"],
+        preferred_anti_affinity_terms=preferred["podAntiAffinity"],
+        spread_constraints=parse_spread(spec.get("topologySpreadConstraints"), pod_labels=labels),
+        namespace_labels=payload.string_map(context.get("labels"), field=f"{NAMESPACES}.labels", error=error)
+        if context.get("labels") is not None else None,
+        default_spread_selector=label_selector(pod[DEFAULT_SPREAD], field=DEFAULT_SPREAD)
+        if pod.get(DEFAULT_SPREAD) and not spec.get("topologySpreadConstraints") else None,
+        scheduling_gates=tuple(
+            payload.string(payload.mapping(gate, field=f"spec.schedulingGates[{i}]", error=error,
+                                           required=True).get("name"),
+                           field=f"spec.schedulingGates[{i}].name", error=error, required=True)
+            for i, gate in enumerate(gates)
+        ),
+    )
+
+
+POD_AFFINITY_KINDS = ("podAffinity", "podAntiAffinity")
+REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
+
+
+def check_supported(pod: Mapping[str, Any]) -> None:
+    """Raise `UnsupportedPodField` naming the first field kube-scheduler's default plugins honour and hoss does not
+    yet, so such a pod is refused loudly instead of being placed as if the field were absent.
+
+    Refused: volumes backed by storage the scheduler must check (VolumeBinding, VolumeZone,
+    VolumeRestrictions, NodeVolumeLimits: see `hoss.model.compact.VOLUME_SOURCES_NEEDING_STORAGE`) and
+    resourceClaims (DynamicResources); a non-empty namespaceSelector the dispatcher did not resolve is refused
+    by `parse_pod`. Call it on a pod `parse_pod` accepted.
+    """
+    spec = pod.get("spec") or {}
+    for position, volume in enumerate(spec.get("volumes") or []):
+        if isinstance(volume, Mapping):
+            for source in VOLUME_SOURCES_NEEDING_STORAGE:
+                if volume.get(source) is not None:
+                    raise UnsupportedPodField(f"spec.volumes[{position}].{source}")
+    if spec.get("resourceClaims"):
+        raise UnsupportedPodField("spec.resourceClaims")
+
+
+def _preferred_affinity(raw: object) -> tuple[PreferredTerm, ...]:
+    field = "spec.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution"
+    terms = []
+    for position, item in enumerate(payload.items(raw, field=field, error=PodSpecError)):
+        entry_field = f"{field}[{position}]"
+        entry = payload.mapping(item, field=entry_field, error=PodSpecError, required=True)
+        weight = payload.integer(entry.get("weight"), field=f"{entry_field}.weight", error=PodSpecError)
+        if not 1 <= weight <= 100:
+            raise PodSpecError(field=f"{entry_field}.weight", reason=f"must be in the range 1-100, got {weight}")
+        terms.append(PreferredTerm(weight=weight, term=_term(entry.get("preference"),
+                                                            field=f"{entry_field}.preference")))
+    return tuple(terms)
+
+
+def _host_ports(spec: Mapping[str, Any]) -> tuple[HostPort, ...]:
+    ports: list[HostPort] = []
+    for kind in ("initContainers", "containers"):
+        for position, raw in enumerate(payload.items(spec.get(kind), field=f"spec.{kind}", error=PodSpecError)):
+            field = f"spec.{kind}[{position}]"
+            container = payload.mapping(raw, field=field, error=PodSpecError, required=True)
+            if kind == "initContainers" and container.get("restartPolicy") != "Always":
+                continue  # only sidecars run for the pod's whole life
+            for index, item in enumerate(payload.items(container.get("ports"), field=f"{field}.ports",
+                                                      error=PodSpecError)):
+                port_field = f"{field}.ports[{index}]"
+                port = payload.mapping(item, field=port_field, error=PodSpecError, required=True)
+                host_port = payload.integer(port.get("hostPort"), field=f"{port_field}.hostPort", error=PodSpecError)
+                if host_port <= 0:
+                    continue
+                ports.append(HostPort(
+                    protocol=payload.string(port.get("protocol"), field=f"{port_field}.protocol",
+                                            error=PodSpecError) or "TCP",
+                    ip=payload.string(port.get("hostIP"), field=f"{port_field}.hostIP", error=PodSpecError)
+                    or ANY_HOST_IP,
+                    port=host_port,
+                ))
+    return tuple(ports)
+
+
+def _requests(pod: Mapping[str, Any]) -> ResourceVector:
+    try:
+        return pod_requests(pod)
+    except QuantityError as error:
+        # One error type for a malformed pod, whatever part of it is wrong.
+        raise PodSpecError(field=error.field, reason=f"invalid quantity {error.value!r}: {error.reason}") from error
+
+
+def _required_affinity(raw: object) -> tuple[SelectorTerm, ...] | None:
+    if raw is None:
+        return None
+    selector = payload.mapping(raw, field=_AFFINITY_FIELD, error=PodSpecError)
+    field = f"{_AFFINITY_FIELD}.nodeSelectorTerms"
+    terms = payload.items(selector.get("nodeSelectorTerms"), field=field, error=PodSpecError)
+    if not terms:
+        raise PodSpecError(field=field, reason="must have at least one node selector term")
+    return tuple(_term(term, field=f"{field}[{position}]") for position, term in enumerate(terms))
+
+
+def _term(raw: object, *, field: str) -> SelectorTerm:
+    term = payload.mapping(raw, field=field, error=PodSpecError, required=True)
+    expressions = payload.items(term.get("matchExpressions"), field=f"{field}.matchExpressions", error=PodSpecError)
+    fields = payload.items(term.get("matchFields"), field=f"{field}.matchFields", error=PodSpecError)
+    return SelectorTerm(
+        match_expressions=tuple(
+            _requirement(item, field=f"{field}.matchExpressions[{position}]", operators=LABEL_OPERATORS)
+            for position, item in enumerate(expressions)
+        ),
+        match_fields=tuple(
+            _requirement(item, field=f"{field}.matchFields[{position}]", operators=FIELD_OPERATORS)
+            for position, item in enumerate(fields)
+        ),
+    )
+
+
+def _requirement(raw: object, *, field: str, operators: frozenset[str]) -> SelectorRequirement:
+    requirement = payload.mapping(raw, field=field, error=PodSpecError, required=True)
+    key = payload.string(requirement.get("key"), field=f"{field}.key", error=PodSpecError, required=True)
+    operator = payload.string(requirement.get("operator"), field=f"{field}.operator", error=PodSpecError, required=True)
+    if operator not in operators:
+        raise PodSpecError(
+            field=f"{field}.operator", reason=f"unknown operator {operator!r}, expected one of {sorted(operators)}"
+        )
+    values_field = f"{field}.values"
+    raw_values = payload.items(requirement.get("values"), field=values_field, error=PodSpecError)
+    values = tuple(
+        payload.string(value, field=f"{values_field}[{position}]", error=PodSpecError)
+        for position, value in enumerate(raw_values)
+    )
+    if operator in ("In", "NotIn") and not values:
+        raise PodSpecError(field=values_field, reason=f"must be non-empty for operator {operator}")
+    if operator in ("Exists", "DoesNotExist") and values:
+        raise PodSpecError(field=values_field, reason=f"must be empty for operator {operator}")
+    if operator in ("Gt", "Lt") and (len(values) != 1 or parse_integer(values[0]) is None):
+        raise PodSpecError(field=values_field, reason=f"must be a single integer for operator {operator}")
+    if operators is FIELD_OPERATORS and key != NODE_NAME_FIELD:
+        raise PodSpecError(field=f"{field}.key", reason=f"unsupported field {key!r}, only {NODE_NAME_FIELD}")
+    return SelectorRequirement(key=key, operator=operator, values=values)
+
+
+def _toleration(raw: object, *, field: str) -> Toleration:
+    toleration = payload.mapping(raw, field=field, error=PodSpecError, required=True)
+    key = payload.string(toleration.get("key"), field=f"{field}.key", error=PodSpecError)
+    operator = payload.string(toleration.get("operator"), field=f"{field}.operator", error=PodSpecError) or "Equal"
+    value = payload.string(toleration.get("value"), field=f"{field}.value", error=PodSpecError)
+    effect = payload.string(toleration.get("effect"), field=f"{field}.effect", error=PodSpecError)
+    if operator not in TOLERATION_OPERATORS:
+        raise PodSpecError(field=f"{field}.operator", reason=f"unknown operator {operator!r}, expected Equal or Exists")
+    if operator == "Exists" and value:
+        raise PodSpecError(field=f"{field}.value", reason="must be empty when operator is Exists")
+    if not key and operator != "Exists":
+        raise PodSpecError(field=f"{field}.operator", reason="must be Exists when key is empty")
+    if effect and effect not in TAINT_EFFECTS:
+        raise PodSpecError(field=f"{field}.effect", reason=f"unknown effect {effect!r}")
+    return Toleration(key=key, operator=operator, value=value, effect=effect)

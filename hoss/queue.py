@@ -1,0 +1,527 @@
+"""The dispatcher -> worker protocol in Redis: heartbeats, one work stream per worker, acknowledgement.
+
+Keys (all under the ``{hoss}`` hash tag, so they share a slot with the ledger):
+- ``{hoss}:worker:<id>``  hash, the worker's heartbeat (policies, queue depth, in flight, counters); it expires
+  when the worker stops beating, which is how the dispatcher learns that a worker died.
+- ``{hoss}:workers``      set of worker ids the dispatcher has sent work to or seen beating.
+- ``{hoss}:binding``      sorted set of the workers with bindings to post (score: their last such heartbeat);
+  they share the binding budget (workers/bindlimit.py).
+- ``{hoss}:queue:<id>``   stream of work items for one worker, read through the consumer group ``hoss``.
+- ``{hoss}:dispatched``   hash pod uid -> worker id, so a new dispatcher leader knows what is already assigned.
+- ``{hoss}:podver``       hash pod uid -> digest | "gone", written only when a queued pod changed (the new
+  version follows in the same stream) or left the pending set; the ledger's batch reservation answers "stale"
+  for any other version, and the worker's acknowledgement removes the entry.
+
+A work item carries the pod itself in compact form (`hoss.model.compact`), so workers neither watch nor read pods.
+
+Invariant: an item leaves its stream (XACK + XDEL) only when the worker is done with the pod (bound, gone, or
+handed back). So a stream always holds exactly its worker's unfinished work, and when a worker dies, everything
+in its stream is re-sent to other workers. A duplicate is harmless: the ledger holds a pod uid on one node only,
+and the apiserver refuses a second binding.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, cast
+
+import orjson
+from redis.asyncio import Redis
+from redis.exceptions import (
+    ClusterDownError,
+    ExecAbortError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    RedisError,
+    ResponseError,
+    TryAgainError,
+)
+
+from hoss.errors import HossError, LedgerUnavailable
+from hoss.ledger.client import NOMINATED_KEY
+from hoss.ledger.redisclient import PipelinedRedis
+
+PREFIX = "{hoss}"
+GROUP = "hoss"
+WORKERS = f"{PREFIX}:workers"
+BINDING = f"{PREFIX}:binding"
+"""Workers with bindings waiting or in flight (score: their last such beat); they share the binding budget."""
+DISPATCHED = f"{PREFIX}:dispatched"
+PODVER = f"{PREFIX}:podver"
+BOUND_PREFIX = "bound:"
+"""A dispatched entry ``bound:<worker>``: that worker bound the pod; the dispatcher waits for its watch to agree."""
+GONE = "gone"
+
+# Marks dispatched pods that left the pending set; a pod its worker already acknowledged needs no mark. Room held
+# for such a pod as a preemptor is given up at once (the ledger drops its node's set entry when it next reads it).
+# KEYS: dispatched, podver, nominated. ARGV: uids. Reply: how many were marked.
+_MARK_GONE = """
+local marked = 0
+for _, uid in ipairs(ARGV) do
+  local owner = redis.call('HGET', KEYS[1], uid)
+  if owner then
+    if string.sub(owner, 1, 6) ~= 'bound:' then
+      redis.call('HSET', KEYS[2], uid, 'gone')
+    end
+    redis.call('HDEL', KEYS[3], uid)
+    redis.call('HDEL', KEYS[1], uid)
+    marked = marked + 1
+  end
+end
+return marked
+"""
+
+# The worker is done with some items: drop them from its stream, and drop their uids from the dispatched map only
+# where the map still names this worker (a worker declared dead that comes back must not take a pod off the map
+# while another worker holds it). KEYS: queue, dispatched, podver. ARGV: group, worker, count of message ids,
+# the message ids, then the uids. A uid written '+uid' was bound by the worker: its entry becomes 'bound:<worker>'
+# and stays until the dispatcher's watch sees the pod leave the pending set (so a lagging watch never makes the
+# dispatcher send a bound pod again). Reply: how many uids were dropped or marked.
+_ACK = """
+local n = tonumber(ARGV[3])
+if n > 0 then
+  redis.call('XACK', KEYS[1], ARGV[1], unpack(ARGV, 4, 3 + n))
+  redis.call('XDEL', KEYS[1], unpack(ARGV, 4, 3 + n))
+end
+local dropped = 0
+for i = 4 + n, #ARGV do
+  local uid = ARGV[i]
+  local placed = string.sub(uid, 1, 1) == '+'
+  if placed then
+    uid = string.sub(uid, 2)
+  end
+  if redis.call('HGET', KEYS[2], uid) == ARGV[2] then
+    if placed then
+      redis.call('HSET', KEYS[2], uid, 'bound:' .. ARGV[2])
+    else
+      redis.call('HDEL', KEYS[2], uid)
+    end
+    redis.call('HDEL', KEYS[3], uid)
+    dropped = dropped + 1
+  end
+end
+return dropped
+"""
+ACK_CHUNK = 1000
+"""Most message ids (and most uids) per acknowledgement call, well inside Lua's argument limits."""
+
+TRANSIENT_REPLIES = ("BUSY", "LOADING", "OOM", "READONLY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS")
+"""Error replies that mean "Redis cannot serve this now" (a long script, loading its data, out of memory, a
+replica after a failover): the caller pauses and retries, as for a lost connection."""
+
+
+_TRANSIENT_CLASSES = (OutOfMemoryError, ReadOnlyError, TryAgainError, ClusterDownError, ExecAbortError)
+
+
+SEND_TIMEOUT_SECONDS = 5.0
+"""How long the dispatcher waits for Redis to answer a send on its pipelined connection (as redis-py's socket
+timeout does for its other calls)."""
+
+class QueueLost(HossError):
+    """The worker's stream or consumer group does not exist (NOGROUP): the dispatcher declared the worker dead
+    and took its work, or Redis restarted or was flushed. The worker recreates its group and re-registers."""
+
+
+# A queued pod changed: if it is still assigned to the worker, mark the new digest and queue the new version
+# behind the old one. KEYS: dispatched, podver, queue. ARGV: uid, worker, digest, then item field/value pairs.
+# Reply: 1 when queued, 0 when the worker no longer holds the pod (it finished it; the dispatcher re-sends).
+_RESEND_CHANGED = """
+if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then
+  return 0
+end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+redis.call('XADD', KEYS[3], '*', unpack(ARGV, 4))
+return 1
+"""
+
+
+def worker_key(worker_id: str) -> str:
+    return f"{PREFIX}:worker:{worker_id}"
+
+
+def queue_key(worker_id: str) -> str:
+    return f"{PREFIX}:queue:{worker_id}"
+
+
+@dataclass(frozen=True)
+class GangMember:
+    uid: str
+    namespace: str
+    name: str
+    pod: str = ""
+    """The member's compact form (JSON, `hoss.model.compact`)."""
+    digest: str = ""
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    """One pod to schedule, or one whole gang (``gang`` lists every member, ``min_available`` of them at once)."""
+
+    uid: str
+    namespace: str
+    name: str
+    policy: str
+    gang: str = ""
+    members: tuple[GangMember, ...] = ()
+    min_available: int = 0
+    attempt: int = 0
+    pod: str = ""
+    """The pod's compact form (JSON, `hoss.model.compact`); empty for a gang (its members carry theirs)."""
+    digest: str = ""
+    """The version of `pod` (`hoss.model.compact.digest`)."""
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def encode(self) -> dict[str, str]:
+        """One stream field ``i`` holding the item as JSON: one argument to pack instead of ten."""
+        return {"i": orjson.dumps({
+            "uid": self.uid, "namespace": self.namespace, "name": self.name, "policy": self.policy,
+            "gang": self.gang, "members": [asdict(m) for m in self.members], "min_available": self.min_available,
+            "attempt": self.attempt, "pod": self.pod, "digest": self.digest,
+        }).decode()}
+
+    @classmethod
+    def decode(cls, fields: dict[str, str]) -> WorkItem:
+        """An item from its stream fields (``i``, or the field-per-attribute form of earlier versions)."""
+        if "i" in fields:
+            data = orjson.loads(fields["i"])
+            return cls(
+                uid=data["uid"], namespace=data["namespace"], name=data["name"], policy=data["policy"],
+                gang=data.get("gang", ""), members=tuple(GangMember(**m) for m in data.get("members") or ()),
+                min_available=int(data.get("min_available") or 0), attempt=int(data.get("attempt") or 0),
+                pod=data.get("pod", ""), digest=data.get("digest", ""),
+            )
+        members = tuple(GangMember(**m) for m in orjson.loads(fields.get("members") or "[]"))
+        return cls(
+            uid=fields["uid"],
+            namespace=fields["namespace"],
+            name=fields["name"],
+            policy=fields["policy"],
+            gang=fields.get("gang", ""),
+            members=members,
+            min_available=int(fields.get("min_available") or 0),
+            attempt=int(fields.get("attempt") or 0),
+            pod=fields.get("pod", ""),
+            digest=fields.get("digest", ""),
+        )
+
+
+@dataclass
+class WorkerInfo:
+    """What a worker says about itself in its heartbeat."""
+
+    id: str
+    policies: list[str]
+    queue_depth: int = 0
+    in_flight: int = 0
+    capacity: int = 0
+    heartbeat_unix: float = 0.0
+    started_unix: float = 0.0
+    counters: dict[str, int] = field(default_factory=dict)
+    progress: int = 0
+    """Grows whenever the worker reads or decides work: a worker whose heartbeat lives but whose progress stands
+    still while work waits for it is stuck, and the dispatcher stops routing to it."""
+    unhealthy: list[str] = field(default_factory=list)
+    """The worker's loops that are failing or dead (empty when all run); such a worker gets no new work."""
+    ready: int = 0
+    """Items read and waiting for a decision (``queue_depth`` also counts pods waiting out a backoff)."""
+    decide_rate: float = 0.0
+    """Pods the worker decides per second while deciding (0: not measured yet): with ``ready``, how much more it
+    can take before the dispatcher engages another worker (dispatcher/routing.py)."""
+
+    def serves(self, policy: str) -> bool:
+        return policy in self.policies
+
+    @property
+    def load(self) -> int:
+        return self.queue_depth + self.in_flight
+
+    def encode(self) -> dict[str, str]:
+        return {
+            "id": self.id,
+            "policies": ",".join(self.policies),
+            "queue_depth": str(self.queue_depth),
+            "in_flight": str(self.in_flight),
+            "capacity": str(self.capacity),
+            "heartbeat_unix": f"{self.heartbeat_unix:.3f}",
+            "started_unix": f"{self.started_unix:.3f}",
+            "counters": orjson.dumps(self.counters).decode(),
+            "progress": str(self.progress),
+            "unhealthy": ",".join(self.unhealthy),
+            "ready": str(self.ready),
+            "decide_rate": f"{self.decide_rate:.1f}",
+        }
+
+    @classmethod
+    def decode(cls, fields: dict[str, str]) -> WorkerInfo:
+        return cls(
+            id=fields["id"],
+            policies=[p for p in fields.get("policies", "").split(",") if p],
+            queue_depth=int(fields.get("queue_depth") or 0),
+            in_flight=int(fields.get("in_flight") or 0),
+            capacity=int(fields.get("capacity") or 0),
+            heartbeat_unix=float(fields.get("heartbeat_unix") or 0),
+            started_unix=float(fields.get("started_unix") or 0),
+            counters={k: int(v) for k, v in orjson.loads(fields.get("counters") or "{}").items()},
+            progress=int(fields.get("progress") or 0),
+            unhealthy=[n for n in fields.get("unhealthy", "").split(",") if n],
+            ready=int(fields.get("ready") or 0),
+            decide_rate=float(fields.get("decide_rate") or 0),
+        )
+
+
+class WorkQueue:
+    """Both ends of the protocol over one Redis client (decode_responses=True)."""
+
+    def __init__(self, redis: Redis, *, scripts: Redis | None = None, reads: PipelinedRedis | None = None,
+                 pipelined: PipelinedRedis | None = None) -> None:
+        """``scripts``, when given, runs the queue's scripts (acknowledgements above all); ``reads`` is a pipelined
+        connection of its own for `read` (see `Ledger`); ``pipelined`` carries the dispatcher's sends
+        (`enqueue_many`). Each stays its owner's to close."""
+        self.redis = redis
+        self._reads = reads
+        self._pipelined = pipelined
+        script_client = redis if scripts is None else scripts
+        self._mark_gone = script_client.register_script(_MARK_GONE)
+        self._resend_changed = script_client.register_script(_RESEND_CHANGED)
+        self._ack = script_client.register_script(_ACK)
+        self.binding_workers = 1
+        """Workers with bindings to post at the last heartbeat this process sent, counting this one (at least 1):
+        they share the binding budget (workers/bindlimit.py)."""
+
+    # --- worker side -------------------------------------------------------------------------------------
+
+    async def heartbeat(self, info: WorkerInfo, *, ttl_seconds: float, binding: bool = False) -> bool:
+        """Beat; True when the previous beat was still there (False: it expired, or the dispatcher reclaimed this
+        worker, or Redis lost it: the worker may have been declared dead). ``binding``: this worker has bindings
+        waiting or in flight; notes ``binding_workers``."""
+        info.heartbeat_unix = time.time()
+        async with self._guard():
+            pipe = self.redis.pipeline(transaction=True)
+            fields: dict[Any, Any] = info.encode()
+            pipe.exists(worker_key(info.id))
+            pipe.hset(worker_key(info.id), mapping=fields)
+            pipe.pexpire(worker_key(info.id), int(ttl_seconds * 1000))
+            pipe.sadd(WORKERS, info.id)
+            if binding:
+                pipe.zadd(BINDING, {info.id: info.heartbeat_unix})
+            else:
+                pipe.zrem(BINDING, info.id)
+            # A worker that died while binding stops counting once its heartbeat would have expired.
+            pipe.zremrangebyscore(BINDING, "-inf", f"({info.heartbeat_unix - ttl_seconds}")
+            pipe.zcard(BINDING)
+            replies = await pipe.execute()
+        self.binding_workers = max(1, int(replies[6]) + (0 if binding else 1))
+        return bool(replies[0])
+
+    async def has_group(self, worker_id: str) -> bool:
+        """Whether this worker's stream and consumer group exist (they vanish when it is declared dead)."""
+        async with self._guard():
+            try:
+                groups: Any = await self.redis.xinfo_groups(queue_key(worker_id))
+            except ResponseError as error:
+                if "no such key" in str(error).lower():
+                    return False
+                raise
+        return any(str(group.get("name")) == GROUP for group in groups)
+
+    async def ensure_group(self, worker_id: str) -> None:
+        try:
+            async with self._guard():
+                await self.redis.xgroup_create(queue_key(worker_id), GROUP, id="0", mkstream=True)
+        except ResponseError as error:
+            if "BUSYGROUP" not in str(error):
+                raise
+
+    async def read(
+        self, worker_id: str, *, count: int, block_ms: int, pending: bool = False
+    ) -> list[tuple[str, WorkItem]]:
+        """New items (or, with ``pending``, items delivered before and not yet acknowledged, after a restart)."""
+        reply: Any
+        async with self._guard():
+            if self._reads is not None:  # the raw reply: fields as flat lists
+                block = () if pending else ("BLOCK", block_ms)
+                reply = await self._reads.execute("XREADGROUP", "GROUP", GROUP, worker_id, "COUNT", count, *block,
+                                                  "STREAMS", queue_key(worker_id), "0" if pending else ">")
+            else:
+                reply = await self.redis.xreadgroup(
+                    GROUP, worker_id, {queue_key(worker_id): "0" if pending else ">"}, count=count,
+                    block=None if pending else block_ms,
+                )
+        items: list[tuple[str, WorkItem]] = []
+        for _stream, entries in reply or []:
+            for message_id, raw in entries:
+                if raw:
+                    fields = raw if isinstance(raw, dict) else dict(zip(raw[0::2], raw[1::2], strict=True))
+                    items.append((message_id, WorkItem.decode(fields)))
+        return items
+
+    async def ack(self, worker_id: str, message_id: str, uids: Sequence[str]) -> None:
+        """The worker is done with this item: drop it from the stream and from the dispatched map."""
+        await self.ack_many(worker_id, [(message_id, uids)])
+
+    async def ack_many(self, worker_id: str, done: Sequence[tuple[str, Sequence[str]]]) -> None:
+        """Acknowledge several items in one round trip. An item acknowledged with no uids only leaves the stream
+        (a stale version whose newer version is queued behind it); its uids stay dispatched."""
+        if not done:
+            return
+        keys = [queue_key(worker_id), DISPATCHED, PODVER]
+        for start in range(0, len(done), ACK_CHUNK):
+            chunk = done[start:start + ACK_CHUNK]
+            message_ids = [message_id for message_id, _uids in chunk]
+            uids = [uid for _message_id, item_uids in chunk for uid in item_uids]
+            async with self._guard():
+                await self._ack(keys=keys, args=[GROUP, worker_id, len(message_ids), *message_ids, *uids])
+
+    async def deregister(self, worker_id: str) -> None:
+        """A worker shutting down: drop its heartbeat so the dispatcher hands its remaining items to others."""
+        async with self._guard():
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.delete(worker_key(worker_id))
+            pipe.zrem(BINDING, worker_id)
+            await pipe.execute()
+
+    # --- dispatcher side ---------------------------------------------------------------------------------
+
+    async def workers(self) -> tuple[list[WorkerInfo], set[str]]:
+        """Live workers (heartbeat present) and the ids of workers known but no longer beating."""
+        async with self._guard():
+            known = {str(w) for w in await cast(Awaitable[set[str]], self.redis.smembers(WORKERS))}
+            pipe = self.redis.pipeline(transaction=False)
+            ordered = sorted(known)
+            for worker_id in ordered:
+                pipe.hgetall(worker_key(worker_id))
+            replies = await pipe.execute()
+        live = [WorkerInfo.decode(r) for r in replies if r]
+        dead = {w for w, r in zip(ordered, replies, strict=True) if not r}
+        return live, dead
+
+    async def enqueue(self, worker_id: str, item: WorkItem) -> str:
+        return (await self.enqueue_many([(worker_id, item)]))[0]
+
+    async def enqueue_many(self, assignments: Sequence[tuple[str, WorkItem]]) -> list[str]:
+        """Append each item to its worker's stream and record its uids as dispatched, in one transaction."""
+        if not assignments:
+            return []
+        if self._pipelined is not None:
+            return await self._enqueue_pipelined(assignments)
+        async with self._guard():
+            pipe = self.redis.pipeline(transaction=True)
+            owners: dict[str, str] = {}
+            for worker_id, item in assignments:
+                pipe.xadd(queue_key(worker_id), item.encode())  # type: ignore[arg-type]
+                for uid in [m.uid for m in item.members] or [item.uid]:
+                    owners[uid] = worker_id
+            pipe.hset(DISPATCHED, mapping=owners)  # type: ignore[arg-type]
+            pipe.sadd(WORKERS, *{worker_id for worker_id, _item in assignments})
+            replies = await pipe.execute()
+        return [str(message_id) for message_id in replies[: len(assignments)]]
+
+    async def _enqueue_pipelined(self, assignments: Sequence[tuple[str, WorkItem]]) -> list[str]:
+        """`enqueue_many` as one write of MULTI, the XADDs, HSET, SADD and EXEC on the pipelined connection."""
+        assert self._pipelined is not None
+        commands: list[list[Any]] = [["MULTI"]]
+        owners: list[str] = []
+        for worker_id, item in assignments:
+            commands.append(["XADD", queue_key(worker_id), "*",
+                             *(value for pair in item.encode().items() for value in pair)])
+            for uid in [m.uid for m in item.members] or [item.uid]:
+                owners.extend((uid, worker_id))
+        commands.append(["HSET", DISPATCHED, *owners])
+        commands.append(["SADD", WORKERS, *{worker_id for worker_id, _item in assignments}])
+        commands.append(["EXEC"])
+        try:
+            async with self._guard(), asyncio.timeout(SEND_TIMEOUT_SECONDS):
+                replies = await self._pipelined.execute_many(commands)
+        except TimeoutError as error:
+            await self._pipelined.aclose()  # a Redis that does not answer: the next send connects again
+            raise LedgerUnavailable(f"redis: no answer to a dispatch in {SEND_TIMEOUT_SECONDS:g} s") from error
+        executed = replies[-1]
+        if not isinstance(executed, list) or len(executed) != len(commands) - 2:
+            raise LedgerUnavailable(f"redis: the dispatch transaction was not executed ({executed!r})")
+        for reply in executed:
+            if isinstance(reply, ResponseError):
+                raise classify(reply) or reply
+        return [str(message_id) for message_id in executed[: len(assignments)]]
+
+    async def mark_gone(self, uids: Sequence[str]) -> int:
+        """Forget dispatched pods that left the pending set, telling their workers to skip them (a pod its
+        worker already acknowledged is only forgotten)."""
+        if not uids:
+            return 0
+        async with self._guard():
+            return int(await self._mark_gone(keys=[DISPATCHED, PODVER, NOMINATED_KEY], args=list(uids)))
+
+    async def resend_changed(self, worker_id: str, item: WorkItem) -> bool:
+        """Queue the new version of a changed pod behind the old one on the worker that holds it; False when
+        that worker no longer holds it."""
+        fields = [value for pair in item.encode().items() for value in pair]
+        async with self._guard():
+            return bool(await self._resend_changed(
+                keys=[DISPATCHED, PODVER, queue_key(worker_id)], args=[item.uid, worker_id, item.digest, *fields]))
+
+    async def dispatched(self) -> dict[str, str]:
+        async with self._guard():
+            return dict(await cast(Awaitable[dict[str, str]], self.redis.hgetall(DISPATCHED)))
+
+    async def forget(self, uids: Sequence[str]) -> None:
+        """Drop uids from the dispatched map (and any version mark: they are sent again with their current one)."""
+        if uids:
+            async with self._guard():
+                pipe = self.redis.pipeline(transaction=True)
+                pipe.hdel(DISPATCHED, *uids)
+                pipe.hdel(PODVER, *uids)
+                await pipe.execute()
+
+    async def reclaim(self, worker_id: str) -> list[WorkItem]:
+        """Take every unfinished item of a dead worker (pending or never delivered) and forget the worker."""
+        async with self._guard():
+            entries = cast(list[tuple[str, dict[str, str]]], await self.redis.xrange(queue_key(worker_id)))
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.delete(queue_key(worker_id))
+            pipe.delete(worker_key(worker_id))
+            pipe.srem(WORKERS, worker_id)
+            pipe.zrem(BINDING, worker_id)
+            await pipe.execute()
+        return [WorkItem.decode(fields) for _id, fields in entries if fields]
+
+    async def depth(self, worker_id: str) -> int:
+        async with self._guard():
+            return int(await self.redis.xlen(queue_key(worker_id)))
+
+    def _guard(self) -> _RedisGuard:
+        return _RedisGuard()
+
+
+def classify(error: RedisError) -> HossError | None:
+    """What a Redis failure means to the queue's callers: `QueueLost` for a missing stream or group (NOGROUP),
+    `LedgerUnavailable` for anything that passes (connection, timeout, BUSY, LOADING, OOM, READONLY, ...), None
+    for an error reply that is a bug (a wrong command or type) and must not be retried as if it were an outage."""
+    if not isinstance(error, ResponseError) or isinstance(error, _TRANSIENT_CLASSES):
+        return LedgerUnavailable(f"redis: {error}")  # connection, timeout, LOADING (BusyLoadingError), OOM, ...
+    # redis-py strips the code of the replies it maps to a class, and a pipeline prefixes the command's position,
+    # so look for the code among the words of the message.
+    words = set(str(error).replace(":", " ").split())
+    if words & {"NOGROUP", "UNBLOCKED"}:  # UNBLOCKED: the stream was deleted while we waited on it
+        return QueueLost(f"redis: {error}")
+    if words & set(TRANSIENT_REPLIES):
+        return LedgerUnavailable(f"redis: {error}")
+    return None
+
+
+class _RedisGuard:
+    """Turns a Redis failure into `QueueLost` or `LedgerUnavailable` (keeping the cause), see `classify`."""
+
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, kind: type[BaseException] | None, error: BaseException | None, _tb: object) -> None:
+        if error is not None and isinstance(error, RedisError):
+            converted = classify(error)
+            if converted is not None:
+                raise converted from error
