@@ -1,4 +1,5 @@
-"""``hoss bench``: every scenario on one local plane, with a progress bar, a table, JSON and a chart."""
+"""``python -m dev bench``: every scenario on one local plane, with a progress bar, a table, JSON, a chart and its page
+(docs/benchmarks.md for the default JSON, bench/page.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import churn, pipeline, report, scenarios
+from bench import churn, page, pipeline, report, scenarios
 from dev.local import binaries
 from dev.local.cluster import Cluster
 from dev.local.plane import POLICIES_FILE, LocalPlane, PlaneError
@@ -109,8 +110,11 @@ async def run_bench(*, plane: LocalPlane, quick: bool, json_path: Path, chart_pa
     results["seconds"] = round(time.monotonic() - started, 1)
     report.write_json(results, json_path)
     report.chart(results, chart_path)
+    page_path = page.page_for(json_path)
+    page.write(json_path=json_path, page_path=page_path, chart_path=chart_path,
+               churn_path=page.DEFAULT_CHURN if page_path == page.DEFAULT_PAGE else None)
     print(report.table(results))
-    print(f"\nJSON: {json_path}\nchart: {chart_path}\nbench took {results['seconds']:.0f} s")
+    print(f"\nJSON: {json_path}\nchart: {chart_path}\npage: {page_path}\nbench took {results['seconds']:.0f} s")
     return results
 
 
