@@ -54,12 +54,13 @@ from dev.local import binaries
 from dev.local.ports import bind_error, free_port
 from hoss.model.admission import BINDING_LANES, LANE_LABEL
 
-DEPLOY_DIR = Path(__file__).resolve().parent.parent
+REPOSITORY = Path(__file__).resolve().parents[2]
+DEPLOY_DIR = REPOSITORY / "deploy"
 RBAC_MANIFEST = DEPLOY_DIR / "rbac.yaml"
 WEBHOOK_MANIFEST = DEPLOY_DIR / "webhook.yaml"
 ROUTER_MANIFEST = DEPLOY_DIR / "router.yaml"
-POLICIES_FILE = DEPLOY_DIR.parent / "configs" / "policies.yaml"
-ROUTING_FILE = DEPLOY_DIR.parent / "configs" / "routing.yaml"
+POLICIES_FILE = REPOSITORY / "configs" / "policies.yaml"
+ROUTING_FILE = REPOSITORY / "configs" / "routing.yaml"
 KWOK_STAGES = Path(__file__).resolve().parent / "kwok" / "stages.yaml"
 HOSS_NAMESPACE = "hoss-system"
 HOSS_COMPONENTS = ("hoss-dispatcher", "hoss-worker", "hoss-resolver", "hoss-rescheduler")
