@@ -37,8 +37,9 @@ from bench.measure import (
 from dev.local.cluster import Cluster, for_each, node_manifest, oversold_nodes, pod_manifest
 from dev.local.plane import LocalPlane, Process
 from hoss.framework.cycle import Profile, decide
-from hoss.framework.nodes import NodeTable, PlacedPod
+from hoss.framework.nodes import NodeTable
 from hoss.framework.pod import PodView, parse_pod
+from hoss.framework.podindex import PlacedPod
 from hoss.framework.profiles import load_profiles
 from hoss.kube.client import KubeError, request_json
 from hoss.model.objects import Json

@@ -35,8 +35,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from hoss.framework.cycle import BoolArray, Placement, Profile, Unschedulable, choose, evaluate, run_filters
-from hoss.framework.nodes import HostPort, NodeTable, NodeView, PlacedPod
+from hoss.framework.node import NodeView
+from hoss.framework.nodes import NodeTable
 from hoss.framework.pod import PodView, placed_view
+from hoss.framework.podindex import HostPort, PlacedPod
 
 DEFAULT_TOPOLOGY_KEY = "topology.hoss.io/leaf"
 

@@ -27,8 +27,9 @@ import aiohttp
 from hoss.errors import HossError, LedgerNotReadyError, LedgerUnavailable
 from hoss.framework.budget import Budget, parse_budget
 from hoss.framework.cycle import Profile, evaluate
-from hoss.framework.nodes import NodeTable, PlacedPod
+from hoss.framework.nodes import NodeTable
 from hoss.framework.pod import PodView
+from hoss.framework.podindex import PlacedPod
 from hoss.kube.client import KubeError
 from hoss.kube.events import pod_event
 from hoss.kube.rest import KubeREST, segment

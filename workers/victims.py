@@ -30,8 +30,9 @@ import numpy as np
 
 from hoss.framework.budget import Budget
 from hoss.framework.cycle import Profile, evaluate, run_filters
-from hoss.framework.nodes import NodeTable, PlacedPod
+from hoss.framework.nodes import NodeTable
 from hoss.framework.pod import PodView, placed_view
+from hoss.framework.podindex import PlacedPod
 from hoss.ledger.client import Nomination, QuotaReport
 from hoss.model.resources import ResourceVector
 

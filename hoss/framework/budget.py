@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from hoss.errors import PodSpecError
-from hoss.framework.nodes import PlacedPod
+from hoss.framework.podindex import PlacedPod
 from hoss.framework.podterms import LabelSelector, label_selector
 from hoss.model.objects import section
 

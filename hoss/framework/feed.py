@@ -37,7 +37,8 @@ import logging
 from collections.abc import Callable, Mapping
 
 from hoss.errors import HossError, LedgerUnavailable
-from hoss.framework.nodes import NodeTable, parse_placed, stream_position
+from hoss.framework.nodes import NodeTable, stream_position
+from hoss.framework.podindex import parse_placed
 from hoss.ledger.client import Change, Ledger, Nomination, decode_nominations, parse_used
 from hoss.model import compact
 from hoss.supervise import first_of

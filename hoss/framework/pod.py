@@ -16,7 +16,8 @@ from typing import Any
 from hoss.errors import PodSpecError, QuantityError
 from hoss.framework import payload
 from hoss.framework.errors import UnsupportedPodField
-from hoss.framework.nodes import ANY_HOST_IP, TAINT_EFFECTS, HostPort, PlacedPod, Taint
+from hoss.framework.node import TAINT_EFFECTS, Taint
+from hoss.framework.podindex import ANY_HOST_IP, HostPort, PlacedPod
 from hoss.framework.podterms import (
     LabelSelector,
     PodAffinityTerm,

@@ -14,8 +14,9 @@ from pathlib import Path
 import numpy as np
 
 from hoss.framework.cycle import Profile, Unschedulable
-from hoss.framework.nodes import NodeTable, parse_placed
+from hoss.framework.nodes import NodeTable
 from hoss.framework.pod import parse_pod
+from hoss.framework.podindex import parse_placed
 from hoss.framework.profiles import load_profiles
 from hoss.ledger.client import Conflict, GangMember, GangReserved, Ledger
 from hoss.model import compact

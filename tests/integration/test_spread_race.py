@@ -11,9 +11,10 @@ from collections import Counter
 
 import numpy as np
 
-from hoss.framework.nodes import NodeTable, parse_placed
+from hoss.framework.nodes import NodeTable
 from hoss.framework.plugins.topology import PodTopologySpread
 from hoss.framework.pod import parse_pod
+from hoss.framework.podindex import parse_placed
 from hoss.ledger.client import BatchPod, Conflict, Ledger, Reserved
 from hoss.model import compact
 from tests.unit.kube_objects import raw_node, raw_pod

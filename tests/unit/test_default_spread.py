@@ -14,9 +14,10 @@ import yaml
 from dispatcher.intake import parse_pending_pod
 from dispatcher.spreading import SelectorSources
 from hoss.framework.errors import ProfileError
-from hoss.framework.nodes import NodeTable, parse_placed
+from hoss.framework.nodes import NodeTable
 from hoss.framework.plugins.topology import ZONE, PodTopologySpread
 from hoss.framework.pod import PodView, parse_pod
+from hoss.framework.podindex import parse_placed
 from hoss.framework.profiles import load_profiles
 from hoss.model import compact
 from tests.unit.kube_objects import Json, raw_node, raw_pod, table

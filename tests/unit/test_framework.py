@@ -29,7 +29,8 @@ from hoss.framework.cycle import (
     min_max_normalize,
 )
 from hoss.framework.errors import PluginError, UnknownNodeError
-from hoss.framework.nodes import NodeTable, Taint, parse_node
+from hoss.framework.node import Taint, parse_node
+from hoss.framework.nodes import NodeTable
 from hoss.framework.plugins.affinity import NodeAffinity
 from hoss.framework.plugins.binpack import MostAllocated
 from hoss.framework.plugins.fit import NodeResourcesFit

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from hoss.framework.errors import UnsupportedPodField
-from hoss.framework.nodes import NodeTable, parse_placed
+from hoss.framework.nodes import NodeTable
 from hoss.framework.plugins.interpod import (
     AFFINITY_MISMATCH,
     ANTI_AFFINITY_MISMATCH,
@@ -18,6 +18,7 @@ from hoss.framework.plugins.interpod import (
     InterPodAffinity,
 )
 from hoss.framework.pod import PodView, parse_pod
+from hoss.framework.podindex import parse_placed
 from hoss.ledger.client import BatchPod, Conflict, Ledger, Reserved
 from hoss.model import compact
 from tests.unit.kube_objects import Json, raw_node, raw_pod, table

@@ -10,9 +10,10 @@ import pytest
 
 from hoss.framework.cycle import Profile, decide
 from hoss.framework.feed import NodeFeed
-from hoss.framework.nodes import HostPort, NodeTable, PlacedPod
+from hoss.framework.nodes import NodeTable
 from hoss.framework.plugins.ports import PORTS_TAKEN, NodePorts
 from hoss.framework.pod import PodView, parse_pod
+from hoss.framework.podindex import HostPort, PlacedPod
 from hoss.ledger.client import BatchPod, BoundPod, Ledger
 from hoss.model import compact
 from tests.unit.kube_objects import Json, raw_node, raw_pod, table

@@ -14,7 +14,7 @@ import pytest
 from kubernetes_asyncio import client
 
 from hoss.errors import NodeSpecError
-from hoss.framework.nodes import parse_node
+from hoss.framework.node import parse_node
 from hoss.ledger.client import Ledger
 from hoss.model import compact
 from hoss.model.resources import NODE_RESERVATION_ANNOTATION, node_allocatable, node_reservation

@@ -9,8 +9,9 @@ import pytest
 
 from hoss.framework.budget import Budget, parse_budget
 from hoss.framework.cycle import Profile
-from hoss.framework.nodes import HostPort, NodeTable, PlacedPod
+from hoss.framework.nodes import NodeTable
 from hoss.framework.pod import PodView, parse_pod
+from hoss.framework.podindex import HostPort, PlacedPod
 from hoss.framework.podterms import label_selector
 from hoss.framework.profiles import load_profiles
 from hoss.ledger.client import Nomination

@@ -13,8 +13,9 @@ import pytest
 from aiohttp import web
 
 from hoss.framework.cycle import Profile
-from hoss.framework.nodes import NodeTable, PlacedPod
+from hoss.framework.nodes import NodeTable
 from hoss.framework.pod import PodView, parse_pod
+from hoss.framework.podindex import PlacedPod
 from hoss.framework.profiles import load_profiles
 from hoss.kube.rest import KubeREST
 from hoss.ledger.client import Ledger

@@ -9,8 +9,9 @@ import pytest
 
 from hoss.framework.budget import Budget
 from hoss.framework.cycle import Profile
-from hoss.framework.nodes import NodeTable, PlacedPod
+from hoss.framework.nodes import NodeTable
 from hoss.framework.pod import PodView, parse_pod
+from hoss.framework.podindex import PlacedPod
 from hoss.framework.podterms import label_selector
 from hoss.framework.profiles import load_profiles
 from hoss.ledger.client import ElasticQuota, QuotaReport, QuotaUse

@@ -12,10 +12,11 @@ import pytest
 
 from hoss.errors import PodSpecError
 from hoss.framework.cycle import evaluate
-from hoss.framework.nodes import NodeTable, parse_placed
+from hoss.framework.nodes import NodeTable
 from hoss.framework.plugins.interpod import InterPodAffinity
 from hoss.framework.plugins.topology import CONSTRAINTS_NOT_MATCH, MISSING_LABEL, PodTopologySpread
 from hoss.framework.pod import PodView, parse_pod
+from hoss.framework.podindex import parse_placed
 from hoss.framework.profiles import load_profiles
 from hoss.ledger.client import BatchPod, Conflict, Ledger, Reserved
 from hoss.model import compact

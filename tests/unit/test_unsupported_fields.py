@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from hoss.framework.errors import UnsupportedPodField
-from hoss.framework.nodes import HostPort
 from hoss.framework.pod import check_supported, parse_pod
+from hoss.framework.podindex import HostPort
 from hoss.model import compact
 from hoss.queue import WorkItem
 from tests.unit.kube_objects import Json, raw_pod

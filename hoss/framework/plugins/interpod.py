@@ -37,8 +37,9 @@ from collections.abc import Iterable
 import numpy as np
 
 from hoss.framework.cycle import MAX_NODE_SCORE, BoolArray, FilterResult, FloatArray, TakesNoArgs
-from hoss.framework.nodes import NodeTable, PlacedPod
+from hoss.framework.nodes import NodeTable
 from hoss.framework.pod import PodView
+from hoss.framework.podindex import PlacedPod
 from hoss.framework.podterms import PodAffinityTerm
 
 HARD_POD_AFFINITY_WEIGHT = 1

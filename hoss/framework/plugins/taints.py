@@ -19,7 +19,8 @@ from __future__ import annotations
 import numpy as np
 
 from hoss.framework.cycle import BoolArray, FilterResult, FloatArray, TakesNoArgs, default_normalize
-from hoss.framework.nodes import NodeTable, Taint
+from hoss.framework.node import Taint
+from hoss.framework.nodes import NodeTable
 from hoss.framework.pod import PodView
 
 BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
