@@ -58,20 +58,13 @@ from dispatcher.intake import (
     with_namespaces,
 )
 from dispatcher.leader import LeaderElector
+from dispatcher.metrics import DispatcherMetrics
 from dispatcher.routing import choose_worker
 from dispatcher.settings import DispatcherSettings
 from dispatcher.spreading import SelectorSources
-from dispatcher.status import (
-    BoundRate,
-    DispatcherMetrics,
-    GangStatus,
-    PendingStatus,
-    QueueStatus,
-    ThroughputStatus,
-    WaitingPod,
-    gang_view,
-    pending_view,
-)
+from dispatcher.status import GangStatus, PendingStatus, QueueStatus, ThroughputStatus, WaitingPod
+from dispatcher.statusviews import gang_view, pending_view
+from dispatcher.throughput import BoundRate
 from hoss.errors import LedgerUnavailable, PodSpecError
 from hoss.kube.client import InformerHandlers, KubeError, request_json
 from hoss.kube.events import pod_event, post_event, reservation_event, set_unschedulable, unschedulable_condition

@@ -17,8 +17,10 @@ from redis.exceptions import RedisError
 
 from dispatcher.core import STATUS_TIMEOUT_SECONDS, Dispatcher
 from dispatcher.leader import LeaderElector
+from dispatcher.resolverstats import RESOLVER_STATS_MATCH, resolver_instance
 from dispatcher.settings import DispatcherSettings
-from dispatcher.status import RESOLVER_STATS_MATCH, SystemStatus, build_status, resolver_instance
+from dispatcher.status import SystemStatus
+from dispatcher.statusviews import build_status
 from hoss.errors import LedgerUnavailable
 from hoss.kube.access import TokenAccess, middleware
 from hoss.ledger.client import RESCHED_STATUS_KEY, Ledger, LedgerSnapshot, QuotaReport

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import fakeredis
 
-from dispatcher.status import merge_resolver_stats
+from dispatcher.resolverstats import merge_resolver_stats
 from hoss.ledger.client import Ledger
 from resolver.settings import ResolverSettings
 from resolver.webhook import WebhookState, stats_fields

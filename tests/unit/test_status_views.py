@@ -9,13 +9,9 @@ import pytest
 
 from dispatcher.gangs import GangKey, PodGroupSpec
 from dispatcher.intake import parse_pending_pod
-from dispatcher.status import (
-    GPU_RESOURCE,
+from dispatcher.status import GPU_RESOURCE, QueueStatus, SystemStatus, ThroughputStatus
+from dispatcher.statusviews import (
     PENDING_SHOWN,
-    BoundRate,
-    QueueStatus,
-    SystemStatus,
-    ThroughputStatus,
     build_status,
     gang_view,
     gpu_fragmentation,
@@ -23,6 +19,7 @@ from dispatcher.status import (
     pending_view,
     pool_statuses,
 )
+from dispatcher.throughput import BoundRate
 from hoss.ledger.client import LedgerSnapshot, NodeSnapshot
 
 GIB = 1 << 30
