@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-import os
-import socket
 from typing import Literal, Self
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-from hoss.settings import AccessSettings, RedisURL
-
-
-def _default_identity() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}"
+from hoss.settings import AccessSettings, RedisURL, check_lease_timing, default_identity
 
 
 class DispatcherSettings(AccessSettings):
     """Settings of the dispatcher: pending-pod intake, routing to workers, reclaim, leader election, /status."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     kubeconfig: str | None = None
     """Kubeconfig to reach the apiserver; unset means the in-cluster service account."""
@@ -44,7 +36,7 @@ class DispatcherSettings(AccessSettings):
     """A leader that could not renew for this long stops dispatching (must be below lease_duration_seconds)."""
     renew_interval_seconds: float = Field(default=2.0, gt=0)
     """How often the leader renews the Lease and a follower checks whether it may take it over."""
-    identity: str = Field(default_factory=_default_identity, min_length=1, max_length=253)
+    identity: str = Field(default_factory=default_identity, min_length=1, max_length=253)
     """This replica's name in the Lease's holderIdentity (default hostname-pid)."""
     reclaim_interval_seconds: float = Field(default=1.0, gt=0)
     """How often the leader looks for dead workers, moves their work and retries pods waiting for a worker."""
@@ -69,16 +61,8 @@ class DispatcherSettings(AccessSettings):
     """What becomes of a pod whose hoss.io/depends-on Job or PodGroup failed: fail (the pod is set Failed with
     reason DependencyFailed, so its Job counts the failure) or wait (it stays Pending, told why, and starts if the
     dependency is re-created and holds)."""
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
-    """Logging level."""
 
     @model_validator(mode="after")
     def _lease_timing_is_ordered(self) -> Self:
-        # The leader must stop before another replica may take over, and must try to renew before it stops.
-        if not self.renew_interval_seconds < self.renew_deadline_seconds < self.lease_duration_seconds:
-            raise ValueError(
-                "lease timing must satisfy renew_interval_seconds < renew_deadline_seconds < lease_duration_seconds"
-                f" (got {self.renew_interval_seconds} < {self.renew_deadline_seconds}"
-                f" < {self.lease_duration_seconds})"
-            )
+        check_lease_timing(self.renew_interval_seconds, self.renew_deadline_seconds, self.lease_duration_seconds)
         return self

@@ -2,26 +2,18 @@
 
 from __future__ import annotations
 
-import os
-import socket
-from typing import Literal, Self
+from typing import Self
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-from hoss.settings import AccessSettings, RedisURL, check_lease_timing
+from hoss.settings import AccessSettings, RedisURL, check_lease_timing, default_identity
 
 DEFAULT_MIN_STRANDED_GPUS = 4
 """The periodic pass's default threshold: half an 8-GPU node stranded on partly used nodes."""
 
 
-def _default_identity() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}"
-
-
 class ReschedulerSettings(AccessSettings):
     """Settings of the defragmenting rescheduler."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     kubeconfig: str | None = None
     """Kubeconfig to reach the apiserver; unset means the in-cluster service account."""
@@ -73,10 +65,8 @@ class ReschedulerSettings(AccessSettings):
     """A leader that could not renew for this long stops planning (must be below lease_duration_seconds)."""
     renew_interval_seconds: float = Field(default=2.0, gt=0)
     """How often the leader renews the Lease and a follower checks whether it may take it over."""
-    identity: str = Field(default_factory=_default_identity, min_length=1, max_length=253)
+    identity: str = Field(default_factory=default_identity, min_length=1, max_length=253)
     """This replica's name in the Lease's holderIdentity (default hostname-pid)."""
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
-    """Logging level."""
 
     @property
     def node_labels(self) -> dict[str, str]:

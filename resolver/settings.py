@@ -4,15 +4,13 @@ from __future__ import annotations
 
 from typing import Literal, Self
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from hoss.settings import AccessSettings, RedisURL, check_lease_timing, default_identity
 
 
 class ResolverSettings(AccessSettings):
     """Settings of ``hoss-resolver``, the admission webhook that guards every binding."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     kubeconfig: str | None = None
     """Kubeconfig to reach the apiserver; unset means the in-cluster service account."""
@@ -74,8 +72,6 @@ class ResolverSettings(AccessSettings):
     """How often the leader renews the Lease and a follower checks whether it may take it over."""
     identity: str = Field(default_factory=default_identity, min_length=1, max_length=253)
     """This replica's name in the Lease's holderIdentity (default hostname-pid)."""
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
-    """Logging level."""
     scheduler_names: list[str] = Field(default_factory=lambda: ["hoss"], min_length=1)
     """hoss's scheduler names (comma-separated in env and flags; the dispatcher's setting of the same name): the
     router (POST /mutate-pod) sets the first as spec.schedulerName of the pods it routes."""

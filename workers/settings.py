@@ -2,29 +2,19 @@
 
 from __future__ import annotations
 
-import os
-import socket
-from typing import Literal
-
-from pydantic import ConfigDict, Field
+from pydantic import Field
 
 from hoss.model.admission import BINDING_LANES
-from hoss.settings import AccessSettings, RedisURL
+from hoss.settings import AccessSettings, RedisURL, default_identity
 
 IDLE_WEBHOOK_CONNECTIONS = 25 * BINDING_LANES
 """What the apiserver keeps open to the webhook for bindings: 25 idle connections per binding lane."""
 
 
-def _default_id() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}"
-
-
 class WorkerSettings(AccessSettings):
     """Settings of one scheduler worker."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
-    id: str = Field(default_factory=_default_id, pattern=r"^[A-Za-z0-9._-]{1,63}$")
+    id: str = Field(default_factory=default_identity, pattern=r"^[A-Za-z0-9._-]{1,63}$")
     """Worker id, unique among live workers (default hostname-pid)."""
     policies: list[str] = Field(default_factory=lambda: ["default"], min_length=1)
     """Policy profiles this worker serves (comma-separated in env and flags)."""
@@ -89,5 +79,3 @@ class WorkerSettings(AccessSettings):
     """Most events posted per second (0: no limit); beyond it they queue, and beyond 10,000 queued are dropped."""
     seed: int | None = None
     """Seed of the tie-breaking randomness (default: random per worker)."""
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
-    """Logging level."""

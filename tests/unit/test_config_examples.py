@@ -6,10 +6,9 @@ import os
 from pathlib import Path
 
 import pytest
-from pydantic import BaseModel
 
 from dispatcher.settings import DispatcherSettings
-from hoss.settings import load_settings
+from hoss.settings import HossSettings, load_settings
 from resolver.settings import ResolverSettings
 from workers.settings import WorkerSettings
 
@@ -19,7 +18,7 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 @pytest.mark.parametrize(("name", "model"), [("resolver.yaml", ResolverSettings),
                                               ("dispatcher.yaml", DispatcherSettings),
                                               ("worker.yaml", WorkerSettings)])
-def test_example_settings_file_loads(name: str, model: type[BaseModel], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_example_settings_file_loads(name: str, model: type[HossSettings], monkeypatch: pytest.MonkeyPatch) -> None:
     for variable in [v for v in os.environ if v.startswith("HOSS_")]:
         monkeypatch.delenv(variable)
     settings = load_settings(model, ["--config", str(CONFIGS / name)], prog=name, description="")
