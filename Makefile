@@ -8,7 +8,7 @@ STAMP := $(VENV)/.stamp-install
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 
-.PHONY: test demo deps venv binaries lint unit integration e2e chaos fuzz down clean clean-all
+.PHONY: test demo deps venv binaries lint unit integration e2e chaos fuzz settings-doc down clean clean-all
 
 # The long chaos scenarios (marker `chaos`) are left out here; `make chaos` runs every scenario.
 # Two pytest-xdist workers, a test module each at a time (--dist loadfile): each worker starts its own local plane,
@@ -66,6 +66,10 @@ chaos: deps binaries
 # 10,000 generated reviews per property against the real webhook over TLS (make test runs 300 of each).
 fuzz: deps venv
 	HOSS_FUZZ_REVIEWS=10000 $(BIN)/pytest -p no:cacheprovider -m fuzz tests/integration $(PYTEST_ARGS)
+
+# docs/settings.md from the services' settings models (tests/unit/test_settings_doc.py fails when it is stale).
+settings-doc: venv
+	$(BIN)/python -m hoss.settings_doc > docs/settings.md.new && mv docs/settings.md.new docs/settings.md
 
 down: venv
 	$(BIN)/python -m dev local down
