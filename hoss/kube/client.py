@@ -20,6 +20,7 @@ import aiohttp
 import orjson
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_never, wait_fixed
 
 from hoss.errors import HossError
 from hoss.model.objects import Json
@@ -180,8 +181,109 @@ def raise_if_cancelled() -> None:
         raise asyncio.CancelledError
 
 
+_RETRIED = (HossError, aiohttp.ClientError, OSError, TimeoutError, ValueError)
+"""What an informer waits out and tries again: the apiserver or the network failed, or a handler could not apply a
+change (the handler's own errors of these kinds)."""
+
+
 class _HandlerFailed(Exception):
     """An informer handler raised: the informer's view may have lost that change, so it lists again."""
+
+
+class _EndedAtOnce(Exception):
+    """The apiserver ended a watch at once with nothing in it: waited out as a failure is, so that a stream ended
+    again and again never becomes a busy loop."""
+
+
+@dataclass(kw_only=True)
+class _Informer:
+    """An informer's state between attempts: the resourceVersion to resume from and the failures since its last
+    progress (a list or an event handled)."""
+
+    name: str
+    call: ListCall
+    handlers: InformerHandlers
+    synced: asyncio.Event | None
+    relist: asyncio.Event | None
+    watch_timeout_seconds: int
+    inactivity_seconds: float
+    first_wait: float
+    max_wait: float
+    kwargs: dict[str, Any]
+    version: str | None = None
+    failures: int = 0
+
+    async def follow(self) -> None:
+        """List when there is no version to resume from (or ``relist`` is set), then watch stream after stream, until
+        something fails."""
+        while True:
+            raise_if_cancelled()
+            try:
+                if self.version is None or (self.relist is not None and self.relist.is_set()):
+                    await self._list()
+                await self._watch()
+            except WatchGone:
+                log.info("%s: watch expired (410 Gone); listing again", self.name)
+                self.version = None
+            except _HandlerFailed:
+                self.version = None
+                raise
+
+    async def _list(self) -> None:
+        items, listed = await list_objects(self.call, **self.kwargs)
+        try:
+            await self.handlers.on_list(items)
+        except _RETRIED as error:
+            raise _HandlerFailed(str(error)) from error
+        self.version = listed
+        self.failures = 0
+        if self.synced is not None:
+            self.synced.set()
+        if self.relist is not None:
+            self.relist.clear()
+
+    async def _watch(self) -> None:
+        assert self.version is not None  # _list set it
+        opened = time.monotonic()
+        events = 0
+        async for kind, obj in watch_objects(
+            self.call,
+            resource_version=self.version,
+            timeout_seconds=self.watch_timeout_seconds,
+            inactivity_seconds=self.inactivity_seconds,
+            **self.kwargs,
+        ):
+            events += 1
+            self.failures = 0
+            if kind != "BOOKMARK":
+                try:
+                    await self.handlers.on_event(kind, obj)
+                except _RETRIED as error:
+                    raise _HandlerFailed(str(error)) from error
+                raise_if_cancelled()
+            self.version = str((obj.get("metadata") or {}).get("resourceVersion") or self.version)
+            if self.relist is not None and self.relist.is_set():
+                return
+        if not events and time.monotonic() - opened < 1.0:
+            raise _EndedAtOnce
+
+    def wait(self, _state: RetryCallState) -> float:
+        """Exponential from ``first_wait`` up to ``max_wait``, counted from the last progress rather than the first
+        failure: a stream that delivers and then breaks is opened again soon however often that happens."""
+        self.failures += 1
+        return min(self.first_wait * 2.0 ** (self.failures - 1), self.max_wait)
+
+    def log_failure(self, state: RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome is not None else None
+        wait = state.next_action.sleep if state.next_action is not None else 0.0
+        if isinstance(error, _EndedAtOnce):
+            return
+        if isinstance(error, _HandlerFailed):
+            log.warning("%s: handling a change failed (%s); listing again in %.1fs", self.name, error, wait)
+            return
+        what = "list" if self.version is None else f"watch from resourceVersion {self.version}"
+        reason = str(error) or type(error).__name__
+        log.warning("%s: %s failed (%s); retrying in %.1fs", self.name, what, reason, wait)
 
 
 async def run_informer(
@@ -203,64 +305,25 @@ async def run_informer(
     apiserver ends a stream (its timeout, or "Forcing watcher close due to unresponsiveness" when this client
     fell behind), after a stream silent for ``inactivity_seconds`` (a half-dead connection; bookmarks arrive about
     once a minute), and after a network error or an apiserver restart (retried with a backoff up to
-    ``max_backoff_seconds``). Only 410 Gone (that version is no longer in the apiserver's window), a handler that
-    failed, or ``relist`` lead to a new list.
+    ``max_backoff_seconds``, each failure logged once). Only 410 Gone (that version is no longer in the apiserver's
+    window), a handler that failed, or ``relist`` lead to a new list.
     """
-    first_backoff = min(0.5, max_backoff_seconds)
-    backoff = first_backoff
-    version: str | None = None
-    while True:
-        raise_if_cancelled()
-        try:
-            if version is None or (relist is not None and relist.is_set()):
-                items, listed = await list_objects(call, **kwargs)
-                try:
-                    await handlers.on_list(items)
-                except (HossError, aiohttp.ClientError, OSError, TimeoutError, ValueError) as error:
-                    raise _HandlerFailed(str(error)) from error
-                version = listed
-                if synced is not None:
-                    synced.set()
-                if relist is not None:
-                    relist.clear()
-                backoff = first_backoff
-            opened = time.monotonic()
-            events = 0
-            async for kind, obj in watch_objects(
-                call,
-                resource_version=version,
-                timeout_seconds=watch_timeout_seconds,
-                inactivity_seconds=inactivity_seconds,
-                **kwargs,
-            ):
-                events += 1
-                backoff = first_backoff
-                if kind != "BOOKMARK":
-                    try:
-                        await handlers.on_event(kind, obj)
-                    except (HossError, aiohttp.ClientError, OSError, TimeoutError, ValueError) as error:
-                        raise _HandlerFailed(str(error)) from error
-                    raise_if_cancelled()
-                version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
-                if relist is not None and relist.is_set():
-                    break
-            if not events and time.monotonic() - opened < 1.0:
-                # A stream the apiserver ends at once, again and again, must not become a busy loop.
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, max_backoff_seconds)
-        except WatchGone:
-            log.info("%s: watch expired (410 Gone); listing again", name)
-            version = None
-        except _HandlerFailed as error:
-            log.warning("%s: handling a change failed (%s); listing again in %.1fs", name, error, backoff)
-            version = None
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, max_backoff_seconds)
-        except (HossError, aiohttp.ClientError, OSError, TimeoutError, ValueError) as error:
-            what = "list" if version is None else f"watch from resourceVersion {version}"
-            log.warning("%s: %s failed (%s); retrying in %.1fs", name, what, error or type(error).__name__, backoff)
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, max_backoff_seconds)
+    informer = _Informer(
+        name=name, call=call, handlers=handlers, synced=synced, relist=relist,
+        watch_timeout_seconds=watch_timeout_seconds, inactivity_seconds=inactivity_seconds,
+        first_wait=min(0.5, max_backoff_seconds), max_wait=max_backoff_seconds, kwargs=kwargs,
+    )
+    retrying = AsyncRetrying(
+        # Never given up: an informer outlives any apiserver outage, and the component that runs it has nothing
+        # better to do than wait (the resolver's webhook would otherwise exit and come back in CrashLoopBackOff).
+        stop=stop_never,
+        wait=informer.wait,
+        retry=retry_if_exception_type((_HandlerFailed, _EndedAtOnce, *_RETRIED)),
+        before_sleep=informer.log_failure,
+    )
+    async for attempt in retrying:
+        with attempt:
+            await informer.follow()
 
 
 async def run_crd_informer(
@@ -277,16 +340,18 @@ async def run_crd_informer(
     """`run_informer` on a custom resource whose CRD may not be installed. While its list fails (404: no CRD; any
     other error is logged), ``on_missing(crd_absent)`` runs and the list is tried again every ``recheck_seconds``;
     once it answers, ``found`` is logged and the informer runs, so installing the CRD later needs no restart."""
-    while True:
-        try:
-            await list_objects(call, limit=1)
-        except KubeError as error:
-            if error.status != 404:
-                log.warning("cannot list %s: %s", kind, error)
-            if on_missing is not None:
-                await on_missing(error.status == 404)
-            await asyncio.sleep(recheck_seconds)
-            continue
-        if found:
-            log.info("%s", found)
-        await run_informer(name, call, handlers, synced=synced)
+    # Never given up either: the CRD may be installed at any time.
+    async for attempt in AsyncRetrying(stop=stop_never, wait=wait_fixed(recheck_seconds),
+                                       retry=retry_if_exception_type(KubeError)):
+        with attempt:
+            try:
+                await list_objects(call, limit=1)
+            except KubeError as error:
+                if error.status != 404:
+                    log.warning("cannot list %s: %s", kind, error)
+                if on_missing is not None:
+                    await on_missing(error.status == 404)
+                raise
+    if found:
+        log.info("%s", found)
+    await run_informer(name, call, handlers, synced=synced)

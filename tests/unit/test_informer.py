@@ -5,6 +5,7 @@ or when a handler failed."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -230,3 +231,73 @@ async def test_a_stream_that_never_ends_its_line_is_abandoned_and_resumed(
     assert recorder.events == [("ADDED", "b"), ("ADDED", "c")]
     assert api.calls == [("list", None), ("watch", "10"), ("watch", "11"), ("watch", "12")]
     assert "watch event longer than 1000 bytes" in caplog.text
+
+
+@pytest.fixture
+def waits(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """Virtual time for the informer's retries: each wait shorter than a minute is recorded and skipped."""
+    recorded: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def sleep(delay: float, result: Any = None) -> Any:
+        if delay < 60:
+            recorded.append(delay)
+            delay = 0
+        return await real_sleep(delay, result)
+
+    monkeypatch.setattr(asyncio, "sleep", sleep)
+    return recorded
+
+
+async def test_failures_back_off_exponentially_to_the_cap_each_logged_once_and_progress_starts_over(
+        waits: list[float], caplog: pytest.LogCaptureFixture) -> None:
+    refused = ConnectionRefusedError(111, "connection refused")
+    api = ScriptedApi(
+        lists=[refused, refused, refused, refused, refused, listing("10")],
+        watches=[FakeResponse(200, lines=[event("ADDED", "b", "11")]), TimeoutError(), OSError("reset")],
+    )
+    recorder = Recorder()
+    task = asyncio.create_task(run_informer("test", api, recorder.handlers(), max_backoff_seconds=2.0))
+    try:
+        async with asyncio.timeout(5):
+            await api.exhausted.wait()
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert waits == [0.5, 1.0, 2.0, 2.0, 2.0, 0.5, 1.0]
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings[:2] == ["test: list failed ([Errno 111] connection refused); retrying in 0.5s",
+                            "test: list failed ([Errno 111] connection refused); retrying in 1.0s"]
+    assert warnings[5:] == ["test: watch from resourceVersion 11 failed (TimeoutError); retrying in 0.5s",
+                            "test: watch from resourceVersion 11 failed (reset); retrying in 1.0s"]
+    assert recorder.events == [("ADDED", "b")]
+
+
+async def test_a_missing_crd_is_looked_for_again_until_it_is_installed(
+        waits: list[float], caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger=kube.__name__)
+    api = ScriptedApi(
+        lists=[FakeResponse(404, b'{"message": "not found"}'), FakeResponse(403, b'{"message": "forbidden"}'),
+               listing("1"), listing("1", "r")],
+        watches=[],
+    )
+    absent: list[bool] = []
+
+    async def on_missing(crd_absent: bool) -> None:
+        absent.append(crd_absent)
+
+    recorder = Recorder()
+    task = asyncio.create_task(kube.run_crd_informer("reservations", api, recorder.handlers(), kind="Reservations",
+                                                     recheck_seconds=30, found="CRD found", on_missing=on_missing))
+    try:
+        async with asyncio.timeout(5):
+            await api.exhausted.wait()
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert absent == [True, False]
+    assert waits == [30, 30]
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        "cannot list Reservations: 403: forbidden"]
+    assert "CRD found" in caplog.text
+    assert recorder.lists == [["r"]]
