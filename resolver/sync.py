@@ -24,6 +24,13 @@ elsewhere, or it is unbound once the write is surely over) and otherwise stays c
 bound. A periodic audit compares the ledger's bound entries and nodes with the mirror and rebuilds on drift, and
 the watchdog notices a Redis that came back from an older copy (another epoch, or a stamp that went back).
 A node deleted from the apiserver keeps the entries of the pods that still name it, as a rebuild would.
+
+The pure parts live apart: the mirror's data (pods, nodes, Reservations) in resolver/mirror.py, the audit's
+comparison in resolver/drift.py, the verdict on an admitted entry in resolver/admitted.py. What stays here is
+`LedgerSync`, the I/O around them. It stays whole, over 500 lines, because its informer handlers, batched pod
+flush, rebuild, watchdog, verify and audit share one lock, one mirror and one "ledger stale" flag: the invariant
+above holds only if every writer of the mirror and the ledger takes that lock, which a reader checks here, in one
+class.
 """
 
 from __future__ import annotations
@@ -33,9 +40,9 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from kubernetes_asyncio import client
 
@@ -49,22 +56,26 @@ from hoss.kube.client import (
     run_informer,
 )
 from hoss.kube.events import node_event, post_event
-from hoss.ledger.client import RESERVATION_PREFIX, AdmittedEntry, BoundPod, Ledger, Overcommit, Placement
-from hoss.model import compact, reservations
+from hoss.ledger.client import BoundPod, Ledger, Overcommit, Placement
+from hoss.model import reservations
 from hoss.model.objects import Json
-from hoss.model.resources import (
-    NODE_RESERVATION_ANNOTATION,
-    ResourceVector,
-    node_allocatable,
-    node_reservation,
-    pod_requests,
-    status_resources_key,
+from hoss.model.resources import NODE_RESERVATION_ANNOTATION, node_reservation
+from resolver.admitted import admitted_verdict
+from resolver.drift import ledger_drift
+from resolver.mirror import (
+    TERMINAL_PHASES,
+    NodeRecord,
+    PodIndex,
+    PodInfo,
+    node_record,
+    parse_pod,
+    reservation_entry,
+    same_entry,
 )
 from resolver.quotas import QuotaMirror, keep_status, watch_quotas
 
 log = logging.getLogger(__name__)
 
-TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 BOUND_PODS_SELECTOR = "spec.nodeName!="
 """The pod informer's field selector: only bound pods matter to the ledger (a pending pod holds nothing until
 a binding the webhook judged, and the rebuild needs only bound pods)."""
@@ -84,112 +95,6 @@ VERIFY_BATCH = 64
 """Most admitted entries checked per round of the verify loop."""
 VERIFY_RETRY_SECONDS = 2.0
 """An admitted entry not settled by a check is checked again this much later."""
-NodeRecord = tuple[ResourceVector, dict[str, str], str]
-"""allocatable, labels, compact description (JSON) of a node, as the ledger keeps it"""
-
-
-@dataclass(frozen=True)
-class PodInfo:
-    """What the resolver needs of a pod: identity, node (if bound), scheduler and effective request."""
-
-    uid: str
-    namespace: str
-    name: str
-    node: str | None
-    scheduler_name: str
-    request: ResourceVector
-    terminal: bool
-    generation: int | None = None
-    ports: str = ""
-    """Host ports the pod holds on its node, as the ledger checks them (`hoss.model.compact.pod_meta`)."""
-    meta: str = ""
-    """namespace, name, labels, host ports, priority and request for the workers' pod index
-    (`hoss.model.compact.pod_meta`)."""
-    labels: Mapping[str, str] = field(default_factory=dict)
-    """metadata.labels: a change (no new generation) rewrites the meta, which inter-pod affinity reads."""
-    status_key: str = ""
-    """`hoss.model.resources.status_resources_key`: a change (an in-place resize the kubelet allocated or actuated,
-    no new generation) recomputes the request."""
-    terminating: bool = False
-    """metadata.deletionTimestamp is set: a change rewrites the meta (PodTopologySpread ignores such pods)."""
-
-    @property
-    def key(self) -> str:
-        return f"{self.namespace}/{self.name}"
-
-
-def parse_pod(pod: Json, *, known: PodInfo | None = None) -> PodInfo:
-    """The typed view of a raw pod; raises HossError subclasses naming the bad field.
-
-    ``known``, the view of the same pod from an earlier event, lends its request when the pod's spec has not
-    changed since (same uid and ``metadata.generation``, which the apiserver bumps on every spec change, an
-    in-place resize included): most events of a pod are status updates, and computing a request is the costly
-    part of a view.
-    """
-    metadata = pod.get("metadata") or {}
-    spec = pod.get("spec") or {}
-    status = pod.get("status") or {}
-    generation = metadata.get("generation")
-    status_key = status_resources_key(pod)
-    reuse = (
-        known is not None
-        and generation is not None
-        and known.generation == generation
-        and known.uid == str(metadata.get("uid", ""))
-        and known.status_key == status_key
-    )
-    request = known.request if reuse and known is not None else pod_requests(pod)
-    ports, meta = compact.pod_meta(pod, request=request)
-    return PodInfo(
-        uid=str(metadata.get("uid", "")),
-        namespace=str(metadata.get("namespace", "")),
-        name=str(metadata.get("name", "")),
-        node=spec.get("nodeName") or None,
-        scheduler_name=str(spec.get("schedulerName") or "default-scheduler"),
-        request=request,
-        terminal=status.get("phase") in TERMINAL_PHASES,
-        generation=generation if isinstance(generation, int) else None,
-        ports=ports,
-        meta=meta,
-        labels=labels if isinstance(labels := metadata.get("labels"), dict) else {},
-        status_key=status_key,
-        terminating=bool(metadata.get("deletionTimestamp")),
-    )
-
-
-@dataclass
-class PodIndex:
-    """Live pods by uid and by namespace/name, so the webhook finds a pod's request without an API call."""
-
-    by_uid: dict[str, PodInfo] = field(default_factory=dict)
-    uid_by_key: dict[str, str] = field(default_factory=dict)
-
-    def clear(self) -> None:
-        self.by_uid.clear()
-        self.uid_by_key.clear()
-
-    def put(self, info: PodInfo) -> None:
-        self.by_uid[info.uid] = info
-        self.uid_by_key[info.key] = info.uid
-
-    def drop(self, uid: str) -> PodInfo | None:
-        info = self.by_uid.pop(uid, None)
-        if info is not None and self.uid_by_key.get(info.key) == uid:
-            del self.uid_by_key[info.key]
-        return info
-
-    def find(self, *, uid: str | None, key: str) -> PodInfo | None:
-        if uid:
-            return self.by_uid.get(uid)
-        found = self.uid_by_key.get(key)
-        return self.by_uid.get(found) if found else None
-
-    def bound(self) -> list[BoundPod]:
-        return [
-            BoundPod(uid=p.uid, pod=p.key, node=p.node, request=p.request, ports=p.ports, meta=p.meta)
-            for p in self.by_uid.values()
-            if p.node and not p.terminal
-        ]
 
 
 @dataclass
@@ -353,15 +258,10 @@ class LedgerSync:
         """uid, and the entry holding the Reservation's room while it is Available and not expired (else None)."""
         uid = str((obj.get("metadata") or {}).get("uid") or "")
         try:
-            parsed = reservations.parse(obj)
+            return uid, reservation_entry(obj, now_unix=time.time())
         except HossError as error:
             log.warning("Reservation %s ignored: %s", (obj.get("metadata") or {}).get("name"), error)
             return uid, None
-        if not parsed.available or parsed.expires_unix <= time.time():
-            return uid, None
-        return uid, PodInfo(uid=uid, namespace=RESERVATION_PREFIX.rstrip("/"), name=parsed.name, node=parsed.node,
-                            scheduler_name=parsed.scheduler_name, request=parsed.request, terminal=False,
-                            meta=parsed.meta())
 
     async def _on_reservation_list(self, items: list[Json]) -> None:
         async with self._lock:
@@ -409,20 +309,12 @@ class LedgerSync:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    @staticmethod
-    def _node_view(node: Json) -> tuple[str, NodeRecord]:
-        """The node's name, and what the ledger keeps of it: allocatable, labels and the compact description
-        workers build their node table from (only a change of these is written to the ledger)."""
-        metadata = node.get("metadata") or {}
-        spec = compact.encode(compact.compact_node(node)).decode()
-        return str(metadata.get("name")), (node_allocatable(node), dict(metadata.get("labels") or {}), spec)
-
     async def _on_node_list(self, items: list[Json]) -> None:
         async with self._lock:
             self.nodes.clear()
             for node in items:
                 with _logged_skip("node", node):
-                    name, record = self._node_view(node)
+                    name, record = node_record(node)
                     self.nodes[name] = record
                     self._check_reservation(name, node)
         if self.synced.is_set():
@@ -431,7 +323,7 @@ class LedgerSync:
     async def _on_node_event(self, kind: str, node: Json) -> None:
         self.stats.node_events += 1
         with _logged_skip("node", node):
-            name, record = self._node_view(node)
+            name, record = node_record(node)
             async with self._lock:
                 if kind == "DELETED":
                     self.nodes.pop(name, None)
@@ -517,17 +409,7 @@ class LedgerSync:
             self._pod_changes[uid] = None  # gone: only its uid matters, its request need not be computed
             self._pods_changed.set()
             return
-        known = self._pod_changes.get(uid) or self.pods.by_uid.get(uid)
-        generation = metadata.get("generation")
-        if (
-            known is not None
-            and generation is not None
-            and known.generation == generation
-            and known.node == ((pod.get("spec") or {}).get("nodeName") or None)
-            and known.labels == (metadata.get("labels") or {})
-            and known.status_key == status_resources_key(pod)
-            and known.terminating == bool(metadata.get("deletionTimestamp"))
-        ):
+        if same_entry(self._pod_changes.get(uid) or self.pods.by_uid.get(uid), pod):
             return  # a status update (most events): nothing the mirror or the ledger keeps has changed
         info = self._parse(pod)
         if info is None:
@@ -551,19 +433,7 @@ class LedgerSync:
             changes, self._pod_changes = self._pod_changes, {}
             if not changes:
                 return
-            releases: list[str] = []
-            binds: list[Placement] = []
-            for uid, info in changes.items():
-                if info is None:
-                    self.pods.drop(uid)
-                    releases.append(uid)
-                    continue
-                previous = self.pods.by_uid.get(uid)
-                self.pods.put(info)
-                if info.node and (previous is None or previous.node != info.node or previous.meta != info.meta
-                                  or previous.request != info.request):
-                    binds.append(Placement(uid=uid, pod=info.key, node=info.node, request=info.request,
-                                           ports=info.ports, meta=info.meta))
+            releases, binds = self.pods.apply(changes)
             self.stats.pod_flushes += 1
             if not self.synced.is_set() or self._ledger_stale:
                 return  # the (next) rebuild writes the mirror, these changes included
@@ -712,30 +582,8 @@ class LedgerSync:
                 return []  # changes in flight: the next round compares
             snapshot = await self.ledger.snapshot()
             entries = await self.ledger.entries()
-            expected = {p.uid: p for p in self.bound()}
-            drift: list[str] = []
-            for name, (alloc, _labels, _spec) in self.nodes.items():
-                node = snapshot.nodes.get(name)
-                if node is None or node.alloc != alloc:
-                    drift.append(f"node {name}: allocatable {None if node is None else node.alloc}, not {alloc}")
-            seen = set()
-            for entry in entries:
-                want = expected.get(entry.uid)
-                if want is None:
-                    if entry.state == "bound":
-                        drift.append(f"{entry.pod} bound on {entry.node} in the ledger, not in the apiserver")
-                    continue
-                seen.add(entry.uid)
-                # A Reservation's entry holds what its owners have not taken (hoss/ledger/lua/common.lua,
-                # 'Reservations' shares'): at most its request.
-                shared = entry.uid in self.reservations and set(entry.request) == set(want.request) and all(
-                    0 <= entry.request[r] <= amount for r, amount in want.request.items())
-                if entry.state != "bound" or entry.node != want.node or (
-                        entry.request != dict(want.request) and not shared):
-                    drift.append(f"{want.pod} on {want.node} {dict(want.request)}: ledger has {entry.state} on "
-                                 f"{entry.node} {entry.request}")
-            drift.extend(f"{p.pod} bound on {p.node} missing from the ledger"
-                         for uid, p in expected.items() if uid not in seen)
+            drift = ledger_drift(nodes=self.nodes, snapshot=snapshot, entries=entries,
+                                 expected={p.uid: p for p in self.bound()}, reservations=self.reservations)
             drift.extend(await self.ledger.quota_drift())  # elastic quotas' used totals against their entries
             self.stats.audits += 1
         if drift:
@@ -745,34 +593,6 @@ class LedgerSync:
             await self.ledger.count("audit_drift", len(drift), "; ".join(drift[:5]))
             await self.rebuild()
         return drift
-
-
-def admitted_verdict(
-    entry: AdmittedEntry, pod: Json | None, *, now_ms: int, write_timeout_ms: int
-) -> Literal["keep", "pod gone", "bound elsewhere", "pod being deleted", "write failed"]:
-    """What a GET of the pod (None: 404) proves about an admitted entry. Pure.
-
-    The entry stays ("keep") unless the admitted write can no longer happen: the pod is bound to another node
-    (a pod is bound once), the pod with that uid is gone or being deleted (for a binding: the apiserver binds
-    neither), or the pod is still
-    unbound (or, for a creation, not there) once the write is surely over: its binder saw the apiserver's
-    answer, or `write_timeout_ms` passed since the admission. A pod bound to the entry's node keeps it: the sync
-    turns it into a bound entry when its watch delivers the pod.
-    """
-    metadata = (pod or {}).get("metadata") or {}
-    same = pod is not None and metadata.get("uid") == entry.uid
-    if same:
-        node = ((pod or {}).get("spec") or {}).get("nodeName") or ""
-        if node == entry.node:
-            return "keep"
-        if node:
-            return "bound elsewhere"
-        if metadata.get("deletionTimestamp") and entry.via == "binding":
-            return "pod being deleted"  # the apiserver refuses to bind a pod that is being deleted
-    elif entry.via != "create":
-        return "pod gone"
-    over = entry.answered or now_ms - entry.admitted_ms >= write_timeout_ms
-    return "write failed" if over else "keep"
 
 
 @contextlib.contextmanager

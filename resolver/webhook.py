@@ -78,9 +78,10 @@ from hoss.model.objects import Json
 from hoss.model.resources import ResourceVector, format_quantity
 from hoss.settings import SettingsError, load_settings, run_loop
 from resolver.httpserver import Handler, HttpServer, Request, Response
+from resolver.mirror import PodIndex, PodInfo, parse_pod
 from resolver.router import NamespaceLabels, Rule, load_rules, mutation_response, route
 from resolver.settings import ResolverSettings
-from resolver.sync import LedgerSync, PodIndex, PodInfo, parse_pod
+from resolver.sync import LedgerSync
 
 log = logging.getLogger(__name__)
 

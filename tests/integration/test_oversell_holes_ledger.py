@@ -16,13 +16,15 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio
 from kubernetes_asyncio import client
+from resolver.webhook import WebhookState, judge
 
 from hoss.ledger.client import BatchPod, Confirmed, Conflict, HeldElsewhere, Ledger, Placement
 from hoss.model import admission
 from hoss.model.objects import Json
+from resolver.admitted import admitted_verdict
+from resolver.mirror import PodIndex, parse_pod
 from resolver.settings import ResolverSettings
-from resolver.sync import LedgerSync, PodIndex, admitted_verdict, parse_pod
-from resolver.webhook import WebhookState, judge
+from resolver.sync import LedgerSync
 
 NODE = {"cpu": 2000, "memory": 8 << 30, "pods": 110}
 POD = {"cpu": 1500, "pods": 1}
@@ -262,4 +264,3 @@ async def test_hole8_a_binding_without_uid_is_judged_against_the_live_pod_not_a_
     assert verdict.allowed
     ((uid, node, request),) = [(e.uid, e.node, e.request) for e in await ready.entries()]
     assert (uid, node, request) == ("new-uid", "n1", {"cpu": 1500, "pods": 1})
-

@@ -27,13 +27,13 @@ import pytest
 import redis.asyncio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from resolver.webhook import WebhookState, build_server, tls_context
 
 from deploy import pki
 from hoss.ledger.client import Ledger
 from hoss.ledger.redisclient import PipelinedRedis
+from resolver.mirror import PodIndex, parse_pod
 from resolver.settings import ResolverSettings
-from resolver.sync import PodIndex, parse_pod
-from resolver.webhook import WebhookState, build_server, tls_context
 
 pytestmark = pytest.mark.fuzz
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from resolver.sync import parse_pod
+from resolver.mirror import parse_pod
 
 
 def pod(cpu: str, *, generation: int, node: str | None = None) -> dict[str, Any]:

@@ -13,14 +13,14 @@ from typing import Any
 import aiohttp
 import fakeredis
 import pytest
+from resolver.webhook import LatencyWindow, WebhookState, build_server, stats_fields, tls_context
 
 from deploy import pki
 from hoss.kube.client import KubeError
 from hoss.ledger.client import Ledger, Placement, Reserved
 from hoss.model.admission import BINDING_LANES, SERVED_LANES, lane_path
+from resolver.mirror import PodIndex, parse_pod
 from resolver.settings import ResolverSettings
-from resolver.sync import PodIndex, parse_pod
-from resolver.webhook import LatencyWindow, WebhookState, build_server, stats_fields, tls_context
 
 WORKER = "system:serviceaccount:hoss-system:hoss-worker"
 NODE_ROOM = {"cpu": 2000, "memory": 8 << 30, "pods": 110}
