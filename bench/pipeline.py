@@ -29,7 +29,8 @@ from dev.local.ports import free_port
 from dispatcher.core import Dispatcher, cancel_and_wait
 from dispatcher.settings import DispatcherSettings
 from hoss.framework.pod import PodView
-from hoss.ledger.client import BoundPod, Ledger
+from hoss.ledger.arguments import BoundPod
+from hoss.ledger.client import Ledger
 from hoss.ledger.redisclient import PipelinedRedis
 from hoss.model import compact
 from hoss.model.objects import Json

@@ -15,7 +15,8 @@ from kubernetes_asyncio import client
 from dispatcher.core import Dispatcher, write_reservation_status
 from hoss.errors import HossError, LedgerNotReadyError, LedgerUnavailable
 from hoss.kube.client import InformerHandlers, run_crd_informer
-from hoss.ledger.client import Ledger, ReservationShares
+from hoss.ledger.client import Ledger
+from hoss.ledger.results import ReservationShares
 from hoss.model import reservations
 from hoss.model.objects import Json
 

@@ -23,7 +23,9 @@ from dispatcher.status import SystemStatus
 from dispatcher.statusviews import build_status
 from hoss.errors import LedgerUnavailable
 from hoss.kube.access import TokenAccess, middleware
-from hoss.ledger.client import RESCHED_STATUS_KEY, Ledger, LedgerSnapshot, QuotaReport
+from hoss.ledger.client import Ledger
+from hoss.ledger.keys import RESCHED_STATUS_KEY
+from hoss.ledger.results import LedgerSnapshot, QuotaReport
 from hoss.queue import WorkerInfo
 from hoss.supervise import Supervisor
 

@@ -32,7 +32,7 @@ from dispatcher.status import (
     ThroughputStatus,
     WorkerStatus,
 )
-from hoss.ledger.client import LedgerSnapshot, NodeSnapshot, QuotaReport
+from hoss.ledger.results import LedgerSnapshot, NodeSnapshot, QuotaReport
 from hoss.model.resources import gpu_spread
 from hoss.queue import WorkerInfo
 

@@ -41,7 +41,8 @@ from redis.exceptions import (
 )
 
 from hoss.errors import HossError, LedgerUnavailable
-from hoss.ledger.client import NOMINATED_KEY
+from hoss.ledger.connection import ScriptClient
+from hoss.ledger.keys import NOMINATED_KEY
 from hoss.ledger.redisclient import PipelinedRedis
 
 PREFIX = "{hoss}"
@@ -278,7 +279,7 @@ class WorkerInfo:
 class WorkQueue:
     """Both ends of the protocol over one Redis client (decode_responses=True)."""
 
-    def __init__(self, redis: Redis, *, scripts: Redis | None = None, reads: PipelinedRedis | None = None,
+    def __init__(self, redis: Redis, *, scripts: ScriptClient | None = None, reads: PipelinedRedis | None = None,
                  pipelined: PipelinedRedis | None = None) -> None:
         """``scripts``, when given, runs the queue's scripts (acknowledgements above all); ``reads`` is a pipelined
         connection of its own for `read` (see `Ledger`); ``pipelined`` carries the dispatcher's sends

@@ -37,7 +37,9 @@ from hoss.errors import HossError
 from hoss.kube.client import KubeError
 from hoss.kube.events import node_event, pod_event
 from hoss.kube.rest import KubeREST, segment
-from hoss.ledger.client import Conflict, Ledger, MoveHold, UnknownNode
+from hoss.ledger.arguments import MoveHold
+from hoss.ledger.client import Ledger
+from hoss.ledger.results import Conflict, UnknownNode
 from hoss.model import compact
 from hoss.model.objects import Json
 from hoss.model.resources import format_quantity, pod_requests

@@ -23,7 +23,8 @@ import orjson
 from redis.asyncio import Redis
 
 from hoss.kube.rest import KubeREST
-from hoss.ledger.client import RESCHED_STATUS_KEY, Ledger
+from hoss.ledger.client import Ledger
+from hoss.ledger.keys import RESCHED_STATUS_KEY
 from hoss.model.objects import Json
 from rescheduler.cluster import ClusterView, read_cluster
 from rescheduler.execute import EvictionLimit, Executor, PlanRecord

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from hoss.ledger.client import AdmittedEntry
+from hoss.ledger.results import AdmittedEntry
 from hoss.model.objects import Json
 
 

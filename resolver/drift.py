@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
 
-from hoss.ledger.client import BoundPod, LedgerSnapshot, PodEntry
+from hoss.ledger.arguments import BoundPod
+from hoss.ledger.results import LedgerSnapshot, PodEntry
 from resolver.mirror import NodeRecord
 
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from hoss.ledger.client import RESERVATION_PREFIX, BoundPod, Placement
+from hoss.ledger.arguments import BoundPod, Placement
+from hoss.ledger.keys import RESERVATION_PREFIX
 from hoss.model import compact, reservations
 from hoss.model.objects import Json
 from hoss.model.resources import ResourceVector, node_allocatable, pod_requests, status_resources_key

@@ -20,7 +20,9 @@ from kubernetes_asyncio import client
 
 from hoss.errors import HossError
 from hoss.kube.client import InformerHandlers, KubeError, request_json, run_crd_informer
-from hoss.ledger.client import ElasticQuota, Ledger, QuotaReport
+from hoss.ledger.arguments import ElasticQuota
+from hoss.ledger.client import Ledger
+from hoss.ledger.results import QuotaReport
 from hoss.model.objects import Json
 from hoss.model.resources import ResourceVector, format_quantity, parse_quantity, to_base_units
 

@@ -56,7 +56,9 @@ from hoss.kube.client import (
     run_informer,
 )
 from hoss.kube.events import node_event, post_event
-from hoss.ledger.client import BoundPod, Ledger, Overcommit, Placement
+from hoss.ledger.arguments import BoundPod, Placement
+from hoss.ledger.client import Ledger
+from hoss.ledger.results import Overcommit
 from hoss.model import reservations
 from hoss.model.objects import Json
 from hoss.model.resources import NODE_RESERVATION_ANNOTATION, node_reservation

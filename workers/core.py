@@ -35,7 +35,7 @@ import random
 import time
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import aiohttp
 import numpy as np
@@ -53,21 +53,21 @@ from hoss.framework.profiles import load_profiles
 from hoss.kube.client import KubeError
 from hoss.kube.events import EventSink, pod_event, reservation_event, scheduled_event, set_unschedulable
 from hoss.kube.rest import KubeREST
-from hoss.ledger.client import (
-    BatchPod,
+from hoss.ledger.arguments import BatchPod
+from hoss.ledger.arguments import GangMember as GangPlacementMember
+from hoss.ledger.client import Ledger
+from hoss.ledger.keys import reservation_key
+from hoss.ledger.redisclient import PipelinedRedis
+from hoss.ledger.results import (
     Conflict,
     GangReserved,
     HeldElsewhere,
-    Ledger,
     LedgerNotReady,
     QuotaExceeded,
     Reserved,
     Stale,
     UnknownNode,
-    reservation_key,
 )
-from hoss.ledger.client import GangMember as GangPlacementMember
-from hoss.ledger.redisclient import PipelinedRedis
 from hoss.model import compact, reservations
 from hoss.model.admission import lane_of
 from hoss.model.objects import Json
@@ -206,7 +206,7 @@ class Worker:
         self.binder = binder
         self.events = EventSink(rest, per_second=settings.events_per_second, concurrency=EVENT_POSTS_IN_FLIGHT) \
             if rest is not None else None
-        scripts = None if pipelined is None else cast(Redis, pipelined.scripts)
+        scripts = None if pipelined is None else pipelined.scripts
         self.queue = WorkQueue(redis, scripts=scripts, reads=None if pipelined is None else pipelined.work)
         self.ledger = Ledger(redis, scripts=scripts, reads=None if pipelined is None else pipelined.changes)
         self.preemptor = None if rest is None else Preemptor(

@@ -33,7 +33,7 @@ from hoss.framework.cycle import Profile, evaluate, run_filters
 from hoss.framework.nodes import NodeTable
 from hoss.framework.pod import PodView, placed_view
 from hoss.framework.podindex import PlacedPod
-from hoss.ledger.client import Nomination, QuotaReport
+from hoss.ledger.results import Nomination, QuotaReport
 from hoss.model.resources import ResourceVector
 
 log = logging.getLogger(__name__)

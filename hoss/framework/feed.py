@@ -2,7 +2,7 @@
 
 Workers do not watch nodes or pods on the apiserver. The resolver's sync writes each node's compact description
 into the ledger, and every ledger script that changes a node's used totals appends them to ``{hoss}:changes``
-(`hoss.ledger.client.Change`). A worker loads every node once (`Ledger.load`: descriptions, used totals and the id
+(`hoss.ledger.results.Change`). A worker loads every node once (`Ledger.load`: descriptions, used totals and the id
 of the last change, read at one instant) and then applies the stream in order. A worker's cost per change is a
 dictionary update, whatever the number of nodes and workers; it never re-reads the whole ledger except after a
 rebuild (an ``r`` entry), when the stream was trimmed past the worker's position, or when Redis lost its data.
@@ -39,7 +39,9 @@ from collections.abc import Callable, Mapping
 from hoss.errors import HossError, LedgerUnavailable
 from hoss.framework.nodes import NodeTable, stream_position
 from hoss.framework.podindex import parse_placed
-from hoss.ledger.client import Change, Ledger, Nomination, decode_nominations, parse_used
+from hoss.ledger.client import Ledger
+from hoss.ledger.replies import decode_nominations, parse_used
+from hoss.ledger.results import Change, Nomination
 from hoss.model import compact
 from hoss.supervise import first_of
 

@@ -11,10 +11,13 @@ Authentication: a URL with a user and password (``redis://user:password@host``, 
 password`` first on every new connection; ``rediss://`` connects over TLS with the URL's ssl options (see
 `PipelinedRedis._ssl_context`).
 
-`PipelinedRedis` offers exactly what `hoss.ledger.client.Ledger` uses of its client for the webhook's operations:
-``register_script`` (EVALSHA, loading the script on NOSCRIPT), ``evalsha_ro`` and ``script_load`` (read-only
-scripts), ``exists``, ``get``, ``delete`` and ``aclose``; ``execute`` and ``execute_many`` send any command (the
-workers' blocking stream reads on connections of their own, the dispatcher's MULTI ... EXEC sends).
+`PipelinedRedis` is a `hoss.ledger.connection.LedgerClient`, as redis-py's client is: ``register_script`` (EVALSHA,
+loading the script on NOSCRIPT), ``evalsha_ro`` and ``script_load`` (read-only scripts), ``exists``, ``get``,
+``delete``, ``hgetall``, ``xrange``, ``xread``, ``pipeline`` (commands sent in one write, in MULTI ... EXEC for a
+transaction) and ``aclose``, with the replies redis-py gives with decoded responses, except that stream entries keep
+their fields as flat lists (the ledger's decoders read both; a dict per entry would cost the workers' change-stream
+reads). ``execute`` and ``execute_many`` send any command (the workers' blocking work-stream reads on connections of
+their own, the dispatcher's MULTI ... EXEC sends).
 Errors are redis-py's (ConnectionError, TimeoutError, ResponseError, NoScriptError), so the ledger turns them into
 LedgerUnavailable as it does for redis-py's. There is no per-call timeout: callers bound their calls (the webhook
 uses asyncio.timeout); a call cancelled that way leaves its reply to be read and dropped. A lost connection fails
@@ -29,13 +32,14 @@ import contextlib
 import hashlib
 import ssl
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Self
 
 import hiredis
 from redis.connection import parse_url
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.typing import KeyT, StreamIdT
 
 
 class _Protocol(asyncio.Protocol):
@@ -90,13 +94,57 @@ class _Script:
         self.source = source
         self.sha = hashlib.sha1(source.encode()).hexdigest()  # Redis names scripts by their SHA-1
 
-    async def __call__(self, keys: list[str] | tuple[str, ...] = (), args: list[Any] | tuple[Any, ...] = ()) -> Any:
+    async def __call__(self, keys: Sequence[str] = (), args: Sequence[Any] = ()) -> Any:
         command = ("EVALSHA", self.sha, len(keys), *keys, *args)
         try:
             return await self.client.execute(*command)
         except NoScriptError:
             await self.client.execute("SCRIPT", "LOAD", self.source)
             return await self.client.execute(*command)
+
+
+class Pipeline:
+    """Commands queued to go in one write (`PipelinedRedis.execute_many`), in MULTI ... EXEC when `transaction`;
+    `execute` answers their replies in order and raises the first error, as redis-py's pipeline does."""
+
+    def __init__(self, client: PipelinedRedis, *, transaction: bool) -> None:
+        self._client = client
+        self._transaction = transaction
+        self._commands: list[tuple[Any, ...]] = []
+
+    def get(self, key: str) -> Self:
+        return self._queue("GET", key)
+
+    def incr(self, key: str) -> Self:
+        return self._queue("INCR", key)
+
+    def hmget(self, key: str, fields: Sequence[str]) -> Self:
+        return self._queue("HMGET", key, *fields)
+
+    def hincrby(self, key: str, field: str, amount: int) -> Self:
+        return self._queue("HINCRBY", key, field, amount)
+
+    def hset(self, key: str, field: str, value: str) -> Self:
+        return self._queue("HSET", key, field, value)
+
+    def _queue(self, *command: Any) -> Self:
+        self._commands.append(command)
+        return self
+
+    async def execute(self) -> list[Any]:
+        commands, self._commands = self._commands, []
+        if not commands:
+            return []
+        if not self._transaction:
+            return await self._client.execute_many(commands)
+        replies = await self._client.execute_many([("MULTI",), *commands, ("EXEC",)])
+        executed = replies[-1]
+        if not isinstance(executed, list):
+            raise ResponseError(f"the transaction was not executed ({executed!r})")
+        for reply in executed:
+            if isinstance(reply, ResponseError):
+                raise reply
+        return executed
 
 
 class PipelinedRedis:
@@ -128,6 +176,25 @@ class PipelinedRedis:
 
     async def delete(self, *keys: str) -> int:
         return int(await self.execute("DEL", *keys))
+
+    async def hgetall(self, key: str) -> dict[str, str]:
+        flat = await self.execute("HGETALL", key)
+        return dict(zip(flat[0::2], flat[1::2], strict=True))
+
+    async def xrange(self, key: str, *, count: int | None = None) -> list[Any]:
+        """The stream's entries from the first, at most `count`: [id, [field, value, ...]] each."""
+        return list(await self.execute("XRANGE", key, "-", "+", *(() if count is None else ("COUNT", count))))
+
+    async def xread(self, streams: dict[KeyT, StreamIdT], count: int | None = None,
+                    block: int | None = None) -> list[Any] | None:
+        """Entries after each stream's id: [stream, [[id, [field, value, ...]], ...]] per stream with any, None
+        when a `block` (ms) passed with none."""
+        options = [*(() if count is None else ("COUNT", count)), *(() if block is None else ("BLOCK", block))]
+        reply = await self.execute("XREAD", *options, "STREAMS", *streams.keys(), *streams.values())
+        return None if reply is None else list(reply)
+
+    def pipeline(self, transaction: bool = True) -> Pipeline:
+        return Pipeline(self, transaction=transaction)
 
     async def execute(self, *args: Any) -> Any:
         """Send one command; its reply (strings decoded as UTF-8), or the error Redis answered."""

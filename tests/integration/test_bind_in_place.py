@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 
-from hoss.ledger.client import BatchPod, Confirmed, Ledger, Placement, Reserved
+from hoss.ledger.arguments import BatchPod, Placement
+from hoss.ledger.client import Ledger
+from hoss.ledger.results import Confirmed, Reserved
 from hoss.model.compact import pod_meta
 
 NODE = {"cpu": 4000, "memory": 8 << 30, "pods": 110}

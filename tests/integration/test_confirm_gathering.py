@@ -1,4 +1,4 @@
-"""The webhook's concurrent confirms share script calls (Ledger._gathered_confirm), on a real redis-server through
+"""The webhook's concurrent confirms share script calls (`hoss.ledger.confirm`), on a real redis-server through
 the pipelined client the webhook uses: the answers are those of one call per confirm in the order they were made,
 a caller that gave up before its call went is left out, and every caller of a failed call hears of it."""
 
@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import cast
 
 import pytest
 import redis.asyncio
-from redis.asyncio import Redis
 
 from dev.local.ports import free_port
 from hoss.errors import LedgerUnavailable
-from hoss.ledger.client import Confirmed, Conflict, Ledger, LedgerNotReady
+from hoss.ledger.client import Ledger
 from hoss.ledger.redisclient import PipelinedRedis
+from hoss.ledger.results import Confirmed, Conflict, LedgerNotReady
 
 NODE = {"cpu": 2000, "memory": 8 << 30, "pods": 110}
 POD = {"cpu": 100, "pods": 1}
@@ -24,7 +23,7 @@ POD = {"cpu": 100, "pods": 1}
 @pytest.fixture
 async def webhook_ledger(client: redis.asyncio.Redis, redis_url: str) -> AsyncIterator[Ledger]:
     """A ledger as the webhook builds it for its reviews: on one pipelined connection."""
-    async with Ledger(cast(Redis, PipelinedRedis(redis_url)), owns_client=True) as ledger:
+    async with Ledger(PipelinedRedis(redis_url), owns_client=True) as ledger:
         yield ledger
 
 
@@ -87,7 +86,7 @@ async def test_a_ledger_not_ready_answers_every_gathered_confirm(webhook_ledger:
 
 async def test_every_caller_of_a_failed_call_hears_of_it() -> None:
     unreachable = PipelinedRedis(f"redis://127.0.0.1:{free_port()}/0", connect_timeout=0.5)  # nothing listens
-    async with Ledger(cast(Redis, unreachable), owns_client=True) as ledger, asyncio.timeout(10):
+    async with Ledger(unreachable, owns_client=True) as ledger, asyncio.timeout(10):
         # (a safety deadline: a caller left waiting would hang here)
         answers = await asyncio.gather(*(foreign(ledger, index) for index in range(5)), return_exceptions=True)
     assert all(isinstance(answer, LedgerUnavailable) for answer in answers), answers

@@ -18,7 +18,9 @@ from hoss.framework.nodes import NodeTable
 from hoss.framework.pod import parse_pod
 from hoss.framework.podindex import parse_placed
 from hoss.framework.profiles import load_profiles
-from hoss.ledger.client import Conflict, GangMember, GangReserved, Ledger
+from hoss.ledger.arguments import GangMember
+from hoss.ledger.client import Ledger
+from hoss.ledger.results import Conflict, GangReserved
 from hoss.model import compact
 from tests.unit.kube_objects import raw_node, raw_pod
 from workers.gang import place_gang

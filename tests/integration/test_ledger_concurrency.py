@@ -21,17 +21,9 @@ import redis.asyncio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hoss.ledger.client import (
-    BoundPod,
-    Confirmed,
-    Conflict,
-    GangMember,
-    GangReserved,
-    Ledger,
-    LedgerNotReady,
-    PodEntry,
-    Reserved,
-)
+from hoss.ledger.arguments import BoundPod, GangMember
+from hoss.ledger.client import Ledger
+from hoss.ledger.results import Confirmed, Conflict, GangReserved, LedgerNotReady, PodEntry, Reserved
 from hoss.model.resources import ResourceVector, add
 
 Mi, Gi = 2**20, 2**30

@@ -12,7 +12,9 @@ from typing import Any
 import orjson
 import pytest
 
-from hoss.ledger.client import BatchPod, Confirmed, Conflict, Ledger, MoveHold, Placement, Reserved
+from hoss.ledger.arguments import BatchPod, MoveHold, Placement
+from hoss.ledger.client import Ledger
+from hoss.ledger.results import Confirmed, Conflict, Reserved
 from hoss.model.objects import Json
 from hoss.model.resources import pod_requests
 from rescheduler.cluster import ClusterView

@@ -13,7 +13,10 @@ import pytest
 import redis.asyncio
 from redis.exceptions import ResponseError
 
+from hoss.errors import LedgerUnavailable
+from hoss.ledger.arguments import Placement
 from hoss.ledger.client import Ledger
+from hoss.ledger.keys import STATS_KEY
 from hoss.ledger.redisclient import PipelinedRedis
 from hoss.queue import DISPATCHED, WORKERS, WorkItem, WorkQueue, queue_key
 
@@ -45,7 +48,7 @@ async def test_change_stream_reads_match_redis_py_and_block_until_an_entry(
         waiting = asyncio.create_task(reading.changes(expected[-1].id, block_ms=5000))
         await asyncio.sleep(0.1)
         assert not waiting.done()
-        writer = Ledger(client, scripts=cast(redis.asyncio.Redis, scripts))
+        writer = Ledger(client, scripts=scripts)
         await writer.sync_node(node="n1", allocatable={"cpu": 8000, "pods": 10})
         arrived = await asyncio.wait_for(waiting, 5)
         assert arrived, "the node change woke the read"
@@ -111,3 +114,33 @@ async def test_a_dispatch_send_redis_refuses_raises_as_redis_py_does(
         await client.set(queue_key("w2"), "not a stream")  # the second XADD fails inside the transaction
         with pytest.raises(ResponseError, match="WRONGTYPE"):
             await queue.enqueue_many([("w1", item), ("w2", item)])
+
+
+async def test_the_ledgers_plain_reads_and_writes_on_a_pipelined_connection_match_redis_py(
+    client: redis.asyncio.Redis, pipelined: PipelinedRedis
+) -> None:
+    """A ledger whose one client is pipelined (as the webhook's) answers every call that is not a script as redis-py
+    does: the stats, their counting (MULTI ... EXEC), the watchdog's tick, bound entries and the change stream's
+    first id; a command Redis refuses inside the transaction raises LedgerUnavailable through both."""
+    plain, piped = Ledger(client), Ledger(pipelined)
+    await plain.rebuild(nodes=[("n1", {"cpu": 4000, "pods": 10}, {})],
+                        bound=[Placement(uid="b1", pod="ns/b1", node="n1", request={"cpu": 100, "pods": 1})])
+    await plain.reserve(uid="a1", pod="ns/a1", node="n1", request={"cpu": 100, "pods": 1}, owner="w", ttl_seconds=30)
+
+    await piped.count("audit_drift", 2, "two entries repaired")
+    await plain.count("audit_drift", 1, "one more")
+    assert await piped.stats() == await plain.stats() == {"audit_drift": "3", "last_audit_drift": "one more"}
+    epoch, stamp = await piped.tick()
+    assert (epoch, stamp + 1) == await plain.tick()
+    assert epoch == await plain.epoch()
+    assert await piped.bound_nodes(["b1", "a1", "gone"]) == await plain.bound_nodes(["b1", "a1", "gone"]) \
+        == {"b1": "n1"}
+    assert await piped.bound_nodes([]) == {}
+    assert await piped.first_change() == await plain.first_change() is not None
+
+    await client.hset(STATS_KEY, "broken", "not a number")
+    for ledger in (plain, piped):
+        with pytest.raises(LedgerUnavailable, match="not an integer"):
+            await ledger.count("broken", 1, "what")
+    assert await piped.stats() == await plain.stats()
+    assert (await plain.stats())["last_broken"] == "what", "the transaction ran its other command, as Redis does"

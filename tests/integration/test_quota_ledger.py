@@ -17,17 +17,9 @@ import redis.asyncio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hoss.ledger.client import (
-    BatchPod,
-    BoundPod,
-    Confirmed,
-    ElasticQuota,
-    GangMember,
-    GangReserved,
-    Ledger,
-    QuotaExceeded,
-    Reserved,
-)
+from hoss.ledger.arguments import BatchPod, BoundPod, ElasticQuota, GangMember
+from hoss.ledger.client import Ledger
+from hoss.ledger.results import Confirmed, GangReserved, QuotaExceeded, Reserved
 
 GPU = "nvidia.com/gpu"
 TTL = 120.0

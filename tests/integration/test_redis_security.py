@@ -12,22 +12,24 @@ import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import Any
 
+import hiredis
 import pytest
 import redis
 import redis.asyncio
 from redis.exceptions import AuthenticationError, ConnectionError, NoPermissionError, ResponseError
 
 from deploy import lockdown, pki
-from dev.local.plane import _redis_version
 from dev.local.ports import free_port
-from hoss.ledger.client import KEY_PREFIX, READY_KEY, Ledger
+from dev.local.redis_server import redis_version
+from hoss.ledger.client import Ledger
+from hoss.ledger.connection import HiredisConnection, HiredisSSLConnection, ledger_redis
+from hoss.ledger.keys import KEY_PREFIX, READY_KEY
 from hoss.ledger.redisclient import PipelinedRedis
 from hoss.queue import WorkerInfo, WorkItem, WorkQueue
 from hoss.settings import SettingsError, load_settings
 from resolver.settings import ResolverSettings
-from resolver.webhook import ledger_redis
 from tests.integration.conftest import _stop, _wait_for_ping
 
 PASSWORD = "s3cret-for-the-test"
@@ -91,7 +93,7 @@ def secure_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureRed
 
 async def test_the_ledger_works_over_tls_with_an_acl_user_through_both_clients(secure_redis: SecureRedis) -> None:
     sync_ledger = Ledger(ledger_redis(secure_redis.url()), owns_client=True)
-    review_ledger = Ledger(cast(redis.asyncio.Redis, PipelinedRedis(secure_redis.url())), owns_client=True)
+    review_ledger = Ledger(PipelinedRedis(secure_redis.url()), owns_client=True)
     try:
         await sync_ledger.rebuild(nodes=[("n1", {"cpu": 2000, "pods": 10}, {})], bound=[])
         result = await review_ledger.confirm(uid="u1", pod="ns/p1", node="n1", request={"cpu": 500, "pods": 1},
@@ -103,6 +105,34 @@ async def test_the_ledger_works_over_tls_with_an_acl_user_through_both_clients(s
     finally:
         await review_ledger.close()
         await sync_ledger.close()
+
+
+async def test_the_ledgers_redis_py_client_packs_every_command_with_hiredis_over_plain_and_tls(
+    redis_url: str, secure_redis: SecureRedis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ledger_redis's connections hand each command to hiredis's C packer, on a redis:// and on a rediss:// URL
+    (whose connection stays TLS: the secure server listens on nothing else)."""
+    packed: list[tuple[Any, ...]] = []
+    pack = hiredis.pack_command
+
+    def recording(command: Any) -> bytes:  # Any: hiredis's stub types a command as a 1-tuple
+        packed.append(command)
+        return bytes(pack(command))
+
+    monkeypatch.setattr(hiredis, "pack_command", recording)
+    for url, kind in ((redis_url, HiredisConnection), (secure_redis.url(), HiredisSSLConnection)):
+        packed.clear()
+        client = ledger_redis(url)
+        try:
+            assert client.connection_pool.connection_class is kind
+            await client.set("{hoss}:probe", "packed")
+            assert await client.get("{hoss}:probe") == "packed"
+            await client.script_load("return 1")
+        finally:
+            await client.aclose()
+        assert ("SET", "{hoss}:probe", "packed") in packed, url
+        assert ("GET", "{hoss}:probe") in packed, url
+        assert ("SCRIPT", "LOAD", "return 1") in packed, f"{url}: a two-word command goes as two words"
 
 
 async def test_the_acl_user_is_confined_to_hoss_keys_and_its_commands(secure_redis: SecureRedis) -> None:
@@ -162,7 +192,7 @@ def hoss_acl_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[st
     workdir = tmp_path_factory.mktemp("redis-acl")
     passwords = lockdown.new_passwords((*lockdown.COMPONENTS, "admin"))
     acl = workdir / "users.acl"
-    acl.write_text(lockdown.redis_acl(passwords, admin=True, client_setinfo=_redis_version(binary) >= (7, 2)))
+    acl.write_text(lockdown.redis_acl(passwords, admin=True, client_setinfo=redis_version(binary) >= (7, 2)))
     port = free_port()
     log = workdir / "redis.log"
     process = subprocess.Popen(
@@ -220,7 +250,7 @@ async def test_read_only_scripts_run_for_every_component_and_cannot_write(hoss_a
         assert loaded.ready and set(loaded.nodes) == {"n1"}
         assert await worker.nominations() == {}
         assert (await worker.quotas()).quotas == []
-    review = Ledger(cast(redis.asyncio.Redis, PipelinedRedis(hoss_acl_redis["hoss-resolver"])), owns_client=True)
+    review = Ledger(PipelinedRedis(hoss_acl_redis["hoss-resolver"]), owns_client=True)
     try:
         assert (await review.snapshot()).ready
     finally:

@@ -19,7 +19,8 @@ from dispatcher.core import Dispatcher, cancel_and_wait
 from dispatcher.settings import DispatcherSettings
 from hoss.framework.pod import PodView
 from hoss.kube.client import KubeError
-from hoss.ledger.client import Ledger, ReservationShares
+from hoss.ledger.client import Ledger
+from hoss.ledger.results import ReservationShares
 from hoss.queue import WorkQueue
 from workers.core import Worker
 

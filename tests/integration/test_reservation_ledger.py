@@ -6,15 +6,10 @@ from __future__ import annotations
 
 import asyncio
 
-from hoss.ledger.client import (
-    BatchPod,
-    BoundPod,
-    Conflict,
-    Ledger,
-    Placement,
-    Reserved,
-    reservation_key,
-)
+from hoss.ledger.arguments import BatchPod, BoundPod, Placement
+from hoss.ledger.client import Ledger
+from hoss.ledger.keys import reservation_key
+from hoss.ledger.results import Conflict, Reserved
 
 N = {"cpu": 4000, "memory": 8 << 30, "pods": 110}
 R = {"cpu": 3000, "pods": 1}

@@ -5,23 +5,23 @@ once over one connection, a cancelled call, a lost connection and an error reply
 from __future__ import annotations
 
 import asyncio
-from typing import cast
 
 import pytest
-from redis.asyncio import Redis
 from redis.asyncio.connection import Connection
 
 from hoss.errors import LedgerUnavailable
-from hoss.ledger.client import Confirmed, Conflict, Ledger, LedgerNotReady, NeedRequest, Placement, Reserved
+from hoss.ledger.arguments import Placement
+from hoss.ledger.client import Ledger
+from hoss.ledger.connection import HiredisConnection, ledger_redis, redis_call
 from hoss.ledger.redisclient import PipelinedRedis
-from resolver.webhook import HiredisPack, ledger_redis
+from hoss.ledger.results import Confirmed, Conflict, LedgerNotReady, NeedRequest, Reserved
 
 ROOM = {"cpu": 4000, "memory": 8 << 30, "pods": 110}
 
 
 def test_hiredis_packs_exactly_what_redis_py_packs() -> None:
     plain = Connection()
-    fast = type("Fast", (HiredisPack, Connection), {})()
+    fast = HiredisConnection()
     for args in [
         ("EVALSHA", "f" * 40, 1, "{hoss}:ready", "{hoss}", "w", 60000, "ns/é", 2.5, b"raw"),
         ("SCRIPT LOAD", "return 1"),
@@ -32,9 +32,10 @@ def test_hiredis_packs_exactly_what_redis_py_packs() -> None:
 
 async def test_the_resolvers_ledger_operations_over_hiredis_packed_connections(redis_url: str) -> None:
     for options in ({}, {"socket_timeout": None}):
-        ledger = Ledger(ledger_redis(redis_url, **options), owns_client=True)
+        client = ledger_redis(redis_url, **options)
+        ledger = Ledger(client, owns_client=True)
         try:
-            await ledger._redis.flushdb()
+            await client.flushdb()
             await ledger.rebuild(nodes=[("n1", ROOM, {})], bound=[])
             reserved = await ledger.reserve(uid="a", pod="ns/a", node="n1", request={"cpu": 100, "pods": 1},
                                             owner="w", ttl_seconds=30)
@@ -59,7 +60,7 @@ async def pipelined_ledger(redis_url: str) -> tuple[Ledger, PipelinedRedis]:
     await admin.script_flush()  # so the first call meets NOSCRIPT and loads the script
     await admin.aclose()
     client = PipelinedRedis(redis_url)
-    return Ledger(cast(Redis, client), owns_client=True), client
+    return Ledger(client, owns_client=True), client
 
 
 async def test_the_webhooks_ledger_calls_over_one_pipelined_connection(redis_url: str) -> None:
@@ -92,14 +93,14 @@ async def test_a_cancelled_call_or_a_lost_connection_leaves_the_client_usable(re
             async with asyncio.timeout(0.001):
                 await client.execute("BLPOP", "nothing-here", "0.05")
         assert await client.execute("PING") == "PONG", "the late reply of the cancelled call is dropped"
-        waiting = asyncio.create_task(ledger._call(client.execute("BLPOP", "nothing-here", "2")))
+        waiting = asyncio.create_task(redis_call(client.execute("BLPOP", "nothing-here", "2")))
         await asyncio.sleep(0.1)
         await admin.client_kill_filter(_type="normal", skipme=True)
         with pytest.raises(LedgerUnavailable, match="connection to Redis lost"):
             await waiting
         assert await ledger.is_ready(), "the next call connects again"
         with pytest.raises(LedgerUnavailable, match="ERR"):
-            await ledger._call(client.execute("NOSUCHCOMMAND"))
+            await redis_call(client.execute("NOSUCHCOMMAND"))
     finally:
         await admin.aclose()
         await ledger.close()

@@ -15,7 +15,9 @@ from hoss.framework.nodes import NodeTable
 from hoss.framework.plugins.topology import PodTopologySpread
 from hoss.framework.pod import parse_pod
 from hoss.framework.podindex import parse_placed
-from hoss.ledger.client import BatchPod, Conflict, Ledger, Reserved
+from hoss.ledger.arguments import BatchPod
+from hoss.ledger.client import Ledger
+from hoss.ledger.results import Conflict, Reserved
 from hoss.model import compact
 from tests.unit.kube_objects import raw_node, raw_pod
 

@@ -18,7 +18,9 @@ from dev.local.cluster import wait_until
 from dev.local.plane import POLICIES_FILE
 from dispatcher.gangs import MIN_AVAILABLE_LABEL, NAME_LABEL
 from hoss.framework.nodes import stream_position
-from hoss.ledger.client import CHANGES_KEY, GangReserved, Ledger, Reserved
+from hoss.ledger.client import Ledger
+from hoss.ledger.keys import CHANGES_KEY
+from hoss.ledger.results import GangReserved, Reserved
 from workers.core import Worker
 
 pytestmark = pytest.mark.integration

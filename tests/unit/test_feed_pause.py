@@ -11,7 +11,9 @@ import pytest
 
 from hoss.framework.feed import CATCH_UP_MIN_ENTRIES, NodeFeed
 from hoss.framework.nodes import NodeTable
-from hoss.ledger.client import BatchPod, Ledger, Reserved
+from hoss.ledger.arguments import BatchPod
+from hoss.ledger.client import Ledger
+from hoss.ledger.results import Reserved
 from hoss.model import compact
 from tests.unit.kube_objects import raw_node
 from tests.unit.tls_apiserver import until

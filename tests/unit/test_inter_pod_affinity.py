@@ -19,7 +19,9 @@ from hoss.framework.plugins.interpod import (
 )
 from hoss.framework.pod import PodView, parse_pod
 from hoss.framework.podindex import parse_placed
-from hoss.ledger.client import BatchPod, Conflict, Ledger, Reserved
+from hoss.ledger.arguments import BatchPod
+from hoss.ledger.client import Ledger
+from hoss.ledger.results import Conflict, Reserved
 from hoss.model import compact
 from tests.unit.kube_objects import Json, raw_node, raw_pod, table
 

@@ -10,14 +10,13 @@ import fakeredis
 import pytest
 
 from hoss.errors import LedgerNotReadyError, LedgerUnavailable
-from hoss.ledger.client import (
-    BoundPod,
+from hoss.ledger.arguments import BoundPod, GangMember
+from hoss.ledger.client import Ledger
+from hoss.ledger.results import (
     Confirmed,
     Conflict,
-    GangMember,
     GangReserved,
     HeldElsewhere,
-    Ledger,
     LedgerNotReady,
     PodEntry,
     Reserved,

@@ -7,20 +7,11 @@ from collections.abc import AsyncIterator
 import fakeredis
 import pytest
 
-from hoss.ledger.client import (
-    PODVER_KEY,
-    BatchPod,
-    BoundPod,
-    Confirmed,
-    Conflict,
-    HeldElsewhere,
-    Ledger,
-    NeedRequest,
-    Reserved,
-    Stale,
-    UnknownNode,
-    parse_used,
-)
+from hoss.ledger.arguments import BatchPod, BoundPod
+from hoss.ledger.client import Ledger
+from hoss.ledger.keys import PODVER_KEY
+from hoss.ledger.replies import parse_used
+from hoss.ledger.results import Confirmed, Conflict, HeldElsewhere, NeedRequest, Reserved, Stale, UnknownNode
 
 N1 = {"cpu": 4000, "memory": 8 << 30, "pods": 110}
 N2 = {"cpu": 2000, "memory": 4 << 30, "pods": 110}

@@ -10,7 +10,9 @@ import fakeredis
 import orjson
 import pytest
 
-from hoss.ledger.client import BatchPod, Confirmed, Conflict, GangMember, Ledger, Reserved
+from hoss.ledger.arguments import BatchPod, GangMember
+from hoss.ledger.client import Ledger
+from hoss.ledger.results import Confirmed, Conflict, Reserved
 
 N1 = {"cpu": 4000, "memory": 8 << 30, "pods": 110}
 N2 = {"cpu": 4000, "memory": 8 << 30, "pods": 110}

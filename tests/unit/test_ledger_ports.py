@@ -9,7 +9,9 @@ from collections.abc import AsyncIterator
 import fakeredis
 import pytest
 
-from hoss.ledger.client import BatchPod, BoundPod, Conflict, GangMember, Ledger, Reserved
+from hoss.ledger.arguments import BatchPod, BoundPod, GangMember
+from hoss.ledger.client import Ledger
+from hoss.ledger.results import Conflict, Reserved
 from hoss.model import compact
 
 NODE = {"cpu": 4000, "memory": 8 << 30, "pods": 110}

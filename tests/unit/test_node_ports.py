@@ -14,7 +14,8 @@ from hoss.framework.nodes import NodeTable
 from hoss.framework.plugins.ports import PORTS_TAKEN, NodePorts
 from hoss.framework.pod import PodView, parse_pod
 from hoss.framework.podindex import HostPort, PlacedPod
-from hoss.ledger.client import BatchPod, BoundPod, Ledger
+from hoss.ledger.arguments import BatchPod, BoundPod
+from hoss.ledger.client import Ledger
 from hoss.model import compact
 from tests.unit.kube_objects import Json, raw_node, raw_pod, table
 from workers.gang import place_gang

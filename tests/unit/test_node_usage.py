@@ -12,7 +12,9 @@ import pytest
 
 from hoss.framework.feed import NodeFeed
 from hoss.framework.nodes import NodeTable
-from hoss.ledger.client import BatchPod, GangMember, GangReserved, Ledger, Reserved
+from hoss.ledger.arguments import BatchPod, GangMember
+from hoss.ledger.client import Ledger
+from hoss.ledger.results import GangReserved, Reserved
 from hoss.model import compact
 from tests.unit.kube_objects import raw_node
 

@@ -6,7 +6,7 @@ import orjson
 
 from hoss.framework.feed import NodeFeed
 from hoss.framework.nodes import NodeTable
-from hoss.ledger.client import Change
+from hoss.ledger.results import Change
 from rescheduler.plan import GPU, Node, Pod, fragmentation, plan_defragment, plan_for_pending
 
 

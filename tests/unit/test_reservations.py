@@ -13,7 +13,9 @@ import pytest
 from kubernetes_asyncio import client
 
 from dispatcher.reservations import owners_status
-from hoss.ledger.client import Ledger, ReservationOwner, ReservationShares, reservation_key
+from hoss.ledger.client import Ledger
+from hoss.ledger.keys import reservation_key
+from hoss.ledger.results import ReservationOwner, ReservationShares
 from hoss.model import reservations
 from hoss.model.reservations import ReservationError, as_pod, owns, parse, parse_duration
 from resolver.sync import LedgerSync

@@ -20,7 +20,7 @@ from dispatcher.statusviews import (
     pool_statuses,
 )
 from dispatcher.throughput import BoundRate
-from hoss.ledger.client import LedgerSnapshot, NodeSnapshot
+from hoss.ledger.results import LedgerSnapshot, NodeSnapshot
 
 GIB = 1 << 30
 

@@ -18,7 +18,9 @@ from hoss.framework.plugins.topology import CONSTRAINTS_NOT_MATCH, MISSING_LABEL
 from hoss.framework.pod import PodView, parse_pod
 from hoss.framework.podindex import parse_placed
 from hoss.framework.profiles import load_profiles
-from hoss.ledger.client import BatchPod, Conflict, Ledger, Reserved
+from hoss.ledger.arguments import BatchPod
+from hoss.ledger.client import Ledger
+from hoss.ledger.results import Conflict, Reserved
 from hoss.model import compact
 from hoss.queue import GangMember, WorkItem
 from tests.unit.kube_objects import Json, raw_node, raw_pod, table

@@ -1,0 +1,86 @@
+"""Running the ledger's Lua scripts: their sources, EVALSHA (EVALSHA_RO for those that only read), and the reply.
+
+Every ledger operation is one script, ``hoss/ledger/lua/<operation>.lua`` with ``common.lua`` prepended, so it is
+atomic. Each call passes ``{hoss}:ready`` as its one declared key and the key prefix as its first argument; the
+script refuses to write while the ledger is not ready (see `hoss.ledger.client`).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.resources
+import logging
+from collections.abc import Sequence
+from typing import Any, Final
+
+from redis.exceptions import NoScriptError, ResponseError
+
+from hoss.errors import LedgerUnavailable
+from hoss.ledger.connection import LedgerScript, ScriptClient, redis_call
+from hoss.ledger.keys import KEY_PREFIX, READY_KEY
+
+logger = logging.getLogger(__name__)
+
+READ_ONLY_SCRIPTS: Final = frozenset({"snapshot", "entries", "load", "nominations", "quotas", "quota_audit",
+                                      "reservation_owners"})
+"""The scripts that only read; they run with EVALSHA_RO."""
+
+
+@functools.cache
+def script_source(name: str) -> str:
+    """The source of the script `name`: common.lua, then its own file."""
+    scripts = importlib.resources.files("hoss.ledger") / "lua"
+    return (scripts / "common.lua").read_text() + "\n" + (scripts / f"{name}.lua").read_text()
+
+
+class ReadOnlyScript:
+    """A script run with EVALSHA_RO (Redis 7.0): Redis refuses any write it attempts and counts the keys it declares
+    ({hoss}:ready) as read, so a user that may only read the ledger (the dispatcher's) can run it. Plain EVALSHA
+    counts declared keys as written, whatever the script does.
+
+    A server that does not know EVALSHA_RO (Redis before 7.0, or fakeredis in unit tests) gets plain EVALSHA; the
+    ACL still decides there (a read-only user is refused with NOPERM), so nothing is opened by it."""
+
+    def __init__(self, client: ScriptClient, source: str) -> None:
+        self._client = client
+        self._source = source
+        self._sha = hashlib.sha1(source.encode()).hexdigest()  # Redis names scripts by their SHA-1
+        self._plain: LedgerScript | None = None
+
+    async def __call__(self, keys: Sequence[str], args: Sequence[str | int]) -> Any:
+        if self._plain is not None:
+            return await self._plain(keys=keys, args=args)
+        try:
+            return await self._client.evalsha_ro(self._sha, len(keys), *keys, *args)
+        except NoScriptError:
+            await self._client.script_load(self._source)
+            return await self._client.evalsha_ro(self._sha, len(keys), *keys, *args)
+        except ResponseError as error:
+            if not str(error).lower().startswith("unknown command"):
+                raise
+            logger.warning("Redis has no EVALSHA_RO (before 7.0): read-only ledger scripts run with EVALSHA")
+            self._plain = self._client.register_script(self._source)
+            return await self._plain(keys=keys, args=args)
+
+
+class ScriptRunner:
+    """Runs the ledger's scripts by name on one client, each registered at its first call."""
+
+    def __init__(self, client: ScriptClient) -> None:
+        self._client = client
+        self._scripts: dict[str, LedgerScript] = {}
+
+    async def run(self, name: str, args: Sequence[str | int]) -> list[Any]:
+        """The flat reply of script `name` called with `args`; a Redis failure raises LedgerUnavailable."""
+        script = self._scripts.get(name)
+        if script is None:
+            source = script_source(name)
+            script = self._scripts[name] = (
+                ReadOnlyScript(self._client, source) if name in READ_ONLY_SCRIPTS
+                else self._client.register_script(source)
+            )
+        reply = await redis_call(script(keys=[READY_KEY], args=[KEY_PREFIX, *args]))
+        if not isinstance(reply, list):
+            raise LedgerUnavailable(f"ledger script {name} replied {reply!r}, expected a list")
+        return reply
