@@ -18,6 +18,13 @@ Invariant: an item leaves its stream (XACK + XDEL) only when the worker is done 
 handed back). So a stream always holds exactly its worker's unfinished work, and when a worker dies, everything
 in its stream is re-sent to other workers. A duplicate is harmless: the ledger holds a pod uid on one node only,
 and the apiserver refuses a second binding.
+
+Why this module stays whole (over 500 lines): it is one protocol, and its parts are written against each other. The
+Lua scripts unpack the items' stream fields and the ``bound:`` / ``+uid`` marks the two ends write; `WorkItem` and
+`WorkerInfo` are the exact field layout the streams and heartbeats carry, which both ends read; the dispatcher's
+side (sends, reclaim) and the worker's side (read, acknowledge) keep the invariant above only together. A change to
+any of them is a change to the others, so a reader checks them in one place; split, each file would hold half of
+a contract.
 """
 
 from __future__ import annotations
