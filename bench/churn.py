@@ -37,7 +37,9 @@ from bench.scenarios import (
     gpu_figures,
 )
 from dev.local.cluster import Cluster, oversold_nodes
-from dev.local.plane import LocalPlane, PlaneError, Process, default_directory
+from dev.local.errors import PlaneError
+from dev.local.plane import LocalPlane
+from dev.local.state import Process, default_directory
 from hoss.model.objects import Json
 
 CHURN_NODES = 24

@@ -13,7 +13,8 @@ from typing import Any
 from bench import churn, page, pipeline, report, scenarios
 from dev.local import binaries
 from dev.local.cluster import Cluster
-from dev.local.plane import POLICIES_FILE, LocalPlane, PlaneError
+from dev.local.errors import PlaneError
+from dev.local.plane import POLICIES_FILE, LocalPlane
 from hoss.framework.profiles import load_profiles
 
 

@@ -35,7 +35,8 @@ from bench.measure import (
     post_bindings,
 )
 from dev.local.cluster import Cluster, for_each, node_manifest, oversold_nodes, pod_manifest
-from dev.local.plane import LocalPlane, Process
+from dev.local.plane import LocalPlane
+from dev.local.state import Process
 from hoss.framework.cycle import Profile, decide
 from hoss.framework.nodes import NodeTable
 from hoss.framework.pod import PodView, parse_pod

@@ -14,7 +14,9 @@ from deploy import cli as operator_cli
 from dev.demo import run_demo
 from dev.local import binaries
 from dev.local.clean import clean
-from dev.local.plane import LocalPlane, PlaneError, default_directory
+from dev.local.errors import PlaneError
+from dev.local.plane import LocalPlane
+from dev.local.state import default_directory
 
 
 def _say(message: str) -> None:

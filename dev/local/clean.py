@@ -9,7 +9,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from dev.local import binaries
-from dev.local.plane import LocalPlane, PlaneError
+from dev.local.errors import PlaneError
+from dev.local.plane import LocalPlane
 
 PLANE_MARKERS = ("state.json", "pki", "kubeconfig", "logs")
 """What a plane directory holds; a directory with none of them is not removed (it may be anything)."""

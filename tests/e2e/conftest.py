@@ -11,7 +11,8 @@ import pytest
 import redis
 
 from dev.local.cluster import Cluster, oversold_nodes
-from dev.local.plane import LocalPlane, Process
+from dev.local.plane import LocalPlane
+from dev.local.state import Process
 from tests.e2e.browser import CHROMIUM, MISSING, Page, chromium
 
 _namespaces = itertools.count()

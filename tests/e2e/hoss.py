@@ -10,7 +10,8 @@ from contextlib import asynccontextmanager
 import aiohttp
 
 from dev.local.cluster import Cluster, pod_manifest, wait_until
-from dev.local.plane import LocalPlane, Process
+from dev.local.plane import LocalPlane
+from dev.local.state import Process
 from hoss.model.objects import Json
 
 

@@ -33,7 +33,8 @@ from kubernetes_asyncio import client
 from redis.asyncio import Redis
 
 from dev.local.cluster import Cluster, oversold_nodes, wait_until
-from dev.local.plane import POLICIES_FILE, LocalPlane, Process
+from dev.local.plane import POLICIES_FILE, LocalPlane
+from dev.local.state import Process
 from hoss.ledger.client import Ledger
 from hoss.model.objects import Json
 from hoss.queue import WorkQueue

@@ -13,7 +13,8 @@ from typing import Any
 import aiohttp
 
 from dev.local.cluster import Cluster, pod_manifest, wait_until
-from dev.local.plane import LocalPlane, Process
+from dev.local.plane import LocalPlane
+from dev.local.state import Process
 from dispatcher.status import GPU_RESOURCE, SystemStatus
 from tests.e2e.browser import Page
 from tests.e2e.hoss import hoss_pods, wait_all_bound, workers

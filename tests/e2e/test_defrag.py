@@ -25,7 +25,8 @@ import aiohttp
 import pytest
 
 from dev.local.cluster import Cluster, oversold_nodes, wait_until
-from dev.local.plane import LocalPlane, Process
+from dev.local.plane import LocalPlane
+from dev.local.state import Process
 from hoss.model.objects import Json
 from tests.e2e.browser import Page
 

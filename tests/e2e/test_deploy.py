@@ -31,15 +31,10 @@ from redis.exceptions import NoPermissionError
 
 from deploy import certs, lockdown, pki
 from dev.local.cluster import Cluster, pod_manifest, wait_until
-from dev.local.plane import (
-    DEPLOY_DIR,
-    HOSS_NAMESPACE,
-    POLICIES_FILE,
-    WEBHOOK_MANIFEST,
-    LocalPlane,
-    Process,
-)
+from dev.local.credentials import HOSS_NAMESPACE
+from dev.local.plane import DEPLOY_DIR, POLICIES_FILE, WEBHOOK_MANIFEST, LocalPlane
 from dev.local.ports import free_port
+from dev.local.state import Process
 from hoss.framework.profiles import load_profiles
 from hoss.model.admission import BINDING_LANES, lane_path
 

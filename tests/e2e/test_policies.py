@@ -17,7 +17,8 @@ from aiohttp import web
 from kubernetes_asyncio import client
 
 from dev.local.cluster import Cluster, oversold_nodes, wait_until
-from dev.local.plane import POLICIES_FILE, LocalPlane, Process
+from dev.local.plane import POLICIES_FILE, LocalPlane
+from dev.local.state import Process
 from hoss.model.objects import Json
 from tests.e2e.hoss import hoss_pods, wait_all_bound, workers
 from tests.unit.test_entry_point_plugins import install_dist_info

@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 
 from dev.local.cluster import Cluster, oversold_nodes, wait_until
-from dev.local.plane import LocalPlane, Process
+from dev.local.plane import LocalPlane
+from dev.local.state import Process
 from hoss.kube.client import list_objects, watch_objects
 from hoss.model.objects import Json
 from hoss.model.resources import node_allocatable, pod_requests

@@ -17,7 +17,8 @@ import pytest
 from kubernetes_asyncio import client
 
 from dev.local.cluster import Cluster, pod_manifest, wait_until
-from dev.local.plane import LocalPlane, Process
+from dev.local.plane import LocalPlane
+from dev.local.state import Process
 from hoss.model.objects import Json
 from tests.e2e.hoss import hoss_pods, started_workers
 

@@ -23,7 +23,9 @@ import yaml
 from kubernetes_asyncio import client
 
 from dev.local.cluster import Cluster, pod_manifest, wait_until
-from dev.local.plane import HOSS_COMPONENTS, HOSS_NAMESPACE, RBAC_MANIFEST, LocalPlane, Process
+from dev.local.credentials import HOSS_COMPONENTS, HOSS_NAMESPACE
+from dev.local.plane import RBAC_MANIFEST, LocalPlane
+from dev.local.state import Process
 from hoss.model.resources import NODE_RESERVATION_ANNOTATION
 from tests.e2e.hoss import hoss_pods, status_access, wait_all_bound, workers
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 
 from dev.local.cluster import Cluster, oversold_nodes, wait_until
-from dev.local.plane import LocalPlane, Process
+from dev.local.plane import LocalPlane
+from dev.local.state import Process
 from hoss.ledger.client import Ledger
 from tests.e2e.hoss import hoss_pods, wait_all_bound, workers
 

@@ -8,7 +8,8 @@ from typing import Any
 from kubernetes_asyncio import client
 
 from dev.local.cluster import Cluster, pod_manifest, wait_until
-from dev.local.plane import LocalPlane, Process
+from dev.local.plane import LocalPlane
+from dev.local.state import Process
 from hoss.model.objects import Json
 from tests.e2e.hoss import workers
 

@@ -13,7 +13,8 @@ import pytest
 from redis.asyncio import Redis
 
 from dev.local.cluster import Cluster, oversold_nodes, wait_until
-from dev.local.plane import LocalPlane, Process
+from dev.local.plane import LocalPlane
+from dev.local.state import Process
 from hoss.ledger.client import Ledger
 from hoss.model.objects import Json
 from hoss.queue import WorkQueue

@@ -12,7 +12,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from dev.local.cluster import Cluster, oversold_nodes, wait_until
-from dev.local.plane import LocalPlane, Process
+from dev.local.plane import LocalPlane
+from dev.local.state import Process
 from hoss.model.objects import Json
 from tests.e2e.hoss import hoss_pods, wait_all_bound, workers
 from tests.e2e.test_pod_spec import pinned, scheduled_condition

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from dev.local import binaries
-from dev.local.plane import LocalPlane, PlaneError
+from dev.local.errors import PlaneError
+from dev.local.plane import LocalPlane
 
 
 def test_missing_binary_names_it_and_where_it_was_looked_for(

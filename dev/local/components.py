@@ -1,0 +1,196 @@
+"""How the local plane runs each component: the command lines of etcd, kube-apiserver, kube-controller-manager, kwok,
+kube-scheduler (and its configuration) and the hoss services. Pure: files and ports in, argv out; `LocalPlane`
+starts them.
+
+Everything listens on loopback. etcd does not fsync (its data is on tmpfs when there is one, and a plane is thrown
+away after use). The apiserver authorizes with RBAC, authenticates clients by the plane's CA and calls webhooks
+with its own client certificate (dev/local/credentials.py). The hoss services get their Redis URL (it holds a
+password) in the environment, never on the command line, where ps would show it.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from deploy import pki
+from dev.local.credentials import WEBHOOK_CLIENT_NAME
+from dev.local.state import PlaneFiles, PlaneState
+
+CONTROLLERS = ("replicaset", "deployment", "job", "disruption", "namespace", "garbagecollector", "serviceaccount")
+"""The kube-controller-manager controllers the local plane runs: workloads whose evicted pods come back (ReplicaSet,
+Deployment, Job), PodDisruptionBudget status (disruption), namespaces that finish deleting (namespace, and the
+garbage collector for owner references), and each namespace's default ServiceAccount. Nothing else (no node
+lifecycle: kwok plays the kubelets; no endpoints, no certificates), which keeps its idle CPU small."""
+
+
+def etcd_argv(etcd: Path, state: PlaneState) -> list[str]:
+    client = f"http://127.0.0.1:{state.etcd_port}"
+    peer = f"http://127.0.0.1:{state.etcd_peer_port}"
+    return [
+        str(etcd),
+        "--name=hoss-local",
+        f"--data-dir={state.etcd_data}",
+        f"--listen-client-urls={client}",
+        f"--advertise-client-urls={client}",
+        f"--listen-peer-urls={peer}",
+        f"--initial-advertise-peer-urls={peer}",
+        f"--initial-cluster=hoss-local={peer}",
+        "--unsafe-no-fsync=true",
+        "--quota-backend-bytes=4294967296",
+        "--log-level=warn",
+    ]
+
+
+def apiserver_argv(apiserver: Path, state: PlaneState, files: PlaneFiles) -> list[str]:
+    """With ``state.audit``, it writes an audit log (files.audit_log) of the hoss components' requests."""
+    pki_dir = files.pki_dir
+    audit = [f"--audit-policy-file={files.audit_policy}", f"--audit-log-path={files.audit_log}",
+             "--audit-log-format=json", "--audit-log-maxsize=0"]
+    return [
+        str(apiserver),
+        f"--etcd-servers=http://127.0.0.1:{state.etcd_port}",
+        "--bind-address=127.0.0.1",
+        "--advertise-address=127.0.0.1",
+        f"--secure-port={state.apiserver_port}",
+        f"--tls-cert-file={pki_dir / 'apiserver.crt'}",
+        f"--tls-private-key-file={pki_dir / 'apiserver.key'}",
+        f"--client-ca-file={files.ca_cert}",
+        "--authorization-mode=RBAC",
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+        f"--service-account-key-file={pki_dir / 'service-account.pub'}",
+        f"--service-account-signing-key-file={pki_dir / 'service-account.key'}",
+        "--service-cluster-ip-range=10.96.0.0/16",
+        "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+        f"--admission-control-config-file={files.admission_config}",
+        *(audit if state.audit else []),
+        "--endpoint-reconciler-type=none",
+        "--max-requests-inflight=1000",
+        "--max-mutating-requests-inflight=500",
+        "--allow-privileged=true",
+        "--v=1",
+    ]
+
+
+def controller_manager_argv(controller_manager: Path, files: PlaneFiles, *, port: int) -> list[str]:
+    """`CONTROLLERS`, few workers each and no leader election (one per plane)."""
+    kubeconfig = files.kubeconfig("kube-controller-manager")
+    return [
+        str(controller_manager),
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={port}",
+        "--leader-elect=false",
+        "--use-service-account-credentials=true",
+        f"--root-ca-file={files.ca_cert}",
+        f"--controllers={','.join(CONTROLLERS)}",
+        "--concurrent-replicaset-syncs=2",
+        "--concurrent-deployment-syncs=2",
+        "--concurrent-job-syncs=2",
+        "--concurrent-namespace-syncs=2",
+        "--concurrent-gc-syncs=2",
+        "--kube-api-qps=100",
+        "--kube-api-burst=200",
+        "--v=1",
+    ]
+
+
+def kwok_argv(kwok: Path, files: PlaneFiles, *, port: int, stages: Path) -> list[str]:
+    return [
+        str(kwok),
+        f"--kubeconfig={files.kubeconfig('kwok')}",
+        "--manage-all-nodes=true",
+        f"--config={stages}",
+        f"--server-address=127.0.0.1:{port}",
+        "--node-lease-duration-seconds=0",
+    ]
+
+
+def scheduler_process_name(scheduler_name: str) -> str:
+    """The plane's name for the kube-scheduler process serving ``scheduler_name``."""
+    return "kube-scheduler" if scheduler_name == "default-scheduler" else f"kube-scheduler-{scheduler_name}"
+
+
+def scheduler_configuration(files: PlaneFiles, *, scheduler_name: str, qps: int,
+                            plugin_config: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """A KubeSchedulerConfiguration with one profile, ``scheduler_name``, and its ``pluginConfig``; no leader
+    election (several kube-schedulers may run, each under its own name)."""
+    profile: dict[str, Any] = {"schedulerName": scheduler_name}
+    if plugin_config:
+        profile["pluginConfig"] = [dict(entry) for entry in plugin_config]
+    return {
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        "clientConnection": {"kubeconfig": str(files.kubeconfig("kube-scheduler")), "qps": qps, "burst": qps * 2},
+        "leaderElection": {"leaderElect": False},
+        "profiles": [profile],
+    }
+
+
+def scheduler_argv(scheduler: Path, files: PlaneFiles, *, config: Path, port: int) -> list[str]:
+    return [
+        str(scheduler),
+        f"--config={config}",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={port}",
+        f"--authentication-kubeconfig={files.kubeconfig('kube-scheduler')}",
+        f"--authorization-kubeconfig={files.kubeconfig('kube-scheduler')}",
+        "--v=1",
+    ]
+
+
+RESOLVER_MODULE = "resolver.webhook"
+"""What ``python -m`` runs as hoss-resolver; the plane also recognises its process by this word."""
+
+
+def resolver_argv(files: PlaneFiles, *, hosts: Sequence[str], port: int, serving: pki.KeyPair, enforce: str,
+                  routing_file: Path, extra_args: Sequence[str]) -> list[str]:
+    """hoss-resolver listening on each of ``hosts``, serving ``serving``, taking reviews only from the apiserver's
+    webhook client certificate."""
+    return [
+        sys.executable, "-m", RESOLVER_MODULE,
+        f"--kubeconfig={files.kubeconfig('hoss-resolver')}",
+        f"--host={','.join(hosts)}",
+        f"--port={port}",
+        f"--tls-cert-file={serving.cert}",
+        f"--tls-key-file={serving.key}",
+        f"--client-ca-file={files.webhook_client_ca}",
+        f"--client-names={WEBHOOK_CLIENT_NAME}",
+        f"--enforce={enforce}",
+        f"--routing-file={routing_file}",
+        *extra_args,
+    ]
+
+
+def service_argv(module: str, files: PlaneFiles, *, identity: str, name: str, port: int,
+                 extra_args: Sequence[str]) -> list[str]:
+    """A hoss service (``python -m module``: the dispatcher, the rescheduler) with ``identity``'s kubeconfig, its
+    HTTP server on 127.0.0.1:``port``, and ``name`` as its Lease identity."""
+    return [
+        sys.executable, "-m", module,
+        f"--kubeconfig={files.kubeconfig(identity)}",
+        "--host=127.0.0.1",
+        f"--port={port}",
+        f"--identity={name}",
+        *extra_args,
+    ]
+
+
+def worker_argv(worker_id: str, files: PlaneFiles, *, policies: Sequence[str], policies_file: Path, port: int,
+                extra_args: Sequence[str], pin: Sequence[str] = ()) -> list[str]:
+    """One hoss-worker serving ``policies`` with the hoss-worker identity; ``pin`` goes first (taskset)."""
+    return [
+        *pin,
+        sys.executable, "-m", "workers.main",
+        f"--id={worker_id}",
+        f"--policies={','.join(policies)}",
+        f"--policies-file={policies_file}",
+        f"--kubeconfig={files.kubeconfig('hoss-worker')}",
+        "--host=127.0.0.1",
+        f"--port={port}",
+        *extra_args,
+    ]
