@@ -69,7 +69,7 @@ fuzz: deps venv
 
 # docs/settings.md from the services' settings models (tests/unit/test_settings_doc.py fails when it is stale).
 settings-doc: venv
-	$(BIN)/python -m hoss.settings_doc > docs/settings.md.new && mv docs/settings.md.new docs/settings.md
+	$(BIN)/python -m dev.settings_doc > docs/settings.md.new && mv docs/settings.md.new docs/settings.md
 
 down: venv
 	$(BIN)/python -m dev local down

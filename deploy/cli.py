@@ -110,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     resched.add_argument("--max-moves", type=_positive, default=4, help="most pods one plan moves (default 4)")
     resched.add_argument("--min-stranded-gpus", type=_non_negative, default=DEFAULT_MIN_STRANDED_GPUS,
                          help="the periodic pass (no pending pod) looks for a plan when this many GPUs are free on "
-                              "partly used nodes (default 8; 0: pending pods only)")
+                              f"partly used nodes (default {DEFAULT_MIN_STRANDED_GPUS}; 0: pending pods only)")
     resched.add_argument("--json", action="store_true", help="print the plan (and its outcome) as JSON")
     resched.set_defaults(run=_reschedule)
 

@@ -1,29 +1,31 @@
 """docs/settings.md, the settings reference, rendered from the services' settings models.
 
-``python -m hoss.settings_doc > docs/settings.md`` (``make settings-doc``) writes it; tests/unit/test_settings_doc.py
+``python -m dev.settings_doc > docs/settings.md`` (``make settings-doc``) writes it; tests/unit/test_settings_doc.py
 fails when the committed file differs from what the models say. The settings every service shares (the classes in
 hoss.settings) are listed once, then each service's own.
 
-The models are named here by module and class and imported when the reference is rendered: the shared core does not
-import the components it serves (import-linter's layers), and only this generator needs all four.
+A development tool: it imports the four services' models, which nothing an operator installs may do all at once.
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import sys
 from collections.abc import Mapping, Sequence
 
+from dispatcher.settings import DispatcherSettings
 from hoss.settings import CONFIG_ENV, ENV_PREFIX, AccessSettings, HossSettings, SettingSpec, setting_specs
+from rescheduler.settings import ReschedulerSettings
+from resolver.settings import ResolverSettings
+from workers.settings import WorkerSettings
 
-SERVICES: Mapping[str, str] = {
-    "hoss-resolver": "resolver.settings:ResolverSettings",
-    "hoss-dispatcher": "dispatcher.settings:DispatcherSettings",
-    "hoss-worker": "workers.settings:WorkerSettings",
-    "hoss-rescheduler": "rescheduler.settings:ReschedulerSettings",
+SERVICES: Mapping[str, type[HossSettings]] = {
+    "hoss-resolver": ResolverSettings,
+    "hoss-dispatcher": DispatcherSettings,
+    "hoss-worker": WorkerSettings,
+    "hoss-rescheduler": ReschedulerSettings,
 }
-"""Each service's command and its settings model (``module:class``)."""
+"""Each service's command and its settings model."""
 
 SHARED: Sequence[tuple[str, type[HossSettings]]] = (
     ("Logging", HossSettings),
@@ -40,15 +42,6 @@ the file a setting is written by its name (`redis_url: ...`); a list is a YAML l
 and flags. A bad value stops the service at start-up with a message naming the setting, the value and where it came
 from. `--help` lists a service's settings.
 """
-
-
-def settings_model(reference: str) -> type[HossSettings]:
-    """The settings model ``module:class`` names."""
-    module_name, _, class_name = reference.partition(":")
-    model = getattr(importlib.import_module(module_name), class_name)
-    if not (isinstance(model, type) and issubclass(model, HossSettings)):
-        raise TypeError(f"{reference} is not a hoss settings model")
-    return model
 
 
 def _cell(text: str) -> str:
@@ -80,7 +73,7 @@ def render(services: Mapping[str, type[HossSettings]]) -> str:
     lines = [
         "# Settings",
         "",
-        f"<!-- Generated from the settings models by `{REGENERATE}` (python -m hoss.settings_doc); do not edit. -->",
+        f"<!-- Generated from the settings models by `{REGENERATE}` (python -m dev.settings_doc); do not edit. -->",
         "",
         INTRO.format(config_env=CONFIG_ENV, env_prefix=ENV_PREFIX).strip(),
         "",
@@ -100,7 +93,7 @@ def render(services: Mapping[str, type[HossSettings]]) -> str:
 
 
 def main() -> int:
-    sys.stdout.write(render({command: settings_model(reference) for command, reference in SERVICES.items()}))
+    sys.stdout.write(render(SERVICES))
     return 0
 
 
