@@ -26,7 +26,8 @@ from redis.exceptions import RedisError
 
 from bench.measure import CpuMeter
 from dev.local.ports import free_port
-from dispatcher.core import Dispatcher, cancel_and_wait
+from dispatcher.core import Dispatcher
+from dispatcher.roles import cancel_and_wait
 from dispatcher.settings import DispatcherSettings
 from hoss.framework.pod import PodView
 from hoss.ledger.arguments import BoundPod

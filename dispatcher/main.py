@@ -15,12 +15,14 @@ from aiohttp import web
 from kubernetes_asyncio import client
 from redis.asyncio import Redis
 
-from dispatcher.core import Dispatcher, KubeNotifier, cancel_and_wait, run_roles
+from dispatcher.core import Dispatcher
 from dispatcher.intake import pending_pods_selector
 from dispatcher.jobs import watch_jobs
 from dispatcher.leader import KubeLeaseAPI, LeaderElector
+from dispatcher.notices import KubeNotifier
 from dispatcher.podgroups import track_gangs, watch_podgroups
 from dispatcher.reservations import end_reservations, watch_reservations
+from dispatcher.roles import cancel_and_wait, run_roles
 from dispatcher.server import ServiceState, build_app
 from dispatcher.settings import DispatcherSettings
 from hoss.kube.access import STATUS_PATHS, TokenAccess

@@ -12,8 +12,9 @@ from typing import Any
 from kubernetes_asyncio import client
 
 from dispatcher import dependencies
-from dispatcher.core import STATUS_TIMEOUT_SECONDS, Dispatcher
+from dispatcher.core import Dispatcher
 from dispatcher.gangs import GangKey, parse_podgroup
+from dispatcher.notices import STATUS_TIMEOUT_SECONDS
 from hoss.kube.client import InformerHandlers, request_json, run_crd_informer
 from hoss.model.objects import Json
 
@@ -86,5 +87,5 @@ async def track_gangs(api: client.ApiClient, dispatcher: Dispatcher, is_leader: 
         await asyncio.sleep(interval)
         if not is_leader():
             dispatcher.prune_gangs(older_than=GANG_FOLLOWER_MEMORY_SECONDS)
-        elif dispatcher.gangs_dirty:
+        elif dispatcher.gangs.dirty:
             await dispatcher.refresh_gangs(list_members, write_status)

@@ -12,7 +12,8 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
-from dispatcher.core import Dispatcher, write_reservation_status
+from dispatcher.core import Dispatcher
+from dispatcher.notices import write_reservation_status
 from hoss.errors import HossError, LedgerNotReadyError, LedgerUnavailable
 from hoss.kube.client import InformerHandlers, run_crd_informer
 from hoss.ledger.client import Ledger

@@ -15,8 +15,9 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from dispatcher.core import STATUS_TIMEOUT_SECONDS, Dispatcher
+from dispatcher.core import Dispatcher
 from dispatcher.leader import LeaderElector
+from dispatcher.notices import STATUS_TIMEOUT_SECONDS
 from dispatcher.resolverstats import RESOLVER_STATS_MATCH, resolver_instance
 from dispatcher.settings import DispatcherSettings
 from dispatcher.status import SystemStatus

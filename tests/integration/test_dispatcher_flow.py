@@ -22,13 +22,15 @@ import redis.asyncio
 from aiohttp import web
 
 from dispatcher import reservations as dispatcher_reservations
-from dispatcher.core import FRESH_BEATS_SECONDS, Dispatcher, cancel_and_wait, no_worker_message, run_roles
+from dispatcher.core import FRESH_BEATS_SECONDS, Dispatcher
 from dispatcher.intake import PendingPod
 from dispatcher.leader import LeaderElector
+from dispatcher.roles import cancel_and_wait, run_roles
 from dispatcher.routing import POLICY_LABEL
 from dispatcher.server import ServiceState, build_app
 from dispatcher.settings import DispatcherSettings
 from dispatcher.status import SystemStatus
+from dispatcher.waiting import no_worker_message
 from hoss.ledger.client import Ledger
 from hoss.queue import WorkerInfo, WorkItem, WorkQueue, queue_key
 

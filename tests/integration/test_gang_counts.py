@@ -99,10 +99,10 @@ async def test_a_settled_gang_is_forgotten_and_a_follower_forgets_old_gangs(queu
 
     for _ in range(6):
         await dispatcher.refresh_gangs(list_members)
-    assert KEY not in dispatcher.gangs_dirty and KEY not in dispatcher.gang_counts
+    assert KEY not in dispatcher.gangs.dirty and KEY not in dispatcher.gangs.counts
 
     await dispatcher.on_event("ADDED", member(1))
     await dispatcher.on_event("DELETED", member(1, node="n1"))
     now[0] += 601
     dispatcher.prune_gangs(older_than=600)
-    assert dispatcher.gangs_dirty == {}
+    assert dispatcher.gangs.dirty == {}

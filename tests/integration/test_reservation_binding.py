@@ -15,7 +15,8 @@ import redis.asyncio
 from bench.pipeline import prepare_ledger, run_worker, worker_settings
 from dev.local.plane import POLICIES_FILE
 from dispatcher import reservations as dispatcher_reservations
-from dispatcher.core import Dispatcher, cancel_and_wait
+from dispatcher.core import Dispatcher
+from dispatcher.roles import cancel_and_wait
 from dispatcher.settings import DispatcherSettings
 from hoss.framework.pod import PodView
 from hoss.kube.client import KubeError
