@@ -11,7 +11,7 @@ from pathlib import Path
 
 from bench.run import run_bench
 from deploy import cli as operator_cli
-from dev.demo import run_demo
+from dev.demo.run import run_demo
 from dev.local import binaries
 from dev.local.clean import clean
 from dev.local.errors import PlaneError

@@ -1,0 +1,2 @@
+"""The demo's stories, one module each, in the order the demo tells them: throughput, gangs, gpu (packing), pools,
+race (a foreign scheduler). Each returns its figures as a dataclass the report carries."""
