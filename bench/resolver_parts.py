@@ -1,10 +1,12 @@
-"""The per-review cost of the resolver's two hand-written parts against the libraries they replace.
+"""The per-review cost of the resolver's parts: its HTTP server, and its hand-written Redis client against the
+library it replaces.
 
 ``python -m bench.resolver_parts`` measures, on this machine:
 
-1. HTTP: CPU of the server process per request, for the resolver's small HTTP/1.1 server (`resolver.httpserver`)
-   and for aiohttp's web server, each in a process of its own answering the same handler (read the body, answer a
-   small JSON), driven by one keep-alive client with 16 connections and an AdmissionReview-sized body (2 KiB);
+1. HTTP: CPU of the server process per request for aiohttp's web server (the webhook's, `resolver.server`), in a
+   process of its own answering a handler that reads the body and answers a small JSON, driven by one keep-alive
+   client with 16 connections and an AdmissionReview-sized body (2 KiB); the whole webhook, TLS and judging
+   included, against an older checkout's is bench/webhook_cpu.py's;
 2. Redis: CPU of the client per script call (EVALSHA of one small script, 64 calls in flight), for the webhook's
    pipelined client (`hoss.ledger.redisclient`) and for redis-py's asyncio client, against a redis-server of its own.
 
@@ -33,23 +35,10 @@ from redis.asyncio import Redis
 from bench.measure import cpu_seconds
 from dev.local.ports import free_port
 from hoss.ledger.redisclient import PipelinedRedis
-from resolver.httpserver import HttpServer, Request, Response
 
 BODY = b'{"kind":"AdmissionReview","request":{"uid":"' + b"x" * 2000 + b'"}}'
 ANSWER = b'{"allowed":true}'
 SCRIPT = "return redis.call('HINCRBY', KEYS[1], 'n', 1)"
-
-
-def _serve_hoss(port: int) -> None:
-    async def review(request: Request) -> Response:
-        return Response(200, ANSWER if request.body else b"", content_type="application/json")
-
-    async def main() -> None:
-        server = HttpServer({("POST", "/validate"): review}, max_body_bytes=1 << 20)
-        await server.start("127.0.0.1", port)
-        await asyncio.Event().wait()
-
-    asyncio.run(main())
 
 
 def _serve_aiohttp(port: int) -> None:
@@ -125,12 +114,11 @@ async def redis_costs(url: str, calls: int) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.resolver_parts", description=__doc__.split("\n")[0])
-    parser.add_argument("--requests", type=int, default=20000, help="HTTP requests per server (default 20000)")
+    parser.add_argument("--requests", type=int, default=20000, help="HTTP requests (default 20000)")
     parser.add_argument("--calls", type=int, default=20000, help="Redis script calls per client (default 20000)")
     args = parser.parse_args(argv)
     print(f"HTTP server CPU per request ({args.requests} requests, 2 KiB body, 16 keep-alive connections):")
-    for name, serve in (("resolver.httpserver", _serve_hoss), ("aiohttp web", _serve_aiohttp)):
-        print(f"   {name:<24} {http_cost(serve, args.requests):8.1f} us")
+    print(f"   {'aiohttp web':<24} {http_cost(_serve_aiohttp, args.requests):8.1f} us")
     redis_server = shutil.which("redis-server")
     if redis_server is None:
         print("redis-server not found: Redis client not measured", file=sys.stderr)

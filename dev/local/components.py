@@ -143,7 +143,7 @@ def scheduler_argv(scheduler: Path, files: PlaneFiles, *, config: Path, port: in
     ]
 
 
-RESOLVER_MODULE = "resolver.webhook"
+RESOLVER_MODULE = "resolver.main"
 """What ``python -m`` runs as hoss-resolver; the plane also recognises its process by this word."""
 
 

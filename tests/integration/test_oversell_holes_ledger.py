@@ -16,14 +16,17 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio
 from kubernetes_asyncio import client
-from resolver.webhook import WebhookState, judge
 
-from hoss.ledger.client import BatchPod, Confirmed, Conflict, HeldElsewhere, Ledger, Placement
+from hoss.ledger.arguments import BatchPod, Placement
+from hoss.ledger.client import Ledger
+from hoss.ledger.results import Confirmed, Conflict, HeldElsewhere
 from hoss.model import admission
 from hoss.model.objects import Json
 from resolver.admitted import admitted_verdict
+from resolver.judge import judge
 from resolver.mirror import PodIndex, parse_pod
 from resolver.settings import ResolverSettings
+from resolver.state import WebhookState
 from resolver.sync import LedgerSync
 
 NODE = {"cpu": 2000, "memory": 8 << 30, "pods": 110}

@@ -27,13 +27,16 @@ import pytest
 import redis.asyncio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from resolver.webhook import WebhookState, build_server, tls_context
 
 from deploy import pki
 from hoss.ledger.client import Ledger
 from hoss.ledger.redisclient import PipelinedRedis
+from resolver.app import build_server
 from resolver.mirror import PodIndex, parse_pod
+from resolver.server import WebhookServer
 from resolver.settings import ResolverSettings
+from resolver.state import WebhookState
+from resolver.tls import tls_context
 
 pytestmark = pytest.mark.fuzz
 
@@ -99,7 +102,7 @@ def served(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     def run(coroutine: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coroutine, loop).result(timeout=30)
 
-    async def start() -> tuple[WebhookState, Any, Ledger]:
+    async def start() -> tuple[WebhookState, WebhookServer, int, Ledger]:
         async with redis.asyncio.Redis.from_url(redis_url) as admin:
             await admin.flushdb()
         setup = Ledger.from_url(redis_url)
@@ -108,7 +111,7 @@ def served(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator
             bound=[],
         )
         await setup.close()
-        review_ledger = Ledger(cast(redis.asyncio.Redis, PipelinedRedis(redis_url)), owns_client=True)
+        review_ledger = Ledger(PipelinedRedis(redis_url), owns_client=True)
         pods = PodIndex()
         pods.put(parse_pod({
             "metadata": {"name": KNOWN_POD, "namespace": "team", "uid": KNOWN_UID},
@@ -116,12 +119,11 @@ def served(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         }))
         state = WebhookState(settings=config, ledger=review_ledger, pods=pods)
         server = build_server(state)
-        await server.start("127.0.0.1", 0, ssl_context=tls_context(
+        port = await server.start("127.0.0.1", 0, ssl_context=tls_context(
             config.tls_cert_file, config.tls_key_file, config.client_ca_file))
-        return state, server, review_ledger
+        return state, server, port, review_ledger
 
-    state, server, review_ledger = run(start())
-    port = int(server._server.sockets[0].getsockname()[1])
+    state, server, port, review_ledger = run(start())
     client_context = ssl.create_default_context(cafile=str(server_ca.cert))
     client_context.load_cert_chain(apiserver.cert, apiserver.key)
     local = threading.local()

@@ -6,9 +6,11 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from hoss.ledger.client import ElasticQuota, QuotaExceeded, QuotaReport, QuotaUse, decode_batch_result
+from hoss.ledger.arguments import ElasticQuota
+from hoss.ledger.replies import decode_batch_result
+from hoss.ledger.results import QuotaExceeded, QuotaReport, QuotaUse
+from resolver.metrics import QuotaCollector
 from resolver.quotas import QuotaMirror, QuotaSpecError, parse_elastic_quota, used_status, write_used
-from resolver.webhook import QuotaCollector
 
 
 def _eq(namespace: str, name: str, spec: object) -> dict[str, object]:

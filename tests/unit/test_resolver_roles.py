@@ -16,9 +16,10 @@ from hoss.kube.client import raise_if_cancelled
 from hoss.kube.leader import LeaderElector
 from hoss.ledger.client import Ledger
 from hoss.settings import SettingsError, load_settings
+from resolver.main import sync_while_leading
 from resolver.settings import ResolverSettings
+from resolver.state import WebhookState
 from resolver.sync import LedgerSync
-from resolver.webhook import WebhookState, sync_while_leading
 
 
 class FakeSync:

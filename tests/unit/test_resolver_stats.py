@@ -9,7 +9,8 @@ import fakeredis
 from dispatcher.resolverstats import merge_resolver_stats
 from hoss.ledger.client import Ledger
 from resolver.settings import ResolverSettings
-from resolver.webhook import WebhookState, stats_fields
+from resolver.state import WebhookState
+from resolver.stats import stats_fields
 
 
 async def test_the_dispatcher_reads_each_replicas_review_latency(tmp_path: Path) -> None:

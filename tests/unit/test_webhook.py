@@ -13,14 +13,21 @@ from typing import Any
 import aiohttp
 import fakeredis
 import pytest
-from resolver.webhook import LatencyWindow, WebhookState, build_server, stats_fields, tls_context
 
 from deploy import pki
 from hoss.kube.client import KubeError
-from hoss.ledger.client import Ledger, Placement, Reserved
+from hoss.ledger.arguments import Placement
+from hoss.ledger.client import Ledger
+from hoss.ledger.results import Reserved
 from hoss.model.admission import BINDING_LANES, SERVED_LANES, lane_path
+from resolver.app import build_server
+from resolver.metrics import LatencyWindow
 from resolver.mirror import PodIndex, parse_pod
+from resolver.server import IDLE_TIMEOUT_SECONDS, WebhookServer
 from resolver.settings import ResolverSettings
+from resolver.state import PodReader, WebhookState
+from resolver.stats import stats_fields
+from resolver.tls import tls_context
 
 WORKER = "system:serviceaccount:hoss-system:hoss-worker"
 NODE_ROOM = {"cpu": 2000, "memory": 8 << 30, "pods": 110}
@@ -63,6 +70,9 @@ class Webhook:
     ledger: Ledger
     redis: Any
     state: WebhookState
+    server: WebhookServer
+    port: int
+    client_tls: ssl.SSLContext
 
     async def post(self, body: bytes | dict[str, Any], *,
                    path: str = "/validate-binding") -> tuple[int, dict[str, Any]]:
@@ -86,7 +96,8 @@ class PodReads:
         return found
 
 
-async def start(tmp_path: Path, *, get_pod: PodReads | None = None, **settings: Any) -> AsyncIterator[Webhook]:
+async def start(tmp_path: Path, *, get_pod: PodReader | None = None, idle_timeout_seconds: float = IDLE_TIMEOUT_SECONDS,
+                **settings: Any) -> AsyncIterator[Webhook]:
     ca = pki.ensure_ca(tmp_path)
     serving = pki.issue(ca, directory=tmp_path, name="serving", common_name="hoss-resolver",
                         ip_addresses=("127.0.0.1",), server=True)
@@ -98,11 +109,11 @@ async def start(tmp_path: Path, *, get_pod: PodReads | None = None, **settings: 
     for spec in (pod("small", "u-small", "500m"), pod("big", "u-big", "3"), pod("mine", "u-mine", "1")):
         pods.put(parse_pod(spec))
     state = WebhookState(settings=config, ledger=ledger, pods=pods, get_pod=get_pod)
-    server = build_server(state)
+    server = build_server(state, idle_timeout_seconds=idle_timeout_seconds)
     port = await server.start("127.0.0.1", 0, ssl_context=tls_context(config.tls_cert_file, config.tls_key_file))
     client_tls = ssl.create_default_context(cafile=str(ca.cert))
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=client_tls)) as session:
-        yield Webhook(f"https://127.0.0.1:{port}", session, ledger, redis, state)
+        yield Webhook(f"https://127.0.0.1:{port}", session, ledger, redis, state, server, port, client_tls)
     await server.close()
     await redis.aclose()
 

@@ -24,8 +24,11 @@ from cryptography import x509
 from deploy import pki
 from hoss.ledger.client import Ledger
 from hoss.settings import SettingsError, load_settings
+from resolver.app import build_server
+from resolver.main import main
 from resolver.settings import ResolverSettings
-from resolver.webhook import WebhookState, build_server, main, reload_certificates, tls_context
+from resolver.state import WebhookState
+from resolver.tls import reload_certificates, tls_context
 from tests.unit.test_webhook import NODE_ROOM, review
 
 

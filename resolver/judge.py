@@ -1,0 +1,234 @@
+"""Judging one write against the ledger: a binding, a pod created on a node, or a resize that grows a pod.
+
+The hot path is one Redis call (``Ledger.confirm``) and no apiserver call: a hoss worker's binding carries the pod's
+uid and the worker's reservation already holds the pod's request, so the ledger is asked without one. Only a binding
+with no entry in the ledger (a foreign scheduler's, or a hoss binding whose reservation expired) needs the pod's
+request: from the sync's index of bound pods when this replica syncs and has the pod, else from one GET of the pod.
+A binding is allowed when the pod's reservation is for that node, or (a foreign scheduler's binding) when the pod
+still fits, in which case the same call records it. Otherwise it is denied with status code 409 and a message naming
+node, resource, requested and free.
+
+Invariant: a ledger that is unreachable, slow or not ready denies (fail closed); nothing is oversold, scheduling
+pauses and resumes by itself. Only the system entry turns what the ledger cannot judge into an allow
+(`system_verdict`). `verdict_for` and `system_verdict` are pure; `judge` and `judge_pod_write` make the calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import aiohttp
+
+from hoss.errors import HossError, LedgerUnavailable
+from hoss.kube.client import KubeError
+from hoss.ledger.results import (
+    Confirmed,
+    ConfirmResult,
+    Conflict,
+    HeldElsewhere,
+    LedgerNotReady,
+    NeedRequest,
+    QuotaExceeded,
+    UnknownNode,
+)
+from hoss.model import admission
+from hoss.model.resources import ResourceVector, format_quantity
+from resolver.mirror import PodInfo, parse_pod
+from resolver.state import WebhookState
+
+log = logging.getLogger(__name__)
+
+POD_READ_TIMEOUT_SECONDS = 2.0
+"""Deadline of the pod GET a binding without a reservation needs (the apiserver gives the webhook 5 s in all)."""
+LEDGER_CALL_TIMEOUT_SECONDS = 2.0
+"""Deadline of one ledger call made for a review; past it the binding is denied (fail closed)."""
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+FAIL_OPEN_REASONS = frozenset({"ledger-not-ready", "ledger-unavailable", "unknown-node"})
+"""Verdicts the system entry (/validate-system) turns into an allow: the ledger cannot judge, and refusing would
+keep hoss's own pods, Redis or CoreDNS from starting (the deadlock the exemption exists for)."""
+
+
+def verdict_for(result: ConfirmResult, *, binding: admission.BindingRequest) -> admission.Verdict:
+    """Turn the ledger's answer into the webhook's verdict. Pure."""
+    who = f"pod {binding.pod_key} on node {binding.node}"
+    match result:
+        case Confirmed(foreign=False):
+            return admission.Verdict(allowed=True, reason="reserved")
+        case Confirmed(foreign=True):
+            return admission.Verdict(allowed=True, reason="fits")
+        case QuotaExceeded():
+            return admission.Verdict(
+                allowed=False, reason="quota", code=403,
+                message=f"hoss: {binding.pod_key} on node {binding.node} denied: {result}",
+            )
+        case Conflict(node=node, resource=resource, wanted=wanted, free=free):
+            return admission.Verdict(
+                allowed=False,
+                reason="conflict",
+                code=409,
+                message=(
+                    f"hoss: node {node} has no room for {binding.pod_key}: {resource} requested "
+                    f"{format_quantity(resource, wanted)}, free {format_quantity(resource, max(free, 0))}"
+                ),
+            )
+        case UnknownNode(node=node):
+            return admission.Verdict(
+                allowed=False, reason="unknown-node", code=409,
+                message=f"hoss: node {node} is not in the ledger (no such node, or not synced yet); {who} denied",
+            )
+        case HeldElsewhere(node=node, state=state):
+            return admission.Verdict(
+                allowed=False, reason="held-elsewhere", code=409,
+                message=f"hoss: {binding.pod_key} already holds resources on node {node} ({state}); {who} denied",
+            )
+        case LedgerNotReady(reason=reason):
+            return admission.Verdict(
+                allowed=False, reason="ledger-not-ready", code=503,
+                message=f"hoss: the ledger is not ready ({reason}); binding of {who} denied, retry later",
+            )
+        case NeedRequest():
+            # Only a confirm without a request answers this, and judge() then asks again with one.
+            return admission.Verdict(
+                allowed=False, reason="unknown-pod", code=409,
+                message=f"hoss: no reservation and no request known for {binding.pod_key}; {who} denied, retry",
+            )
+    raise AssertionError(f"unhandled ledger result {result!r}")
+
+
+def system_verdict(verdict: admission.Verdict) -> admission.Verdict:
+    """The system entry's verdict: a denial only because the ledger cannot judge becomes an allow. Pure."""
+    if verdict.allowed or verdict.reason not in FAIL_OPEN_REASONS:
+        return verdict
+    return admission.Verdict(allowed=True, reason="system-unjudged")
+
+
+def unavailable(error: LedgerUnavailable | TimeoutError) -> admission.Verdict:
+    """The denial of a write the ledger did not answer. Pure."""
+    why = str(error) if isinstance(error, LedgerUnavailable) else f"no answer within {LEDGER_CALL_TIMEOUT_SECONDS}s"
+    return admission.Verdict(
+        allowed=False, reason="ledger-unavailable", code=503,
+        message=f"hoss: the ledger is unreachable ({why}); binding denied, retry later",
+    )
+
+
+async def _pod_info(state: WebhookState, binding: admission.BindingRequest) -> PodInfo | None:
+    """The pod's view for a binding without a reservation: from the sync's index of bound pods when this replica
+    syncs and has it, else one GET from the apiserver. None when the pod is unknown (or another pod by that name).
+
+    A binding without a uid is looked up by GET only: by name, the index may still hold a deleted pod of that
+    name (its DELETED event not applied yet), whose request and uid are not the live pod's."""
+    index = state.sync.pods if state.sync is not None else state.pods
+    found = index.find(uid=binding.pod_uid, key=binding.pod_key) if binding.pod_uid else None
+    if found is None and binding.pod_uid and state.sync is not None:
+        # a foreign scheduler's pending pod, as the sync's informer last saw it (same uid: the same pod, whose
+        # requests only an in-place resize changes, and that bumps the generation the informer follows)
+        found = state.sync.pending.find(uid=binding.pod_uid, key=binding.pod_key)
+    if found is not None or state.get_pod is None:
+        return found
+    state.pod_reads += 1
+    try:
+        async with asyncio.timeout(POD_READ_TIMEOUT_SECONDS):
+            raw = await state.get_pod(binding.namespace, binding.pod)
+    except (KubeError, aiohttp.ClientError, OSError, TimeoutError, ValueError) as error:
+        log.warning("cannot read pod %s: %s", binding.pod_key, error)
+        return None
+    info = parse_pod(raw)
+    if binding.pod_uid and info.uid != binding.pod_uid:
+        return None
+    return info
+
+
+async def _confirm(
+    state: WebhookState, binding: admission.BindingRequest, *, uid: str, pod: str,
+    request: ResourceVector | None, owner: str, meta: str = "",
+) -> ConfirmResult:
+    # asyncio.timeout, not the Redis client's socket timeout: redis-py implements that with asyncio.wait_for, which
+    # costs a task per command and can swallow a cancellation on Python 3.11.
+    async with asyncio.timeout(LEDGER_CALL_TIMEOUT_SECONDS):
+        return await state.ledger.confirm(
+            uid=uid, pod=pod, node=binding.node, request=request, owner=owner,
+            verify_after_seconds=state.settings.verify_after_seconds, dry_run=binding.dry_run, meta=meta,
+        )
+
+
+async def judge(state: WebhookState, binding: admission.BindingRequest) -> admission.Verdict:
+    """A binding's verdict: by the pod's reservation when a hoss worker's binding has one, else by whether the pod
+    (its request from the sync's indexes or the apiserver) still fits on the node."""
+    settings = state.settings
+    own = binding.username in state.hoss_usernames
+    if settings.enforce == "hoss-only" and not own:
+        return admission.Verdict(allowed=True, reason="not-enforced")
+    owner = binding.username if own else f"foreign:{binding.username}"
+    if own and binding.pod_uid:
+        # A hoss worker's binding: its reservation holds the request, so no pod lookup is needed.
+        try:
+            result = await _confirm(state, binding, uid=binding.pod_uid, pod=binding.pod_key, request=None, owner=owner)
+        except (LedgerUnavailable, TimeoutError) as error:
+            return unavailable(error)
+        if not isinstance(result, NeedRequest):
+            return verdict_for(result, binding=binding)
+    try:
+        pod = await _pod_info(state, binding)
+    except HossError as error:
+        return admission.Verdict(allowed=False, reason="malformed-pod", code=400, message=f"hoss: {error}")
+    if pod is None:
+        return admission.Verdict(
+            allowed=False, reason="unknown-pod", code=409,
+            message=f"hoss: pod {binding.pod_key} is not known to the resolver yet; retry",
+        )
+    try:
+        # The meta carries the pod's priority: room held for a preempting pod of higher priority stays free.
+        result = await _confirm(state, binding, uid=pod.uid, pod=pod.key, request=pod.request, owner=owner,
+                                meta=pod.meta)
+    except (LedgerUnavailable, TimeoutError) as error:
+        return unavailable(error)
+    return verdict_for(result, binding=binding)
+
+
+async def judge_pod_write(state: WebhookState, write: admission.PodWriteRequest) -> admission.Verdict:
+    """A pod created with spec.nodeName, or an in-place resize: the same atomic check as a binding, with the
+    request read from the pod in the review (no lookup)."""
+    own = write.username in state.hoss_usernames
+    if state.settings.enforce == "hoss-only" and not own:
+        return admission.Verdict(allowed=True, reason="not-enforced")
+    metadata = write.object.get("metadata") or {}
+    annotations = metadata.get("annotations") or {}
+    if isinstance(annotations, dict) and MIRROR_ANNOTATION in annotations:
+        # A static pod's mirror: the kubelet runs the pod whatever the apiserver says, so refusing the mirror would
+        # only hide it from the ledger. The sync counts it (an overcommit is counted and logged).
+        return admission.Verdict(allowed=True, reason="mirror-pod")
+    binding = admission.BindingRequest(
+        review_uid=write.review_uid, namespace=write.namespace, pod=write.pod, pod_uid=None, node=write.node,
+        username=write.username, dry_run=write.dry_run,
+    )
+    try:
+        info = parse_pod(write.object)
+    except HossError as error:
+        return admission.Verdict(allowed=False, reason="malformed-pod", code=400, message=f"hoss: {error}")
+    if not info.uid:
+        return admission.Verdict(allowed=False, reason="malformed-pod", code=400,
+                                 message=f"hoss: pod {write.pod_key}: metadata.uid is missing")
+    owner = write.username if own else f"foreign:{write.username}"
+    try:
+        async with asyncio.timeout(LEDGER_CALL_TIMEOUT_SECONDS):
+            if write.operation == "create":
+                result = await state.ledger.confirm(
+                    uid=info.uid, pod=info.key, node=write.node, request=info.request, owner=owner,
+                    verify_after_seconds=state.settings.verify_after_seconds, dry_run=write.dry_run, via="create",
+                    ports=info.ports, meta=info.meta,
+                )
+            else:
+                old = parse_pod(write.old_object) if write.old_object is not None else None
+                if old is not None and all(info.request.get(r, 0) <= old.request.get(r, 0) for r in info.request):
+                    # Nothing grows: the sync applies the smaller request once the kubelet allocated it.
+                    return admission.Verdict(allowed=True, reason="resize-not-growing")
+                result = await state.ledger.resize(
+                    uid=info.uid, pod=info.key, node=write.node, request=info.request, owner=owner,
+                    verify_after_seconds=state.settings.verify_after_seconds, dry_run=write.dry_run,
+                )
+    except (LedgerUnavailable, TimeoutError) as error:
+        return unavailable(error)
+    except HossError as error:
+        return admission.Verdict(allowed=False, reason="malformed-pod", code=400, message=f"hoss: {error}")
+    return verdict_for(result, binding=binding)

@@ -1,0 +1,235 @@
+"""``hoss-resolver``: the conflict resolver's process, a validating admission webhook that judges every pod binding
+against the Redis ledger (`resolver.judge`), served over HTTPS (`resolver.app`, `resolver.server`).
+
+Every replica serves the webhook; one replica, elected on a Lease (``--lease-name``), runs the ledger sync
+(`resolver.sync.LedgerSync`). Losing the Lease stops the sync at once; a sync that fails ends the process with a
+non-zero status. Beside them run the stats publisher (`resolver.stats`), the namespace labels' informer for the
+router and the certificate reload (`resolver.tls`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any, cast
+
+import hiredis
+from kubernetes_asyncio import client
+from redis.asyncio import Redis
+
+from hoss.kube.access import TokenAccess
+from hoss.kube.client import InformerHandlers, api_client, run_informer
+from hoss.kube.leader import KubeLeaseAPI, LeaderElector
+from hoss.kube.rest import KubeREST
+from hoss.ledger.client import Ledger
+from hoss.ledger.redisclient import PipelinedRedis
+from hoss.model.objects import Json
+from hoss.settings import SettingsError, load_settings, run_loop
+from resolver.app import build_server
+from resolver.judge import LEDGER_CALL_TIMEOUT_SECONDS, POD_READ_TIMEOUT_SECONDS
+from resolver.router import load_rules
+from resolver.settings import ResolverSettings
+from resolver.state import WebhookState
+from resolver.stats import publish_stats
+from resolver.sync import LedgerSync
+from resolver.tls import reload_certificates, tls_context
+
+log = logging.getLogger(__name__)
+
+
+async def sync_while_leading(
+    state: WebhookState,
+    elector: LeaderElector,
+    make_sync: Callable[[], LedgerSync],
+    *,
+    stop_timeout_seconds: float = 10.0,
+) -> None:
+    """Run a fresh ledger sync each time this replica becomes leader, and stop it the moment it is not.
+
+    Returns only by raising: a sync that ends (it never does unless it fails) ends this task with its error, and
+    so does a sync that does not stop within ``stop_timeout_seconds`` of losing the Lease (a deposed leader must
+    not keep writing), so the resolver exits non-zero instead of judging against a ledger nobody keeps.
+    """
+    while True:
+        await elector.leading.wait()
+        sync = make_sync()
+        state.sync = sync
+        log.info("leading: starting the ledger sync")
+        running = asyncio.create_task(sync.run(), name="ledger-sync")
+        lost = asyncio.create_task(elector.following.wait(), name="lease-lost")
+        try:
+            done, _ = await asyncio.wait({running, lost}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            state.sync = None
+            for task in (running, lost):
+                task.cancel()
+            await asyncio.wait({running, lost}, timeout=stop_timeout_seconds)
+        if not running.done():
+            raise RuntimeError(f"the ledger sync did not stop within {stop_timeout_seconds:.0f}s of being cancelled")
+        if running in done:
+            error = running.exception()
+            raise error if error is not None else RuntimeError("the ledger sync ended")
+        log.warning("lost the Lease: stopped the ledger sync")
+
+
+class HiredisPack:
+    """Connection mixin: commands are packed by hiredis's C packer. redis-py's asyncio connections pack in Python,
+    which for a ledger script call (a dozen arguments and more) costs several times the rest of the call."""
+
+    def pack_command(self, *args: Any) -> list[bytes]:
+        first = args[0]
+        if isinstance(first, str) and " " in first:
+            args = (*first.split(), *args[1:])  # "SCRIPT LOAD" and the like are sent as separate words
+        return [hiredis.pack_command(args)]
+
+
+def ledger_redis(url: str, **options: Any) -> Redis:
+    """A Redis client for the ledger at ``url`` whose connections pack commands with hiredis."""
+    client = Redis.from_url(url, decode_responses=True, **options)
+    pool = client.connection_pool
+    base = pool.connection_class
+    pool.connection_class = type(f"HiredisPack{base.__name__}", (HiredisPack, base), {})
+    return client
+
+
+@contextlib.asynccontextmanager
+async def running_resolver(settings: ResolverSettings) -> AsyncIterator[list[asyncio.Task[None]]]:
+    """Start the webhook server, the Lease election and the sync (while leading) and timers; stop them on exit.
+
+    Yields the tasks whose end is fatal (the sync's role and the election)."""
+    async with contextlib.AsyncExitStack() as stack:
+        # Two clients on the ledger: the sync's (redis-py), and the webhook's, one pipelined connection that costs
+        # a fraction of redis-py's CPU per call (see hoss.ledger.redisclient); each review bounds its call with
+        # asyncio.timeout (see _confirm). Ledger uses only what PipelinedRedis offers for the webhook's calls.
+        ledger = Ledger(ledger_redis(settings.redis_url), owns_client=True)
+        stack.push_async_callback(ledger.close)
+        review_ledger = Ledger(
+            cast(Redis, PipelinedRedis(settings.redis_url, connect_timeout=LEDGER_CALL_TIMEOUT_SECONDS)),
+            owns_client=True,
+        )
+        stack.push_async_callback(review_ledger.close)
+        api = await api_client(settings.kubeconfig)
+        stack.push_async_callback(api.close)
+        # Pod reads for bindings without a reservation go over their own lean keep-alive client, so they never
+        # queue behind the sync's watches or the Lease renewals.
+        rest = await KubeREST.connect(settings.kubeconfig)
+        stack.push_async_callback(rest.close)
+        elector = LeaderElector(
+            KubeLeaseAPI(
+                api, name=settings.lease_name, namespace=settings.lease_namespace,
+                request_timeout=settings.renew_deadline_seconds,
+            ),
+            identity=settings.identity,
+            lease_duration_seconds=settings.lease_duration_seconds,
+            renew_deadline_seconds=settings.renew_deadline_seconds,
+            renew_interval_seconds=settings.renew_interval_seconds,
+        )
+
+        async def get_pod(namespace: str, name: str) -> Json:
+            return await rest.get_pod(namespace, name, timeout=POD_READ_TIMEOUT_SECONDS)
+
+        access = None
+        if settings.access == "kubernetes":
+            access = TokenAccess(rest, resource="resolvers", namespace=settings.access_namespace,
+                                 cache_seconds=settings.access_cache_seconds)
+        state = WebhookState(settings=settings, ledger=review_ledger, get_pod=get_pod, elector=elector,
+                             access=access,
+                             routing_rules=load_rules(settings.routing_file) if settings.routing_file else [])
+        context = tls_context(settings.tls_cert_file, settings.tls_key_file, settings.client_ca_file)
+        if settings.client_ca_file is None:
+            log.warning(
+                "client_ca_file is not set: anyone who reaches this port can post reviews (set --client-ca-file to the"
+                " CA of the apiserver's webhook client certificate)"
+            )
+        server = build_server(state)
+        await server.start(settings.host, settings.port, ssl_context=context)
+        stack.push_async_callback(server.close)
+        stats_redis = Redis.from_url(settings.redis_url, decode_responses=True)
+        stack.push_async_callback(stats_redis.aclose)
+
+        def make_sync() -> LedgerSync:
+            return LedgerSync(ledger=ledger, api=api, expire_interval_seconds=settings.expire_interval_seconds,
+                              write_timeout_seconds=settings.write_timeout_seconds,
+                              audit_interval_seconds=settings.audit_interval_seconds,
+                              hoss_scheduler_names=settings.hoss_scheduler_names)
+
+        tasks = [
+            asyncio.create_task(sync_while_leading(state, elector, make_sync), name="sync-role"),
+            asyncio.create_task(elector.run(), name="leader-election"),
+            asyncio.create_task(publish_stats(state, stats_redis, instance=settings.identity), name="publish-stats"),
+            asyncio.create_task(
+                run_informer("namespaces", client.CoreV1Api(api).list_namespace,
+                             InformerHandlers(on_list=state.namespaces.on_list, on_event=state.namespaces.on_event)),
+                name="namespace-labels",
+            ),
+            asyncio.create_task(
+                reload_certificates(
+                    context, settings.tls_cert_file, settings.tls_key_file, client_ca_file=settings.client_ca_file
+                ),
+                name="cert-reload",
+            ),
+        ]
+
+        async def stop() -> None:
+            # The sync stops first, then the Lease is handed back so another replica takes over at once.
+            tasks[0].cancel()
+            await asyncio.gather(tasks[0], return_exceptions=True)
+            for task in tasks[1:]:
+                task.cancel()
+            await asyncio.gather(*tasks[1:], return_exceptions=True)
+            await elector.release()
+
+        stack.push_async_callback(stop)
+        log.info(
+            "hoss-resolver %s serving https://{%s}:%d (enforce=%s); sync elected on Lease %s/%s",
+            settings.identity, ",".join(settings.host), settings.port, settings.enforce, settings.lease_namespace,
+            settings.lease_name,
+        )
+        yield tasks[:2]
+
+
+async def serve(settings: ResolverSettings) -> None:
+    """Serve until SIGTERM or SIGINT (then the sync stops and the Lease is handed back, so another replica takes
+    over at once). If the ledger sync ever fails, the resolver exits non-zero (fail loudly: a resolver that no
+    longer syncs would judge bindings against a stale ledger), to be restarted by its supervisor."""
+    loop = asyncio.get_running_loop()
+    stopping = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stopping.set)
+    async with running_resolver(settings) as fatal:
+        stop = asyncio.create_task(stopping.wait(), name="stop")
+        done, _ = await asyncio.wait([stop, *fatal], return_when=asyncio.FIRST_COMPLETED)
+        if stop in done:
+            log.info("hoss-resolver stopping")
+            return
+        stop.cancel()
+        ended = done.pop()
+        error = ended.exception() if not ended.cancelled() else None
+        raise SystemExit(f"hoss-resolver: {ended.get_name()} stopped: {error!r}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        settings = load_settings(
+            ResolverSettings, argv, prog="hoss-resolver",
+            description="hoss conflict resolver: admission webhook on pod bindings, backed by the Redis ledger",
+        )
+    except SettingsError as error:
+        print(error, file=sys.stderr)
+        return 2
+    problems = settings.file_problems()
+    if problems:
+        print("hoss-resolver: invalid settings: " + "; ".join(problems), file=sys.stderr)
+        return 2
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    with contextlib.suppress(KeyboardInterrupt):
+        run_loop(serve(settings))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""What the webhook's parts share: its settings and ledger, the sync while this replica runs it, and the record of
+its reviews (verdict counts, recent denials, latency) that /metrics, /status and the stats hash show."""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry
+
+from hoss.kube.access import TokenAccess
+from hoss.kube.leader import LeaderElector
+from hoss.ledger.client import Ledger
+from hoss.ledger.results import QuotaReport
+from hoss.model import admission
+from hoss.model.objects import Json
+from resolver.metrics import LatencyWindow, WebhookMetrics
+from resolver.mirror import PodIndex
+from resolver.router import NamespaceLabels, Rule
+from resolver.server import WebhookServer
+from resolver.settings import ResolverSettings
+from resolver.sync import LedgerSync
+
+PodReader = Callable[[str, str], Awaitable[Json]]
+"""GET of one pod (namespace, name) as raw JSON; raises KubeError (404 when there is none) or a network error."""
+
+
+@dataclass
+class Denial:
+    at: float
+    pod: str
+    node: str
+    username: str
+    reason: str
+    message: str
+
+
+@dataclass
+class WebhookState:
+    """Everything the handlers share: settings, ledger, the sync while this replica runs it, metrics and recent
+    denials. ``get_pod`` reads a pod from the apiserver (None: no apiserver, e.g. in tests); ``pods`` is an index
+    consulted when no sync runs (tests)."""
+
+    settings: ResolverSettings
+    ledger: Ledger
+    pods: PodIndex = field(default_factory=PodIndex)
+    sync: LedgerSync | None = None
+    get_pod: PodReader | None = None
+    elector: LeaderElector | None = None
+    server: WebhookServer | None = None
+    """The HTTPS server once it serves, for its counts in /status."""
+    access: TokenAccess | None = None
+    """With it (``--access=kubernetes``), /status and /metrics need a bearer token it accepts."""
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    denials: collections.deque[Denial] = field(default_factory=lambda: collections.deque(maxlen=50))
+    verdict_counts: collections.Counter[str] = field(default_factory=collections.Counter)
+    review_latency: LatencyWindow = field(default_factory=LatencyWindow)
+    pod_reads: int = 0
+    """pods the webhook had to GET from the apiserver (a binding whose pod neither index of the sync held)"""
+    ledger_stats: dict[str, str] = field(default_factory=dict)
+    """``{hoss}:stats`` as last read (overcommits, audit_drift, stale_ledger), refreshed by publish_stats"""
+    namespaces: NamespaceLabels = field(default_factory=NamespaceLabels)
+    """Namespace labels for the router (an informer keeps them while the resolver runs)."""
+    routing_rules: list[Rule] = field(default_factory=list)
+    routed: collections.Counter[str] = field(default_factory=collections.Counter)
+    """Router outcomes: policy name of each routed pod, or 'unchanged'."""
+    quota_report: QuotaReport | None = None
+    """Elastic quotas and their use as last read (publish_stats), for /metrics and /status."""
+
+    def __post_init__(self) -> None:
+        self.hoss_usernames = frozenset(self.settings.hoss_usernames)
+        self.authenticate = self.settings.client_ca_file is not None
+        """Reviews need a client certificate from the client CA (and one of client_names, when set)."""
+        self.client_names = frozenset(self.settings.client_names)
+        self.metrics = WebhookMetrics(self)
+
+    def count_verdict(self, verdict: admission.Verdict) -> None:
+        self.verdict_counts[verdict.reason] += 1
+        self.metrics.count_verdict(verdict)
+
+    def record_review(self, seconds: float) -> None:
+        """A judged review took ``seconds``: for the histogram and the p50/p99 window."""
+        self.metrics.observe_review(seconds)
+        self.review_latency.add(seconds)
