@@ -10,7 +10,7 @@
 
 Only the apiserver may post reviews (``--client-ca-file``): the review paths answer 401 on a connection without a
 verified client certificate and 403 when its names are not in ``--client-names``, before the body is read. The
-names are those the TLS layer verified at the handshake (`resolver.tls`), so a review costs no handshake with it.
+certificate was verified once, at the connection's handshake (`resolver.tls`); a review only reads its names.
 """
 
 from __future__ import annotations

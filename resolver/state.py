@@ -70,8 +70,8 @@ class WebhookState:
 
     def __post_init__(self) -> None:
         self.hoss_usernames = frozenset(self.settings.hoss_usernames)
+        # Reviews need a client certificate from the client CA (with one of client_names, when they are set).
         self.authenticate = self.settings.client_ca_file is not None
-        """Reviews need a client certificate from the client CA (and one of client_names, when set)."""
         self.client_names = frozenset(self.settings.client_names)
         self.metrics = WebhookMetrics(self)
 
