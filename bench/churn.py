@@ -26,16 +26,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from bench.scenarios import (
-    CONTROLLER_MANAGER,
-    GPU,
-    GPU_NODE,
-    GPU_PACKING_PLUGIN_CONFIG,
-    GPU_PACKING_SCHEDULER,
-    RUN_LABEL,
-    Bench,
-    gpu_figures,
-)
+from bench.scenarios.gpu_mix import GPU_NODE, GPU_PACKING_PLUGIN_CONFIG, GPU_PACKING_SCHEDULER, gpu_figures
+from bench.scenarios.harness import CONTROLLER_MANAGER, GPU, RUN_LABEL, Bench
 from dev.local.cluster import Cluster, oversold_nodes
 from dev.local.errors import PlaneError
 from dev.local.plane import LocalPlane

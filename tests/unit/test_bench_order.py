@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from bench import scenarios
+from bench.scenarios import sizes, throughput
 
 
 class FakeBench:
@@ -42,11 +42,11 @@ async def test_rounds_alternate_which_system_and_which_worker_count_goes_first(
         ran.append("ceiling")
         return {}
 
-    monkeypatch.setattr(scenarios, "_kube_run", kube_run)
-    monkeypatch.setattr(scenarios, "_hoss_run", hoss_run)
-    monkeypatch.setattr(scenarios, "ceiling", ceiling)
-    size = dataclasses.replace(scenarios.FULL, repeats=4)
-    again = await scenarios.throughput_again(bench, size)  # type: ignore[arg-type]
+    monkeypatch.setattr(throughput, "_kube_run", kube_run)
+    monkeypatch.setattr(throughput, "_hoss_run", hoss_run)
+    monkeypatch.setattr(throughput, "ceiling", ceiling)
+    size = dataclasses.replace(sizes.FULL, repeats=4)
+    again = await throughput.throughput_again(bench, size)  # type: ignore[arg-type]
 
     assert ran == [
         "hoss alone", "ceiling", "hoss-4w 2", "hoss-1w 2", "kube alone", "kube 2", "ceiling",

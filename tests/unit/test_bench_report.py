@@ -10,7 +10,8 @@ import pytest
 
 from bench import report, scenarios
 from bench.measure import ALGORITHM_METRIC, cpu_seconds, parse_histogram
-from bench.scenarios import cpu_figures, kube_feasible_nodes_sought
+from bench.scenarios.core_scale import kube_feasible_nodes_sought
+from bench.scenarios.cpu import cpu_figures
 
 METRICS = f"""# HELP {ALGORITHM_METRIC} Scheduling algorithm latency in seconds
 # TYPE {ALGORITHM_METRIC} histogram
