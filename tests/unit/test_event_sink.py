@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
+from hoss.kube import protobuf
 from hoss.kube.events import EventSink, TokenBucket, scheduled_event
 from hoss.kube.rest import KubeREST
-from tests.unit.test_rest import decode_event
 from tests.unit.tls_apiserver import Seen, TLSApiserver, status, until
 
 
@@ -28,13 +28,20 @@ class Clock:
         self.now += seconds
 
 
+RECORDED: dict[bytes, str] = {}
+"""The pod name of every event made here, by its protobuf body (unique: an event's name ends in a random suffix)."""
+
+
 def event(index: int) -> dict[str, object]:
-    return scheduled_event(namespace="team", name=f"web-{index}", uid=f"uid-{index}", node="n1",
+    body = scheduled_event(namespace="team", name=f"web-{index}", uid=f"uid-{index}", node="n1",
                            component="hoss-worker")
+    RECORDED[protobuf.event(body)] = f"web-{index}"
+    return body
 
 
 def names(server: TLSApiserver) -> list[str]:
-    return [decode_event(seen.body)["involvedObject"]["name"] for seen in server.seen]  # type: ignore[index]
+    """The pods of the events the server received, each posted exactly as one recorded here."""
+    return [RECORDED[seen.body] for seen in server.seen]
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ paths, methods, content types and orjson bodies of the hot-path calls, and apise
 from __future__ import annotations
 
 import asyncio
-import datetime
 import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -17,7 +16,6 @@ from deploy import pki
 from hoss.kube import protobuf
 from hoss.kube.client import KubeError
 from hoss.kube.events import (
-    node_event,
     pod_event,
     post_event,
     scheduled_event,
@@ -25,6 +23,7 @@ from hoss.kube.events import (
     unschedulable_condition,
 )
 from hoss.kube.rest import STRATEGIC_MERGE_PATCH, KubeREST, TokenFile
+from tests.unit.protobuf_golden import golden
 from tests.unit.tls_apiserver import Seen, TLSApiserver, status, until
 from workers.core import EVENT_POSTS_IN_FLIGHT, apiserver_requests_in_flight
 from workers.settings import WorkerSettings
@@ -44,52 +43,6 @@ async def rest(apiserver: TLSApiserver) -> AsyncIterator[KubeREST]:
         yield client
 
 
-def _message(data: bytes) -> dict[int, list[bytes]]:
-    """A protobuf message's length-delimited fields, by field number (a varint field is its value's decimal
-    digits, so that every field reads as bytes)."""
-    fields: dict[int, list[bytes]] = {}
-    at = 0
-
-    def varint() -> int:
-        nonlocal at
-        value, shift = 0, 0
-        while True:
-            byte = data[at]
-            at += 1
-            value |= (byte & 0x7F) << shift
-            shift += 7
-            if not byte & 0x80:
-                return value
-
-    while at < len(data):
-        key = varint()
-        assert key & 7 in (0, 2), f"wire type {key & 7}"
-        if key & 7 == 0:
-            fields.setdefault(key >> 3, []).append(str(varint()).encode())
-            continue
-        size = varint()
-        fields.setdefault(key >> 3, []).append(data[at:at + size])
-        at += size
-    return fields
-
-
-def decode_binding(body: bytes) -> dict[str, object]:
-    """The fields of a protobuf Binding (hoss/kube/protobuf.py) by their proto names."""
-    assert body[:4] == b"k8s\x00", "the protobuf magic"
-    envelope = _message(body[4:])
-    type_meta = _message(envelope[1][0])
-    binding = _message(envelope[2][0])
-    metadata, target = _message(binding[1][0]), _message(binding[2][0])
-    labels = {_message(entry)[1][0].decode(): _message(entry)[2][0].decode() for entry in metadata.get(11, [])}
-    return {
-        "apiVersion": type_meta[1][0].decode(), "kind": type_meta[2][0].decode(),
-        "metadata": {"name": metadata[1][0].decode(), "namespace": metadata[3][0].decode(),
-                     "uid": metadata[5][0].decode(), "labels": labels},
-        "target": {"kind": target[1][0].decode(), "name": target[3][0].decode(),
-                   "apiVersion": target[5][0].decode()},
-    }
-
-
 async def test_binding_is_one_protobuf_post_with_the_pod_uid_over_mutual_tls_from_the_kubeconfig(
     apiserver: TLSApiserver, rest: KubeREST
 ) -> None:
@@ -100,50 +53,18 @@ async def test_binding_is_one_protobuf_post_with_the_pod_uid_over_mutual_tls_fro
     assert seen.content_type == "application/vnd.kubernetes.protobuf", "as kube-scheduler sends it"
     assert seen.client_cn == "hoss-worker", "the kubeconfig's client certificate is presented"
     assert seen.authorization == "Bearer t0k3n"
-    assert decode_binding(seen.body) == {
-        "apiVersion": "v1",
-        "kind": "Binding",
-        "metadata": {"name": "web-0", "namespace": "team", "uid": "uid-1", "labels": {"hoss.io/lane": "2"}},
-        "target": {"apiVersion": "v1", "kind": "Node", "name": "n7"},
-    }
+    on_lane = golden("binding on a webhook lane")
+    assert on_lane.object["metadata"] == {"name": "web-0", "namespace": "team", "uid": "uid-1",
+                                          "labels": {"hoss.io/lane": "2"}}
+    assert on_lane.object["target"]["name"] == "n7"
+    assert seen.body == on_lane.protobuf, "the bytes Kubernetes' own serializer writes for this Binding"
     assert answer["status"] == "Success", "the answer is read as JSON"
-
-
-def test_long_names_take_multi_byte_lengths() -> None:
-    name = "p" * 300  # a length of 300 is two bytes of varint
-    binding = decode_binding(protobuf.binding("ns", name, "u" * 36, "node-" + "x" * 200))
-    assert binding["metadata"] == {"name": name, "namespace": "ns", "uid": "u" * 36, "labels": {}}
-    assert binding["target"] == {"kind": "Node", "name": "node-" + "x" * 200, "apiVersion": "v1"}
 
 
 async def test_calls_reuse_one_keep_alive_connection(apiserver: TLSApiserver, rest: KubeREST) -> None:
     for index in range(5):
         await rest.create_binding("team", f"web-{index}", f"uid-{index}", "n1")
     assert len({seen.peer for seen in apiserver.seen}) == 1
-
-
-def decode_event(body: bytes) -> dict[str, object]:
-    """The fields of a protobuf core/v1 Event (hoss/kube/protobuf.py) by their proto names, as JSON writes them."""
-    assert body[:4] == b"k8s\x00", "the protobuf magic"
-    envelope = _message(body[4:])
-    type_meta = _message(envelope[1][0])
-    fields = _message(envelope[2][0])
-    names = {number: name for name, number in protobuf.EVENT_FIELDS.items()}
-    objects = {"metadata": {1: "name", 3: "namespace"}, "source": {1: "component", 2: "host"},
-               "involvedObject": {1: "kind", 2: "namespace", 3: "name", 4: "uid", 5: "apiVersion"}}
-    decoded: dict[str, object] = {"apiVersion": type_meta[1][0].decode(), "kind": type_meta[2][0].decode()}
-    for number, [value] in fields.items():
-        name = names[number]
-        if name in objects:
-            decoded[name] = {objects[name][n]: v.decode() for n, [v] in _message(value).items()}
-        elif name.endswith("Timestamp"):
-            seconds = int(_message(value)[1][0])
-            decoded[name] = datetime.datetime.fromtimestamp(seconds, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        elif name == "count":
-            decoded[name] = int(value)
-        else:
-            decoded[name] = value.decode()
-    return decoded
 
 
 async def test_event_is_posted_into_its_namespace_as_kube_scheduler_words_it(
@@ -155,13 +76,12 @@ async def test_event_is_posted_into_its_namespace_as_kube_scheduler_words_it(
     [seen] = apiserver.seen
     assert (seen.method, seen.raw_path, seen.content_type) == ("POST", "/api/v1/namespaces/team/events",
                                                                "application/vnd.kubernetes.protobuf")
-    body = decode_event(seen.body)
-    assert body == event, "every field of the event, in protobuf"
-    assert (body["type"], body["reason"], body["action"]) == ("Normal", "Scheduled", "Binding")
-    assert body["message"] == "Successfully assigned team/web-0 to n7"
-    assert body["involvedObject"] == {"apiVersion": "v1", "kind": "Pod", "namespace": "team", "name": "web-0",
-                                      "uid": "uid-1"}
-    assert body["source"] == {"component": "hoss-worker-3"}
+    assert seen.body == protobuf.event(event), "every field of the event, in protobuf (test_protobuf_golden)"
+    assert (event["type"], event["reason"], event["action"]) == ("Normal", "Scheduled", "Binding")
+    assert event["message"] == "Successfully assigned team/web-0 to n7"
+    assert event["involvedObject"] == {"apiVersion": "v1", "kind": "Pod", "namespace": "team", "name": "web-0",
+                                       "uid": "uid-1"}
+    assert event["source"] == {"component": "hoss-worker-3"}
 
 
 async def test_pod_status_patch_is_a_strategic_merge_patch(apiserver: TLSApiserver, rest: KubeREST) -> None:
@@ -285,14 +205,6 @@ async def test_post_event_and_set_unschedulable_accept_a_kube_rest_and_never_rai
     await post_event(rest, event)
     await set_unschedulable(rest, namespace="team", name="web-0", message="m")
     assert len(apiserver.seen) == 4
-
-
-def test_every_event_hoss_writes_encodes_in_protobuf_and_reads_back_whole() -> None:
-    long = "0/3 nodes are available: ünschedulable " + "x" * 2000
-    for event in (pod_event(namespace="team", name="web-1", uid="u", reason="FailedScheduling", message=long,
-                            component="hoss-worker-1"),
-                  node_event(name="n1", uid="nu", reason="Drift", message="m", component="hoss-resolver")):
-        assert decode_event(protobuf.event(event)) == event
 
 
 async def test_an_event_with_a_field_protobuf_is_not_written_for_goes_as_json(
