@@ -24,9 +24,12 @@ def race_lines(r: RaceStory) -> list[str]:
         denied = (f"no binding was denied in {_plural(r.rounds, 'round', 'rounds')}: one scheduler took all the room "
                   "before the other bound, so nothing conflicted")
     else:
-        whose = ", ".join(f"{who} {n}" for who, n in sorted(r.denied_by.items()))
-        denied = (f"the webhook denied {_plural(r.denials, 'conflicting binding', 'conflicting bindings')} "
-                  f"(counted by the apiserver{'; ' + whose if whose else ''})")
+        denied = f"the webhook denied {_plural(r.denials, 'binding', 'bindings')} (counted by the apiserver)"
+        if len(r.denied_by) == 1:
+            denied += f", all {next(iter(r.denied_by))}'s"
+        elif r.denied_by:
+            ranked = sorted(r.denied_by.items(), key=lambda item: (-item[1], item[0]))
+            denied += ", " + " and ".join(f"{who}'s {n}" for who, n in ranked)
     lines = [f"kube-scheduler and hoss raced {r.kube_pods}+{r.hoss_pods} pods created together for {r.cpu_capacity} "
              f"cores on {r.nodes} nodes{rounds}: kube-scheduler bound {r.kube_bound}, hoss {r.hoss_bound}; {denied}; "
              f"{r.oversold_nodes} oversold"]

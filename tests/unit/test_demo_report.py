@@ -93,8 +93,14 @@ def test_denials_are_counted_and_shown_with_the_example_the_resolver_recorded() 
     assert example == ("kube-scheduler's binding of hoss-demo-race/kube-r2-003 to demo-race-0001 was denied: "
                        "hoss: node demo-race-0001 has no room for hoss-demo-race/kube-r2-003: cpu requested 1, free 0")
     assert "(round 2; the first round had no conflicting binding)" in lines[0]
-    assert "the webhook denied 2 conflicting bindings (counted by the apiserver; hoss 1, kube-scheduler 1)" in lines[0]
+    assert "the webhook denied 2 bindings (counted by the apiserver), hoss's 1 and kube-scheduler's 1;" in lines[0]
     assert lines[1] == f"for example, {example}"
+
+
+def test_denials_all_of_one_scheduler_are_said_so() -> None:
+    lines = race_lines(_race(denials=3, denied_by={"kube-scheduler": 3}, denial_example="an example"))
+
+    assert "the webhook denied 3 bindings (counted by the apiserver), all kube-scheduler's; 0 oversold" in lines[0]
 
 
 def test_the_report_lines_put_the_example_under_the_foreign_scheduler_line() -> None:
