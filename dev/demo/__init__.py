@@ -15,7 +15,7 @@ and K workers, creates fake nodes, and runs, one after another:
 
 Each story's nodes carry a taint its pods tolerate (and a label they select), so the stories do not mix. Oversold
 nodes are counted from the apiserver alone (every bound pod's requests against its node's allocatable). The plane
-and the hoss processes keep running afterwards, for ``hoss status``, the dashboard and kubectl.
+and the hoss processes keep running afterwards, for ``python -m dev status``, the dashboard and kubectl.
 
 Modules: `dev.demo.run` (the demo from start to end), `dev.demo.stage` (its namespaces, nodes, pods and workers),
 `dev.demo.observe` (what it reads back from the apiserver, the dispatcher and the resolver), one module per story

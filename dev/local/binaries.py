@@ -5,7 +5,7 @@ Each binary is built from Go modules pinned by the wrapper modules in ``dev/loca
 and go.sum fix every version and checksum). Built binaries live in a cache outside git:
 ``$HOSS_K8S_BIN_DIR`` when set, else ``<user cache dir>/hoss/k8s-<kubernetes version>``. A binary already in that
 directory is reused, and only the missing ones are built: the directory is named by the versions alone, so a cache
-made before a binary was added (kube-controller-manager) gains it on the next ``hoss local build`` without
+made before a binary was added (kube-controller-manager) gains it on the next ``python -m dev local build`` without
 rebuilding the others (adding a command to the wrapper module adds modules to its go.sum, never changes the
 version of one the other commands use). Prebuilt binaries are accepted from ``$HOSS_K8S_BIN_DIR`` or
 ``$KUBEBUILDER_ASSETS``, so users on a machine without a Go toolchain can skip the build.
@@ -77,7 +77,7 @@ def require(name: str) -> Path:
     if path is None:
         raise BinaryError(
             f"{name} not found in {cache_dir()} (HOSS_K8S_BIN_DIR) or KUBEBUILDER_ASSETS; "
-            f"build it with `hoss local build` (needs the Go toolchain)"
+            f"build it with `python -m dev local build` (needs the Go toolchain)"
         )
     return path
 

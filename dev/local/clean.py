@@ -1,4 +1,4 @@
-"""``hoss local clean``: stop the local plane and remove what it and its build left on the machine."""
+"""``python -m dev local clean``: stop the local plane and remove what it and its build left on the machine."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ command line (components.py), process supervision (processes.py), health probes 
 
 Everything a plane needs lives in one state directory: certificates, one kubeconfig per identity, logs, pid
 records and ``state.json`` (ports and processes). etcd keeps its data on tmpfs (/dev/shm) when there is one.
-Processes run in their own sessions, so a plane outlives the ``hoss local up`` that started it.
+Processes run in their own sessions, so a plane outlives the ``python -m dev local up`` that started it.
 
 redis-server runs with ACL users and no usable default user: ``admin`` (the operator's and the tests' URL,
 ``PlaneState.redis_url``) and one user per hoss component with only the commands and keys it needs; each component
@@ -81,7 +81,7 @@ class LocalPlane:
         """The recorded state of a running plane; raise when the plane is not up."""
         state = self.load_state()
         if state is None:
-            raise PlaneError(f"no local plane in {self.directory}; start one with `hoss local up`")
+            raise PlaneError(f"no local plane in {self.directory}; start one with `python -m dev local up`")
         return state
 
     def kubeconfig(self, identity: str = "admin") -> Path:

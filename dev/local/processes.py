@@ -2,9 +2,9 @@
 wait until it is healthy, stop it (its whole session) again.
 
 A program runs in its own session, so it outlives the Python process that started it (a plane outlives the
-``hoss local up`` that started it). A recorded pid is signalled only while its command line still names the program
-(pids get reused). Children started by this Python process are kept until they are stopped, so that they are
-reaped, and so that a Popen object is never collected while its process runs (Python reports that as a
+``python -m dev local up`` that started it). A recorded pid is signalled only while its command line still names the
+program (pids get reused). Children started by this Python process are kept until they are stopped, so that they
+are reaped, and so that a Popen object is never collected while its process runs (Python reports that as a
 ResourceWarning).
 """
 

@@ -1,6 +1,7 @@
 """What a local plane records: where its files lie in its state directory, and ``state.json`` (ports, Redis
 passwords and every process it started), which lets ``down``, ``status`` and later commands find a plane that an
-earlier ``hoss local up`` started. ``state.json`` holds passwords: it is written owner-only, replaced atomically."""
+earlier ``python -m dev local up`` started. ``state.json`` holds passwords: it is written owner-only, replaced
+atomically."""
 
 from __future__ import annotations
 

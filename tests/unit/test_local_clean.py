@@ -1,4 +1,4 @@
-"""`hoss local clean` removes the plane's state, the binaries hoss built and, on request, Go's caches; and
+"""`python -m dev local clean` removes the plane's state, the binaries hoss built and, on request, Go's caches; and
 nothing that is not its own."""
 
 from __future__ import annotations
