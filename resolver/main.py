@@ -15,9 +15,7 @@ import logging
 import signal
 import sys
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any, cast
 
-import hiredis
 from kubernetes_asyncio import client
 from redis.asyncio import Redis
 
@@ -26,7 +24,9 @@ from hoss.kube.client import InformerHandlers, api_client, run_informer
 from hoss.kube.leader import KubeLeaseAPI, LeaderElector
 from hoss.kube.rest import KubeREST
 from hoss.ledger.client import Ledger
+from hoss.ledger.connection import ledger_redis
 from hoss.ledger.redisclient import PipelinedRedis
+from hoss.logs import configure_logging
 from hoss.model.objects import Json
 from hoss.settings import SettingsError, load_settings, run_loop
 from resolver.app import build_server
@@ -76,26 +76,6 @@ async def sync_while_leading(
         log.warning("lost the Lease: stopped the ledger sync")
 
 
-class HiredisPack:
-    """Connection mixin: commands are packed by hiredis's C packer. redis-py's asyncio connections pack in Python,
-    which for a ledger script call (a dozen arguments and more) costs several times the rest of the call."""
-
-    def pack_command(self, *args: Any) -> list[bytes]:
-        first = args[0]
-        if isinstance(first, str) and " " in first:
-            args = (*first.split(), *args[1:])  # "SCRIPT LOAD" and the like are sent as separate words
-        return [hiredis.pack_command(args)]
-
-
-def ledger_redis(url: str, **options: Any) -> Redis:
-    """A Redis client for the ledger at ``url`` whose connections pack commands with hiredis."""
-    client = Redis.from_url(url, decode_responses=True, **options)
-    pool = client.connection_pool
-    base = pool.connection_class
-    pool.connection_class = type(f"HiredisPack{base.__name__}", (HiredisPack, base), {})
-    return client
-
-
 @contextlib.asynccontextmanager
 async def running_resolver(settings: ResolverSettings) -> AsyncIterator[list[asyncio.Task[None]]]:
     """Start the webhook server, the Lease election and the sync (while leading) and timers; stop them on exit.
@@ -104,13 +84,11 @@ async def running_resolver(settings: ResolverSettings) -> AsyncIterator[list[asy
     async with contextlib.AsyncExitStack() as stack:
         # Two clients on the ledger: the sync's (redis-py), and the webhook's, one pipelined connection that costs
         # a fraction of redis-py's CPU per call (see hoss.ledger.redisclient); each review bounds its call with
-        # asyncio.timeout (see _confirm). Ledger uses only what PipelinedRedis offers for the webhook's calls.
+        # asyncio.timeout (see _confirm). Both are a LedgerClient (hoss.ledger.connection).
         ledger = Ledger(ledger_redis(settings.redis_url), owns_client=True)
         stack.push_async_callback(ledger.close)
-        review_ledger = Ledger(
-            cast(Redis, PipelinedRedis(settings.redis_url, connect_timeout=LEDGER_CALL_TIMEOUT_SECONDS)),
-            owns_client=True,
-        )
+        review_ledger = Ledger(PipelinedRedis(settings.redis_url, connect_timeout=LEDGER_CALL_TIMEOUT_SECONDS),
+                               owns_client=True)
         stack.push_async_callback(review_ledger.close)
         api = await api_client(settings.kubeconfig)
         stack.push_async_callback(api.close)
@@ -225,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problems:
         print("hoss-resolver: invalid settings: " + "; ".join(problems), file=sys.stderr)
         return 2
-    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(settings.log_level, settings.log_format)
     with contextlib.suppress(KeyboardInterrupt):
         run_loop(serve(settings))
     return 0

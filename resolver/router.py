@@ -186,7 +186,7 @@ def mutation_response(review_uid: str, patch: Sequence[Json]) -> bytes:
 
 
 class NamespaceLabels:
-    """Namespace name -> labels, kept by an informer (`resolver.webhook` runs it while routing is on)."""
+    """Namespace name -> labels, kept by an informer (`resolver.main` runs it while routing is on)."""
 
     def __init__(self) -> None:
         self.labels: dict[str, dict[str, str]] = {}

@@ -15,7 +15,7 @@ replica and the rescheduler alike):
 
 Only the paths given as protected are checked: health probes (the kubelet's), the dispatcher's dashboard files (no
 data: the page reads /status with the token the user gives it) and the resolver's review paths (the apiserver's
-client certificate guards them, resolver.webhook) stay out of it. `TokenAccess.authorize` is framework-free (the
+client certificate guards them, resolver.app) stay out of it. `TokenAccess.authorize` is framework-free (the
 resolver serves with its own HTTP server); `middleware` applies it in an aiohttp application.
 """
 

@@ -36,7 +36,7 @@ RARE: dict[tuple[str, Grant], str] = {
     " work items (rolling upgrade): workers/core.py Worker._fetch",
     ("hoss-resolver", ("", "pods", "get")): "an admitted entry still not bound --verify-after-seconds after its"
     " admission (resolver/sync.py verify_admitted), or a foreign binding of a pod the sync's index of other"
-    " schedulers' pending pods has not seen yet (resolver/webhook.py); the scenario's foreign pod is indexed",
+    " schedulers' pending pods has not seen yet (resolver/judge.py); the scenario's foreign pod is indexed",
     **{("hoss-rescheduler", grant): "a move plan carried out (rescheduler/execute.py); tests/e2e/test_defrag.py "
        "runs one, before this test in a full run" for grant in (
            ("", "pods", "list"), ("", "pods", "patch"), ("", "pods/eviction", "create"),
