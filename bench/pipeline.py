@@ -38,7 +38,8 @@ from hoss.model.objects import Json
 from hoss.model.resources import node_allocatable, pod_requests
 from hoss.queue import WorkQueue
 from hoss.settings import run_loop
-from workers.core import Pipelined, Worker, connect_redis
+from workers.connections import Pipelined, connect_redis
+from workers.core import Worker
 from workers.settings import WorkerSettings
 
 BOUND_KEY = "{hoss}:bench:bound"

@@ -12,8 +12,7 @@ from hoss.framework.errors import UnsupportedPodField
 from hoss.framework.pod import PodView, check_supported, parse_pod
 from hoss.model import compact
 from hoss.model.objects import Json
-from hoss.model.resources import ResourceVector
-from hoss.queue import WorkItem
+from hoss.queue import GangMember, WorkItem
 
 
 @dataclass
@@ -89,19 +88,17 @@ def _parsed(raw: Json) -> tuple[PodView, bytes]:
     return view, shape
 
 
-def ledger_meta(raw: Json, request: ResourceVector | None = None) -> dict[str, str]:
-    """The ledger's ``ports`` and ``meta`` of a pod (`hoss.model.compact.pod_meta`; `request` is its effective request,
-    which preemption reads) as keyword arguments."""
-    ports, meta = compact.pod_meta(raw, request=request)
-    return {"ports": ports, "meta": meta}
-
-
-def inter_pod_keys(pod: PodView) -> str:
-    """The topology keys of the pod's required inter-pod terms and DoNotSchedule spread constraints, as
-    reserve_batch takes them ('k1,k2')."""
-    return ",".join(sorted(pod.domain_keys))
-
-
 def signature(work: Work) -> bytes:
     """What decides a pod's placement apart from its identity: policy and shape (namespace, labels, spec)."""
     return work.item.policy.encode() + b"\0" + (work.shape or _shape(work.raw))
+
+
+def members_of(item: WorkItem) -> list[GangMember]:
+    """The pods of a work item: a gang's members, or the one pod."""
+    return list(item.members) or [GangMember(uid=item.uid, namespace=item.namespace, name=item.name)]
+
+
+def gated(work: Work) -> bool:
+    """A pod that still has scheduling gates (sent by a dispatcher that did not hold it back): never placed."""
+    pods = [pod for pod, _raw in work.members] or ([work.pod] if work.pod is not None else [])
+    return any(pod.scheduling_gates for pod in pods)

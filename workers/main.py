@@ -12,7 +12,8 @@ from aiohttp import web
 from hoss.kube.access import TokenAccess
 from hoss.kube.rest import KubeREST
 from hoss.settings import run_service
-from workers.core import Pipelined, Worker, apiserver_requests_in_flight, connect_redis
+from workers.connections import Pipelined, connect_redis
+from workers.core import Worker, apiserver_requests_in_flight
 from workers.server import build_app
 from workers.settings import WorkerSettings
 

@@ -196,6 +196,16 @@ class Preemptor:
             self._quotas_at = self.clock()
         return namespace in self._quota_namespaces
 
+    async def may_preempt(self, pod: PodView, table: NodeTable) -> bool:
+        """Whether `pod`, which fits nowhere, is worth an `attempt`: its priority is above the lowest placed
+        (`eligible`), or its namespace has an elastic quota, so it may reclaim (a ledger error reads as none)."""
+        if eligible(pod, table):
+            return True
+        try:
+            return await self.has_quota(pod.namespace)
+        except (LedgerUnavailable, LedgerNotReadyError):
+            return False
+
     async def reclaim(self, profile: Profile, pod: PodView, raw: Mapping[str, object], table: NodeTable,
                       message: str) -> str:
         """Reclaim for `pod`, which its namespace's elastic quota refused (`message`) while other tenants borrow:

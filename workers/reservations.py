@@ -19,8 +19,11 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from hoss.errors import LedgerNotReadyError, LedgerUnavailable
+from hoss.framework.pod import PodView
 from hoss.kube.client import KubeError
 from hoss.kube.rest import KubeREST
+from hoss.ledger.client import Ledger
 from hoss.model import reservations
 from hoss.model.objects import Json, section
 
@@ -72,6 +75,13 @@ def hints_of(raw: Json) -> list[Hint]:
     return found
 
 
+def taken_once(raw: Json, node: str) -> str:
+    """The allocateOnce Reservation on `node` among those owning the pod ('' when none): the pod took its room
+    there, and once bound it is the Reservation's owner."""
+    hint = next((h for h in hints_of(raw) if h.node == node), None)
+    return hint.name if hint is not None and hint.once else ""
+
+
 def preferred_first(candidates: list[str], feasible_hint_nodes: list[str]) -> list[str]:
     """The candidates with a feasible Reservation node first (Koordinator prefers reservations to free room)."""
     if not feasible_hint_nodes:
@@ -93,3 +103,15 @@ async def write_status(rest: KubeREST | None, name: str, patch: Json) -> bool:
         return False
     return True
 
+
+async def keep_room(rest: KubeREST | None, ledger: Ledger, *, name: str, pod: PodView, node: str, meta: str) -> bool:
+    """The Reservation's room is reserved on `node`: write its status Available there, then keep the room (the sync
+    does the same when it sees the status, so a worker that dies in between loses nothing). False when the status
+    could not be written: the room is the caller's to release."""
+    if not await write_status(rest, name, reservations.available_status(node, pod.request)):
+        return False
+    try:
+        await ledger.keep_reservation(uid=pod.uid, name=name, node=node, request=pod.request, meta=meta)
+    except (LedgerUnavailable, LedgerNotReadyError) as error:
+        log.warning("Reservation %s: its room on %s is kept by the sync once it sees it (%s)", name, node, error)
+    return True

@@ -22,11 +22,11 @@ def build_app(worker: Worker, *, access: TokenAccess | None = None) -> web.Appli
         return web.Response(text="ok")
 
     async def metrics(_request: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(worker.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+        return web.Response(body=generate_latest(worker.tally.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def status(_request: web.Request) -> web.Response:
         info = worker.info()
-        events = worker.events
+        events = worker.notices.events
         return web.json_response({"id": info.id, "policies": info.policies, "queue_depth": info.queue_depth,
                                   "in_flight": info.in_flight, "nodes": len(worker.nodes.names),
                                   "counters": info.counters, "progress": info.progress,

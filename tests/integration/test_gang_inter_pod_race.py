@@ -23,8 +23,8 @@ from hoss.ledger.client import Ledger
 from hoss.ledger.results import Conflict, GangReserved
 from hoss.model import compact
 from tests.unit.kube_objects import raw_node, raw_pod
+from workers.arguments import inter_pod_keys
 from workers.gang import place_gang
-from workers.intake import inter_pod_keys
 
 HOST = "kubernetes.io/hostname"
 ZONE = "topology.kubernetes.io/zone"

@@ -86,7 +86,7 @@ async def test_a_binding_that_fails_unexpectedly_is_tried_again_and_no_pod_is_lo
             await super().bind(pod, node)
 
     monkeypatch.setattr("bench.pipeline.SinkBinder", FlakyBinder)
-    monkeypatch.setattr("workers.core.REDIS_CONNECTIONS", 8)
+    monkeypatch.setattr("workers.connections.REDIS_CONNECTIONS", 8)
     await prepare_ledger(client, [node_object(f"n{i:02d}", cpu="8", pods="110") for i in range(10)])
     stop = asyncio.Event()
     settings = worker_settings("w1", redis_url, str(POLICIES_FILE), backoff_initial_seconds=0.05,

@@ -1,5 +1,5 @@
 """Pipelined connections (`hoss.ledger.redisclient.PipelinedRedis`) where redis-py's pool was, on a real redis-server:
-the workers' blocking reads of the change stream and the work stream (`workers.core.Pipelined`) give exactly what
+the workers' blocking reads of the change stream and the work stream (`workers.connections.Pipelined`) give exactly what
 redis-py gives, a read blocks until an entry arrives and holds up nothing else; the dispatcher's sends leave exactly
 what redis-py's transaction left, and fail as it does."""
 

@@ -12,7 +12,7 @@ import asyncio
 import pytest
 import redis.asyncio
 
-import workers.core
+import workers.idle
 from bench.pipeline import drive, node_object, pod_object, prepare_ledger, run_worker, worker_settings
 from dev.local.plane import POLICIES_FILE
 from hoss.queue import WorkQueue
@@ -45,7 +45,7 @@ async def test_stopping_an_idle_worker_wakes_its_sleeping_loops(
 ) -> None:
     """With the loops' safety timeout at an hour, an idle worker still stops at once: stopping sets the events
     they sleep on."""
-    monkeypatch.setattr(workers.core, "IDLE_WAKE_SECONDS", 3600.0)
+    monkeypatch.setattr(workers.idle, "IDLE_WAKE_SECONDS", 3600.0)
     await prepare_ledger(client, [node_object("n0", cpu="8")])
     stop = asyncio.Event()
     task = asyncio.create_task(run_worker(worker_settings("w1", redis_url, str(POLICIES_FILE)), stop))

@@ -24,7 +24,8 @@ from hoss.ledger.results import Conflict, Reserved
 from hoss.model import compact
 from hoss.queue import GangMember, WorkItem
 from tests.unit.kube_objects import Json, raw_node, raw_pod, table
-from workers.intake import inter_pod_keys, parse_work
+from workers.arguments import inter_pod_keys
+from workers.intake import parse_work
 
 HOST = "kubernetes.io/hostname"
 ZONE = "zone"

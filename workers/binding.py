@@ -1,0 +1,120 @@
+"""Posting a worker's bindings, and what their answers mean.
+
+A binding carries the pod's uid (metadata.uid) and goes in one of the webhook's lanes; the resolver's webhook
+checks it against the pod's reservation. At most ``BindLimit.limit`` bindings are in flight at once
+(`workers.bindlimit`). A binding that fails releases the pod's reservation, but only while it is still assumed:
+one the webhook admitted stays (the binding may have happened after all). A success records kube-scheduler's
+Normal ``Scheduled`` event off the binding path.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Literal, Protocol
+
+import aiohttp
+
+from hoss.errors import LedgerNotReadyError, LedgerUnavailable
+from hoss.framework.pod import PodView
+from hoss.kube.client import KubeError
+from hoss.kube.rest import KubeREST
+from hoss.ledger.client import Ledger
+from hoss.model.admission import lane_of
+from workers.bindlimit import BindLimit
+from workers.metrics import Tally
+from workers.notices import Notices
+
+log = logging.getLogger(__name__)
+
+Outcome = tuple[bool, int | None]
+"""A binding's outcome: whether it was bound, and the HTTP status of the answer (None: no answer)."""
+Verdict = Literal["bound", "gone", "retry soon", "retry"]
+
+
+def verdict(outcomes: Sequence[Outcome], *, gang: bool) -> Verdict:
+    """What a work item's binding outcomes mean for it: every pod bound; its one pod gone (404); else it is tried
+    again, soon when a binding lost a race (409)."""
+    if all(ok for ok, _status in outcomes):
+        return "bound"
+    if not gang and outcomes[0][1] == 404:
+        return "gone"
+    return "retry soon" if any(status == 409 for _ok, status in outcomes) else "retry"
+
+
+class Binder(Protocol):
+    """Posts one binding; raises `KubeError` (with the HTTP status) when the apiserver refuses it."""
+
+    async def bind(self, pod: PodView, node: str) -> None: ...
+
+
+class RestBinder:
+    """Bindings through the lean client: one keep-alive session, orjson bodies, metadata.uid set, and the webhook
+    lanes taken in turn (`hoss.model.admission.lane_of`)."""
+
+    def __init__(self, rest: KubeREST) -> None:
+        self.rest = rest
+        self.posted = 0
+
+    async def bind(self, pod: PodView, node: str) -> None:
+        self.posted += 1
+        await self.rest.create_binding(pod.namespace, pod.name, pod.uid, node, lane=lane_of(self.posted))
+
+
+class Bindings:
+    """One worker's bindings: posted through `binder` within `limit`, counted in `tally`, told through `notices`
+    (``Scheduled`` events only when `scheduled_events`); `default_policy` counts pods that name none."""
+
+    def __init__(self, binder: Binder, ledger: Ledger, *, limit: BindLimit, tally: Tally, notices: Notices,
+                 scheduled_events: bool, default_policy: str) -> None:
+        self.binder = binder
+        self.ledger = ledger
+        self.limit = limit
+        self.tally = tally
+        self.notices = notices
+        self.scheduled_events = scheduled_events
+        self.default_policy = default_policy
+        self.in_flight = 0
+
+    async def bind(self, pod: PodView, node: str) -> Outcome:
+        """Post one binding; on refusal release the reservation (only while it is still assumed)."""
+        async with self.limit:
+            self.in_flight += 1
+            try:
+                return await self._post(pod, node)
+            except Exception:  # whatever a binder raises, the pod is tried again, not lost
+                self.tally.count("errors")
+                log.exception("binding %s to %s failed unexpectedly", pod.key, node)
+                await self.unreserve(pod, node)
+                return False, None
+            finally:
+                self.in_flight -= 1
+
+    async def _post(self, pod: PodView, node: str) -> Outcome:
+        try:
+            await self.binder.bind(pod, node)
+        except KubeError as error:
+            self.tally.count("denied")
+            log.info("binding %s to %s refused (%s): %s", pod.key, node, error.status, error)
+            await self.unreserve(pod, node, answered=True)
+            self.notices.refused(pod, node, error)
+            return False, error.status
+        except (aiohttp.ClientError, OSError, TimeoutError) as error:
+            log.warning("binding %s to %s failed: %s", pod.key, node, error)
+            await self.unreserve(pod, node)
+            return False, None
+        self.tally.count("bound")
+        self.tally.bound_by(pod.policy or self.default_policy)
+        if self.scheduled_events:
+            self.notices.scheduled(pod, node)
+        return True, 200
+
+    async def unreserve(self, pod: PodView, node: str, *, answered: bool = False) -> None:
+        """Drop the reservation of a binding that failed. One the webhook admitted stays (the binding may have
+        happened after all); `answered` (the apiserver answered with an error, so the write is over) asks the
+        resolver's sync to check it at once."""
+        try:
+            # The release's change-stream entry gives the room back to this worker's table, as to every other.
+            await self.ledger.release_assumed(uid=pod.uid, node=node, answered=answered)
+        except (LedgerUnavailable, LedgerNotReadyError) as error:
+            log.warning("cannot release the reservation of %s on %s (it expires by itself): %s", pod.key, node, error)

@@ -1,0 +1,167 @@
+"""Deciding where the pods of a batch may go: the best few nodes (candidates) of each, or why none fits.
+
+Each pod is filtered and scored on every node with its policy's profile, in turn:
+- a pod the rescheduler holds room for goes onto a node of its hold (`decide_held`);
+- a pod owned by Reservations is decided with their room given back on their nodes (`decide_with_reservations`);
+- a profile with extenders consults them between evaluating and choosing (`workers.extender`);
+- pods with the same scheduling signature (same policy, namespace, labels and spec, such as the pods of one Job)
+  share one filter and score pass while its best node is untouched by earlier pods of the batch.
+Every placement is counted in the node table at once (`hold_in_batch`), so later pods of the batch see it, and
+undone when the ledger has answered (`settle_batch`): its change stream then brings the truth.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import aiohttp
+import numpy as np
+
+from hoss.framework.cycle import Evaluation, Placement, Profile, Unschedulable, choose, evaluate
+from hoss.framework.feed import NodeFeed
+from hoss.framework.nodes import NodeTable
+from hoss.framework.pod import PodView, placed_view
+from hoss.framework.profiles import load_profiles
+from hoss.ledger.results import BatchResult, LedgerNotReady, Reserved
+from hoss.model import compact
+from hoss.settings import SettingsError
+from workers.extender import decide_with_extenders
+from workers.intake import Work, signature
+from workers.metrics import Tally
+from workers.reservations import Hint, hints_of, preferred_first
+from workers.settings import WorkerSettings
+
+Shared = dict[bytes, tuple[Evaluation, set[str]]]
+"""Signature -> its evaluation in this batch, and the nodes the batch placed pods on since."""
+Decided = tuple[Work, PodView, Placement]
+
+
+def worker_profiles(settings: WorkerSettings) -> tuple[dict[str, Profile], str]:
+    """The profiles of the policy file and the default's name; raises `SettingsError` when the worker serves a
+    policy the file lacks."""
+    profiles, default = load_profiles(settings.policies_file)
+    missing = [p for p in settings.policies if p not in profiles]
+    if missing:
+        raise SettingsError(
+            f"hoss-worker: policies {missing} are not in {settings.policies_file} "
+            f"(profiles there: {sorted(profiles)})"
+        )
+    return profiles, default
+
+
+def decide_held(profile: Profile, pod: PodView, nodes: NodeTable, held: Sequence[str], *, rng: np.random.Generator,
+                top: int) -> Placement | Unschedulable:
+    """A pod the rescheduler holds room for (it made room for it, or it replaces a pod it moved) goes onto a
+    node of its hold, as kube-scheduler tries a nominated node first; until the room is free there (the moved
+    pods are still leaving), it waits, so that it does not take room elsewhere and undo the plan."""
+    evaluation = evaluate(profile, pod, nodes)
+    allowed = np.array([name in held for name in nodes.names], dtype=bool)
+    others = int(np.count_nonzero(evaluation.feasible & ~allowed))
+    restricted = evaluation.restricted(
+        allowed, {f"node(s) were not where hoss-rescheduler holds room for the pod ({', '.join(held)})": others}
+        if others else None)
+    return choose(restricted, nodes, rng=rng, top=top)
+
+
+def decide_with_reservations(profile: Profile, pod: PodView, hints: Sequence[Hint], nodes: NodeTable, *,
+                             rng: np.random.Generator, top: int) -> Placement | Unschedulable:
+    """Decide with the room of the Reservations that own the pod given back on their nodes, and a feasible
+    Reservation node first (workers/reservations.py). The table is as before when this returns."""
+    freed = [h for h in hints if h.node in nodes and h.serves(pod.request)]
+    for hint in freed:
+        nodes.sub_used(hint.node, hint.request)
+    try:
+        evaluation = evaluate(profile, pod, nodes)
+        decision = choose(evaluation, nodes, rng=rng, top=top)
+    finally:
+        for hint in freed:
+            nodes.add_used(hint.node, hint.request)
+    if not isinstance(decision, Placement):
+        return decision
+    feasible = [h.node for h in freed if evaluation.feasible[nodes.index[h.node]]]
+    candidates = preferred_first(decision.candidates, feasible)
+    if candidates == decision.candidates:
+        return decision
+    scores = dict(zip(decision.candidates, decision.scores, strict=True))
+    best = max(decision.scores, default=0.0)
+    return dataclasses.replace(decision, candidates=candidates,
+                               scores=[scores.get(c, best) for c in candidates])
+
+
+def hold_in_batch(nodes: NodeTable, pod: PodView, node: str, shared: Shared) -> None:
+    """Count the pod's placement on `node` in the table at once, so later pods of the batch see it."""
+    nodes.hold_locally(node, pod.request)
+    inter_pod = pod.reads_pod_index
+    if pod.host_ports or inter_pod:
+        # ... and its host ports and inter-pod terms (the ledger's stream confirms or the results undo it)
+        nodes.place_pod(placed_view(pod, node))
+    if inter_pod:
+        shared.clear()  # shared evaluations predate this pod: it may change other nodes' feasibility
+    for _evaluation, touched in shared.values():
+        touched.add(node)
+
+
+def settle_batch(nodes: NodeTable, decided: Sequence[Decided], results: list[BatchResult] | LedgerNotReady) -> None:
+    """Undo `hold_in_batch` for the batch the ledger answered: its room, and each tentative placement that did not
+    happen as planned."""
+    for index, (_work, pod, decision) in enumerate(decided):
+        if decision.candidates[0] in nodes:
+            nodes.drop_locally(decision.candidates[0], pod.request)
+        tentative = pod.host_ports or pod.reads_pod_index
+        placed = nodes.pods.get(pod.uid) if tentative else None
+        result = results[index] if isinstance(results, list) else None
+        if placed is not None and placed.node == decision.candidates[0] and not (
+                isinstance(result, Reserved) and result.node == placed.node):
+            nodes.remove_pod(pod.uid)  # the tentative placement did not happen
+
+
+class Decider:
+    """Decides one pod at a time over `nodes` (the worker's table, which `feed` keeps current)."""
+
+    def __init__(self, settings: WorkerSettings, nodes: NodeTable, feed: NodeFeed, *, tally: Tally) -> None:
+        self.profiles, self.default_profile = worker_profiles(settings)
+        self.nodes = nodes
+        self.feed = feed
+        self.tally = tally
+        self.top = settings.candidates
+        self.rng = np.random.default_rng(settings.seed)
+        self.http: aiohttp.ClientSession | None = None
+        """For the extenders, opened at the first pod that needs one."""
+
+    def profile_of(self, policy: str) -> Profile:
+        """The policy's profile; the default for a policy this worker does not know."""
+        return self.profiles.get(policy) or self.profiles[self.default_profile]
+
+    async def decide(self, profile: Profile, work: Work, shared: Shared) -> Placement | Unschedulable:
+        """Candidates for the item's pod, or why it fits nowhere (see the module docstring)."""
+        pod = work.pod
+        assert pod is not None
+        if profile.extenders:
+            if self.http is None:
+                self.http = aiohttp.ClientSession()
+            return await decide_with_extenders(profile, pod, work.raw, self.nodes, rng=self.rng, top=self.top,
+                                               session=self.http)
+        if self.feed.holds:
+            held = self.feed.held_nodes(pod.uid, compact.controller_uid(work.raw), pod.request)
+            if held:
+                return decide_held(profile, pod, self.nodes, held, rng=self.rng, top=self.top)
+        hints = hints_of(work.raw)
+        if hints:
+            return decide_with_reservations(profile, pod, hints, self.nodes, rng=self.rng, top=self.top)
+        key = signature(work)
+        cached = shared.get(key)
+        if cached is not None and len(cached[0].feasible) == len(self.nodes):
+            evaluation, touched = cached
+            decision = choose(evaluation, self.nodes, rng=self.rng, top=self.top)
+            if isinstance(decision, Placement) and decision.candidates[0] not in touched:
+                self.tally.decisions.labels("shared").inc()
+                return decision
+        evaluation = evaluate(profile, pod, self.nodes)
+        shared[key] = (evaluation, set())
+        self.tally.decisions.labels("full").inc()
+        return choose(evaluation, self.nodes, rng=self.rng, top=self.top)
+
+    async def close(self) -> None:
+        if self.http is not None:
+            await self.http.close()
