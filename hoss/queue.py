@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, cast
 
@@ -287,11 +287,13 @@ class WorkQueue:
     """Both ends of the protocol over one Redis client (decode_responses=True)."""
 
     def __init__(self, redis: Redis, *, scripts: ScriptClient | None = None, reads: PipelinedRedis | None = None,
-                 pipelined: PipelinedRedis | None = None) -> None:
+                 pipelined: PipelinedRedis | None = None, clock: Callable[[], float] = time.time) -> None:
         """``scripts``, when given, runs the queue's scripts (acknowledgements above all); ``reads`` is a pipelined
         connection of its own for `read` (see `Ledger`); ``pipelined`` carries the dispatcher's sends
-        (`enqueue_many`). Each stays its owner's to close."""
+        (`enqueue_many`). Each stays its owner's to close. ``clock`` is the wall clock a heartbeat is stamped with
+        (``heartbeat_unix``, and the binding workers' set, see `heartbeat`)."""
         self.redis = redis
+        self._clock = clock
         self._reads = reads
         self._pipelined = pipelined
         script_client = redis if scripts is None else scripts
@@ -308,7 +310,7 @@ class WorkQueue:
         """Beat; True when the previous beat was still there (False: it expired, or the dispatcher reclaimed this
         worker, or Redis lost it: the worker may have been declared dead). ``binding``: this worker has bindings
         waiting or in flight; notes ``binding_workers``."""
-        info.heartbeat_unix = time.time()
+        info.heartbeat_unix = self._clock()
         async with self._guard():
             pipe = self.redis.pipeline(transaction=True)
             fields: dict[Any, Any] = info.encode()

@@ -22,7 +22,7 @@ from hoss.ledger.arguments import GangMember
 from hoss.ledger.client import Ledger
 from hoss.ledger.results import Conflict, GangReserved
 from hoss.model import compact
-from tests.unit.kube_objects import raw_node, raw_pod
+from tests.kube_objects import raw_node, raw_pod
 from workers.arguments import inter_pod_keys
 from workers.gang import place_gang
 

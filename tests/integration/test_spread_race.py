@@ -19,7 +19,7 @@ from hoss.ledger.arguments import BatchPod
 from hoss.ledger.client import Ledger
 from hoss.ledger.results import Conflict, Reserved
 from hoss.model import compact
-from tests.unit.kube_objects import raw_node, raw_pod
+from tests.kube_objects import raw_node, raw_pod
 
 ZONE = "topology.kubernetes.io/zone"
 NODES = {f"n{i}": f"z{i % 3}" for i in range(9)}

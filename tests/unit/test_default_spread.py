@@ -20,7 +20,7 @@ from hoss.framework.pod import PodView, parse_pod
 from hoss.framework.podindex import parse_placed
 from hoss.framework.profiles import load_profiles
 from hoss.model import compact
-from tests.unit.kube_objects import Json, raw_node, raw_pod, table
+from tests.kube_objects import Json, raw_node, raw_pod, table
 
 HOST = "kubernetes.io/hostname"
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import fakeredis
@@ -11,13 +9,18 @@ import pytest
 
 from hoss.ledger.client import Ledger
 from hoss.queue import DISPATCHED, GangMember, WorkerInfo, WorkItem, WorkQueue, queue_key, worker_key
+from tests.waiting import until
 
 
 @pytest.fixture
-async def queue() -> AsyncIterator[WorkQueue]:
-    client = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(), decode_responses=True)
-    yield WorkQueue(client)
-    await client.aclose()
+def now() -> list[float]:
+    """The wall clock the queue stamps heartbeats with; a test moves it."""
+    return [1_700_000_000.0]
+
+
+@pytest.fixture
+def queue(fake_redis: fakeredis.FakeAsyncRedis, now: list[float]) -> WorkQueue:
+    return WorkQueue(fake_redis, clock=lambda: now[0])
 
 
 def item(n: int, policy: str = "default") -> WorkItem:
@@ -85,11 +88,14 @@ async def test_a_worker_that_stops_beating_is_dead(queue: WorkQueue) -> None:
     assert sorted(w.id for w in live) == ["quiet", "steady"]
     assert dead == set()
 
-    await asyncio.sleep(0.5)
+    async def quiet_is_dead() -> tuple[bool, str]:
+        live, dead = await queue.workers()
+        return dead == {"quiet"}, f"live {sorted(w.id for w in live)}, dead {sorted(dead)}"
 
-    live, dead = await queue.workers()
+    # A heartbeat is a key that expires on the Redis server's clock: wait for it.
+    await until(quiet_is_dead, timeout=10, what="quiet's 0.3 s heartbeat to expire")
+    live, _dead = await queue.workers()
     assert [w.id for w in live] == ["steady"]
-    assert dead == {"quiet"}
 
 
 async def test_heartbeat_publishes_what_the_worker_says_about_itself(queue: WorkQueue) -> None:
@@ -104,9 +110,11 @@ async def test_heartbeat_publishes_what_the_worker_says_about_itself(queue: Work
     assert seen.heartbeat_unix > 0
 
 
-async def test_the_binding_budget_is_shared_by_the_workers_that_have_bindings_to_post(queue: WorkQueue) -> None:
-    def beat(worker: str, *, binding: bool, ttl: float = 30) -> Any:
-        return queue.heartbeat(WorkerInfo(id=worker, policies=["default"]), ttl_seconds=ttl, binding=binding)
+async def test_the_binding_budget_is_shared_by_the_workers_that_have_bindings_to_post(
+    queue: WorkQueue, now: list[float]
+) -> None:
+    def beat(worker: str, *, binding: bool) -> Any:
+        return queue.heartbeat(WorkerInfo(id=worker, policies=["default"]), ttl_seconds=30, binding=binding)
 
     await beat("idle-1", binding=False)
     await beat("idle-2", binding=False)
@@ -122,8 +130,8 @@ async def test_the_binding_budget_is_shared_by_the_workers_that_have_bindings_to
     assert queue.binding_workers == 1, "a worker that finished binding gives its share back at its next beat"
     await queue.deregister("busy-2")
     await beat("dying", binding=True)
-    await asyncio.sleep(0.3)
-    await beat("busy-1", binding=True, ttl=0.2)  # every worker has the same TTL; a short one keeps the test short
+    now[0] += 31  # past the heartbeat TTL every worker has
+    await beat("busy-1", binding=True)
     assert queue.binding_workers == 1, "deregistered and long-silent workers hold no share"
 
 

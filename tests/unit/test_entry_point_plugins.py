@@ -20,7 +20,7 @@ from hoss.framework.cycle import Placement, decide
 from hoss.framework.errors import ProfileError
 from hoss.framework.plugins import ENTRY_POINT_GROUP, load_registry
 from hoss.framework.profiles import parse_profiles
-from tests.unit.kube_objects import pod_view, raw_node, table
+from tests.kube_objects import pod_view, raw_node, table
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "plugins_example"
 EXAMPLE_MODULE = "hoss_example_plugin"

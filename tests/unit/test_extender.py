@@ -18,7 +18,7 @@ from hoss.framework.nodes import NodeTable
 from hoss.framework.plugins.binpack import MostAllocated
 from hoss.framework.plugins.fit import NodeResourcesFit
 from hoss.framework.pod import parse_pod
-from tests.unit.kube_objects import Json, raw_node, raw_pod, table
+from tests.kube_objects import Json, raw_node, raw_pod, table
 from workers.extender import decide_with_extenders
 
 FILTERS: list[FilterPlugin] = [NodeResourcesFit()]

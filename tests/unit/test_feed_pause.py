@@ -4,19 +4,18 @@ entries since the pause when they are few, one load of the ledger when they outn
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 
-import fakeredis
 import pytest
 
 from hoss.framework.feed import CATCH_UP_MIN_ENTRIES, NodeFeed
 from hoss.framework.nodes import NodeTable
-from hoss.ledger.arguments import BatchPod
+from hoss.ledger.arguments import BatchPod, NodeRow
 from hoss.ledger.client import Ledger
 from hoss.ledger.results import Reserved
-from hoss.model import compact
-from tests.unit.kube_objects import raw_node
-from tests.unit.tls_apiserver import until
+from tests.kube_objects import node_row
+from tests.waiting import until
 
 ALLOC = {"cpu": 400_000, "memory": 8 << 40, "pods": 5000}
 REQUEST = {"cpu": 100, "pods": 1}
@@ -24,13 +23,24 @@ NODES = "abc"
 
 
 @pytest.fixture
-async def ledger() -> AsyncIterator[Ledger]:
-    redis = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(), decode_responses=True)
-    ledger = Ledger(redis)
-    await ledger.rebuild(nodes=[(name, ALLOC, {}, compact.encode(compact.compact_node(raw_node(name))).decode())
-                                for name in NODES], bound=[])
-    yield ledger
-    await redis.aclose()
+def ledger_nodes() -> list[NodeRow]:
+    """Three nodes with room for every pod the tests reserve."""
+    return [node_row(name, ALLOC) for name in NODES]
+
+
+@asynccontextmanager
+async def following(ledger: Ledger, *, idle: Callable[[], bool],
+                    pause_after_seconds: float) -> AsyncIterator[tuple[NodeFeed, NodeTable]]:
+    """A feed following the ledger into a table of its own until the block ends."""
+    table = NodeTable()
+    feed = NodeFeed(ledger, table, block_ms=5, idle=idle, pause_after_seconds=pause_after_seconds)
+    stopping = asyncio.Event()
+    task = asyncio.create_task(feed.follow(stopping))
+    try:
+        yield feed, table
+    finally:
+        stopping.set()
+        await asyncio.wait_for(task, timeout=5)
 
 
 async def reserve(ledger: Ledger, uid: str, node: str) -> None:
@@ -48,16 +58,14 @@ async def expected_table(ledger: Ledger) -> tuple[dict[str, dict[str, int]], set
 @pytest.mark.parametrize("changes", [5, CATCH_UP_MIN_ENTRIES + 20])
 async def test_an_idle_worker_reads_nothing_then_catches_up_before_it_decides(ledger: Ledger, changes: int) -> None:
     idle = [True]
-    table = NodeTable()
-    feed = NodeFeed(ledger, table, block_ms=5, idle=lambda: idle[0], pause_after_seconds=0.05)
-    stopping = asyncio.Event()
-    task = asyncio.create_task(feed.follow(stopping))
-    try:
-        await until(lambda: feed.pauses == 1 and not feed.current.is_set())
+    async with following(ledger, idle=lambda: idle[0], pause_after_seconds=0.05) as (feed, table), \
+            following(ledger, idle=lambda: False, pause_after_seconds=0.05) as (_busy, witness):
+        await until(lambda: feed.pauses == 1 and not feed.current.is_set(), timeout=10, what="the idle feed to pause")
         applied, reads = feed.applied, feed.reads
         for n in range(changes):  # another worker's reservations, one entry each
             await reserve(ledger, f"p{n}", NODES[n % len(NODES)])
-        await asyncio.sleep(0.1)
+        # A busy worker's feed reads them all; the paused one, meanwhile, nothing.
+        await until(lambda: len(witness.pods) == changes, timeout=10, what=f"a busy feed to apply {changes} entries")
         assert (feed.applied, feed.reads) == (applied, reads), "a paused feed reads nothing"
         assert all(table.used_of(name) == {} for name in NODES), "so its table is behind the ledger"
 
@@ -70,27 +78,17 @@ async def test_an_idle_worker_reads_nothing_then_catches_up_before_it_decides(le
         # A few entries are applied; more than the table holds (nodes + pods) are replaced by one load.
         assert feed.catch_up_loads == (0 if changes < CATCH_UP_MIN_ENTRIES else 1)
         await reserve(ledger, "busy", "a")  # a busy worker follows the stream again
-        await until(lambda: "busy" in table.pods)
+        await until(lambda: "busy" in table.pods, timeout=10, what="the woken feed to apply a new entry")
         assert feed.pauses == 1
-    finally:
-        stopping.set()
-        await asyncio.wait_for(task, timeout=5)
 
 
 async def test_a_busy_worker_never_pauses_and_stopping_ends_a_pause(ledger: Ledger) -> None:
-    table = NodeTable()
-    busy = NodeFeed(ledger, table, block_ms=5, idle=lambda: False, pause_after_seconds=0.01)
-    stopping = asyncio.Event()
-    task = asyncio.create_task(busy.follow(stopping))
-    await asyncio.sleep(0.2)
-    assert busy.pauses == 0 and busy.current.is_set()
-    stopping.set()
-    await asyncio.wait_for(task, timeout=5)
-
-    idle = NodeFeed(ledger, NodeTable(), block_ms=5, idle=lambda: True, pause_after_seconds=0.01)
-    stopping = asyncio.Event()
-    task = asyncio.create_task(idle.follow(stopping))
-    await until(lambda: idle.pauses == 1)
-    stopping.set()
-    await asyncio.wait_for(task, timeout=5)
-    assert idle.current.is_set(), "nobody waits on a feed that stopped"
+    # Started together with the same pause delay: once the idle one has paused, the busy one has been busy for
+    # longer than that delay, and a few reads more leave it every chance to pause too.
+    async with following(ledger, idle=lambda: False, pause_after_seconds=0.01) as (busy, _table):
+        async with following(ledger, idle=lambda: True, pause_after_seconds=0.01) as (idle, _idle_table):
+            await until(lambda: idle.pauses == 1, timeout=10, what="the idle feed to pause")
+            reads = busy.reads
+            await until(lambda: busy.reads >= reads + 3, timeout=10, what="the busy feed to read three times more")
+            assert busy.pauses == 0 and busy.current.is_set()
+        assert idle.current.is_set(), "nobody waits on a feed that stopped"

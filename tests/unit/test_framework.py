@@ -37,7 +37,7 @@ from hoss.framework.plugins.fit import NodeResourcesFit
 from hoss.framework.plugins.spread import LeastAllocated
 from hoss.framework.plugins.taints import NodeUnschedulable, TaintToleration
 from hoss.framework.pod import PodView, parse_pod
-from tests.unit.kube_objects import CPU_NODE, GPU_NODE, Json, pod_view, raw_node, raw_pod, table
+from tests.kube_objects import CPU_NODE, GPU_NODE, Json, pod_view, raw_node, raw_pod, table
 
 GPU = "nvidia.com/gpu"
 Gi = 2**30

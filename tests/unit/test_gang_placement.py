@@ -13,7 +13,7 @@ from hoss.framework.cycle import Profile, Unschedulable
 from hoss.framework.nodes import NodeTable
 from hoss.framework.pod import PodView, parse_pod
 from hoss.framework.profiles import load_profiles
-from tests.unit.kube_objects import pod_view, raw_node, raw_pod, table
+from tests.kube_objects import pod_view, raw_node, raw_pod, table
 from workers.gang import GangPlacement, ScratchUsage, choose_leaves, gang_name, place_gang
 
 POLICIES = Path(__file__).resolve().parents[2] / "configs" / "policies.yaml"

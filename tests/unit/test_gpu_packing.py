@@ -12,7 +12,7 @@ from hoss.framework.nodes import NodeTable
 from hoss.framework.plugins.fit import NodeResourcesFit
 from hoss.framework.plugins.gpu import CpuOffGpuNodes, GpuPacking, gpu_fragmentation
 from hoss.framework.profiles import load_profiles
-from tests.unit.kube_objects import CPU_NODE, GPU_NODE, pod_view, raw_node, table
+from tests.kube_objects import CPU_NODE, GPU_NODE, pod_view, raw_node, table
 
 POLICIES = Path(__file__).resolve().parents[2] / "configs" / "policies.yaml"
 GPU = "nvidia.com/gpu"

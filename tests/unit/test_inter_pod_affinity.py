@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 
-import fakeredis
 import numpy as np
 import pytest
 
@@ -19,11 +17,11 @@ from hoss.framework.plugins.interpod import (
 )
 from hoss.framework.pod import PodView, parse_pod
 from hoss.framework.podindex import parse_placed
-from hoss.ledger.arguments import BatchPod
+from hoss.ledger.arguments import BatchPod, NodeRow
 from hoss.ledger.client import Ledger
 from hoss.ledger.results import Conflict, Reserved
 from hoss.model import compact
-from tests.unit.kube_objects import Json, raw_node, raw_pod, table
+from tests.kube_objects import Json, node_row, raw_node, raw_pod, table
 
 HOST = "kubernetes.io/hostname"
 ZONE = "zone"
@@ -225,13 +223,9 @@ def test_match_expressions_and_a_missing_selector() -> None:
 
 
 @pytest.fixture
-async def ledger() -> AsyncIterator[Ledger]:
-    redis = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(), decode_responses=True)
-    ledger = Ledger(redis)
-    alloc = {"cpu": 4000, "memory": 8 << 30, "pods": 110}
-    await ledger.rebuild(nodes=[(f"n{i}", alloc, {HOST: f"n{i}", ZONE: "a"}, "") for i in (1, 2)], bound=[])
-    yield ledger
-    await redis.aclose()
+def ledger_nodes() -> list[NodeRow]:
+    """n1 and n2, both in zone a."""
+    return [node_row(f"n{i}", labels={HOST: f"n{i}", ZONE: "a"}) for i in (1, 2)]
 
 
 def anti_pod(uid: str, node: str, position: str, key: str = HOST) -> BatchPod:

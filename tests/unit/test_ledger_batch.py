@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import fakeredis
 import pytest
 
-from hoss.ledger.arguments import BatchPod, BoundPod
+from hoss.ledger.arguments import BatchPod, BoundPod, NodeRow
 from hoss.ledger.client import Ledger
 from hoss.ledger.keys import PODVER_KEY
 from hoss.ledger.replies import parse_used
@@ -18,17 +16,9 @@ N2 = {"cpu": 2000, "memory": 4 << 30, "pods": 110}
 
 
 @pytest.fixture
-async def client() -> AsyncIterator[fakeredis.FakeAsyncRedis]:
-    redis = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(), decode_responses=True)
-    yield redis
-    await redis.aclose()
-
-
-@pytest.fixture
-async def ledger(client: fakeredis.FakeAsyncRedis) -> Ledger:
-    ledger = Ledger(client)
-    await ledger.rebuild(nodes=[("n1", N1, {}, '{"spec":1}'), ("n2", N2, {}, "")], bound=[])
-    return ledger
+def ledger_nodes() -> list[NodeRow]:
+    """n1 with a stand-in description, n2 with none; of different sizes."""
+    return [("n1", N1, {}, '{"spec":1}'), ("n2", N2, {}, "")]
 
 
 def item(uid: str, *candidates: str, cpu: int = 1000, digest: str = "d1") -> BatchPod:
@@ -52,8 +42,10 @@ async def test_batch_reserves_in_order_and_falls_back_to_the_next_candidate(ledg
     assert usage["n2"][1]["cpu"] == 1600 and usage["n1"][1]["cpu"] == 1000
 
 
-async def test_batch_reports_stale_versions_and_bound_pods(ledger: Ledger, client: fakeredis.FakeAsyncRedis) -> None:
-    await client.hset(PODVER_KEY, mapping={"changed": "d2", "gone": "gone", "same": "d1"})
+async def test_batch_reports_stale_versions_and_bound_pods(
+    ledger: Ledger, fake_redis: fakeredis.FakeAsyncRedis
+) -> None:
+    await fake_redis.hset(PODVER_KEY, mapping={"changed": "d2", "gone": "gone", "same": "d1"})
     await ledger.bind(uid="bound", pod="ns/bound", node="n1", request={"cpu": 100, "pods": 1})
     results = await ledger.reserve_batch(
         [item("changed", "n1"), item("gone", "n1"), item("same", "n1"), item("bound", "n2")],

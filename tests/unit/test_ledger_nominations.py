@@ -3,33 +3,13 @@ against fakeredis running the real scripts."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator
-
 import fakeredis
 import orjson
-import pytest
 
 from hoss.ledger.arguments import BatchPod, GangMember
 from hoss.ledger.client import Ledger
 from hoss.ledger.results import Confirmed, Conflict, Reserved
-
-N1 = {"cpu": 4000, "memory": 8 << 30, "pods": 110}
-N2 = {"cpu": 4000, "memory": 8 << 30, "pods": 110}
-
-
-@pytest.fixture
-async def client() -> AsyncIterator[fakeredis.FakeAsyncRedis]:
-    redis = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(), decode_responses=True)
-    yield redis
-    await redis.aclose()
-
-
-@pytest.fixture
-async def ledger(client: fakeredis.FakeAsyncRedis) -> Ledger:
-    ledger = Ledger(client)
-    await ledger.rebuild(nodes=[("n1", N1, {}, ""), ("n2", N2, {}, "")], bound=[])
-    return ledger
+from tests.waiting import until
 
 
 def meta(priority: int) -> str:
@@ -65,11 +45,12 @@ async def test_two_equal_nominees_for_one_room_the_first_nominated_takes_it(ledg
     """Two workers may nominate two preemptors of equal priority to the same room (the same victims): each must
     not keep the other out for the holds' lifetime. The one nominated first counts for the other, not back."""
     await ledger.bind(uid="victimless", pod="ns/old", node="n1", request={"cpu": 3000, "pods": 1})
-    for uid in ("first", "second"):
+    # "first" is nominated first and "a-second" later, with a later deadline: the deadline decides, not the uid.
+    for uid, ttl in (("first", 60), ("a-second", 61)):
         assert await ledger.nominate(uid=uid, node="n1", priority=100, request={"cpu": 1000, "pods": 1},
-                                     ttl_seconds=60) == "nominated"
-        await asyncio.sleep(0.01)  # a later deadline
-    results = await ledger.reserve_batch([item("second", "n1", cpu=1000, priority=100)], owner="w", ttl_seconds=30)
+                                     ttl_seconds=ttl) == "nominated"
+    results = await ledger.reserve_batch([item("a-second", "n1", cpu=1000, priority=100)], owner="w",
+                                         ttl_seconds=30)
     assert results == [Conflict(node="n1", resource="cpu (held for a preempting pod)", wanted=1000, free=0)]
     results = await ledger.reserve_batch([item("first", "n1", cpu=1000, priority=100)], owner="w", ttl_seconds=30)
     assert results == [Reserved("n1")]
@@ -112,7 +93,13 @@ async def test_a_gang_of_lower_priority_leaves_held_room_counting_all_its_member
 async def test_a_nomination_ends_at_its_deadline_or_when_dropped(ledger: Ledger) -> None:
     await ledger.nominate(uid="p", node="n1", priority=100, request={"cpu": 4000, "pods": 1}, ttl_seconds=0.05)
     await ledger.nominate(uid="q", node="n2", priority=100, request={"cpu": 4000, "pods": 1}, ttl_seconds=60)
-    await asyncio.sleep(0.2)
+
+    async def p_ended() -> tuple[bool, str]:
+        live = set(await ledger.nominations())
+        return "p" not in live, f"nominations: {sorted(live)}"
+
+    # Deadlines are on the Redis server's clock, the one clock every worker shares: wait for it.
+    await until(p_ended, timeout=10, what="p's 50 ms nomination to pass its deadline")
     assert set(await ledger.nominations()) == {"q"}
     results = await ledger.reserve_batch([item("low", "n1", cpu=4000)], owner="w", ttl_seconds=30)
     assert results == [Reserved("n1")]
@@ -122,9 +109,9 @@ async def test_a_nomination_ends_at_its_deadline_or_when_dropped(ledger: Ledger)
     assert results == [Reserved("n2")]
 
 
-async def test_a_gone_preemptor_ends_its_nomination(ledger: Ledger, client: fakeredis.FakeAsyncRedis) -> None:
+async def test_a_gone_preemptor_ends_its_nomination(ledger: Ledger, fake_redis: fakeredis.FakeAsyncRedis) -> None:
     await ledger.nominate(uid="p", node="n1", priority=100, request={"cpu": 4000, "pods": 1}, ttl_seconds=60)
-    await client.hset("{hoss}:podver", "p", "gone")
+    await fake_redis.hset("{hoss}:podver", "p", "gone")
     await ledger.reserve_batch([BatchPod(uid="p", pod="ns/p", digest="d", candidates=["n1"],
                                          request={"cpu": 4000, "pods": 1}, meta=meta(100))],
                                owner="w", ttl_seconds=30)

@@ -4,26 +4,13 @@ atomically by reserve_batch and reserve so two workers never put two pods with o
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 
-import fakeredis
 import pytest
 
-from hoss.ledger.arguments import BatchPod, BoundPod, GangMember
+from hoss.ledger.arguments import BatchPod, BoundPod, GangMember, NodeRow
 from hoss.ledger.client import Ledger
 from hoss.ledger.results import Conflict, Reserved
 from hoss.model import compact
-
-NODE = {"cpu": 4000, "memory": 8 << 30, "pods": 110}
-
-
-@pytest.fixture
-async def ledger() -> AsyncIterator[Ledger]:
-    redis = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(), decode_responses=True)
-    ledger = Ledger(redis)
-    await ledger.rebuild(nodes=[("n1", NODE, {}, ""), ("n2", NODE, {}, "")], bound=[])
-    yield ledger
-    await redis.aclose()
 
 
 def raw(name: str, *ports: dict[str, object], labels: dict[str, str] | None = None) -> dict[str, object]:
@@ -106,13 +93,13 @@ async def test_releasing_or_moving_a_pod_frees_its_port_and_refreshing_keeps_it(
         == [Reserved("n1")]
 
 
-async def test_bound_pods_ports_count_and_survive_a_rebuild(ledger: Ledger) -> None:
+async def test_bound_pods_ports_count_and_survive_a_rebuild(ledger: Ledger, ledger_nodes: list[NodeRow]) -> None:
     ports, meta = compact.pod_meta(raw("old", {"containerPort": 80, "hostPort": 80}))
     bound = BoundPod(uid="old", pod="team/old", node="n1", request={"cpu": 100, "pods": 1}, ports=ports, meta=meta)
     await ledger.bind_many([bound])
     assert await ledger.reserve_batch([batch_pod("a", "n1", ports="TCP/0.0.0.0/80")], owner="w", ttl_seconds=30) \
         == [Conflict(node="n1", resource="hostPort TCP/0.0.0.0/80", wanted=1, free=0)]
-    await ledger.rebuild(nodes=[("n1", NODE, {}, ""), ("n2", NODE, {}, "")], bound=[bound])
+    await ledger.rebuild(nodes=ledger_nodes, bound=[bound])
     assert await ledger.reserve_batch([batch_pod("a", "n1", ports="TCP/0.0.0.0/80")], owner="w", ttl_seconds=30) \
         == [Conflict(node="n1", resource="hostPort TCP/0.0.0.0/80", wanted=1, free=0)]
     loaded = await ledger.load()

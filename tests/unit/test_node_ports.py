@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
-import fakeredis
 import numpy as np
 import pytest
 
@@ -14,10 +11,10 @@ from hoss.framework.nodes import NodeTable
 from hoss.framework.plugins.ports import PORTS_TAKEN, NodePorts
 from hoss.framework.pod import PodView, parse_pod
 from hoss.framework.podindex import HostPort, PlacedPod
-from hoss.ledger.arguments import BatchPod, BoundPod
+from hoss.ledger.arguments import BatchPod, BoundPod, NodeRow
 from hoss.ledger.client import Ledger
 from hoss.model import compact
-from tests.unit.kube_objects import Json, raw_node, raw_pod, table
+from tests.kube_objects import Json, node_row, raw_node, raw_pod, table
 from workers.gang import place_gang
 
 
@@ -98,17 +95,15 @@ def test_removing_a_node_drops_its_pods_from_the_index() -> None:
 
 
 @pytest.fixture
-async def ledger() -> AsyncIterator[Ledger]:
-    redis = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(), decode_responses=True)
-    ledger = Ledger(redis)
-    alloc = {"cpu": 4000, "memory": 8 << 30, "pods": 110}
-    nodes: list[tuple[str, dict[str, int], dict[str, str], str]] = [
-        (name, alloc, {}, compact.encode(compact.compact_node(raw_node(name))).decode()) for name in "ab"]
+def ledger_nodes() -> list[NodeRow]:
+    return [node_row("a"), node_row("b")]
+
+
+@pytest.fixture
+def ledger_bound() -> list[BoundPod]:
+    """"old", bound on a, holding host port 80."""
     ports, meta = compact.pod_meta(with_ports("old", {"containerPort": 80, "hostPort": 80}))
-    await ledger.rebuild(nodes=nodes, bound=[BoundPod(uid="old", pod="team/old", node="a",
-                                                      request={"cpu": 100, "pods": 1}, ports=ports, meta=meta)])
-    yield ledger
-    await redis.aclose()
+    return [BoundPod(uid="old", pod="team/old", node="a", request={"cpu": 100, "pods": 1}, ports=ports, meta=meta)]
 
 
 async def test_the_feed_loads_the_pod_index_and_follows_placements_and_removals(ledger: Ledger) -> None:

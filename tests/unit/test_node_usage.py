@@ -5,31 +5,21 @@ order; both orders must end with the ledger's totals, counted once."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
-import fakeredis
 import pytest
 
 from hoss.framework.feed import NodeFeed
 from hoss.framework.nodes import NodeTable
-from hoss.ledger.arguments import BatchPod, GangMember
+from hoss.ledger.arguments import BatchPod, GangMember, NodeRow
 from hoss.ledger.client import Ledger
 from hoss.ledger.results import GangReserved, Reserved
-from hoss.model import compact
-from tests.unit.kube_objects import raw_node
+from tests.kube_objects import node_row, raw_node
 
-ALLOC = {"cpu": 4000, "memory": 8 << 30, "pods": 110}
 REQUEST = {"cpu": 1000, "pods": 1}
 
 
 @pytest.fixture
-async def ledger() -> AsyncIterator[Ledger]:
-    redis = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(), decode_responses=True)
-    ledger = Ledger(redis)
-    await ledger.rebuild(nodes=[(name, ALLOC, {}, compact.encode(compact.compact_node(raw_node(name))).decode())
-                                for name in "ab"], bound=[])
-    yield ledger
-    await redis.aclose()
+def ledger_nodes() -> list[NodeRow]:
+    return [node_row("a"), node_row("b")]
 
 
 async def loaded(ledger: Ledger) -> tuple[NodeTable, NodeFeed]:

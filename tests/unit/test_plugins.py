@@ -15,7 +15,7 @@ from hoss.framework.plugins.binpack import MostAllocated
 from hoss.framework.plugins.fit import NodeResourcesFit
 from hoss.framework.plugins.spread import LeastAllocated
 from hoss.framework.plugins.taints import NodeUnschedulable, TaintToleration
-from tests.unit.kube_objects import CPU_NODE, GPU_NODE, Json, pod_view, raw_node, table
+from tests.kube_objects import CPU_NODE, GPU_NODE, Json, pod_view, raw_node, table
 
 GPU = "nvidia.com/gpu"
 Gi = 2**30

@@ -13,7 +13,7 @@ from hoss.framework.nodes import NodeTable
 from hoss.framework.plugins.fit import NodeResourcesFit
 from hoss.framework.plugins.pools import NodePool, pool_usage
 from hoss.framework.profiles import parse_profiles
-from tests.unit.kube_objects import CPU_NODE, GPU_NODE, pod_view, raw_node, table
+from tests.kube_objects import CPU_NODE, GPU_NODE, pod_view, raw_node, table
 
 POOL = "hoss.io/pool"
 GPU = "nvidia.com/gpu"

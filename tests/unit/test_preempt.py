@@ -15,7 +15,7 @@ from hoss.framework.podindex import HostPort, PlacedPod
 from hoss.framework.podterms import label_selector
 from hoss.framework.profiles import load_profiles
 from hoss.ledger.results import Nomination
-from tests.unit.kube_objects import raw_node, raw_pod, table
+from tests.kube_objects import raw_node, raw_pod, table
 from workers.victims import (
     Candidate,
     candidates,

@@ -8,7 +8,6 @@ import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import fakeredis
 import pytest
 from aiohttp import web
 
@@ -18,9 +17,10 @@ from hoss.framework.pod import PodView, parse_pod
 from hoss.framework.podindex import PlacedPod
 from hoss.framework.profiles import load_profiles
 from hoss.kube.rest import KubeREST
+from hoss.ledger.arguments import NodeRow
 from hoss.ledger.client import Ledger
 from hoss.model.objects import Json
-from tests.unit.kube_objects import raw_node, raw_pod, table
+from tests.kube_objects import node_row, raw_node, raw_pod, table
 from tests.unit.tls_apiserver import Seen, TLSApiserver, status
 from workers.preempt import Preemptor
 
@@ -54,12 +54,9 @@ async def apiserver(tmp_path: Path) -> AsyncIterator[TLSApiserver]:
 
 
 @pytest.fixture
-async def ledger() -> AsyncIterator[Ledger]:
-    client = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(), decode_responses=True)
-    ledger = Ledger(client)
-    await ledger.rebuild(nodes=[("n1", ALLOC, {}, ""), ("n2", ALLOC, {}, "")], bound=[])
-    yield ledger
-    await client.aclose()
+def ledger_nodes() -> list[NodeRow]:
+    """n1 and n2 as NODE says, with no description (the preemptor reads the table, not the ledger's nodes)."""
+    return [node_row("n1", ALLOC, described=False), node_row("n2", ALLOC, described=False)]
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from hoss.framework.plugins.affinity import NodeAffinity
 from hoss.framework.plugins.spread import LeastAllocated
 from hoss.framework.plugins.taints import TaintToleration
 from hoss.framework.pod import PodView, parse_pod
-from tests.unit.kube_objects import Json, pod_view, raw_node, raw_pod, table
+from tests.kube_objects import Json, pod_view, raw_node, raw_pod, table
 
 
 def preferring(*terms: tuple[int, Json]) -> PodView:

@@ -13,7 +13,7 @@ from hoss.framework.errors import ProfileError
 from hoss.framework.plugins.binpack import MostAllocated
 from hoss.framework.plugins.spread import LeastAllocated
 from hoss.framework.profiles import load_profiles, parse_profiles, profile_for
-from tests.unit.kube_objects import GPU_NODE, pod_view, raw_node, table
+from tests.kube_objects import GPU_NODE, pod_view, raw_node, table
 
 POLICIES = Path(__file__).resolve().parents[2] / "configs" / "policies.yaml"
 FILTERS = ["NodeUnschedulable", "TaintToleration", "NodeAffinity", "NodePorts", "NodePool", "NodeResourcesFit",

@@ -16,7 +16,7 @@ from hoss.framework.podterms import label_selector
 from hoss.framework.profiles import load_profiles
 from hoss.ledger.arguments import ElasticQuota
 from hoss.ledger.results import QuotaReport, QuotaUse
-from tests.unit.kube_objects import raw_node, raw_pod, table
+from tests.kube_objects import raw_node, raw_pod, table
 from workers.victims import Candidate, keeps_quota_mins, pick, reclaim_candidates, reclaimable
 
 GPU = "nvidia.com/gpu"

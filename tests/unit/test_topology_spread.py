@@ -4,9 +4,6 @@ rule for a batch whose tentative pod was refused."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
-import fakeredis
 import numpy as np
 import pytest
 
@@ -18,12 +15,12 @@ from hoss.framework.plugins.topology import CONSTRAINTS_NOT_MATCH, MISSING_LABEL
 from hoss.framework.pod import PodView, parse_pod
 from hoss.framework.podindex import parse_placed
 from hoss.framework.profiles import load_profiles
-from hoss.ledger.arguments import BatchPod
+from hoss.ledger.arguments import BatchPod, NodeRow
 from hoss.ledger.client import Ledger
 from hoss.ledger.results import Conflict, Reserved
 from hoss.model import compact
 from hoss.queue import GangMember, WorkItem
-from tests.unit.kube_objects import Json, raw_node, raw_pod, table
+from tests.kube_objects import Json, node_row, raw_node, raw_pod, table
 from workers.arguments import inter_pod_keys
 from workers.intake import parse_work
 
@@ -269,14 +266,9 @@ def test_the_shipped_default_profile_puts_a_spread_pod_in_the_empty_zone() -> No
 
 
 @pytest.fixture
-async def ledger() -> AsyncIterator[Ledger]:
-    redis = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(), decode_responses=True)
-    ledger = Ledger(redis)
-    alloc = {"cpu": 4000, "memory": 8 << 30, "pods": 110}
-    await ledger.rebuild(nodes=[(f"n{i}", alloc, {HOST: f"n{i}", ZONE: z}, "") for i, z in ((1, "a"), (2, "b"))],
-                         bound=[])
-    yield ledger
-    await redis.aclose()
+def ledger_nodes() -> list[NodeRow]:
+    """n1 in zone a, n2 in zone b."""
+    return [node_row(f"n{i}", labels={HOST: f"n{i}", ZONE: zone}) for i, zone in ((1, "a"), (2, "b"))]
 
 
 def batch_pod(uid: str, node: str, position: str, cpu: int = 10) -> BatchPod:

@@ -9,7 +9,7 @@ from hoss.framework.pod import check_supported, parse_pod
 from hoss.framework.podindex import HostPort
 from hoss.model import compact
 from hoss.queue import WorkItem
-from tests.unit.kube_objects import Json, raw_pod
+from tests.kube_objects import Json, raw_pod
 from workers.intake import parse_work
 
 

@@ -1,4 +1,5 @@
-"""Raw nodes and pods shaped as the apiserver returns them, for the worker framework's unit tests."""
+"""Nodes and pods for tests: raw, shaped as the apiserver returns them; parsed, as the worker framework reads them;
+and as the ledger is rebuilt with them (`node_row`)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,15 @@ from typing import Any
 
 from hoss.framework.nodes import NodeTable
 from hoss.framework.pod import PodView, parse_pod
+from hoss.ledger.arguments import NodeRow
+from hoss.model import compact
 
 Json = dict[str, Any]
 
 CPU_NODE = {"cpu": "32", "memory": "128Gi", "pods": "110"}
 GPU_NODE = {"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": "8"}
+LEDGER_ROOM = {"cpu": 4000, "memory": 8 << 30, "pods": 110}
+"""A node's allocatable in the ledger's base units (milli-CPU, bytes, counts): 4 cpu, 8 GiB, 110 pods."""
 
 
 def raw_node(
@@ -83,3 +88,19 @@ def table(*nodes: Json) -> NodeTable:
     for node in nodes:
         result.upsert_node(node)
     return result
+
+
+def node_row(
+    name: str,
+    allocatable: Mapping[str, int] = LEDGER_ROOM,
+    *,
+    labels: Mapping[str, str] | None = None,
+    described: bool = True,
+) -> NodeRow:
+    """A node for `Ledger.rebuild` as the sync writes it: allocatable in base units, labels, and its compact
+    description. ``described=False``: none, as for a node a binding registered before the sync described it
+    (a worker's feed leaves such a node out)."""
+    quantities = {resource: f"{amount}m" if resource == "cpu" else str(amount)
+                  for resource, amount in allocatable.items()}
+    description = compact.encode(compact.compact_node(raw_node(name, quantities, labels=labels))).decode()
+    return name, dict(allocatable), dict(labels or {}), description if described else ""
