@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from tests.waiting import until
 from workers.bindlimit import BindLimit, share
 
 
@@ -30,11 +31,11 @@ async def test_never_more_in_flight_than_the_limit_and_resizing_admits_waiters()
     gate = asyncio.Event()
     peaks: list[int] = []
     tasks = [asyncio.create_task(_run(limit, peaks, gate)) for _ in range(10)]
-    await asyncio.sleep(0.01)
+    await until(lambda: limit.demand == 10, timeout=10, what="all ten to be in flight or waiting")
     assert (limit.active, len(peaks)) == (3, 3)
     limit.resize(5)
-    await asyncio.sleep(0.01)
-    assert (limit.active, len(peaks)) == (5, 5)
+    await until(lambda: len(peaks) == 5, timeout=10, what="the two admitted by the resize to enter")
+    assert (limit.active, limit.demand) == (5, 10)
     limit.resize(1)  # lowered: those in flight finish, no new one enters until below the limit
     gate.set()
     await asyncio.gather(*tasks)
@@ -47,9 +48,9 @@ async def test_a_cancelled_waiter_gives_its_slot_back() -> None:
     limit = BindLimit(1)
     gate = asyncio.Event()
     first = asyncio.create_task(_run(limit, [], gate))
-    await asyncio.sleep(0)
+    await until(lambda: limit.active == 1, timeout=10, what="the first to enter")
     waiting = asyncio.create_task(_run(limit, [], gate))
-    await asyncio.sleep(0.01)
+    await until(lambda: limit.demand == 2, timeout=10, what="the second to wait")
     waiting.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiting
@@ -64,7 +65,7 @@ async def test_a_waiter_cancelled_after_being_handed_the_slot_releases_it() -> N
     limit = BindLimit(1)
     await limit.__aenter__()
     waiting = asyncio.create_task(_run(limit, [], asyncio.Event()))
-    await asyncio.sleep(0.01)
+    await until(lambda: limit.demand == 2, timeout=10, what="the second to wait")
     await limit.__aexit__(None, None, None)  # hands the slot to the waiter ...
     waiting.cancel()  # ... which is cancelled before it runs
     with pytest.raises(asyncio.CancelledError):

@@ -14,14 +14,19 @@ from aiohttp import web
 from hoss.kube import protobuf
 from hoss.kube.events import EventSink, TokenBucket, scheduled_event
 from hoss.kube.rest import KubeREST
-from tests.unit.tls_apiserver import Seen, TLSApiserver, status, until
+from tests.unit.tls_apiserver import Seen, TLSApiserver, status
+from tests.waiting import until
 
 
 class Clock:
+    """A clock that moves only when told, and counts how often it is read."""
+
     def __init__(self) -> None:
         self.now = 1000.0
+        self.reads = 0
 
     def __call__(self) -> float:
+        self.reads += 1
         return self.now
 
     def advance(self, seconds: float) -> None:
@@ -62,7 +67,7 @@ async def test_recorded_events_are_posted_and_counted(apiserver: TLSApiserver, r
     async with EventSink(rest) as sink:
         for index in range(20):
             sink.record(event(index))
-        await until(lambda: sink.posted == 20)
+        await until(lambda: sink.posted == 20, timeout=10, what="20 events to be posted")
     assert (sink.posted, sink.failed, sink.dropped) == (20, 0, 0)
     assert sorted(names(apiserver)) == sorted(f"web-{index}" for index in range(20))
     assert {(seen.method, seen.raw_path) for seen in apiserver.seen} == {("POST", "/api/v1/namespaces/team/events")}
@@ -104,7 +109,7 @@ async def test_events_left_when_close_times_out_and_events_after_close_are_dropp
     sink.start()
     for index in range(5):
         sink.record(event(index))
-    await until(lambda: apiserver.in_flight == 2)
+    await until(lambda: apiserver.in_flight == 2, timeout=10, what="two posts in flight")
     await sink.close(timeout=0)
     sink.record(event(99))
     assert (sink.posted, sink.failed, sink.dropped) == (0, 0, 6)
@@ -123,10 +128,10 @@ async def test_a_failing_apiserver_never_reaches_the_caller_and_is_logged_at_mos
         async with EventSink(rest, clock=clock) as sink:
             for index in range(10):
                 sink.record(event(index))
-            await until(lambda: sink.failed == 10)
+            await until(lambda: sink.failed == 10, timeout=10, what="10 failed posts")
             clock.advance(10.0)
             sink.record(event(10))
-            await until(lambda: sink.failed == 11)
+            await until(lambda: sink.failed == 11, timeout=10, what="11 failed posts")
     assert (sink.posted, sink.failed, sink.dropped) == (0, 11, 0)
     assert len(apiserver.seen) == 11, "a failed post is not retried"
     messages = [record.getMessage() for record in caplog.records if record.name == "hoss.kube.events"]
@@ -141,7 +146,7 @@ async def test_an_unreachable_apiserver_counts_failures(apiserver: TLSApiserver,
     async with EventSink(rest) as sink:
         for index in range(3):
             sink.record(event(index))
-        await until(lambda: sink.failed == 3)
+        await until(lambda: sink.failed == 3, timeout=10, what="3 failed posts")
     assert (sink.posted, sink.failed, sink.dropped) == (0, 3, 0)
 
 
@@ -149,7 +154,7 @@ async def test_an_event_without_a_namespace_fails_alone(apiserver: TLSApiserver,
     async with EventSink(rest, concurrency=1) as sink:
         sink.record({"metadata": {}})
         sink.record(event(1))
-        await until(lambda: sink.posted + sink.failed == 2)
+        await until(lambda: sink.posted + sink.failed == 2, timeout=10, what="both events to be posted or failed")
     assert (sink.posted, sink.failed) == (1, 1)
 
 
@@ -164,13 +169,19 @@ async def test_at_most_concurrency_posts_are_in_flight(apiserver: TLSApiserver, 
     async with EventSink(rest, concurrency=3) as sink:
         for index in range(12):
             sink.record(event(index))
-        await until(lambda: apiserver.in_flight == 3)
-        for _ in range(20):
-            await asyncio.sleep(0)
-        assert apiserver.in_flight == 3
+        # Three posts held at the server and the nine others still queued: no fourth poster took one.
+        await until(lambda: apiserver.in_flight == 3 and sink.queued == 9, timeout=10,
+                    what="three posts in flight and nine queued")
         gate.set()
-        await until(lambda: sink.posted == 12)
+        await until(lambda: sink.posted == 12, timeout=10, what="12 events to be posted")
     assert apiserver.max_in_flight == 3
+
+
+async def refused_again(clock: Clock, times: int = 10) -> None:
+    """Wait until the posting workers have read the (frozen) clock ``times`` more times: asked for a token, and
+    been refused, again and again."""
+    reads = clock.reads
+    await until(lambda: clock.reads >= reads + times, timeout=10, what=f"the token bucket to be asked {times} times")
 
 
 def test_token_bucket_allows_a_burst_then_the_rate() -> None:
@@ -192,21 +203,18 @@ async def test_the_rate_limit_bounds_posts_until_the_bucket_refills(apiserver: T
     async with EventSink(rest, per_second=50.0, burst=3, clock=clock) as sink:
         for index in range(10):
             sink.record(event(index))
-        await until(lambda: sink.posted == 3)
-        for _ in range(10):  # the workers re-check the (frozen) clock many times meanwhile
-            await asyncio.sleep(0.01)
+        await until(lambda: sink.posted == 3, timeout=10, what="the burst of 3 to be posted")
+        await refused_again(clock)
         assert sink.posted == 3
         clock.advance(2.5 / 50)  # two tokens and a half
-        await until(lambda: sink.posted == 5)
-        for _ in range(10):
-            await asyncio.sleep(0.01)
+        await until(lambda: sink.posted == 5, timeout=10, what="two more posts")
+        await refused_again(clock)
         assert sink.posted == 5
         clock.advance(1.0)
-        await until(lambda: sink.posted == 8)
-        for _ in range(10):
-            await asyncio.sleep(0.01)
+        await until(lambda: sink.posted == 8, timeout=10, what="a burst of 3 more posts")
+        await refused_again(clock)
         assert sink.posted == 8, "a long pause refills the bucket to its burst, no more"
         clock.advance(1.0)
-        await until(lambda: sink.posted == 10)
+        await until(lambda: sink.posted == 10, timeout=10, what="the last two posts")
     assert (sink.posted, sink.failed, sink.dropped) == (10, 0, 0)
     assert len(apiserver.seen) == 10

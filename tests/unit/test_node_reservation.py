@@ -79,21 +79,20 @@ def test_workers_see_the_reduced_allocatable_through_the_compact_node() -> None:
 
 
 @pytest.fixture
-async def sync(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tuple[LedgerSync, list[dict[str, Any]]]]:
+async def sync(monkeypatch: pytest.MonkeyPatch,
+               fake_redis: fakeredis.FakeAsyncRedis) -> AsyncIterator[tuple[LedgerSync, list[dict[str, Any]]]]:
     posted: list[dict[str, Any]] = []
 
     async def record(core: Any, event: dict[str, Any]) -> None:
         posted.append(event)
 
     monkeypatch.setattr(sync_module, "post_event", record)
-    redis = fakeredis.FakeAsyncRedis(decode_responses=True)
     api = client.ApiClient()
-    synced = LedgerSync(ledger=Ledger(redis), api=api)
+    synced = LedgerSync(ledger=Ledger(fake_redis), api=api)
     await synced._on_node_list([node("n1"), node("n2")])
     await synced.rebuild()
     yield synced, posted
     await api.close()
-    await redis.aclose()
 
 
 async def test_the_sync_writes_the_reduced_allocatable_and_warns_once_per_bad_value(

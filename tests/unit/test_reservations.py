@@ -107,15 +107,13 @@ def test_the_pod_the_dispatcher_places() -> None:
 
 
 @pytest.fixture
-async def sync() -> AsyncIterator[LedgerSync]:
-    redis = fakeredis.FakeAsyncRedis(decode_responses=True)
+async def sync(fake_redis: fakeredis.FakeAsyncRedis) -> AsyncIterator[LedgerSync]:
     api = client.ApiClient()
-    synced = LedgerSync(ledger=Ledger(redis), api=api)
+    synced = LedgerSync(ledger=Ledger(fake_redis), api=api)
     synced.nodes["n1"] = ({"cpu": 8000, "nvidia.com/gpu": 8, "pods": 110}, {}, "")
     await synced.rebuild()
     yield synced
     await api.close()
-    await redis.aclose()
 
 
 def fresh(**kwargs: Any) -> dict[str, Any]:

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import fakeredis
 import pytest
@@ -20,6 +19,7 @@ from resolver.main import sync_while_leading
 from resolver.settings import ResolverSettings
 from resolver.state import WebhookState
 from resolver.sync import LedgerSync
+from tests.waiting import until
 
 
 class FakeSync:
@@ -42,6 +42,18 @@ class FakeSync:
                 await asyncio.sleep(3600)  # a cancellation swallowed, as asyncio.wait_for can on Python 3.11
         finally:
             self.stopped.set()
+
+
+class Awaited(asyncio.Event):
+    """An event that counts the waits on it: a role waiting for the Lease has had its chance to act."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits = 0
+
+    async def wait(self) -> Literal[True]:
+        self.waits += 1
+        return await super().wait()
 
 
 class NoLease:
@@ -68,15 +80,14 @@ def follow(e: LeaderElector) -> None:
 
 
 @pytest.fixture
-async def state(tmp_path: Path) -> AsyncIterator[WebhookState]:
-    redis = fakeredis.FakeAsyncRedis(decode_responses=True)
+def state(tmp_path: Path, fake_redis: fakeredis.FakeAsyncRedis) -> WebhookState:
     settings = ResolverSettings(tls_cert_file=str(tmp_path / "c"), tls_key_file=str(tmp_path / "k"))
-    yield WebhookState(settings=settings, ledger=Ledger(redis))
-    await redis.aclose()
+    return WebhookState(settings=settings, ledger=Ledger(fake_redis))
 
 
 async def test_the_sync_runs_only_while_leading_and_afresh_each_term(state: WebhookState) -> None:
     e = elector()
+    e.leading = leading = Awaited()
     syncs: list[FakeSync] = []
     made = asyncio.Event()
 
@@ -93,7 +104,7 @@ async def test_the_sync_runs_only_while_leading_and_afresh_each_term(state: Webh
 
     role = asyncio.create_task(sync_while_leading(state, e, make))
     try:
-        await asyncio.sleep(0.01)
+        await until(lambda: leading.waits == 1, timeout=10, what="the role to wait for the Lease")
         assert syncs == [] and state.sync is None, "a follower does not sync"
         lead(e)
         await asyncio.wait_for(started(1), 1)
@@ -146,7 +157,7 @@ async def test_a_swallowed_cancellation_is_raised_at_the_next_turn_of_a_loop() -
                 await asyncio.sleep(3600)
 
     task = asyncio.create_task(loop())
-    await asyncio.sleep(0.01)
+    await until(lambda: turns == 1, timeout=10, what="the loop's first turn")
     task.cancel()
     await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 1)
     assert task.cancelled()

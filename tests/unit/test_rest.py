@@ -24,7 +24,8 @@ from hoss.kube.events import (
 )
 from hoss.kube.rest import STRATEGIC_MERGE_PATCH, KubeREST, TokenFile
 from tests.unit.protobuf_golden import golden
-from tests.unit.tls_apiserver import Seen, TLSApiserver, status, until
+from tests.unit.tls_apiserver import Seen, TLSApiserver, status
+from tests.waiting import until
 from workers.core import EVENT_POSTS_IN_FLIGHT, apiserver_requests_in_flight
 from workers.settings import WorkerSettings
 
@@ -239,7 +240,7 @@ async def test_a_workers_client_carries_every_binding_its_setting_allows(apiserv
                                       limit=apiserver_requests_in_flight(settings)) as rest:
         posts = [asyncio.ensure_future(rest.create_binding("default", f"p-{i}", f"u-{i}", "n"))
                  for i in range(150 + EVENT_POSTS_IN_FLIGHT)]
-        await until(lambda: apiserver.in_flight == len(posts), deadline=5.0)
-        assert apiserver.in_flight == len(posts)  # every binding and event at once, none waiting for a connection
+        # every binding and event at once, none waiting for a connection
+        await until(lambda: apiserver.in_flight == len(posts), timeout=10, what=f"all {len(posts)} posts in flight")
         release.set()
         await asyncio.gather(*posts)

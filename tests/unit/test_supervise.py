@@ -8,6 +8,7 @@ import asyncio
 import pytest
 
 from hoss.supervise import Supervisor
+from tests.waiting import until
 
 
 async def test_a_loop_that_fails_then_recovers_is_restarted_and_ends_healthy() -> None:
@@ -56,8 +57,14 @@ async def test_a_loop_that_returns_while_it_should_run_counts_as_a_failure() -> 
 
 async def test_cancelling_a_supervised_loop_cancels_it() -> None:
     supervisor = Supervisor()
-    task = asyncio.create_task(supervisor.run("heartbeat", lambda: asyncio.sleep(10)))
-    await asyncio.sleep(0.01)
+    started = asyncio.Event()
+
+    async def beating() -> None:
+        started.set()
+        await asyncio.sleep(10)
+
+    task = asyncio.create_task(supervisor.run("heartbeat", beating))
+    await until(started.is_set, timeout=10, what="the supervised loop to start")
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

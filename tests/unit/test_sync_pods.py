@@ -15,6 +15,7 @@ from kubernetes_asyncio import client
 from hoss.errors import LedgerUnavailable
 from hoss.ledger.client import Ledger
 from resolver.sync import BOUND_PODS_SELECTOR, POD_WRITE_BATCH, LedgerSync
+from tests.waiting import until
 
 ROOM = {"cpu": 64000, "memory": 256 << 30, "pods": 1000}
 
@@ -55,16 +56,14 @@ class CountingLedger(Ledger):
 
 
 @pytest.fixture
-async def sync() -> AsyncIterator[LedgerSync]:
-    redis = fakeredis.FakeAsyncRedis(decode_responses=True)
+async def sync(fake_redis: fakeredis.FakeAsyncRedis) -> AsyncIterator[LedgerSync]:
     api = client.ApiClient()
-    ledger = CountingLedger(redis)
+    ledger = CountingLedger(fake_redis)
     synced = LedgerSync(ledger=ledger, api=api, watchdog_interval_seconds=0.01)
     synced.nodes["n1"] = (ROOM, {}, "")
     await synced.rebuild()
     yield synced
     await api.close()
-    await redis.aclose()
 
 
 def counting(sync: LedgerSync) -> CountingLedger:
@@ -112,11 +111,12 @@ async def test_the_flush_loop_applies_events_as_they_come(sync: LedgerSync) -> N
     loop = asyncio.create_task(sync._pod_flush_loop())
     try:
         await sync._on_pod_event("ADDED", pod("a"))
-        for _ in range(100):
-            if await bound_uids(sync) == {"a"}:
-                break
-            await asyncio.sleep(0.01)
-        assert await bound_uids(sync) == {"a"}
+
+        async def a_bound() -> tuple[bool, str]:
+            bound = await bound_uids(sync)
+            return bound == {"a"}, f"bound: {sorted(bound)}"
+
+        await until(a_bound, timeout=10, what="the flush loop to bind a")
     finally:
         loop.cancel()
         await asyncio.gather(loop, return_exceptions=True)
@@ -142,14 +142,14 @@ async def test_a_failed_write_marks_the_ledger_stale_and_the_watchdog_rebuilds_i
     ledger.fail = False
     watchdog = asyncio.create_task(sync._watchdog_loop())
     try:
-        for _ in range(100):
-            if await bound_uids(sync) == {"a", "b"}:
-                break
-            await asyncio.sleep(0.01)
+        async def both_bound() -> tuple[bool, str]:
+            bound = await bound_uids(sync)
+            return bound == {"a", "b"}, f"bound: {sorted(bound)}"
+
+        await until(both_bound, timeout=10, what="the watchdog's rebuild to bind a and b")
     finally:
         watchdog.cancel()
         await asyncio.gather(watchdog, return_exceptions=True)
-    assert await bound_uids(sync) == {"a", "b"}
     assert sync.stats.rebuilds == 2
 
 

@@ -17,9 +17,10 @@ class NoBinder:
         raise AssertionError("nothing is bound here")
 
 
-async def test_healthz_is_500_naming_a_dead_or_failing_loop_and_the_heartbeat_says_so() -> None:
-    redis = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(), decode_responses=True)
-    worker = Worker(WorkerSettings(id="w", policies_file=str(POLICIES_FILE), port=0), redis=redis, rest=None,
+async def test_healthz_is_500_naming_a_dead_or_failing_loop_and_the_heartbeat_says_so(
+    fake_redis: fakeredis.FakeAsyncRedis,
+) -> None:
+    worker = Worker(WorkerSettings(id="w", policies_file=str(POLICIES_FILE), port=0), redis=fake_redis, rest=None,
                     binder=NoBinder())
     async with TestClient(TestServer(build_app(worker))) as http:
         response = await http.get("/healthz")
@@ -31,4 +32,3 @@ async def test_healthz_is_500_naming_a_dead_or_failing_loop_and_the_heartbeat_sa
         assert response.status == 500
         assert "loop schedule dead: RuntimeError: boom" in body and "loop intake failing: KeyError: 'uid'" in body
     assert worker.info().unhealthy == ["intake", "schedule"]
-    await redis.aclose()

@@ -3,7 +3,6 @@ the caller presented) and answers as each test tells it, for the KubeREST and Ev
 
 from __future__ import annotations
 
-import asyncio
 import json
 import ssl
 from collections.abc import Awaitable, Callable
@@ -132,12 +131,3 @@ class TLSApiserver:
         path = self.directory / "kubeconfig.yaml"
         path.write_text(json.dumps(config))
         return path
-
-
-async def until(predicate: Callable[[], bool], *, deadline: float = 10.0) -> None:
-    """Wait until ``predicate()`` holds (a safety deadline, not a timing assertion)."""
-    async with asyncio.timeout(deadline):
-        while True:
-            if predicate():
-                return
-            await asyncio.sleep(0.005)
