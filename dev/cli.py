@@ -9,9 +9,6 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench.run import run_bench
-from deploy import cli as operator_cli
-from dev.demo.run import run_demo
 from dev.local import binaries
 from dev.local.clean import clean
 from dev.local.errors import PlaneError
@@ -88,6 +85,10 @@ def _local_build(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    # Imported here, as the benchmark and the operator's CLI are where they are used: they import hoss's components,
+    # and `local down` must still stop a plane while a component's code does not import.
+    from dev.demo.run import run_demo  # noqa: PLC0415
+
     binaries.build_missing()
     return asyncio.run(
         run_demo(
@@ -111,6 +112,8 @@ def _dispatcher_url(plane: LocalPlane) -> str:
 
 def _operator(args: argparse.Namespace, command: str, extra: list[str]) -> int:
     """The operator's ``hoss <command>``, aimed at the local plane."""
+    from deploy import cli as operator_cli  # noqa: PLC0415 -- see _demo
+
     return operator_cli.main([command, *extra, *args.rest])
 
 
@@ -125,6 +128,8 @@ def _reschedule(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    from bench.run import run_bench  # noqa: PLC0415 -- see _demo
+
     binaries.build_missing()
     plane = _bench_plane(args)
     try:
