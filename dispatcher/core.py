@@ -129,7 +129,8 @@ class Dispatcher(ClusterView):
     async def _lead_rounds(self) -> None:
         interval = self.settings.reclaim_interval_seconds
         while True:
-            await self._guarded(self.tick())
+            if await self._guarded(self.tick()):
+                self.metrics.rounds.labels("leader").inc()
             deadline = self._clock() + interval
             while (remaining := deadline - self._clock()) > 0:
                 try:
@@ -429,7 +430,8 @@ class Dispatcher(ClusterView):
     async def follow(self) -> None:
         """Keep the view of workers and the dispatched map current without writing anything, until cancelled."""
         while True:
-            await self._guarded(self.observe())
+            if await self._guarded(self.observe()):
+                self.metrics.rounds.labels("follower").inc()
             await asyncio.sleep(self.settings.reclaim_interval_seconds)
 
     async def observe(self) -> None:

@@ -27,6 +27,11 @@ class DispatcherMetrics:
         self.redis_errors = Counter(
             "hoss_dispatcher_redis_errors_total", "Dispatcher rounds that failed because Redis did", registry=r
         )
+        self.rounds = Counter(
+            "hoss_dispatcher_rounds_total",
+            "Rounds completed, by role: the leader's full rounds (reclaim, resync, dispatch), the follower's refreshes",
+            ["role"], registry=r,
+        )
         self.dispatch_latency = Histogram(
             "hoss_dispatcher_dispatch_latency_seconds",
             "Time from first seeing a pending pod to sending it to a worker",
