@@ -16,17 +16,10 @@ from dispatcher import dependencies
 from dispatcher import reservations as dispatcher_reservations
 from hoss.model import reservations
 from hoss.queue import WorkItem, WorkQueue, queue_key
-from tests.integration.test_dispatcher_flow import (
-    RecordingNotifier,
-    beat,
-    make_dispatcher,
-    pending_pod,
-    queue,
-    stream_uids,
-)
+from tests.integration.dispatching import RecordingNotifier, beat, make_dispatcher, pending_pod, stream_uids
+from tests.waiting import until
 
 pytestmark = pytest.mark.integration
-__all__ = ["queue"]  # fixture (client comes from conftest)
 
 
 def job(name: str, **status: Any) -> dependencies.JobState:
@@ -68,14 +61,14 @@ async def test_a_failed_dependency_fails_the_pod_once_or_lets_it_wait(queue: Wor
     dispatcher.on_job(namespace, "prepare", failed)
     await beat(queue, "w")
     assert (await dispatcher.tick()).dispatched == 1  # uid-2 only
-    await asyncio.sleep(0)  # the failing runs in the background
+    await until(lambda: bool(notifier.failures), timeout=10, what="the pod to be failed (in the background)")
     assert notifier.failures == [(f"{namespace}/pod-1", dependencies.FAILED,
                                   "job prepare failed (condition Failed: BackoffLimitExceeded (Job has reached the "
                                   "specified backoff limit)), so prepare:Complete can never hold; the pod is failed "
                                   "(its Job counts the failure)")]
     assert "uid-1" not in dispatcher.waiting
     await dispatcher.tick()  # until the pod watch drops it, it is not failed a second time
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # one turn of the loop: a failing that round started would have run (the notifier's is)
     assert len(notifier.failures) == 1
     assert await stream_uids(queue, "w") == ["uid-2"]
 

@@ -13,7 +13,6 @@ import json
 import random
 import socket
 import time
-from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -23,76 +22,32 @@ from aiohttp import web
 
 from dispatcher import reservations as dispatcher_reservations
 from dispatcher.core import FRESH_BEATS_SECONDS, Dispatcher
-from dispatcher.intake import PendingPod
 from dispatcher.leader import LeaderElector
 from dispatcher.roles import cancel_and_wait, run_roles
 from dispatcher.routing import POLICY_LABEL
 from dispatcher.server import ServiceState, build_app
-from dispatcher.settings import DispatcherSettings
 from dispatcher.status import SystemStatus
 from dispatcher.waiting import no_worker_message
 from hoss.ledger.client import Ledger
 from hoss.queue import WorkerInfo, WorkItem, WorkQueue, queue_key
+from tests.integration.dispatching import (
+    ALIVE_SECONDS,
+    Json,
+    RecordingNotifier,
+    beat,
+    dead,
+    make_dispatcher,
+    pending_pod,
+    rounds,
+    settings,
+    stream_uids,
+)
+from tests.waiting import until
 
 pytestmark = pytest.mark.integration
 
-Json = dict[str, Any]
-ALIVE_SECONDS = 60.0
 DYING_SECONDS = 0.4
-
-
-@pytest.fixture
-def queue(client: redis.asyncio.Redis) -> WorkQueue:
-    return WorkQueue(client)
-
-
-def pending_pod(n: int, *, policy: str | None = None) -> Json:
-    labels = {"hoss.io/policy": policy} if policy else {}
-    return {
-        "metadata": {"name": f"pod-{n}", "namespace": "team", "uid": f"uid-{n}", "labels": labels},
-        "spec": {"schedulerName": "hoss", "containers": [{"name": "c"}]},
-        "status": {"phase": "Pending"},
-    }
-
-
-def settings(**overrides: Any) -> DispatcherSettings:
-    return DispatcherSettings(identity="test-dispatcher", **overrides)
-
-
-class RecordingNotifier:
-    def __init__(self) -> None:
-        self.notices: list[tuple[str, str]] = []
-        self.failures: list[tuple[str, str, str]] = []
-
-    async def waiting(self, pod: PendingPod, *, reason: str, message: str) -> None:
-        self.notices.append((pod.key, message))
-
-    async def failed(self, pod: PendingPod, *, reason: str, message: str) -> bool:
-        self.failures.append((pod.key, reason, message))
-        return True
-
-
-async def make_dispatcher(
-    queue: WorkQueue, pods: list[Json], *, notifier: RecordingNotifier | None = None,
-    is_leader: Callable[[], bool] = lambda: True, **overrides: Any,
-) -> Dispatcher:
-    dispatcher = Dispatcher(
-        queue=queue, settings=settings(**overrides), notifier=notifier, rng=random.Random(11), is_leader=is_leader
-    )
-    await dispatcher.on_list(copy.deepcopy(pods))
-    dispatcher.synced.set()
-    return dispatcher
-
-
-async def beat(queue: WorkQueue, worker_id: str, *, policies: tuple[str, ...] = ("default",),
-               ttl: float = ALIVE_SECONDS, **fields: Any) -> None:
-    await queue.heartbeat(WorkerInfo(id=worker_id, policies=list(policies), **fields), ttl_seconds=ttl)
-
-
-async def stream_uids(queue: WorkQueue, worker_id: str) -> list[str]:
-    """The pods in a worker's stream, delivered or not, in order."""
-    entries: Any = await queue.redis.xrange(queue_key(worker_id))
-    return [WorkItem.decode(fields).uid for _id, fields in entries]
+"""The heartbeat TTL of a worker about to die."""
 
 
 async def test_dead_workers_items_go_to_a_live_worker_none_lost_none_twice(queue: WorkQueue) -> None:
@@ -115,7 +70,7 @@ async def test_dead_workers_items_go_to_a_live_worker_none_lost_none_twice(queue
     done_id, done = delivered[0]
     await queue.ack("a", done_id, [done.uid])
     await dispatcher.on_event("DELETED", by_uid[done.uid])
-    await asyncio.sleep(DYING_SECONDS + 0.3)
+    await dead(queue, "a")
     await beat(queue, "b")
 
     report = await dispatcher.reclaim_step()
@@ -152,11 +107,12 @@ async def test_live_worker_consuming_while_another_dies_sees_every_pod_exactly_o
     try:
         await dispatcher.tick()
         assert await stream_uids(queue, "doomed"), "the doomed worker got a share before it died"
-        for _ in range(40):
-            await asyncio.sleep(0.05)
-            await dispatcher.tick()
-            if len(bound) == len(pods):
-                break
+
+        async def all_bound() -> tuple[bool, str]:
+            await dispatcher.tick()  # a round takes the doomed worker's pods back once its heartbeat expired
+            return len(bound) == len(pods), f"{len(bound)}/{len(pods)} bound"
+
+        await until(all_bound, timeout=20, what="every pod to be bound, the doomed worker's too")
     finally:
         stop.set()
         await consumer
@@ -196,7 +152,7 @@ async def test_reclaimed_pods_whose_policy_nobody_serves_wait_and_are_not_lost(q
     dispatcher = await make_dispatcher(queue, [pending_pod(n, policy="gpu") for n in range(3)], notifier=notifier)
     await beat(queue, "gpu-1", policies=("gpu",), ttl=DYING_SECONDS)
     await dispatcher.tick()
-    await asyncio.sleep(DYING_SECONDS + 0.3)
+    await dead(queue, "gpu-1")
 
     report = await dispatcher.tick()
     await dispatcher.drain_notices()
@@ -231,7 +187,7 @@ async def test_leader_that_died_between_reclaim_and_resend_loses_nothing(queue: 
     old = await make_dispatcher(queue, pods)
     await old.tick()
     on_a = await stream_uids(queue, "a")
-    await asyncio.sleep(DYING_SECONDS + 0.3)
+    await dead(queue, "a")
     await beat(queue, "b")
     # The old leader took a's stream and died before forgetting or re-sending anything.
     assert len(await queue.reclaim("a")) == len(on_a)
@@ -313,19 +269,22 @@ async def test_only_the_leader_dispatches_and_losing_the_lease_stops_it(queue: W
     await beat(queue, "a")
     roles = asyncio.create_task(run_roles(dispatcher, elector))
     try:
-        await asyncio.sleep(0.2)
+        await until(lambda: rounds(dispatcher, "follower") >= 2, timeout=10, what="two rounds as a follower")
         assert await stream_uids(queue, "a") == [], "a follower sends nothing"
 
         await elector.try_once()
-        for _ in range(40):
-            if await stream_uids(queue, "a"):
-                break
-            await asyncio.sleep(0.05)
-        assert await stream_uids(queue, "a") == ["uid-1"]
+
+        async def sent() -> tuple[bool, str]:
+            uids = await stream_uids(queue, "a")
+            return uids == ["uid-1"], f"on a: {uids}"
+
+        await until(sent, timeout=10, what="the new leader to send the pending pod")
 
         await elector.release()
         await dispatcher.on_event("ADDED", pending_pod(2))
-        await asyncio.sleep(0.3)
+        followed = rounds(dispatcher, "follower")
+        await until(lambda: rounds(dispatcher, "follower") >= followed + 2, timeout=10,
+                    what="two more rounds as a follower")
         assert await stream_uids(queue, "a") == ["uid-1"], "after losing the Lease nothing more is sent"
     finally:
         roles.cancel()
@@ -335,16 +294,18 @@ async def test_only_the_leader_dispatches_and_losing_the_lease_stops_it(queue: W
 async def test_stopping_a_role_that_swallows_a_cancellation_still_ends_it() -> None:
     """redis-py can swallow a cancellation while it opens a connection; the role must end all the same."""
     swallowed = 0
+    running = asyncio.Event()
 
     async def role_that_swallows_once() -> None:
         nonlocal swallowed
+        running.set()
         with contextlib.suppress(asyncio.CancelledError):  # the swallowing, as redis-py does it
             await asyncio.sleep(10)
         swallowed += 1
         await asyncio.sleep(10)
 
     role = asyncio.create_task(role_that_swallows_once())
-    await asyncio.sleep(0.01)
+    await until(running.is_set, timeout=10, what="the role to run")
 
     await asyncio.wait_for(cancel_and_wait(role, retry_seconds=0.01), timeout=5)
 
@@ -383,7 +344,7 @@ async def test_status_reports_workers_queues_ledger_and_summed_resolver_verdicts
     await elector.try_once()
     dispatcher = await make_dispatcher(queue, [pending_pod(1), pending_pod(2, policy="gpu")], notifier=notifier)
     await dispatcher.tick()
-    await asyncio.sleep(DYING_SECONDS + 0.2)
+    await dead(queue, "gone")
     await beat(queue, "late")  # after the leader's last read: alive, not yet on its routing list
     runner, url = await serve_status(ServiceState(
         settings=dispatcher.settings, dispatcher=dispatcher, elector=elector, redis=client, ledger=ledger))
@@ -459,12 +420,15 @@ async def test_dispatch_round_against_unreachable_redis_pauses_instead_of_failin
     )
     dispatcher = await make_dispatcher(WorkQueue(unreachable), [pending_pod(1)], reclaim_interval_seconds=0.05)
     lead = asyncio.create_task(dispatcher.lead())
+
+    def failed_rounds() -> float:
+        return dispatcher.metrics.registry.get_sample_value("hoss_dispatcher_redis_errors_total") or 0.0
+
     try:
-        await asyncio.sleep(0.3)
-        assert not lead.done()
+        await until(lambda: failed_rounds() >= 2 or lead.done(), timeout=10, what="two rounds failing on Redis")
+        assert not lead.done(), "the rounds go on"
         assert dispatcher.redis_error is not None
-        failed_rounds = dispatcher.metrics.registry.get_sample_value("hoss_dispatcher_redis_errors_total")
-        assert failed_rounds is not None and failed_rounds >= 2
+        assert rounds(dispatcher, "leader") == 0
     finally:
         lead.cancel()
         await asyncio.gather(lead, return_exceptions=True)

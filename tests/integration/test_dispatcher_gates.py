@@ -8,10 +8,9 @@ from typing import Any
 import pytest
 
 from hoss.queue import WorkQueue, queue_key
-from tests.integration.test_dispatcher_flow import beat, make_dispatcher, pending_pod, queue, stream_uids
+from tests.integration.dispatching import beat, make_dispatcher, pending_pod, stream_uids
 
 pytestmark = pytest.mark.integration
-__all__ = ["queue"]  # fixture (client comes from conftest)
 
 
 async def test_a_gated_pod_is_held_back_until_its_gates_are_removed(queue: WorkQueue) -> None:

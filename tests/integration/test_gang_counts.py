@@ -4,28 +4,19 @@ status (phase, scheduled, running) is written from the members' counts."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-import redis.asyncio
 
 from dispatcher.core import Dispatcher
 from dispatcher.gangs import GangKey, PodGroupSpec
 from dispatcher.settings import DispatcherSettings
-from hoss.queue import WorkerInfo, WorkItem, WorkQueue, queue_key
+from hoss.queue import WorkerInfo, WorkQueue, queue_key
+from tests.integration.dispatching import stream_items
 
 pytestmark = pytest.mark.integration
 Json = dict[str, Any]
 KEY = GangKey("team", "train")
-
-
-@pytest.fixture
-async def queue(redis_url: str) -> AsyncIterator[WorkQueue]:
-    connection = redis.asyncio.Redis.from_url(redis_url, decode_responses=True)
-    await connection.flushdb()
-    yield WorkQueue(connection)
-    await connection.aclose()
 
 
 def member(n: int, *, node: str = "", phase: str = "Pending") -> Json:
@@ -35,11 +26,6 @@ def member(n: int, *, node: str = "", phase: str = "Pending") -> Json:
         "spec": {"schedulerName": "hoss", "containers": [{"name": "c"}], **({"nodeName": node} if node else {})},
         "status": {"phase": phase},
     }
-
-
-async def sent_items(queue: WorkQueue) -> list[WorkItem]:
-    entries: Any = await queue.redis.xrange(queue_key("w"))
-    return [WorkItem.decode(fields) for _id, fields in entries]
 
 
 async def test_bound_members_count_so_a_replacement_goes_out_singly_and_the_podgroup_status_follows(
@@ -64,13 +50,13 @@ async def test_bound_members_count_so_a_replacement_goes_out_singly_and_the_podg
     await dispatcher.on_list([apiserver[4]])
     dispatcher.synced.set()
     await dispatcher.tick()
-    assert await sent_items(queue) == [], "3 bound + 1 pending reach min-available 4, but are not counted yet"
+    assert await stream_items(queue, "w") == [], "3 bound + 1 pending reach min-available 4, but are not counted yet"
     assert dispatcher.waiting["uid-4"].reason == "GangIncomplete"
 
     await dispatcher.refresh_gangs(list_members, write_status)
     assert statuses[-1] == {"phase": "Pending", "scheduled": 3, "running": 3}
     await dispatcher.tick()
-    [item] = await sent_items(queue)
+    [item] = await stream_items(queue, "w")
     assert item.gang == "team/train" and item.min_available == 1, "one more member completes the gang"
     assert [m.uid for m in item.members] == ["uid-4"]
 
@@ -83,7 +69,7 @@ async def test_bound_members_count_so_a_replacement_goes_out_singly_and_the_podg
     await dispatcher.refresh_gangs(list_members, write_status)
     assert statuses[-1] == {"phase": "Running", "scheduled": 4, "running": 4}
     await dispatcher.tick()
-    [single] = await sent_items(queue)
+    [single] = await stream_items(queue, "w")
     assert (single.uid, single.members, single.pod != "") == ("uid-5", (), True), "an extra member goes singly"
 
 

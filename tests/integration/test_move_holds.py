@@ -20,6 +20,7 @@ from hoss.model.resources import pod_requests
 from rescheduler.cluster import ClusterView
 from rescheduler.execute import EvictionLimit, Executor
 from rescheduler.plan import Move, Node, Plan, Pod, fragmentation, plan_for_pending
+from tests.waiting import until
 
 pytestmark = pytest.mark.integration
 
@@ -129,9 +130,13 @@ async def test_holds_are_announced_on_the_change_stream_and_end_at_their_deadlin
                                                                        ("c", False)]
     held = orjson.loads(changes[1].items[0][1])
     assert held["owner"] == "rs-b" and held["node"] == "node2"
-    # Past its deadline the hold no longer counts, and the first script that meets it drops and announces it.
-    await asyncio.sleep(0.1)
-    assert await example.reserve_batch([item("x", "node2", n=8)], owner="w", ttl_seconds=30) == [Reserved("node2")]
+    # Past its deadline (on the Redis clock) the hold no longer counts, and the first script that meets it drops
+    # and announces it.
+    async def room_taken() -> tuple[bool, str]:
+        results = await example.reserve_batch([item("x", "node2", n=8)], owner="w", ttl_seconds=30)
+        return results == [Reserved("node2")], str(results)
+
+    await until(room_taken, timeout=10, what="the held room to be free for any pod once the hold's deadline passed")
     assert [c.items[0] for c in await example.changes(start) if c.kind == "h"][-1] == ("move/b", "")
 
 

@@ -10,7 +10,6 @@ name. Plus the ledger side of holes 1 (overcommits counted), 3 (resize) and 5 (a
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
@@ -28,6 +27,8 @@ from resolver.mirror import PodIndex, parse_pod
 from resolver.settings import ResolverSettings
 from resolver.state import WebhookState
 from resolver.sync import LedgerSync
+from tests.integration.redis_server import redis_clock_past
+from tests.waiting import until
 
 NODE = {"cpu": 2000, "memory": 8 << 30, "pods": 110}
 POD = {"cpu": 1500, "pods": 1}
@@ -55,8 +56,17 @@ async def admitted_by_the_webhook(ledger: Ledger, uid: str = "p", ttl: float = 0
 
 async def test_hole2_an_admitted_binding_outlives_its_reservations_deadline(ready: Ledger) -> None:
     await admitted_by_the_webhook(ready, ttl=0.05)
-    await asyncio.sleep(0.2)
-    assert await ready.expire() == []
+    # A witness with the same deadline, reserved just after: once it expires, the admitted one's deadline passed.
+    await ready.reserve(uid="witness", pod="ns/witness", node="n1", request={"cpu": 100, "pods": 1}, owner="w1",
+                        ttl_seconds=0.05)
+    expired: list[str] = []
+
+    async def witness_expired() -> tuple[bool, str]:
+        expired.extend(await ready.expire())
+        return "witness" in expired, f"expired so far: {expired}"
+
+    await until(witness_expired, timeout=10, what="the witness reservation to pass its deadline")
+    assert expired == ["witness"], "the admitted entry does not expire"
     assert await cpu(ready, "n1") == 1500
 
 
@@ -133,11 +143,11 @@ async def test_hole2_and_7_the_check_drops_an_admitted_entry_only_on_proof(ready
     assert not await ready.drop_admitted(entry), "a second drop finds nothing"
 
 
-async def test_hole2_a_drop_never_takes_an_entry_admitted_again_meanwhile(ready: Ledger) -> None:
+async def test_hole2_a_drop_never_takes_an_entry_admitted_again_meanwhile(ready: Ledger, redis_url: str) -> None:
     await admitted_by_the_webhook(ready)
     await ready.release_assumed(uid="p", node="n1", answered=True)
     (entry,) = (await ready.verify_due()).entries
-    await asyncio.sleep(0.01)
+    await redis_clock_past(redis_url, entry.admitted_ms)  # admitted again later: a later admission time
     assert await ready.confirm(uid="p", pod="ns/p", node="n1", request=None, owner="w1",
                                verify_after_seconds=30) == Confirmed(node="n1", foreign=False)
     assert not await ready.drop_admitted(entry)

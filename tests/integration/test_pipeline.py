@@ -16,6 +16,7 @@ from hoss.framework.pod import PodView
 from hoss.ledger.client import Ledger
 from hoss.model import compact
 from hoss.model.resources import node_allocatable
+from tests.waiting import until
 
 pytestmark = pytest.mark.integration
 
@@ -57,7 +58,11 @@ async def test_a_worker_follows_node_changes_from_the_ledger_without_watching(
         # 3 pods of 600m: one fits on "small"; a node added through the ledger (as the sync adds it) takes more.
         driving = asyncio.create_task(drive(client, [pod_object(n, cpu="600m") for n in range(3)],
                                             expected_workers=1, timeout=60))
-        await asyncio.sleep(1.0)
+        async def one_on_small() -> tuple[bool, str]:
+            nodes = [entry.node for entry in await Ledger(client).entries()]
+            return nodes == ["small"], f"entries on {nodes}"
+
+        await until(one_on_small, timeout=60, what="the one pod that fits to be placed on small")
         big = node_object("big", cpu="4")
         await Ledger(client).sync_node(node="big", allocatable=node_allocatable(big), labels={},
                                        spec=compact.encode(compact.compact_node(big)).decode())

@@ -19,6 +19,7 @@ from hoss.ledger.client import Ledger
 from hoss.ledger.keys import STATS_KEY
 from hoss.ledger.redisclient import PipelinedRedis
 from hoss.queue import DISPATCHED, WORKERS, WorkItem, WorkQueue, queue_key
+from tests.integration.redis_server import blocked_in_redis
 
 
 @pytest.fixture
@@ -46,7 +47,7 @@ async def test_change_stream_reads_match_redis_py_and_block_until_an_entry(
     scripts = PipelinedRedis(redis_url)
     try:
         waiting = asyncio.create_task(reading.changes(expected[-1].id, block_ms=5000))
-        await asyncio.sleep(0.1)
+        await blocked_in_redis(client)
         assert not waiting.done()
         writer = Ledger(client, scripts=scripts)
         await writer.sync_node(node="n1", allocatable={"cpu": 8000, "pods": 10})
@@ -77,7 +78,7 @@ async def test_work_stream_reads_match_redis_py_new_and_pending(
         await queue.read("w1", count=10, block_ms=0, pending=True) == new
 
     waiting = asyncio.create_task(reading.read("w1", count=10, block_ms=5000))
-    await asyncio.sleep(0.1)
+    await blocked_in_redis(client)
     assert not waiting.done()
     [late_id] = await queue.enqueue_many([("w1", items[0])])
     assert await asyncio.wait_for(waiting, 5) == [(late_id, items[0])]

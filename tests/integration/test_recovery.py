@@ -15,6 +15,7 @@ from dispatcher.core import Dispatcher
 from dispatcher.settings import DispatcherSettings
 from hoss.errors import LedgerUnavailable
 from hoss.queue import DISPATCHED, QueueLost, WorkerInfo, WorkItem, WorkQueue, classify, queue_key
+from tests.waiting import until
 
 pytestmark = pytest.mark.integration
 
@@ -95,7 +96,11 @@ async def test_a_worker_whose_queue_was_taken_away_mid_run_recreates_it_and_ever
     async def take_w1_queue_away() -> None:
         # What a reclaim does to a worker declared dead while it was only paused: its stream, group and
         # dispatched entries vanish; the dispatcher sends those pods again.
-        await asyncio.sleep(0.3)
+        async def w1_working() -> tuple[bool, str]:
+            owners = set((await queue.dispatched()).values())
+            return "w1" in owners, f"pods dispatched to {sorted(owners)}"
+
+        await until(w1_working, timeout=60, what="w1 to be given pods")
         await queue.reclaim("w1")
         owned = [uid for uid, owner in (await queue.dispatched()).items() if owner == "w1"]
         await queue.forget(owned)

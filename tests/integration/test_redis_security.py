@@ -5,17 +5,15 @@ workers; the resolver's pipelined client for the webhook) connecting with a ``re
 from __future__ import annotations
 
 import importlib.resources
-import shutil
-import subprocess
-import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import hiredis
 import pytest
+import pytest_asyncio
 import redis
 import redis.asyncio
 from redis.exceptions import AuthenticationError, ConnectionError, NoPermissionError, ResponseError
@@ -30,7 +28,7 @@ from hoss.ledger.redisclient import PipelinedRedis
 from hoss.queue import WorkerInfo, WorkItem, WorkQueue
 from hoss.settings import SettingsError, load_settings
 from resolver.settings import ResolverSettings
-from tests.integration.conftest import _stop, _wait_for_ping
+from tests.integration.redis_server import redis_server_binary, start_redis_server, stop_redis_server
 
 PASSWORD = "s3cret-for-the-test"
 
@@ -48,11 +46,8 @@ class SecureRedis:
         return f"rediss://{user}:{password}@127.0.0.1:{self.port}/0?{urllib.parse.urlencode(query)}"
 
 
-@pytest.fixture(scope="module")
-def secure_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureRedis]:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.fail("redis-server is not on PATH; `make deps` installs it (Debian package redis-server)")
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def secure_redis(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[SecureRedis]:
     workdir = tmp_path_factory.mktemp("redis-tls")
     ca = pki.ensure_ca(workdir, common_name="redis-test-ca")
     server = pki.issue(ca, directory=workdir, name="server", common_name="redis", ip_addresses=("127.0.0.1",),
@@ -64,31 +59,17 @@ def secure_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureRed
         f"user hoss on >{PASSWORD} resetkeys ~{{hoss}}:* resetchannels -@all +@read +@write +@scripting"
         " -@dangerous +ping +time +hello +select +client|setname\n"
     )
-    port = free_port()
+    secure = SecureRedis(free_port(), ca, client)
     log = workdir / "redis.log"
-    process = subprocess.Popen(
-        [binary, "--bind", "127.0.0.1", "--port", "0", "--tls-port", str(port), "--tls-cert-file", str(server.cert),
+    process = await start_redis_server(
+        ["--bind", "127.0.0.1", "--port", "0", "--tls-port", str(secure.port), "--tls-cert-file", str(server.cert),
          "--tls-key-file", str(server.key), "--tls-ca-cert-file", str(ca.cert), "--tls-auth-clients", "yes",
          "--aclfile", str(acl), "--save", "", "--appendonly", "no", "--dir", str(workdir), "--logfile", str(log)],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-    )
-    secure = SecureRedis(port, ca, client)
+        url=secure.url(), log=log)
     try:
-        deadline = time.monotonic() + 10
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"redis-server (TLS) exited with {process.returncode}:\n{log.read_text()}")
-            try:
-                with redis.Redis.from_url(secure.url(), socket_connect_timeout=0.5) as probe:
-                    probe.ping()
-                break
-            except redis.ConnectionError:
-                if time.monotonic() > deadline:
-                    pytest.fail(f"redis-server (TLS) did not answer within 10s:\n{log.read_text()}")
-                time.sleep(0.05)
         yield secure
     finally:
-        _stop(process)
+        await stop_redis_server(process)
 
 
 async def test_the_ledger_works_over_tls_with_an_acl_user_through_both_clients(secure_redis: SecureRedis) -> None:
@@ -182,30 +163,26 @@ def test_a_missing_tls_file_in_the_redis_url_stops_start_up_naming_it(tmp_path: 
                       prog="hoss-resolver", description="")
 
 
-@pytest.fixture(scope="module")
-def hoss_acl_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def hoss_acl_redis(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[dict[str, str]]:
     """A real redis-server loading the ACL file hoss deploys (deploy.lockdown.redis_acl: one user per component,
     the default user off); the Redis URL of each component."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.fail("redis-server is not on PATH; `make deps` installs it (Debian package redis-server)")
     workdir = tmp_path_factory.mktemp("redis-acl")
     passwords = lockdown.new_passwords((*lockdown.COMPONENTS, "admin"))
     acl = workdir / "users.acl"
-    acl.write_text(lockdown.redis_acl(passwords, admin=True, client_setinfo=redis_version(binary) >= (7, 2)))
+    acl.write_text(lockdown.redis_acl(passwords, admin=True,
+                                      client_setinfo=redis_version(redis_server_binary()) >= (7, 2)))
     port = free_port()
     log = workdir / "redis.log"
-    process = subprocess.Popen(
-        [binary, "--bind", "127.0.0.1", "--port", str(port), "--aclfile", str(acl), "--save", "", "--appendonly",
-         "no", "--dir", str(workdir), "--logfile", str(log)],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-    )
     urls = {user: f"redis://{user}:{password}@127.0.0.1:{port}/0" for user, password in passwords.items()}
+    process = await start_redis_server(
+        ["--bind", "127.0.0.1", "--port", str(port), "--aclfile", str(acl), "--save", "", "--appendonly", "no",
+         "--dir", str(workdir), "--logfile", str(log)],
+        url=urls["admin"], log=log)
     try:
-        _wait_for_ping(urls["admin"], process, log)
         yield urls
     finally:
-        _stop(process)
+        await stop_redis_server(process)
 
 
 async def test_the_dispatcher_reads_the_ledger_but_cannot_write_the_ready_flag(hoss_acl_redis: dict[str, str]) -> None:

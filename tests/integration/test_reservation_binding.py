@@ -23,6 +23,7 @@ from hoss.kube.client import KubeError
 from hoss.ledger.client import Ledger
 from hoss.ledger.results import ReservationShares
 from hoss.queue import WorkQueue
+from tests.waiting import until
 from workers.core import Worker
 
 pytestmark = pytest.mark.integration
@@ -81,10 +82,12 @@ async def test_a_failed_binding_gives_the_owners_share_back_to_the_reservation_a
         "status": {"phase": "Pending"}}
     lead = None
     try:
-        for _ in range(200):  # the worker must be beating before the first round, or the pod waits for one
-            if (await dispatcher.queue.workers())[0]:
-                break
-            await asyncio.sleep(0.05)
+        async def beating() -> tuple[bool, str]:
+            live, _dead = await dispatcher.queue.workers()
+            return bool(live), f"{len(live)} live workers"
+
+        # The worker must be beating before the first round, or the pod waits for one.
+        await until(beating, timeout=10, what="the worker's first heartbeat")
         await dispatcher.on_list([owner])
         dispatcher.synced.set()
         lead = asyncio.create_task(dispatcher.lead())
@@ -93,14 +96,13 @@ async def test_a_failed_binding_gives_the_owners_share_back_to_the_reservation_a
         assert binder.during is not None and binder.during.room[GPU] == 2
         assert [(o.uid, o.node, dict(o.share)) for o in binder.during.owners] == [
             ("uid-owner", "g1", {"cpu": 1000, GPU: 2})]
-        deadline = time.monotonic() + 10
-        view = None
-        while time.monotonic() < deadline:
+        async def share_back() -> tuple[bool, str]:
             view = (await ledger.reservation_owners(["uid-pool"]))["uid-pool"]
-            if not view.owners:
-                break
-            await asyncio.sleep(0.05)
-        assert view is not None and view.owners == () and view.room == TOTAL, view
+            return not view.owners, str(view)
+
+        await until(share_back, timeout=10, what="the owner's share to go back to the Reservation")
+        view = (await ledger.reservation_owners(["uid-pool"]))["uid-pool"]
+        assert view.owners == () and view.room == TOTAL, view
         assert "uid-owner" not in {e.uid for e in await ledger.entries()}
         assert binder.calls == 1, "released by the failed binding, not by a later attempt"
     finally:

@@ -15,6 +15,7 @@ from hoss.ledger.client import Ledger
 from hoss.ledger.connection import HiredisConnection, ledger_redis, redis_call
 from hoss.ledger.redisclient import PipelinedRedis
 from hoss.ledger.results import Confirmed, Conflict, LedgerNotReady, NeedRequest, Reserved
+from tests.integration.redis_server import blocked_in_redis
 
 ROOM = {"cpu": 4000, "memory": 8 << 30, "pods": 110}
 
@@ -94,7 +95,7 @@ async def test_a_cancelled_call_or_a_lost_connection_leaves_the_client_usable(re
                 await client.execute("BLPOP", "nothing-here", "0.05")
         assert await client.execute("PING") == "PONG", "the late reply of the cancelled call is dropped"
         waiting = asyncio.create_task(redis_call(client.execute("BLPOP", "nothing-here", "2")))
-        await asyncio.sleep(0.1)
+        await blocked_in_redis(admin)
         await admin.client_kill_filter(_type="normal", skipme=True)
         with pytest.raises(LedgerUnavailable, match="connection to Redis lost"):
             await waiting

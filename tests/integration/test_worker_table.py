@@ -14,13 +14,13 @@ import pytest
 import redis.asyncio
 
 from bench.pipeline import drive, node_object, pod_object, prepare_ledger, run_worker, worker_settings
-from dev.local.cluster import wait_until
 from dev.local.plane import POLICIES_FILE
 from dispatcher.gangs import MIN_AVAILABLE_LABEL, NAME_LABEL
 from hoss.framework.nodes import stream_position
 from hoss.ledger.client import Ledger
 from hoss.ledger.keys import CHANGES_KEY
 from hoss.ledger.results import GangReserved, Reserved
+from tests.waiting import until
 from workers.core import Worker
 
 pytestmark = pytest.mark.integration
@@ -58,7 +58,7 @@ async def caught_up(worker: Worker, change: str) -> None:
     async def check() -> tuple[bool, str]:
         return stream_position(worker.feed.position) >= stream_position(change), f"at {worker.feed.position}"
 
-    await wait_until(check, timeout=10, what=f"the feed to apply {change}", interval=0.002)
+    await until(check, timeout=10, what=f"the feed to apply {change}")
 
 
 def gang_pods(first: int, count: int, *, cpu: str) -> list[dict[str, Any]]:
@@ -90,10 +90,7 @@ async def entry_first_worker(redis_url: str) -> AsyncIterator[Worker]:
     task = asyncio.create_task(run_worker(worker_settings("w1", redis_url, str(POLICIES_FILE)), stop,
                                           prepare=prepare))
     try:
-        async def built() -> tuple[bool, str]:
-            return bool(held), "not yet"
-
-        await wait_until(built, timeout=10, what="the worker to be built")
+        await until(lambda: bool(held), timeout=10, what="the worker to be built")
         yield held[0]
     finally:
         stop.set()
