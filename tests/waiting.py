@@ -23,14 +23,16 @@ LONGEST_INTERVAL_SECONDS = 0.5
 """The check is asked again at growing intervals: at once for in-process conditions, gently for a control plane."""
 
 
-async def until(check: Check, *, timeout: float, what: str) -> str:
+async def until(check: Check, *, timeout: float, what: str, interval: float | None = None) -> str:
     """Return once ``check()`` holds; after ``timeout`` seconds fail the test naming ``what``.
 
     ``check`` is a function or a coroutine function returning a bool, or ``(holds, seen)`` where ``seen`` says
-    what it saw: the failure quotes the last one, and it is returned once the condition holds.
+    what it saw: the failure quotes the last one, and it is returned once the condition holds. ``interval``: ask
+    every that many seconds instead (to catch a passing state).
     """
     seen = ""
-    interval = FIRST_INTERVAL_SECONDS
+    steady = interval is not None
+    interval = FIRST_INTERVAL_SECONDS if interval is None else interval
     bound = asyncio.timeout(timeout)
     try:
         async with bound:
@@ -39,7 +41,8 @@ async def until(check: Check, *, timeout: float, what: str) -> str:
                 if holds:
                     return seen
                 await asyncio.sleep(interval)
-                interval = min(interval * 1.5, LONGEST_INTERVAL_SECONDS)
+                if not steady:
+                    interval = min(interval * 1.5, LONGEST_INTERVAL_SECONDS)
     except TimeoutError:
         if not bound.expired():
             raise  # the check's own timeout, not ours

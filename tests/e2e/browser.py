@@ -14,12 +14,13 @@ import itertools
 import os
 import signal
 import subprocess
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+
+from tests.waiting import until
 
 CHROMIUM = Path("/usr/bin/chromium")
 MISSING = (f"{CHROMIUM} is missing: the browser test needs Debian's chromium; `make test` installs it "
@@ -127,18 +128,19 @@ def _write(path: Path, data: bytes) -> None:
 
 async def _devtools_port(profile: Path, process: asyncio.subprocess.Process, log: Path) -> int:
     """The port Chromium's DevTools listen on, from the file it writes in its profile once they do."""
-    deadline = time.monotonic() + START_TIMEOUT_SECONDS
     port_file = profile / "DevToolsActivePort"
-    while time.monotonic() < deadline:
+    port: list[int] = []
+
+    async def written() -> tuple[bool, str]:
         if process.returncode is not None:
             output = await asyncio.to_thread(log.read_text, errors="replace")
             raise BrowserError(f"chromium exited with {process.returncode}: {output[-2000:]}")
         if await asyncio.to_thread(port_file.exists):
-            lines = (await asyncio.to_thread(port_file.read_text)).split()
-            if lines:
-                return int(lines[0])
-        await asyncio.sleep(0.1)
-    raise BrowserError(f"chromium did not open its DevTools port in {START_TIMEOUT_SECONDS:.0f}s")
+            port[:] = [int(line) for line in (await asyncio.to_thread(port_file.read_text)).split()[:1]]
+        return bool(port), f"no port in {port_file} yet"
+
+    await until(written, timeout=START_TIMEOUT_SECONDS, what=f"chromium to open its DevTools port (log: {log})")
+    return port[0]
 
 
 async def _stop(process: asyncio.subprocess.Process) -> None:

@@ -1,18 +1,26 @@
-"""Helpers for end-to-end tests that run hoss itself: workers for the length of a test, hoss pods, waiting."""
+"""Helpers for end-to-end tests that run hoss itself: workers and nodes for the length of a test, hoss pods kept on
+the test's nodes, waiting for them, and what the apiserver says of a pod that waits."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import ssl
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 
 import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 
-from dev.local.cluster import Cluster, pod_manifest, wait_until
+from dev.local.cluster import Cluster, pod_manifest
 from dev.local.plane import LocalPlane
 from dev.local.state import Process
 from hoss.model.objects import Json
+from tests.waiting import until
+
+NODE_CAPACITY = {"cpu": "8", "memory": "32Gi", "pods": "110"}
+"""A test node: 8 cpu, 32 GiB, 110 pods."""
+_node_sets = itertools.count()
 
 
 @asynccontextmanager
@@ -36,6 +44,35 @@ def started_workers(plane: LocalPlane, prefix: str, count: int) -> Iterator[list
         yield started
     finally:
         plane.stop_processes([p.name for p in started])
+
+
+@asynccontextmanager
+async def node_set(cluster: Cluster, count: int, *, labels: dict[str, str] | None = None,
+                   taints: list[dict[str, str]] | None = None) -> AsyncIterator[list[str]]:
+    """``count`` Ready nodes of `NODE_CAPACITY` for the length of the block (names unique in the session)."""
+    names = await cluster.create_nodes(count, prefix=f"spec{next(_node_sets)}", capacity=NODE_CAPACITY,
+                                       labels=labels, taints=taints or ())
+    try:
+        await cluster.wait_nodes_ready(names)
+        yield names
+    finally:
+        await cluster.delete_nodes(names)
+
+
+def pinned(pods: list[Json], key: str, value: str) -> list[Json]:
+    """Keep the pods on this test's nodes (other tests' nodes may exist on the shared plane)."""
+    for pod in pods:
+        pod["spec"]["nodeSelector"] = {key: value}
+    return pods
+
+
+async def scheduled_condition(cluster: Cluster, namespace: str, pod: str) -> tuple[str, str]:
+    """The reason and message of the pod's PodScheduled=False condition ("", "" without one)."""
+    raw = await cluster.core.read_namespaced_pod(pod, namespace)
+    for condition in raw.status.conditions or []:
+        if condition.type == "PodScheduled" and condition.status == "False":
+            return str(condition.reason or ""), str(condition.message or "")
+    return "", ""
 
 
 def hoss_pods(
@@ -65,10 +102,36 @@ async def wait_all_bound(cluster: Cluster, namespace: str, count: int, *, timeou
         done = sum(1 for p in pods if p["spec"].get("nodeName"))
         return done == count, f"{done}/{count} bound"
 
-    await wait_until(bound, timeout=timeout, what=f"{count} pods to be bound by hoss")
+    await until(bound, timeout=timeout, what=f"{count} pods to be bound by hoss")
     return await cluster.raw_list("list_namespaced_pod", namespace)
 
 
+async def dispatcher_rounds(dispatcher: Process) -> float:
+    """The full rounds the dispatcher completed as leader (``hoss_dispatcher_rounds_total``, its /metrics)."""
+    async with aiohttp.ClientSession() as session, session.get(
+            f"http://127.0.0.1:{dispatcher.port}/metrics") as response:
+        text = await response.text()
+    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+               if sample.name == "hoss_dispatcher_rounds_total" and sample.labels.get("role") == "leader")
+
+
+async def dispatcher_rounds_pass(dispatcher: Process, count: int) -> None:
+    """Wait until the dispatcher has completed ``count`` more full rounds: each looks at every pending pod, so
+    whatever it would do with one it has done."""
+    start = await dispatcher_rounds(dispatcher)
+
+    async def passed() -> tuple[bool, str]:
+        done = await dispatcher_rounds(dispatcher) - start
+        return done >= count, f"{done:g} rounds"
+
+    await until(passed, timeout=30 + 5 * count, what=f"the dispatcher to complete {count} more rounds")
+
+
+async def worker_counters(worker: Process) -> dict[str, int]:
+    """What a worker counted of the pods it was handed (bound, gone, unschedulable, retries...), from its /status."""
+    async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{worker.port}/status") as response:
+        status = await response.json()
+    return {str(name): int(count) for name, count in status["counters"].items()}
 
 
 async def status_access(plane: LocalPlane, namespace: str) -> dict[str, int]:

@@ -32,14 +32,15 @@ import yaml
 from kubernetes_asyncio import client
 from redis.asyncio import Redis
 
-from dev.local.cluster import Cluster, oversold_nodes, wait_until
+from dev.local.cluster import Cluster, oversold_nodes
 from dev.local.plane import POLICIES_FILE, LocalPlane
 from dev.local.state import Process
 from hoss.ledger.client import Ledger
 from hoss.model.objects import Json
 from hoss.queue import WorkQueue
+from tests.dist_info import install_dist_info
 from tests.e2e.hoss import hoss_pods, workers
-from tests.unit.test_entry_point_plugins import install_dist_info
+from tests.waiting import until
 
 NODE_CAPACITY = {"cpu": "8", "memory": "32Gi", "pods": "110"}
 NODES = 12
@@ -145,7 +146,7 @@ async def check_outcome(plane: LocalPlane, cluster: Cluster, namespace: str, run
                      and node in {n["metadata"]["name"] for n in live_nodes}]
             return not wrong, f"{len(wrong)} pods not bound in the ledger where the apiserver has them"
 
-        await wait_until(ledger_agrees, timeout=60, what="the ledger to agree with the apiserver")
+        await until(ledger_agrees, timeout=60, what="the ledger to agree with the apiserver")
     finally:
         await ledger.close()
     print(f"\nchaos {run.name}: scheduling stalled {run.stall_seconds():.1f}s at most; "
@@ -179,7 +180,7 @@ async def chaos_run(
                 done = await bound_count(cluster, namespace)
                 return done >= 30, f"{done} bound"
 
-            await wait_until(under_way, timeout=90, what="the run to be under way")
+            await until(under_way, timeout=90, what="the run to be under way")
             run.disrupted_at = time.monotonic()
             await disrupt(run, started)
             await cluster.create_pods(second, namespace=namespace)
@@ -188,11 +189,11 @@ async def chaos_run(
                 done = await bound_count(cluster, namespace)
                 return done >= total, f"{done}/{total} bound"
 
-            await wait_until(all_bound, timeout=240, what=f"{total} pods bound after {name}")
+            await until(all_bound, timeout=240, what=f"{total} pods bound after {name}")
             run.pods = await cluster.raw_list("list_namespaced_pod", namespace)
             await check_outcome(plane, cluster, namespace, run, unschedulable=unschedulable)
-            await wait_until(lambda: podgroup_scheduled(cluster, namespace, "train"), timeout=30,
-                             what="the PodGroup's status to count every member scheduled")
+            await until(lambda: podgroup_scheduled(cluster, namespace, "train"), timeout=30,
+                        what="the PodGroup's status to count every member scheduled")
             if after is not None:
                 await after(run, started)
         return run
@@ -233,7 +234,7 @@ async def test_a_worker_paused_past_its_heartbeat_comes_back_registers_again_and
             status = await asyncio.to_thread(worker_status, victim)
             return status["requeues"] >= 1, f"requeues {status['requeues']}"
 
-        await wait_until(back, timeout=30, what="the resumed worker to find its queue gone and register again")
+        await until(back, timeout=30, what="the resumed worker to find its queue gone and register again")
 
     async def took_part(run: Run, started: list[Process]) -> None:
         # The dispatcher packs a light load onto the busiest workers (--pack-depth), so whether the resumed worker
@@ -249,7 +250,7 @@ async def test_a_worker_paused_past_its_heartbeat_comes_back_registers_again_and
             done = await bound_count(cluster, namespace)
             return done >= len(run.pods) + len(third), f"{done} bound"
 
-        await wait_until(all_bound, timeout=60, what="the resumed worker alone to bind a third wave")
+        await until(all_bound, timeout=60, what="the resumed worker alone to bind a third wave")
         after = int((await asyncio.to_thread(worker_status, victim))["counters"].get("bound", 0))
         assert after - before == len(third), (before, after)
 

@@ -12,12 +12,13 @@ from typing import Any
 
 import aiohttp
 
-from dev.local.cluster import Cluster, pod_manifest, wait_until
+from dev.local.cluster import Cluster, pod_manifest
 from dev.local.plane import LocalPlane
 from dev.local.state import Process
 from dispatcher.status import GPU_RESOURCE, SystemStatus
 from tests.e2e.browser import Page
 from tests.e2e.hoss import hoss_pods, wait_all_bound, workers
+from tests.waiting import until
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 WIDTH, HEIGHT = 1366, 768
@@ -122,8 +123,8 @@ async def test_dashboard_shows_the_running_system_as_status_reports_it(
                 return done, (f"bound {status.throughput.bound_total}, waiting {waits.get(huge)}, "
                               f"denied {denied[:3]}, alive {sorted(alive)}")
 
-            await wait_until(status_has_it_all, timeout=60, what="/status to show the bound pods, the waiting "
-                             "pod's reason, the denial and both workers")
+            await until(status_has_it_all, timeout=60, what="/status to show the bound pods, the waiting "
+                        "pod's reason, the denial and both workers")
 
             await browser.open(f"{url}/", width=WIDTH, height=HEIGHT)
             seen: list[tuple[SystemStatus, Dashboard]] = []
@@ -141,7 +142,7 @@ async def test_dashboard_shows_the_running_system_as_status_reports_it(
                         and page.chart_samples > 0)
                 return done, f"page {page}; /status bound_total {sorted(totals)}"
 
-            await wait_until(page_agrees_with_status, timeout=30, what="the dashboard to show what /status says")
+            await until(page_agrees_with_status, timeout=30, what="the dashboard to show what /status says")
             status, page = seen[0]
             await browser.screenshot(ARTIFACTS / "dashboard.png")
             await browser.screenshot(ARTIFACTS / "dashboard-full.png", full_page=True)

@@ -9,10 +9,10 @@ import time
 
 from aiohttp import web
 
-from dev.local.cluster import wait_until
 from dispatcher.server import DASHBOARD_KEY, dashboard, load_dashboard
 from tests.e2e.browser import Page
-from tests.unit.test_status_text import status_with, worker_row
+from tests.status_documents import status_with, worker_row
+from tests.waiting import until
 
 READ_WORKERS = """(() => {
   const table = document.querySelector('[data-testid="workers"]');
@@ -47,7 +47,7 @@ async def test_a_live_worker_the_leader_does_not_route_to_is_marked(browser: Pag
             shown.update(await browser.evaluate(READ_WORKERS) or {})
             return len(shown) == 3, f"rows shown: {shown}"
 
-        await wait_until(read, timeout=30, interval=0.2, what="the dashboard's worker table")
+        await until(read, timeout=30, what="the dashboard's worker table")
     finally:
         await asyncio.wait_for(runner.cleanup(), 10)
 

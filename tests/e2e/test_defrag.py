@@ -24,11 +24,12 @@ from dataclasses import dataclass
 import aiohttp
 import pytest
 
-from dev.local.cluster import Cluster, oversold_nodes, wait_until
+from dev.local.cluster import Cluster, oversold_nodes
 from dev.local.plane import LocalPlane
 from dev.local.state import Process
 from hoss.model.objects import Json
 from tests.e2e.browser import Page
+from tests.waiting import until
 
 GPU = "nvidia.com/gpu"
 NODE = {"cpu": "32", "memory": "128Gi", "pods": "110", GPU: "8"}
@@ -73,7 +74,7 @@ async def placement(cluster: Cluster, namespace: str) -> dict[str, tuple[str, st
 
 
 def placed(cluster: Cluster, namespace: str, **where: str) -> Callable[[], Awaitable[tuple[bool, str]]]:
-    """A wait_until check: exactly these apps have a pod (not being deleted), each on the node given."""
+    """An until check: exactly these apps have a pod (not being deleted), each on the node given."""
     async def check() -> tuple[bool, str]:
         seen = await placement(cluster, namespace)
         return {app: node for app, (node, _uid) in seen.items()} == where, str(seen)
@@ -87,7 +88,7 @@ async def status_of(port: int) -> Json:
 
 
 def plan_completed(port: int) -> Callable[[], Awaitable[tuple[bool, str]]]:
-    """A wait_until check: the last plan in the rescheduler's /status completed."""
+    """An until check: the last plan in the rescheduler's /status completed."""
     async def check() -> tuple[bool, str]:
         plans = (await status_of(port)).get("plans") or []
         return bool(plans) and plans[0]["outcome"] == "completed", str(plans[:1])
@@ -154,7 +155,7 @@ async def issue_example(plane: LocalPlane, cluster: Cluster, namespace: str) -> 
     try:
         await cluster.wait_nodes_ready([node1])
         apply(plane, namespace, [replicaset("a", 4, key), replicaset("b", 3, key)])
-        await wait_until(placed(cluster, namespace, a=node1, b=node1), timeout=90, what="A and B bound on node1")
+        await until(placed(cluster, namespace, a=node1, b=node1), timeout=90, what="A and B bound on node1")
         (example.node2,) = await cluster.create_nodes(1, prefix=prefix + "-2", capacity=NODE,
                                                       labels={key: namespace[:63]}, taints=[taint])
         await cluster.wait_nodes_ready([example.node2])
@@ -179,7 +180,7 @@ async def test_rescheduler_moves_b_so_that_c_joins_a_and_the_dry_run_changes_not
             seen = await placement(cluster, namespace)
             return "c" in seen, str(seen)
 
-        await wait_until(c_gated, timeout=60, what="C's pod created (gated)")
+        await until(c_gated, timeout=60, what="C's pod created (gated)")
         before = await placement(cluster, namespace)
         b_name = next(p["metadata"]["name"] for p in await cluster.raw_list("list_namespaced_pod", namespace)
                       if p["metadata"]["labels"]["app"] == "b")
@@ -200,8 +201,8 @@ async def test_rescheduler_moves_b_so_that_c_joins_a_and_the_dry_run_changes_not
         # The move, the oversell check polled all along.
         async with oversell_watch(cluster) as checks:
             rescheduler = example.start_rescheduler(plane, namespace, "--min-stranded-gpus=0")
-            await wait_until(placed(cluster, namespace, a=node1, b=node2, c=node1), timeout=180,
-                             what="B moved to node2 and C beside A on node1")
+            await until(placed(cluster, namespace, a=node1, b=node2, c=node1), timeout=180,
+                        what="B moved to node2 and C beside A on node1")
         after = await placement(cluster, namespace)
         assert after["a"] == before["a"]  # A never moved
         assert after["b"][1] != before["b"][1]  # B is a replacement, created by its ReplicaSet
@@ -217,9 +218,9 @@ async def test_rescheduler_moves_b_so_that_c_joins_a_and_the_dry_run_changes_not
             on_nodes = {e.involved_object.name for e in node_events.items}
             return moved_event and on_nodes >= {node1, node2}, f"{[e.reason for e in events]}, nodes {on_nodes}"
 
-        await wait_until(events_posted, timeout=60, what="Rescheduled on B and Defragmenting on both nodes")
+        await until(events_posted, timeout=60, what="Rescheduled on B and Defragmenting on both nodes")
 
-        await wait_until(plan_completed(rescheduler.port), timeout=60, what="the plan reported completed in /status")
+        await until(plan_completed(rescheduler.port), timeout=60, what="the plan reported completed in /status")
 
         # ... and in the dispatcher's /status (the dashboard's source), which reads what the leader published.
         async def in_dispatcher_status() -> tuple[bool, str]:
@@ -227,7 +228,7 @@ async def test_rescheduler_moves_b_so_that_c_joins_a_and_the_dry_run_changes_not
             moves = plans[0]["moves"] if plans else []
             return bool(plans) and plans[0]["outcome"] == "completed" and moves[0]["to"] == node2, str(plans[:1])
 
-        await wait_until(in_dispatcher_status, timeout=60, what="the plan in the dispatcher's /status")
+        await until(in_dispatcher_status, timeout=60, what="the plan in the dispatcher's /status")
 
 
 async def test_periodic_pass_consolidates_c_placed_without_a_gate(
@@ -239,8 +240,8 @@ async def test_periodic_pass_consolidates_c_placed_without_a_gate(
     async with issue_example(plane, cluster, namespace) as example:
         key, label, node1, node2 = example.key, example.label, example.node1, example.node2
         apply(plane, namespace, [replicaset("c", 4, key)])
-        await wait_until(placed(cluster, namespace, a=node1, b=node1, c=node2), timeout=60,
-                         what="C placed on node2 at once (no gate)")
+        await until(placed(cluster, namespace, a=node1, b=node1, c=node2), timeout=60,
+                    what="C placed on node2 at once (no gate)")
         before = await placement(cluster, namespace)
         a_name = next(p["metadata"]["name"] for p in await cluster.raw_list("list_namespaced_pod", namespace)
                       if p["metadata"]["labels"]["app"] == "a")
@@ -264,10 +265,10 @@ async def test_periodic_pass_consolidates_c_placed_without_a_gate(
 
         async with oversell_watch(cluster) as checks:
             rescheduler = example.start_rescheduler(plane, namespace)  # the default threshold
-            await wait_until(placed(cluster, namespace, a=node2, b=node1, c=node2), timeout=120,
-                             what="A moved beside C on node2, B alone on node1")
-            await wait_until(plan_completed(rescheduler.port), timeout=60,
-                             what="the periodic plan reported completed in /status")
+            await until(placed(cluster, namespace, a=node2, b=node1, c=node2), timeout=120,
+                        what="A moved beside C on node2, B alone on node1")
+            await until(plan_completed(rescheduler.port), timeout=60,
+                        what="the periodic plan reported completed in /status")
         after = await placement(cluster, namespace)
         assert after["a"][1] != before["a"][1]  # A is a replacement, created by its ReplicaSet, in the held room
         assert after["b"] == before["b"] and after["c"] == before["c"]  # nothing else moved
@@ -289,5 +290,5 @@ async def test_periodic_pass_consolidates_c_placed_without_a_gate(
             return (a_name in str(text) and f"{node1} \u2192 {node2}" in str(text) and "completed" in str(text),
                     str(text))
 
-        await wait_until(panel_shows_the_plan, timeout=30, what="the dashboard's rescheduler panel to show the plan")
+        await until(panel_shows_the_plan, timeout=30, what="the dashboard's rescheduler panel to show the plan")
         assert browser.errors == [], browser.errors

@@ -30,13 +30,14 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from redis.exceptions import NoPermissionError
 
 from deploy import certs, lockdown, pki
-from dev.local.cluster import Cluster, pod_manifest, wait_until
+from dev.local.cluster import Cluster, pod_manifest
 from dev.local.credentials import HOSS_NAMESPACE
 from dev.local.plane import DEPLOY_DIR, POLICIES_FILE, WEBHOOK_MANIFEST, LocalPlane
 from dev.local.ports import free_port
 from dev.local.state import Process
 from hoss.framework.profiles import load_profiles
 from hoss.model.admission import BINDING_LANES, lane_path
+from tests.waiting import until
 
 Json = dict[str, Any]
 
@@ -282,17 +283,16 @@ async def test_hoss_lockdown_writes_what_the_apiserver_and_redis_accept(plane: L
             assert url.startswith(f"redis://{component}:")
             client = aioredis.Redis.from_url(url.replace(":6379/", f":{port}/"))
             try:
-                for _ in range(100):
+                async def answers(client: aioredis.Redis = client) -> tuple[bool, str]:
                     try:
-                        # Logged in as its user: PING answers; a key outside {hoss} is refused.
-                        assert await client.ping()
-                        with pytest.raises(NoPermissionError):
-                            await client.get("elsewhere")
-                        break
-                    except aioredis.ConnectionError:
-                        await asyncio.sleep(0.05)
-                else:
-                    raise AssertionError("the lockdown ACL's redis-server did not answer")
+                        return bool(await client.ping()), "PONG"
+                    except aioredis.ConnectionError as error:
+                        return False, str(error)
+
+                # Logged in as its user: PING answers; a key outside {hoss} is refused.
+                await until(answers, timeout=10, what=f"the lockdown ACL's redis-server to answer {component}")
+                with pytest.raises(NoPermissionError):
+                    await client.get("elsewhere")
             finally:
                 await client.aclose()
         probe = aioredis.Redis(port=port, username="probe", password="probe")
@@ -494,7 +494,7 @@ async def wait_for_binding_to_pass(scene: Scene, what: str) -> None:
         refusal = await scene.try_bind("fits")
         return refusal is None, str(refusal or "passed")
 
-    await wait_until(passes, timeout=30, what=what)
+    await until(passes, timeout=30, what=what)
 
 
 async def test_certificate_from_hoss_certs_output_is_trusted_by_the_apiserver_and_serves_bindings(
@@ -511,7 +511,7 @@ async def test_certificate_from_hoss_certs_output_is_trusted_by_the_apiserver_an
         seen = str(refusal or "passed")
         return refusal is not None and "x509" in refusal.body and webhook_name in refusal.body, seen
 
-    await wait_until(distrusted, timeout=30, what="the apiserver to reject a certificate from another CA")
+    await until(distrusted, timeout=30, what="the apiserver to reject a certificate from another CA")
 
     # Then the CA that `hoss certs` wrote: the same certificate is now trusted.
     ca_crt = resolver.tls.cert.parent / "ca.crt"
@@ -576,7 +576,7 @@ async def test_hoss_certs_installs_the_secret_and_the_ca_bundle_and_rotates_with
             served = await resolver.served_certificate()
             return served == x509.load_pem_x509_certificate(secret["tls.crt"]), f"serving {served.subject}"
 
-        await wait_until(reloaded, timeout=30, what="the resolver to reload its certificate")
+        await until(reloaded, timeout=30, what="the resolver to reload its certificate")
 
     try:
         first, first_bundle = await install()

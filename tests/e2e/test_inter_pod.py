@@ -6,16 +6,15 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 
-from dev.local.cluster import Cluster, oversold_nodes, wait_until
+from dev.local.cluster import Cluster, oversold_nodes
 from dev.local.plane import LocalPlane
 from dev.local.state import Process
 from hoss.model.objects import Json
-from tests.e2e.hoss import hoss_pods, wait_all_bound, workers
-from tests.e2e.test_pod_spec import node_set, pinned, scheduled_condition
+from tests.e2e.hoss import NODE_CAPACITY, hoss_pods, node_set, pinned, scheduled_condition, wait_all_bound, workers
+from tests.waiting import until
 
 FOUR = [(f"ipa-{i}", ["default"]) for i in range(4)]
 HOST = "kubernetes.io/hostname"
-CAPACITY = {"cpu": "8", "memory": "32Gi", "pods": "110"}
 _sets = itertools.count()
 
 
@@ -30,7 +29,7 @@ def anti_affine(pods: list[Json], app: str) -> list[Json]:
 async def test_40_anti_affine_pods_and_20_nodes_in_one_burst_end_one_per_node_and_20_pending(
     plane: LocalPlane, dispatcher: Process, cluster: Cluster, namespace: str
 ) -> None:
-    names = await cluster.create_nodes(20, prefix=f"ipa{next(_sets)}", capacity=CAPACITY,
+    names = await cluster.create_nodes(20, prefix=f"ipa{next(_sets)}", capacity=NODE_CAPACITY,
                                        labels={"spec-set": "anti-race"})
     try:
         async with workers(plane, FOUR):
@@ -46,7 +45,7 @@ async def test_40_anti_affine_pods_and_20_nodes_in_one_burst_end_one_per_node_an
                     "20 node(s) didn't match pod anti-affinity rules" in m for m in messages)
                 return ok, f"{len(waiting)} waiting, e.g. {messages[:1]}"
 
-            await wait_until(twenty_refused, timeout=90, what="the 20 left over to give kube-scheduler's reason")
+            await until(twenty_refused, timeout=90, what="the 20 left over to give kube-scheduler's reason")
             pods = await cluster.raw_list("list_namespaced_pod", namespace)
             per_node = Counter(p["spec"]["nodeName"] for p in pods if p["spec"].get("nodeName"))
             assert per_node == dict.fromkeys(names, 1), per_node
@@ -83,7 +82,7 @@ async def test_followers_join_the_node_of_the_pod_they_are_affine_to_and_others_
             reason, message = await scheduled_condition(cluster, namespace, "orphan-0000")
             return "node(s) didn't match pod affinity rules" in message, f"{reason}: {message}"
 
-        await wait_until(orphan_refused, timeout=60, what="a pod affine to no pod to say why it waits")
+        await until(orphan_refused, timeout=60, what="a pod affine to no pod to say why it waits")
         assert oversold_nodes(await cluster.raw_list("list_node"), pods) == {}
 
 
@@ -110,7 +109,7 @@ async def test_kube_scheduler_and_hoss_given_the_same_pods_satisfy_the_same_cons
                 reasons = [(await scheduled_condition(cluster, namespace, name))[1] for name in waiting]
                 return len(bound) == 10 and all(reasons) and len(reasons) == 4, f"{len(bound)} bound, {reasons[:1]}"
 
-            await wait_until(settled, timeout=120, what=f"{scheduler} to settle its 14 pods")
+            await until(settled, timeout=120, what=f"{scheduler} to settle its 14 pods")
             mine = [p for p in await cluster.raw_list("list_namespaced_pod", namespace)
                     if p["metadata"]["name"].startswith(f"{prefix}solo")]
             per_node = Counter(p["spec"]["nodeName"] for p in mine if p["spec"].get("nodeName"))
@@ -157,7 +156,7 @@ async def test_a_namespace_selector_follows_pods_in_the_namespaces_it_selects_an
                 reason, message = await scheduled_condition(cluster, other, "later-0000")
                 return "node(s) didn't match pod affinity rules" in message, f"{reason}: {message}"
 
-            await wait_until(later_refused, timeout=60, what="the unmatched follower to give kube-scheduler's reason")
+            await until(later_refused, timeout=60, what="the unmatched follower to give kube-scheduler's reason")
             plane.kubectl("label", "namespace", namespace, "e2e-later=yes")
             pods = await wait_all_bound(cluster, other, 2, timeout=60)
             assert {p["spec"]["nodeName"] for p in pods} == {placed["spec"]["nodeName"]}

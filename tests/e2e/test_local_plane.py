@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from dev.local.cluster import Cluster, pod_manifest, wait_until
+from dev.local.cluster import Cluster, pod_manifest
 from dev.local.plane import LocalPlane
+from tests.waiting import until
 
 CAPACITY = {"cpu": "4", "memory": "8Gi", "pods": "110"}
 
@@ -34,7 +35,7 @@ async def test_kube_scheduler_binds_a_pod_that_then_runs_while_a_pod_for_a_missi
             pod = await cluster.core.read_namespaced_pod("placed", namespace)
             return pod.status.phase == "Running", f"phase={pod.status.phase} node={pod.spec.node_name}"
 
-        await wait_until(placed_runs, timeout=60, what="the default-scheduler pod to run")
+        await until(placed_runs, timeout=60, what="the default-scheduler pod to run")
         placed = await cluster.core.read_namespaced_pod("placed", namespace)
         assert placed.spec.node_name in nodes
 
@@ -115,7 +116,7 @@ async def test_controller_manager_recreates_replicaset_pods_counts_budgets_and_f
         pods = await cluster.pods(namespace, label_selector="app=web")
         return len(pods) == 2, f"{len(pods)} pods"
 
-    await wait_until(two_pods, timeout=60, what="the ReplicaSet's 2 pods")
+    await until(two_pods, timeout=60, what="the ReplicaSet's 2 pods")
     first = {pod.metadata.uid for pod in await cluster.pods(namespace, label_selector="app=web")}
     victim = (await cluster.pods(namespace, label_selector="app=web"))[0].metadata.name
     await cluster.core.delete_namespaced_pod(victim, namespace, grace_period_seconds=0)
@@ -124,14 +125,14 @@ async def test_controller_manager_recreates_replicaset_pods_counts_budgets_and_f
         uids = {pod.metadata.uid for pod in await cluster.pods(namespace, label_selector="app=web")}
         return len(uids) == 2 and len(uids - first) == 1, f"uids {sorted(uids)} (first {sorted(first)})"
 
-    await wait_until(replaced, timeout=60, what="the ReplicaSet to recreate its deleted pod")
+    await until(replaced, timeout=60, what="the ReplicaSet to recreate its deleted pod")
 
     async def budget_status() -> tuple[bool, str]:
         status = json.loads(plane.kubectl("get", "pdb", "web", "-n", namespace, "-o", "json")).get("status") or {}
         # Both pods are Pending (no such scheduler): none is healthy, so no disruption is allowed.
         return status.get("expectedPods") == 2 and status.get("disruptionsAllowed") == 0, str(status)
 
-    await wait_until(budget_status, timeout=60, what="the disruption controller to count the budget's pods")
+    await until(budget_status, timeout=60, what="the disruption controller to count the budget's pods")
 
     gone = f"{namespace}-gone"
     await cluster.ensure_namespace(gone)
@@ -142,7 +143,7 @@ async def test_controller_manager_recreates_replicaset_pods_counts_budgets_and_f
         out = plane.kubectl("get", "namespace", gone, "--ignore-not-found", "-o", "name")
         return out.strip() == "", out.strip() or "gone"
 
-    await wait_until(namespace_deleted, timeout=90, what=f"namespace {gone} to finish deleting")
+    await until(namespace_deleted, timeout=90, what=f"namespace {gone} to finish deleting")
 
 
 @pytest.mark.parametrize(

@@ -28,12 +28,13 @@ import aiohttp
 import pytest
 import redis.asyncio as aioredis
 
-from dev.local.cluster import Cluster, node_manifest, pod_manifest, wait_until
+from dev.local.cluster import Cluster, node_manifest, pod_manifest
 from dev.local.plane import LocalPlane
 from hoss.kube.client import KubeError, request_json
 from hoss.kube.rest import STRATEGIC_MERGE_PATCH
 from hoss.ledger.client import Ledger
 from hoss.model.objects import Json
+from tests.waiting import until
 
 NOBODY = "no-such-scheduler"
 """schedulerName of pods nobody schedules: the test binds them itself."""
@@ -91,7 +92,7 @@ async def ledger_agrees(cluster: Cluster, ledger: Ledger, node: str, *, timeout:
         held, truth = await ledger_cpu(ledger, node), await apiserver_cpu(cluster, node)
         return held == truth, f"ledger {held}m, apiserver {truth}m"
 
-    await wait_until(agree, timeout=timeout, what=f"the ledger to count node {node}'s pods")
+    await until(agree, timeout=timeout, what=f"the ledger to count node {node}'s pods")
 
 
 async def resolver_get(plane: LocalPlane, path: str) -> str:
@@ -117,7 +118,7 @@ async def counter_grows(plane: LocalPlane, name: str, before: int) -> None:
         now = await counter(plane, name)
         return now > before, f"{name} {now} (before {before})"
 
-    await wait_until(grown, timeout=30, what=f"the resolver to count {name}")
+    await until(grown, timeout=30, what=f"the resolver to count {name}")
 
 
 async def gone(call: Any) -> None:
@@ -242,7 +243,7 @@ async def test_hole3_a_resize_past_the_node_is_refused_and_one_that_fits_is_coun
             pod = await request_json(cluster.core.read_namespaced_pod, "grow", namespace)
             return pod["status"].get("phase") == "Running", str(pod["status"].get("phase"))
 
-        await wait_until(running, timeout=60, what="kwok to run the pod")
+        await until(running, timeout=60, what="kwok to run the pod")
         # What a kubelet that resizes in place reports (kwok's fake one does not, and the apiserver refuses to
         # resize a running container whose status has no resources).
         status = {"status": {"containerStatuses": [{
@@ -289,7 +290,7 @@ async def test_hole4_a_node_deleted_and_recreated_keeps_its_pods_counted(
             names = {n["metadata"]["name"] for n in await cluster.raw_list("list_node")}
             return node not in names, "deleted" if node not in names else "still there"
 
-        await wait_until(gone, timeout=30, what=f"node {node} to be deleted")
+        await until(gone, timeout=30, what=f"node {node} to be deleted")
         await cluster.call(cluster.core.create_node,
                            node_manifest(node, capacity={"cpu": "2", "memory": "8Gi", "pods": "110"}), create=True)
         await cluster.wait_nodes_ready([node])
@@ -352,7 +353,7 @@ async def test_hole5_the_audit_finds_repairs_and_reports_drift(
             states = [e.state for e in await ledger.entries() if e.uid == uid]
             return states == ["bound"], f"entry {states}"
 
-        await wait_until(bound, timeout=60, what="the sync to record the pod bound")
+        await until(bound, timeout=60, what="the sync to record the pod bound")
         before = await counter(plane, "audit_drift")
         assert await ledger.release(uid)  # drift: a bound pod's entry lost
         await ledger_agrees(cluster, ledger, node)
@@ -450,7 +451,7 @@ async def test_hole5_two_resolver_replicas_one_syncs_both_judge_and_the_survivor
             synced = bool(status["leader"] and status["sync"] and status["sync"]["synced"])
             return synced, f"leader {status['leader']}, sync {status['sync']}"
 
-        await wait_until(took_over, timeout=30, what="the surviving replica to take the sync over")
+        await until(took_over, timeout=30, what="the surviving replica to take the sync over")
         bound = {e.uid: (e.state, e.node) for e in await ledger.entries() if e.node == node}
         assert bound == {pods[n]["metadata"]["uid"]: ("bound", node) for n in ("a", "b", "c")}
         assert await ledger_cpu(ledger, node) == 1500
@@ -468,7 +469,7 @@ async def test_hole5_two_resolver_replicas_one_syncs_both_judge_and_the_survivor
                 return "has no room" in str(error), str(error)
             return True, "bound: oversold"
 
-        await wait_until(refused_for_room, timeout=30, what="the survivor to refuse the binding that does not fit")
+        await until(refused_for_room, timeout=30, what="the survivor to refuse the binding that does not fit")
         await binding(cluster, namespace, pods["small"], node)
         await ledger_agrees(cluster, ledger, node)
         assert await apiserver_cpu(cluster, node) == 2000
@@ -564,7 +565,7 @@ async def test_hole8_a_binding_without_uid_is_judged_against_the_live_pod_not_a_
         async def node_synced() -> tuple[bool, str]:
             return node in await ledger.node_usage([node]), "the node not in the ledger yet"
 
-        await wait_until(node_synced, timeout=30, what="the sync to add the node to the ledger")
+        await until(node_synced, timeout=30, what="the sync to add the node to the ledger")
         await create(cluster, namespace, pod_on("filler", node, "1"))
         await create(cluster, namespace, pod_on("namesake", node, "500m"))
         await ledger_agrees(cluster, ledger, node)
@@ -572,8 +573,8 @@ async def test_hole8_a_binding_without_uid_is_judged_against_the_live_pod_not_a_
 
         proxy.freeze()
         await request_json(cluster.core.delete_namespaced_pod, "namesake", namespace, grace_period_seconds=0)
-        await wait_until(lambda: gone_from_apiserver(cluster, namespace, "namesake"), timeout=30,
-                         what="the deleted pod to leave the apiserver")
+        await until(lambda: gone_from_apiserver(cluster, namespace, "namesake"), timeout=30,
+                    what="the deleted pod to leave the apiserver")
         assert await ledger_cpu(ledger, node) == 1500, "the sync saw the deletion: the proxy did not hold it back"
         await create(cluster, namespace, pod_on("namesake", None, "1500m"))
         no_uid = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "namesake"},
@@ -663,7 +664,7 @@ async def test_hole7_a_binding_refused_after_the_webhook_allowed_it_frees_its_ro
             return not held, f"entry {held}"
 
         # well before a minute: the sync's check proves the write failed
-        await wait_until(freed, timeout=40, what="the refused binding's room to be freed")
+        await until(freed, timeout=40, what="the refused binding's room to be freed")
         await create(cluster, namespace, pod_on("next", node, "1"))
     finally:
         patch = {"metadata": {"finalizers": None}}

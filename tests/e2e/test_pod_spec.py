@@ -5,48 +5,25 @@ oversell check and no schedulable pod left pending."""
 
 from __future__ import annotations
 
-import asyncio
-import itertools
 from collections import Counter
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
-from dev.local.cluster import Cluster, oversold_nodes, wait_until
+from dev.local.cluster import Cluster, oversold_nodes
 from dev.local.plane import LocalPlane
 from dev.local.state import Process
 from hoss.model.objects import Json
-from tests.e2e.hoss import hoss_pods, wait_all_bound, workers
+from tests.e2e.hoss import (
+    dispatcher_rounds_pass,
+    hoss_pods,
+    node_set,
+    pinned,
+    scheduled_condition,
+    wait_all_bound,
+    worker_counters,
+    workers,
+)
+from tests.waiting import until
 
-CAPACITY = {"cpu": "8", "memory": "32Gi", "pods": "110"}
 FOUR = [(f"spec-{i}", ["default"]) for i in range(4)]
-_sets = itertools.count()
-
-
-@asynccontextmanager
-async def node_set(cluster: Cluster, count: int, *, labels: dict[str, str] | None = None,
-                   taints: list[dict[str, str]] | None = None) -> AsyncIterator[list[str]]:
-    names = await cluster.create_nodes(count, prefix=f"spec{next(_sets)}", capacity=CAPACITY, labels=labels,
-                                       taints=taints or ())
-    try:
-        await cluster.wait_nodes_ready(names)
-        yield names
-    finally:
-        await cluster.delete_nodes(names)
-
-
-def pinned(pods: list[Json], key: str, value: str) -> list[Json]:
-    """Keep the pods on this test's nodes (other tests' nodes may exist on the shared plane)."""
-    for pod in pods:
-        pod["spec"]["nodeSelector"] = {key: value}
-    return pods
-
-
-async def scheduled_condition(cluster: Cluster, namespace: str, pod: str) -> tuple[str, str]:
-    raw = await cluster.core.read_namespaced_pod(pod, namespace)
-    for condition in raw.status.conditions or []:
-        if condition.type == "PodScheduled" and condition.status == "False":
-            return str(condition.reason or ""), str(condition.message or "")
-    return "", ""
 
 
 async def failed_scheduling(cluster: Cluster, namespace: str, pod: str) -> list[str]:
@@ -78,13 +55,13 @@ async def test_fields_hoss_does_not_honour_yet_are_refused_by_name_never_placed(
             seen = {pod: await scheduled_condition(cluster, namespace, pod) for pod in expected}
             return all(seen[pod] == ("Unschedulable", message) for pod, message in expected.items()), str(seen)
 
-        await wait_until(refused, timeout=60, what="each refused field to be named in PodScheduled=False")
+        await until(refused, timeout=60, what="each refused field to be named in PodScheduled=False")
         for pod, message in expected.items():
             async def evented(pod: str = pod, message: str = message) -> tuple[bool, str]:
                 events = await failed_scheduling(cluster, namespace, pod)
                 return message in events, str(events)
 
-            await wait_until(evented, timeout=30, what=f"the FailedScheduling event of {pod}")
+            await until(evented, timeout=30, what=f"the FailedScheduling event of {pod}")
         pods = await wait_all_bound(cluster, namespace, 2)
         assert sorted(p["metadata"]["name"] for p in pods if p["spec"].get("nodeName")) == ["anti-0000", "plain-0000"]
         await check_not_oversold(cluster, namespace)
@@ -93,12 +70,24 @@ async def test_fields_hoss_does_not_honour_yet_are_refused_by_name_never_placed(
 async def test_a_gated_pod_waits_without_retries_and_is_placed_once_its_gates_are_removed(
     plane: LocalPlane, dispatcher: Process, cluster: Cluster, namespace: str
 ) -> None:
-    async with node_set(cluster, 2, labels={"spec-set": "gated"}), workers(plane, FOUR):
+    async with node_set(cluster, 2, labels={"spec-set": "gated"}), workers(plane, FOUR) as started:
         [gated] = pinned(hoss_pods("gated", 1), "spec-set", "gated")
         gated["spec"]["schedulingGates"] = [{"name": "example.com/quota"}]
         await cluster.create_pods([gated, *pinned(hoss_pods("free", 4), "spec-set", "gated")], namespace=namespace)
         await wait_all_bound(cluster, namespace, 4)
-        await asyncio.sleep(3)  # the time a worker would have retried it 15 times
+        # Three full rounds of the dispatcher with the gated pod pending, each looking at every pending pod: the
+        # workers were handed the four free pods and nothing else (one handed a gated pod drops it, counted gone).
+        await dispatcher_rounds_pass(dispatcher, 3)
+        handled: Counter[str] = Counter()
+
+        async def four_bound() -> tuple[bool, str]:
+            handled.clear()
+            for worker in started:
+                handled.update(await worker_counters(worker))
+            return handled["bound"] == 4, str(dict(handled))
+
+        await until(four_bound, timeout=30, what="the workers to count the four bindings")
+        assert (handled["gone"], handled["unschedulable"], handled["retries"]) == (0, 0, 0), handled
         assert (await scheduled_condition(cluster, namespace, "gated-0000"))[0] == "SchedulingGated"
         assert await failed_scheduling(cluster, namespace, "gated-0000") == []
         assert not (await cluster.core.read_namespaced_pod("gated-0000", namespace)).spec.node_name
@@ -158,7 +147,7 @@ async def test_four_workers_racing_never_put_two_pods_with_one_host_port_on_a_no
                 "6 node(s) didn't have free ports for the requested pod ports" in m for m in messages)
             return ok, str(messages[:2])
 
-        await wait_until(six_refused, timeout=60, what="the six pods left over to say the ports are taken")
+        await until(six_refused, timeout=60, what="the six pods left over to say the ports are taken")
         pods = await check_not_oversold(cluster, namespace)
         per_node = Counter(p["spec"]["nodeName"] for p in pods if p["spec"].get("nodeName"))
         assert per_node == dict.fromkeys(names, 1), per_node
@@ -181,5 +170,5 @@ async def test_four_workers_racing_never_put_two_pods_with_one_host_port_on_a_no
                             and p["metadata"]["name"] != "other-0000")
             return taken == dict.fromkeys(names, 1), str(taken)
 
-        await wait_until(replaced, timeout=60, what="the freed port to be taken by exactly one waiting pod")
+        await until(replaced, timeout=60, what="the freed port to be taken by exactly one waiting pod")
         await check_not_oversold(cluster, namespace)

@@ -16,12 +16,13 @@ import yaml
 from aiohttp import web
 from kubernetes_asyncio import client
 
-from dev.local.cluster import Cluster, oversold_nodes, wait_until
+from dev.local.cluster import Cluster, oversold_nodes
 from dev.local.plane import POLICIES_FILE, LocalPlane
 from dev.local.state import Process
 from hoss.model.objects import Json
+from tests.dist_info import install_dist_info
 from tests.e2e.hoss import hoss_pods, wait_all_bound, workers
-from tests.unit.test_entry_point_plugins import install_dist_info
+from tests.waiting import until
 
 GPU = "nvidia.com/gpu"
 _sets = itertools.count()
@@ -79,7 +80,7 @@ async def test_gang_of_8_where_only_6_fit_binds_none_and_all_8_once_room_is_adde
             message = await condition_message(cluster, namespace, "train-0000")
             return "only 6 of 8 members fit" in message, message
 
-        await wait_until(explained, timeout=60, what="the gang to be reported unschedulable")
+        await until(explained, timeout=60, what="the gang to be reported unschedulable")
         await asyncio.sleep(2)
         assert await bound_pods(cluster, namespace) == [], "a gang that does not fit whole must bind nothing"
         for i in range(8):
@@ -102,7 +103,7 @@ async def test_min_available_below_the_group_size_binds_at_least_that_many_at_on
             count = len(await bound_pods(cluster, namespace))
             return count >= 5, f"{count} bound"
 
-        await wait_until(enough, timeout=60, what="at least min-available members to be bound")
+        await until(enough, timeout=60, what="at least min-available members to be bound")
         await wait_all_bound(cluster, namespace, 6)  # everything that fits, all in one reservation
         bound = await bound_pods(cluster, namespace)
         remaining = sorted({f"elastic-{i:04d}" for i in range(8)} - {p["metadata"]["name"] for p in bound})
@@ -135,7 +136,7 @@ async def test_podgroup_gang_waits_for_min_member_reports_its_timeout_then_binds
             reasons = sorted({e.reason for e in events})
             return "GangTimeout" in reasons, ", ".join(reasons)
 
-        await wait_until(timed_out, timeout=60, what="the incomplete gang to report its timeout")
+        await until(timed_out, timeout=60, what="the incomplete gang to report its timeout")
         assert await bound_pods(cluster, namespace) == []
         await cluster.create_pods(members[2:], namespace=namespace)
         await wait_all_bound(cluster, namespace, 3, timeout=60)

@@ -21,13 +21,14 @@ from typing import Any
 
 import pytest
 
-from dev.local.cluster import Cluster, oversold_nodes, wait_until
+from dev.local.cluster import Cluster, oversold_nodes
 from dev.local.plane import LocalPlane
 from dev.local.state import Process
 from hoss.kube.client import list_objects, watch_objects
 from hoss.model.objects import Json
 from hoss.model.resources import node_allocatable, pod_requests
 from tests.e2e.hoss import started_workers
+from tests.waiting import until
 
 NODE = {"cpu": "4", "memory": "16Gi", "pods": "110"}
 LOW, MID, HIGH = 100, 500, 10000
@@ -113,7 +114,7 @@ async def wait_bound(cluster: Cluster, namespace: str, count: int) -> None:
         done = sum(1 for p in pods if p["spec"].get("nodeName"))
         return done >= count, f"{done}/{count} bound"
 
-    await wait_until(bound, timeout=120, what=f"{count} pods bound")
+    await until(bound, timeout=120, what=f"{count} pods bound")
 
 
 async def reasons(cluster: Cluster, namespace: str, reason: str) -> list[Any]:
@@ -126,7 +127,7 @@ async def event_for(cluster: Cluster, namespace: str, name: str, reason: str, te
         messages = [e.message for e in await cluster.events_for(namespace, name) if e.reason == reason]
         return any(text in m for m in messages), f"{reason} events of {name}: {messages}"
 
-    return await wait_until(seen, timeout=60, what=f"a {reason} event of {name} saying {text!r}")
+    return await until(seen, timeout=60, what=f"a {reason} event of {name} saying {text!r}")
 
 
 async def record_nominations(cluster: Cluster, namespace: str, name: str, seen: list[str]) -> None:
@@ -184,7 +185,7 @@ async def test_a_high_priority_pod_preempts_the_fewest_lowest_priority_pods_hold
         return bool(urgent.spec.node_name), seen
 
     try:
-        await wait_until(urgent_bound, timeout=90, what="the preemptor to be bound")
+        await until(urgent_bound, timeout=90, what="the preemptor to be bound")
     finally:
         watching.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -210,7 +211,7 @@ async def test_a_high_priority_pod_preempts_the_fewest_lowest_priority_pods_hold
         names = {p["metadata"]["name"] for p in pods}
         return len(pods) == 2 and victim not in names, f"low-c pods {sorted(names)}"
 
-    await wait_until(recreated, timeout=60, what="the ReplicaSet to recreate its evicted pod")
+    await until(recreated, timeout=60, what="the ReplicaSet to recreate its evicted pod")
     replacement = next(p for p in (await pods_by_app(cluster, namespace))["low-c"]
                        if p["metadata"]["name"] not in {q["metadata"]["name"] for q in before["low-c"]})
     assert not replacement["spec"].get("nodeName")
@@ -232,7 +233,7 @@ async def test_a_disruption_budget_sends_the_preemptor_to_a_node_where_no_budget
         status = json.loads(plane.kubectl("get", "pdb", "low-c", "-n", namespace, "-o", "json")).get("status") or {}
         return status.get("currentHealthy") == 2 and status.get("disruptionsAllowed") == 0, str(status)
 
-    await wait_until(counted, timeout=60, what="the disruption controller to count low-c's budget")
+    await until(counted, timeout=60, what="the disruption controller to count low-c's budget")
     before = await pods_by_app(cluster, namespace)
     await cluster.create_pods([pod("urgent", cpu="2", priority_class=f"{namespace}-high")], namespace=namespace)
 
@@ -240,7 +241,7 @@ async def test_a_disruption_budget_sends_the_preemptor_to_a_node_where_no_budget
         urgent = await cluster.core.read_namespaced_pod("urgent", namespace)
         return bool(urgent.spec.node_name), f"node={urgent.spec.node_name}"
 
-    await wait_until(urgent_bound, timeout=90, what="the preemptor to be bound")
+    await until(urgent_bound, timeout=90, what="the preemptor to be bound")
     urgent = await cluster.core.read_namespaced_pod("urgent", namespace)
     assert urgent.spec.node_name == layout["a"]
     preempted = await reasons(cluster, namespace, "Preempted")
@@ -282,7 +283,7 @@ async def test_when_every_choice_would_break_a_budget_the_eviction_is_refused_an
                                           and s.get("disruptionsAllowed") == 0 for s in statuses.values())
         return done, str(statuses)
 
-    await wait_until(counted, timeout=60, what="the disruption controller to count the three budgets")
+    await until(counted, timeout=60, what="the disruption controller to count the three budgets")
     before = await pods_by_app(cluster, namespace)
     await cluster.create_pods([pod("urgent", cpu="2", priority_class=f"{namespace}-high")], namespace=namespace)
     # Fewest violations: c (one victim, one violation); the Eviction API refuses it (429), so nothing is evicted.

@@ -16,11 +16,12 @@ import aiohttp
 import pytest
 from kubernetes_asyncio import client
 
-from dev.local.cluster import Cluster, pod_manifest, wait_until
+from dev.local.cluster import Cluster, pod_manifest
 from dev.local.plane import LocalPlane
 from dev.local.state import Process
 from hoss.model.objects import Json
 from tests.e2e.hoss import hoss_pods, started_workers
+from tests.waiting import until
 
 GPU = "nvidia.com/gpu"
 GPU_NODE = {"cpu": "16", "memory": "64Gi", "pods": "110", GPU: "2"}
@@ -83,7 +84,7 @@ async def test_the_a_b_example_borrow_then_reclaim(
             return (await used_status(cluster, tenant_a) == {GPU: "0"}
                     and await used_status(cluster, tenant_b) == {GPU: "0"}), "status.used of both quotas"
 
-        await wait_until(quotas_synced, timeout=60, what="the resolver to pick up both ElasticQuotas")
+        await until(quotas_synced, timeout=60, what="the resolver to pick up both ElasticQuotas")
 
         # A runs 6 of its 7 pods: it borrows 2 of B's idle guarantee, and its max stops the 7th.
         await cluster.create_pods(gpu_pods("a", 6), namespace=tenant_a)
@@ -92,14 +93,14 @@ async def test_the_a_b_example_borrow_then_reclaim(
             count = len(await bound(cluster, tenant_a))
             return count == 6, f"{count}/6 of A bound"
 
-        await wait_until(a_runs_six, timeout=120, what="A's 6 pods to be bound")
+        await until(a_runs_six, timeout=120, what="A's 6 pods to be bound")
         await cluster.create_pods(gpu_pods("a-extra", 1), namespace=tenant_a)
 
         async def seventh_refused() -> tuple[bool, str]:
             found = await messages(cluster, tenant_a, "a-extra-0000")
             return any(f"quota {tenant_a}: {GPU} 6 used + 1 requested > max 6" in m for m in found), str(found)
 
-        await wait_until(seventh_refused, timeout=60, what="A's 7th pod to be refused by A's max")
+        await until(seventh_refused, timeout=60, what="A's 7th pod to be refused by A's max")
 
         # B asks for 6: 4 fit in what is free, 2 reclaim A's borrowed pods.
         await cluster.create_pods(gpu_pods("b", 6), namespace=tenant_b)
@@ -112,7 +113,7 @@ async def test_the_a_b_example_borrow_then_reclaim(
                        if not p["spec"].get("nodeName")]
             return (len(a), len(b)) == (4, 6), f"A {len(a)} bound, B {len(b)} bound: {names}; waiting: {waiting}"
 
-        await wait_until(final_counts, timeout=180, what="B to get its 6 by reclaiming A's 2 borrowed pods")
+        await until(final_counts, timeout=180, what="B to get its 6 by reclaiming A's 2 borrowed pods")
         # A's borrowed pods were evicted (which ones depends on the race with A's 7th pod, which may borrow a
         # freed GPU for a moment and then be reclaimed itself); whatever of A is left unbound waits on the quota.
         left_a = await cluster.raw_list("list_namespaced_pod", tenant_a)
@@ -132,7 +133,7 @@ async def test_the_a_b_example_borrow_then_reclaim(
             a, b = await used_status(cluster, tenant_a), await used_status(cluster, tenant_b)
             return (a.get(GPU), b.get(GPU)) == ("4", "6"), f"A {a}, B {b}"
 
-        await wait_until(status_written, timeout=30, what="status.used to show A 4 and B 6")
+        await until(status_written, timeout=30, what="status.used to show A 4 and B 6")
 
         # The dispatcher's /status (the dashboard's source) shows use and borrowing per tenant.
         async with aiohttp.ClientSession() as session, session.get(
@@ -158,7 +159,7 @@ async def test_a_kube_scheduler_binding_past_a_max_is_denied(
             used = await used_status(cluster, namespace)
             return used == {GPU: "0"}, str(used)
 
-        await wait_until(synced, timeout=60, what="the resolver to pick up the ElasticQuota")
+        await until(synced, timeout=60, what="the resolver to pick up the ElasticQuota")
         foreign = []
         for i in range(2):
             pod = pod_manifest(f"ks-{i}", requests={"cpu": "100m", GPU: "1"})  # default-scheduler
@@ -170,7 +171,7 @@ async def test_a_kube_scheduler_binding_past_a_max_is_denied(
             count = len(await bound(cluster, namespace))
             return count == 1, f"{count}/1 bound"
 
-        await wait_until(first_bound, timeout=60, what="kube-scheduler to bind the first pod")
+        await until(first_bound, timeout=60, what="kube-scheduler to bind the first pod")
         # The node has a GPU left, so kube-scheduler binds the second; the resolver denies it by the quota.
         await cluster.create_pods(foreign[1:], namespace=namespace)
 
@@ -178,7 +179,7 @@ async def test_a_kube_scheduler_binding_past_a_max_is_denied(
             found = await messages(cluster, namespace, "ks-1")
             return any(f"quota {namespace}: {GPU} 1 used + 1 requested > max 1" in m for m in found), str(found)
 
-        await wait_until(denied, timeout=60, what="the resolver to deny kube-scheduler's binding by the quota")
+        await until(denied, timeout=60, what="the resolver to deny kube-scheduler's binding by the quota")
         assert len(await bound(cluster, namespace)) == 1
     finally:
         await cluster.delete_pods(namespace)
@@ -199,7 +200,7 @@ async def test_a_burst_from_racing_workers_and_kube_scheduler_never_exceeds_the_
             used = await used_status(cluster, namespace)
             return used == {GPU: "0"}, str(used)
 
-        await wait_until(synced, timeout=60, what="the resolver to pick up the ElasticQuota")
+        await until(synced, timeout=60, what="the resolver to pick up the ElasticQuota")
         foreign = []
         for i in range(4):
             pod = pod_manifest(f"ks-{i}", requests={"cpu": "100m", GPU: "1"})
@@ -217,7 +218,7 @@ async def test_a_burst_from_racing_workers_and_kube_scheduler_never_exceeds_the_
                     told += any(f"quota {namespace}" in m for m in said)
             return len(placed) >= 5 and len(placed) + told == 16, f"{len(placed)} bound, {told} told by the quota"
 
-        await wait_until(settled, timeout=120, what="5 pods bound and the other 11 refused by the quota")
+        await until(settled, timeout=120, what="5 pods bound and the other 11 refused by the quota")
         assert len(await bound(cluster, namespace)) == 5
     finally:
         await cluster.delete_pods(namespace)

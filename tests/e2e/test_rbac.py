@@ -22,12 +22,13 @@ from typing import Any
 import yaml
 from kubernetes_asyncio import client
 
-from dev.local.cluster import Cluster, pod_manifest, wait_until
+from dev.local.cluster import Cluster, pod_manifest
 from dev.local.credentials import HOSS_COMPONENTS, HOSS_NAMESPACE
 from dev.local.plane import RBAC_MANIFEST, LocalPlane
 from dev.local.state import Process
 from hoss.model.resources import NODE_RESERVATION_ANNOTATION
 from tests.e2e.hoss import hoss_pods, status_access, wait_all_bound, workers
+from tests.waiting import until
 
 Grant = tuple[str, str, str]
 """(API group, resource[/subresource], verb)"""
@@ -122,9 +123,9 @@ async def preempt_once(plane: LocalPlane, cluster: Cluster, namespace: str) -> N
                      if p["metadata"]["name"] == name]
             return bool(found and found[0]["spec"].get("nodeName") == node), str(len(found))
 
-        await wait_until(lambda: on_node("rbac-low-0000"), timeout=60, what="the low-priority pod to be bound")
+        await until(lambda: on_node("rbac-low-0000"), timeout=60, what="the low-priority pod to be bound")
         await cluster.create_pods([pods["high"]], namespace=namespace)
-        await wait_until(lambda: on_node("rbac-high-0000"), timeout=90, what="the high-priority pod to preempt")
+        await until(lambda: on_node("rbac-high-0000"), timeout=90, what="the high-priority pod to preempt")
     finally:
         for name in classes:
             await asyncio.to_thread(plane.kubectl, "delete", "priorityclass", name, "--ignore-not-found",
@@ -149,7 +150,7 @@ async def reserve_once(cluster: Cluster, namespace: str) -> None:
         return phase == "Failed", str(sorted(seen))
 
     try:
-        await wait_until(failed, timeout=60, what="the Reservation to be placed and then expire")
+        await until(failed, timeout=60, what="the Reservation to be placed and then expire")
     finally:
         await custom.delete_cluster_custom_object("scheduling.koordinator.sh", "v1alpha1", "reservations", name)
 
@@ -205,7 +206,7 @@ async def test_every_verb_granted_to_a_component_is_one_it_uses_and_none_is_refu
                            for e in await cluster.events_for(namespace, name)}
                 return {"FailedScheduling", "NoWorkerForPolicy"} <= reasons, str(sorted(reasons))
 
-            await wait_until(explained, timeout=60, what="the unplaceable pods to be told why")
+            await until(explained, timeout=60, what="the unplaceable pods to be told why")
 
             async def podgroup_status() -> tuple[bool, str]:
                 group = await custom.get_namespaced_custom_object(
@@ -213,7 +214,7 @@ async def test_every_verb_granted_to_a_component_is_one_it_uses_and_none_is_refu
                 status = group.get("status") or {}
                 return status.get("scheduled") == 2, str(status)
 
-            await wait_until(podgroup_status, timeout=60, what="the dispatcher to write the PodGroup's status")
+            await until(podgroup_status, timeout=60, what="the dispatcher to write the PodGroup's status")
 
             async def quota_status() -> tuple[bool, str]:
                 quota = await custom.get_namespaced_custom_object(
@@ -221,7 +222,7 @@ async def test_every_verb_granted_to_a_component_is_one_it_uses_and_none_is_refu
                 used = (quota.get("status") or {}).get("used") or {}
                 return int(used.get("pods", 0)) > 0, str(used)
 
-            await wait_until(quota_status, timeout=60, what="the resolver to write the ElasticQuota's status.used")
+            await until(quota_status, timeout=60, what="the resolver to write the ElasticQuota's status.used")
             # Preemption: a high-priority pod evicts a low-priority one from a full node (PDBs listed, an eviction).
             await preempt_once(plane, cluster, namespace)
             # A Reservation: watched by the dispatcher and the resolver, placed by the worker (status Available),

@@ -16,11 +16,12 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
-from dev.local.cluster import Cluster, pod_manifest, wait_until
+from dev.local.cluster import Cluster, pod_manifest
 from dev.local.plane import LocalPlane
 from dev.local.state import Process
 from hoss.model.objects import Json
 from hoss.model.resources import NODE_RESERVATION_ANNOTATION, pod_requests
+from tests.waiting import until
 
 _names = itertools.count()
 
@@ -67,7 +68,7 @@ async def test_a_node_reservation_annotation_takes_room_from_hoss_and_kube_sched
             messages = [e.message or "" for e in await cluster.events_for(namespace, "kube-4cpu")]
             return any("hoss: node" in m and "free 3" in m for m in messages), str(messages[-2:])
 
-        await wait_until(denied, timeout=90, what="the webhook to refuse the kube-scheduler pod")
+        await until(denied, timeout=90, what="the webhook to refuse the kube-scheduler pod")
         await cluster.create_pods([pinned(f"hoss-{i}", pool, cpu="1") for i in range(4)], namespace=namespace)
 
         # Which hoss pod waits depends on order; three are bound and the fourth is told why.
@@ -75,7 +76,7 @@ async def test_a_node_reservation_annotation_takes_room_from_hoss_and_kube_sched
             cpu, names = await bound_cpu(cluster, namespace)
             return cpu == 3000 and len(names) == 3 and "kube-4cpu" not in names, f"{cpu} {names}"
 
-        await wait_until(three_any, timeout=90, what="three hoss pods bound in the 3 cpu left")
+        await until(three_any, timeout=90, what="three hoss pods bound in the 3 cpu left")
         await asyncio.sleep(2)
         assert (await bound_cpu(cluster, namespace))[0] == 3000, "nothing more fits beside the reservation"
 
@@ -89,13 +90,13 @@ async def test_a_node_reservation_annotation_takes_room_from_hoss_and_kube_sched
             found = [e["message"] for e in events if e.get("reason") == "InvalidNodeReservation"]
             return bool(found) and "'cpu=5'" in found[0], str(found)
 
-        await wait_until(warned, timeout=60, what="a Warning event naming the malformed annotation")
+        await until(warned, timeout=60, what="a Warning event naming the malformed annotation")
 
         async def all_bound() -> tuple[bool, str]:
             cpu, names = await bound_cpu(cluster, namespace)
             return cpu == 8000, f"{cpu} {names}"
 
-        await wait_until(all_bound, timeout=120, what="the kube-scheduler pod and the fourth hoss pod to bind")
+        await until(all_bound, timeout=120, what="the kube-scheduler pod and the fourth hoss pod to bind")
     finally:
         await cluster.delete_pods(namespace)
         await cluster.delete_nodes([node])
@@ -158,7 +159,7 @@ async def test_a_reservation_holds_room_a_kube_scheduler_pod_cannot_take_and_its
             status = await reservation_status(cluster, name)
             return status.get("phase") == "Available" and status.get("nodeName") == node, str(status)
 
-        await wait_until(available, timeout=90, what="hoss to place the Reservation")
+        await until(available, timeout=90, what="hoss to place the Reservation")
         # kube-scheduler sees 4 free GPUs (it knows no Reservation); the resolver refuses its binding.
         await cluster.create_pods([pinned("kube-gpu", pool, cpu="1", scheduler="default-scheduler",
                                           extra={"nvidia.com/gpu": "2"})], namespace=namespace)
@@ -167,7 +168,7 @@ async def test_a_reservation_holds_room_a_kube_scheduler_pod_cannot_take_and_its
             messages = [e.message or "" for e in await cluster.events_for(namespace, "kube-gpu")]
             return any("hoss: node" in m and "nvidia.com/gpu" in m for m in messages), str(messages[-2:])
 
-        await wait_until(refused, timeout=90, what="the resolver to refuse the kube-scheduler pod")
+        await until(refused, timeout=90, what="the resolver to refuse the kube-scheduler pod")
         owner = pinned("owner", pool, cpu="1", extra={"nvidia.com/gpu": "4"})
         owner["metadata"]["labels"] = {"app": name}
         await cluster.create_pods([owner], namespace=namespace)
@@ -179,7 +180,7 @@ async def test_a_reservation_holds_room_a_kube_scheduler_pod_cannot_take_and_its
             return status.get("phase") == "Succeeded" and owners == ["owner"] and names == ["owner"], \
                 f"{status.get('phase')} {owners} bound {names}"
 
-        await wait_until(used, timeout=90, what="the owner pod to take the Reservation's room")
+        await until(used, timeout=90, what="the owner pod to take the Reservation's room")
         pods = {p["metadata"]["name"]: p for p in await cluster.raw_list("list_namespaced_pod", namespace)}
         assert pods["owner"]["spec"]["nodeName"] == node
         assert not pods["kube-gpu"]["spec"].get("nodeName"), "the GPUs went to the owner, none is left"
@@ -204,7 +205,7 @@ async def test_a_shared_reservation_serves_owners_while_they_fit_and_takes_back_
             status = await reservation_status(cluster, name)
             return status.get("phase") == "Available" and status.get("nodeName") == node, str(status)
 
-        await wait_until(available, timeout=90, what="hoss to place the Reservation")
+        await until(available, timeout=90, what="hoss to place the Reservation")
         await cluster.create_pods([owner_pod(each, pool, name, gpus="2") for each in ("a", "b")],
                                   namespace=namespace)
 
@@ -217,7 +218,7 @@ async def test_a_shared_reservation_serves_owners_while_they_fit_and_takes_back_
                     and allocated.get("nvidia.com/gpu") == str(2 * len(names))
                     and allocated.get("cpu") == str(len(names))), f"{status} bound {bound}"
 
-        await wait_until(lambda: owned_by(["a", "b"]), timeout=90, what="both owners to share the Reservation")
+        await until(lambda: owned_by(["a", "b"]), timeout=90, what="both owners to share the Reservation")
         pods = {p["metadata"]["name"]: p for p in await cluster.raw_list("list_namespaced_pod", namespace)}
         assert pods["a"]["spec"]["nodeName"] == node and pods["b"]["spec"]["nodeName"] == node
         assert (await reservation_status(cluster, name))["allocatable"]["nvidia.com/gpu"] == "4"
@@ -227,11 +228,11 @@ async def test_a_shared_reservation_serves_owners_while_they_fit_and_takes_back_
             messages = [e.message or "" for e in await cluster.events_for(namespace, "c")]
             return any("Insufficient nvidia.com/gpu" in m for m in messages), str(messages[-2:])
 
-        await wait_until(told, timeout=90, what="the third owner to wait for GPUs")
+        await until(told, timeout=90, what="the third owner to wait for GPUs")
         assert "c" not in (await bound_cpu(cluster, namespace))[1]
         await client.CoreV1Api(cluster.api).delete_namespaced_pod("a", namespace, grace_period_seconds=0)
-        await wait_until(lambda: owned_by(["b", "c"]), timeout=90,
-                         what="the deleted owner's share to go back to the Reservation and to the waiting owner")
+        await until(lambda: owned_by(["b", "c"]), timeout=90,
+                    what="the deleted owner's share to go back to the Reservation and to the waiting owner")
 
 
 async def test_a_reservation_no_worker_serves_says_so(plane: LocalPlane, cluster: Cluster, namespace: str,
@@ -254,7 +255,7 @@ async def test_a_reservation_no_worker_serves_says_so(plane: LocalPlane, cluster
                     and "no live hoss worker serves policy 'nobody-serves-this'" in conditions[0]["message"]
                     and ("Warning", "NoWorkerForPolicy") in reasons), f"{status} {reasons}"
 
-        await wait_until(told, timeout=60, what="the Reservation to be told no worker serves its policy")
+        await until(told, timeout=60, what="the Reservation to be told no worker serves its policy")
     finally:
         await custom.delete_cluster_custom_object("scheduling.koordinator.sh", "v1alpha1", "reservations", name)
 
@@ -268,7 +269,7 @@ async def test_an_expired_reservation_fails_and_frees_its_room_and_one_that_fits
             status = await reservation_status(cluster, name)
             return status.get("phase") == wanted, str(status)
 
-        await wait_until(lambda: phase("Available"), timeout=60, what="hoss to place the Reservation")
+        await until(lambda: phase("Available"), timeout=60, what="hoss to place the Reservation")
         # One that fits nowhere stays Pending and says why, as a pod would.
         await custom.create_cluster_custom_object("scheduling.koordinator.sh", "v1alpha1", "reservations",
                                                   reservation(f"{name}-big"[:60], pool, gpus="8", owner_label=name))
@@ -279,15 +280,15 @@ async def test_an_expired_reservation_fails_and_frees_its_room_and_one_that_fits
             return (status.get("phase") == "Pending" and bool(conditions) and conditions[0]["status"] == "False"
                     and "Insufficient nvidia.com/gpu" in conditions[0]["message"]), str(status)
 
-        await wait_until(told, timeout=60, what="the oversized Reservation to say why it is not placed")
-        await wait_until(lambda: phase("Failed"), timeout=60, what="the Reservation to expire")
+        await until(told, timeout=60, what="the oversized Reservation to say why it is not placed")
+        await until(lambda: phase("Failed"), timeout=60, what="the Reservation to expire")
         reasons = [c.get("reason") for c in (await reservation_status(cluster, name)).get("conditions") or []]
         assert "Expired" in reasons
         # Its room is free again: a kube-scheduler pod takes all 4 GPUs.
         await cluster.create_pods([pinned("kube-gpu", pool, cpu="1", scheduler="default-scheduler",
                                           extra={"nvidia.com/gpu": "4"})], namespace=namespace)
-        await wait_until(lambda: _bound(cluster, namespace, "kube-gpu"), timeout=90,
-                         what="the kube-scheduler pod to bind in the freed room")
+        await until(lambda: _bound(cluster, namespace, "kube-gpu"), timeout=90,
+                    what="the kube-scheduler pod to bind in the freed room")
 
 
 async def _bound(cluster: Cluster, namespace: str, name: str) -> tuple[bool, str]:
@@ -360,7 +361,7 @@ async def test_a_job_that_depends_on_another_starts_only_after_it_completes(
                   and any("waiting for job step1 to be Complete" in m for m in events))
             return ok, f"{conditions} {events[-1:]}"
 
-        await wait_until(waiting, timeout=90, what="step1 to run and step2 to wait for it, saying so")
+        await until(waiting, timeout=90, what="step1 to run and step2 to wait for it, saying so")
 
         async def cycle_refused() -> tuple[bool, str]:
             messages = [e.message or "" for name in ("loop-a", "loop-b")
@@ -368,7 +369,7 @@ async def test_a_job_that_depends_on_another_starts_only_after_it_completes(
                         for e in await cluster.events_for(namespace, pod["metadata"]["name"])]
             return (sum("dependency cycle: job loop-" in m for m in messages) >= 2), str(messages[-2:])
 
-        await wait_until(cycle_refused, timeout=60, what="both pods of the cycle to be told about it")
+        await until(cycle_refused, timeout=60, what="both pods of the cycle to be told about it")
         await asyncio.sleep(2)
         assert not [p for p in await job_pods(cluster, namespace, "step2") if p["spec"].get("nodeName")]
 
@@ -380,7 +381,7 @@ async def test_a_job_that_depends_on_another_starts_only_after_it_completes(
             second = [p for p in await job_pods(cluster, namespace, "step2") if p["spec"].get("nodeName")]
             return complete and bool(second), f"step1 complete {complete}, step2 bound {len(second)}"
 
-        await wait_until(second_runs, timeout=120, what="step2 to be scheduled once step1 completed")
+        await until(second_runs, timeout=120, what="step2 to be scheduled once step1 completed")
         loops = [p for name in ("loop-a", "loop-b") for p in await job_pods(cluster, namespace, name)]
         assert loops and not any(p["spec"].get("nodeName") for p in loops)
 
@@ -397,7 +398,7 @@ async def test_a_job_whose_dependency_failed_fails_and_its_job_counts_it(
             second = await job_pods(cluster, namespace, "second")
             return bool(first) and bool(second), f"first bound {len(first)}, second pods {len(second)}"
 
-        await wait_until(first_bound, timeout=90, what="job first's pod bound, job second's pod created")
+        await until(first_bound, timeout=90, what="job first's pod bound, job second's pod created")
         await finish_job_pod(cluster, namespace, "first", exit_code=1)  # backoffLimit 0: the Job fails
 
         async def second_failed() -> tuple[bool, str]:
@@ -413,7 +414,7 @@ async def test_a_job_whose_dependency_failed_fails_and_its_job_counts_it(
             return ok, f"{status.get('phase')} {status.get('reason')} {status.get('message')}; events " \
                        f"{[e.reason for e in events]}; job second failed {done.status.failed}, {job_failed}"
 
-        await wait_until(second_failed, timeout=120, what="second's pod Failed (DependencyFailed), its Job failed")
+        await until(second_failed, timeout=120, what="second's pod Failed (DependencyFailed), its Job failed")
         pods = await job_pods(cluster, namespace, "second")
         assert len(pods) == 1 and not pods[0]["spec"].get("nodeName")  # backoffLimit 0: no new pod, never bound
         assert "so first:Complete can never hold" in pods[0]["status"]["message"]

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import asyncio
 
-from dev.local.cluster import Cluster, oversold_nodes, wait_until
+from dev.local.cluster import Cluster, oversold_nodes
 from dev.local.plane import LocalPlane
 from dev.local.state import Process
 from hoss.ledger.client import Ledger
 from tests.e2e.hoss import hoss_pods, wait_all_bound, workers
+from tests.waiting import until
 
 NODE_CAPACITY = {"cpu": "8", "memory": "32Gi", "pods": "110"}
 BEFORE, AFTER = 120, 80
@@ -29,7 +30,7 @@ async def test_an_apiserver_restart_mid_run_loses_no_pod_and_oversells_nothing(
                 done = sum(1 for p in pods if p["spec"].get("nodeName"))
                 return done >= 10, f"{done} bound"
 
-            await wait_until(under_way, timeout=60, what="the run to be under way")
+            await until(under_way, timeout=60, what="the run to be under way")
             # The restart drops every connection: watches end mid-stream, bindings in flight fail or get lost.
             await asyncio.to_thread(plane.restart_apiserver)
             resolver = next(p for p in plane.state().processes if p.name == "hoss-resolver")
@@ -52,7 +53,7 @@ async def test_an_apiserver_restart_mid_run_loses_no_pod_and_oversells_nothing(
                 wrong = [uid for uid, node in expected.items() if entries.get(uid) != (node, "bound")]
                 return not wrong, f"{len(wrong)} pods not bound in the ledger where the apiserver has them"
 
-            await wait_until(ledger_agrees, timeout=60, what="the ledger to agree with the apiserver")
+            await until(ledger_agrees, timeout=60, what="the ledger to agree with the apiserver")
         finally:
             await ledger.close()
     finally:

@@ -16,11 +16,15 @@ from typing import Any
 import aiohttp
 import pytest
 import redis.asyncio as aioredis
+from prometheus_client.parser import text_string_to_metric_families
 
 from deploy import pki
-from dev.local.cluster import Cluster, oversold_nodes, pod_manifest, wait_until
+from dev.local.cluster import Cluster, oversold_nodes, pod_manifest
+from dev.local.health import http_ok
 from dev.local.plane import LocalPlane
+from dev.local.state import Process
 from hoss.ledger.client import Ledger
+from tests.waiting import until
 
 NODES = 4
 NODE_CAPACITY = {"cpu": "4", "memory": "16Gi", "pods": "110"}
@@ -29,14 +33,35 @@ SCHEDULERS = ("race-a", "race-b")
 
 
 @asynccontextmanager
-async def racing_schedulers(plane: LocalPlane) -> AsyncIterator[list[int]]:
-    """Two real kube-schedulers under different names; yields their pids."""
+async def racing_schedulers(plane: LocalPlane) -> AsyncIterator[list[Process]]:
+    """Two real kube-schedulers under different names, ready: each has listed the cluster and watches it."""
     processes = [plane.start_scheduler(scheduler_name=name) for name in SCHEDULERS]
     try:
-        yield [p.pid for p in processes]
+        async def ready() -> tuple[bool, str]:
+            answers = [await asyncio.to_thread(http_ok, f"https://127.0.0.1:{p.port}/readyz", verify=False)
+                       for p in processes]
+            return all(answers), f"ready: {answers}"
+
+        # kube-scheduler's /readyz holds until its informers' handlers have synced (sched-handler-sync).
+        await until(ready, timeout=60, what="both schedulers to be ready")
+        yield processes
     finally:
         for process in processes:
             plane.stop_process(process.name)
+
+
+async def pending_queues(plane: LocalPlane, scheduler: Process) -> dict[str, float]:
+    """A kube-scheduler's pods pending per queue (active, backoff, unschedulable, gated), from its /metrics."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE  # its serving certificate is its own, self-signed
+    context.load_cert_chain(plane.pki_dir / "client-admin.crt", plane.pki_dir / "client-admin.key")
+    async with aiohttp.ClientSession() as session, session.get(
+        f"https://127.0.0.1:{scheduler.port}/metrics", ssl=context
+    ) as response:
+        text = await response.text()
+    return {sample.labels["queue"]: sample.value for family in text_string_to_metric_families(text)
+            for sample in family.samples if sample.name == "scheduler_pending_pods"}
 
 
 async def resolver_status(plane: LocalPlane) -> dict[str, Any]:
@@ -63,10 +88,9 @@ async def race(plane: LocalPlane, cluster: Cluster, namespace: str, prefix: str)
     """
     nodes = await cluster.create_nodes(NODES, prefix=prefix, capacity=NODE_CAPACITY)
     await cluster.wait_nodes_ready(nodes)
-    async with racing_schedulers(plane) as pids:
-        await asyncio.sleep(1)  # let both finish their initial list and open their watches
-        for pid in pids:
-            os.kill(pid, signal.SIGSTOP)
+    async with racing_schedulers(plane) as schedulers:
+        for scheduler in schedulers:
+            os.kill(scheduler.pid, signal.SIGSTOP)
         try:
             await cluster.create_pods(
                 (
@@ -79,19 +103,34 @@ async def race(plane: LocalPlane, cluster: Cluster, namespace: str, prefix: str)
             )
             # The syncing resolver indexes the pending pods of foreign schedulers: it judges their bindings
             # without reading the pods from the apiserver (checked in the audit log by the caller).
-            await wait_until(functools.partial(foreign_pending_indexed, plane, 2 * PODS_PER_SCHEDULER), timeout=30,
-                             what="the resolver to index the pending pods")
+            await until(functools.partial(foreign_pending_indexed, plane, 2 * PODS_PER_SCHEDULER), timeout=30,
+                        what="the resolver to index the pending pods")
         finally:
-            for pid in pids:
-                os.kill(pid, signal.SIGCONT)
+            for scheduler in schedulers:
+                os.kill(scheduler.pid, signal.SIGCONT)
 
         async def settled() -> tuple[bool, str]:
             pods = await cluster.raw_list("list_namespaced_pod", namespace)
             bound = sum(1 for p in pods if p["spec"].get("nodeName"))
             return bound >= 16, f"{bound} bound"
 
-        await wait_until(settled, timeout=60, what="the schedulers to fill the nodes")
-        await asyncio.sleep(3)  # give a losing scheduler time to retry: nothing more may fit
+        await until(settled, timeout=60, what="the schedulers to fill the nodes")
+
+        async def given_up() -> tuple[bool, str]:
+            pods = await cluster.raw_list("list_namespaced_pod", namespace)
+            seen, done = [], True
+            for name, scheduler in zip(SCHEDULERS, schedulers, strict=True):
+                unbound = sum(1 for p in pods
+                              if p["spec"].get("schedulerName") == name and not p["spec"].get("nodeName"))
+                queues = await pending_queues(plane, scheduler)
+                done = done and (queues.get("active"), queues.get("backoff"), queues.get("unschedulable")) == (
+                    0, 0, unbound)
+                seen.append(f"{name}: {unbound} unbound, queues {queues}")
+            return done, "; ".join(seen)
+
+        # A losing scheduler retries its pods whose binding was refused; once each has tried every pod left and
+        # found no room (all of them in its unschedulable queue, none active or backing off), nothing more may fit.
+        await until(given_up, timeout=120, what="both schedulers to have tried every pod left and found no room")
     return nodes
 
 
@@ -163,7 +202,7 @@ async def test_resolver_rebuilds_the_ledger_from_the_apiserver_after_redis_loses
             bound = sum(1 for p in pods if p["spec"].get("nodeName"))
             return bound == 3, f"{bound}/3 bound"
 
-        await wait_until(all_bound, timeout=60, what="3 pods to be bound")
+        await until(all_bound, timeout=60, what="3 pods to be bound")
         redis = aioredis.Redis.from_url(plane.state().redis_url, decode_responses=True)
         ledger = Ledger(redis)
         try:
@@ -174,7 +213,7 @@ async def test_resolver_rebuilds_the_ledger_from_the_apiserver_after_redis_loses
             async def rebuilt() -> tuple[bool, str]:
                 return await ledger.is_ready(), f"epoch {await ledger.epoch()}"
 
-            await wait_until(rebuilt, timeout=30, what="the resolver to rebuild the ledger")
+            await until(rebuilt, timeout=30, what="the resolver to rebuild the ledger")
             assert await ledger.epoch() != epoch_before
             expected: dict[str, int] = {}
             for pod in await cluster.raw_list("list_namespaced_pod", namespace):
@@ -244,7 +283,7 @@ async def test_only_the_apiserver_may_post_reviews_and_its_own_are_judged(
             pods = await cluster.raw_list("list_namespaced_pod", namespace)
             return bool(pods and pods[0]["spec"].get("nodeName")), f"{len(pods)} pods"
 
-        await wait_until(bound, timeout=60, what="the pod to be bound through the webhook")
+        await until(bound, timeout=60, what="the pod to be bound through the webhook")
         async with aiohttp.ClientSession() as session, session.get(
             f"https://127.0.0.1:{resolver.port}/metrics", ssl=ssl.create_default_context(cafile=trust)
         ) as response:

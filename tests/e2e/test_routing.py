@@ -7,11 +7,12 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
-from dev.local.cluster import Cluster, pod_manifest, wait_until
+from dev.local.cluster import Cluster, pod_manifest
 from dev.local.plane import LocalPlane
 from dev.local.state import Process
 from hoss.model.objects import Json
 from tests.e2e.hoss import workers
+from tests.waiting import until
 
 NODE = {"cpu": "8", "memory": "32Gi", "pods": "110"}
 
@@ -40,7 +41,7 @@ async def test_a_deployment_in_a_routed_namespace_is_scheduled_by_hoss_with_its_
             probe: Any = await cluster.core.create_namespaced_pod(namespace, pod_manifest("probe"), dry_run="All")
             return probe.spec.scheduler_name == "hoss", str(probe.spec.scheduler_name)
 
-        await wait_until(router_sees_the_label, timeout=30, what="the router to see the namespace's label")
+        await until(router_sees_the_label, timeout=30, what="the router to see the namespace's label")
         async with workers(plane, [("route-binpack", ["binpack"])]):
             apps: Any = client.AppsV1Api(cluster.api)
             await apps.create_namespaced_deployment(namespace, deployment("web", 3))
@@ -55,7 +56,7 @@ async def test_a_deployment_in_a_routed_namespace_is_scheduled_by_hoss_with_its_
                 done = [p for p in pods if p["spec"].get("nodeName")]
                 return len(done) == 3, f"{len(done)}/3 bound"
 
-            await wait_until(web_bound, timeout=120, what="the Deployment's pods to be bound")
+            await until(web_bound, timeout=120, what="the Deployment's pods to be bound")
             pods = {p["metadata"]["name"]: p for p in await cluster.raw_list("list_namespaced_pod", namespace)}
             web = [p for p in pods.values() if (p["metadata"].get("labels") or {}).get("app") == "web"]
             for pod in web:
@@ -78,7 +79,7 @@ async def test_a_deployment_in_a_routed_namespace_is_scheduled_by_hoss_with_its_
                                               field_selector="metadata.name=opted-out"))[0]
                 return bool(pod["spec"].get("nodeName")), str(pod["spec"].get("nodeName"))
 
-            await wait_until(opted_out_bound, timeout=60, what="kube-scheduler to bind the opted-out pod")
+            await until(opted_out_bound, timeout=60, what="kube-scheduler to bind the opted-out pod")
     finally:
         plane.kubectl("delete", "deployment", "web", "-n", namespace, "--ignore-not-found", "--wait=false")
         await cluster.delete_pods(namespace)

@@ -12,13 +12,14 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 from redis.asyncio import Redis
 
-from dev.local.cluster import Cluster, oversold_nodes, wait_until
+from dev.local.cluster import Cluster, oversold_nodes
 from dev.local.plane import LocalPlane
 from dev.local.state import Process
 from hoss.ledger.client import Ledger
 from hoss.model.objects import Json
 from hoss.queue import WorkQueue
 from tests.e2e.hoss import hoss_pods, wait_all_bound, workers
+from tests.waiting import until
 
 _node_sets = itertools.count()
 NODE_CAPACITY = {"cpu": "8", "memory": "32Gi", "pods": "110"}
@@ -74,7 +75,7 @@ async def test_three_workers_fill_30_nodes_with_300_pods_asking_more_than_fits_a
             told = [p for p in waiting if "Insufficient cpu" in scheduled_message(p)]
             return len(told) == 300 - capacity, f"{len(waiting)} waiting, {len(told)} saying Insufficient cpu"
 
-        await wait_until(rest_refused, timeout=120, what="the pods that do not fit to say why")
+        await until(rest_refused, timeout=120, what="the pods that do not fit to say why")
         pods = await cluster.raw_list("list_namespaced_pod", namespace)
         bound = [p for p in pods if p["spec"].get("nodeName")]
         assert len(bound) == capacity
@@ -89,7 +90,7 @@ async def test_three_workers_fill_30_nodes_with_300_pods_asking_more_than_fits_a
             bound_by.update({wid: counters.get(wid, {}).get("bound", 0) for wid, _ in layout})
             return sum(bound_by.values()) >= capacity, str(bound_by)
 
-        await wait_until(counted, timeout=15, what="the workers' heartbeats to count every binding")
+        await until(counted, timeout=15, what="the workers' heartbeats to count every binding")
     assert sum(bound_by.values()) == capacity, bound_by
     assert all(n > 0 for n in bound_by.values()), bound_by
 
@@ -113,16 +114,17 @@ async def test_a_worker_killed_mid_run_loses_no_pod_and_its_reservations_are_rel
         redis = Redis.from_url(plane.state().redis_url, decode_responses=True)
         held: Counter[str] = Counter()
         victim_id = ""
+
+        async def one_holds_ten() -> tuple[bool, str]:
+            nonlocal held, victim_id
+            held = Counter((await WorkQueue(redis).dispatched()).values())
+            victim_id = max((wid for wid, _ in layout), key=lambda wid: held.get(wid, 0))
+            return held.get(victim_id, 0) >= 10, f"held: {dict(held)}"
+
         try:
-            for _ in range(6000):
-                held = Counter((await WorkQueue(redis).dispatched()).values())
-                victim_id = max((wid for wid, _ in layout), key=lambda wid: held.get(wid, 0))
-                if held.get(victim_id, 0) >= 10:
-                    break
-                await asyncio.sleep(0.01)
+            await until(one_holds_ten, timeout=60, what="a worker holding ten unfinished pods", interval=0.01)
         finally:
             await redis.aclose()
-        assert held.get(victim_id, 0) >= 10, f"no worker held unfinished pods: {held}"
         victim = next(p for p in started if p.name.endswith(victim_id))
         os.kill(victim.pid, signal.SIGKILL)
         await creating
@@ -135,7 +137,7 @@ async def test_a_worker_killed_mid_run_loses_no_pod_and_its_reservations_are_rel
                 left = [e for e in await ledger.entries() if e.owner == victim_id and e.state == "assumed"]
                 return not left, f"{len(left)} reservations of the dead worker left"
 
-            await wait_until(released, timeout=30, what="the dead worker's reservations to expire")
+            await until(released, timeout=30, what="the dead worker's reservations to expire")
         finally:
             await ledger.close()
 
@@ -156,7 +158,7 @@ async def test_pods_of_each_policy_reach_only_workers_serving_it(
                                                                            ("pack-only", "binpack"))]
             return done == [40, 40], str(counters)
 
-        await wait_until(counted, timeout=15, what="the workers' heartbeats to count every binding")
+        await until(counted, timeout=15, what="the workers' heartbeats to count every binding")
     assert counters["spread-only"].get("bound:default") == 40
     assert "bound:binpack" not in counters["spread-only"]
     assert counters["pack-only"].get("bound:binpack") == 40
@@ -176,7 +178,7 @@ async def test_pod_that_fits_nowhere_says_why_like_kube_scheduler_and_binds_when
             message = condition.message if condition else ""
             return bool(condition and condition.status == "False" and message), str(message)
 
-        message = await wait_until(explained, timeout=60, what="PodScheduled=False on the pod that cannot fit")
+        message = await until(explained, timeout=60, what="PodScheduled=False on the pod that cannot fit")
         assert message == "0/3 nodes are available: 3 Insufficient cpu."
 
         async def event_recorded() -> tuple[bool, str]:
@@ -184,7 +186,7 @@ async def test_pod_that_fits_nowhere_says_why_like_kube_scheduler_and_binds_when
             events = await cluster.events_for(namespace, "huge-0000")
             return any(e.reason == "FailedScheduling" and e.message == message for e in events), str(events)
 
-        await wait_until(event_recorded, timeout=30, what="the FailedScheduling event with the same message")
+        await until(event_recorded, timeout=30, what="the FailedScheduling event with the same message")
 
         big = await cluster.create_nodes(1, prefix="roomy", capacity={"cpu": "16", "memory": "64Gi", "pods": "110"})
         try:
@@ -197,7 +199,7 @@ async def test_pod_that_fits_nowhere_says_why_like_kube_scheduler_and_binds_when
                 return any(e.reason == "Scheduled" and e.type == "Normal" and e.message == wanted
                            for e in events), str([(e.reason, e.message) for e in events])
 
-            await wait_until(scheduled_recorded, timeout=30, what="kube-scheduler's Normal Scheduled event")
+            await until(scheduled_recorded, timeout=30, what="kube-scheduler's Normal Scheduled event")
         finally:
             await cluster.delete_pods(namespace)
             await cluster.delete_nodes(big)

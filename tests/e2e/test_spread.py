@@ -11,16 +11,15 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from dev.local.cluster import Cluster, oversold_nodes, wait_until
+from dev.local.cluster import Cluster, oversold_nodes
 from dev.local.plane import LocalPlane
 from dev.local.state import Process
 from hoss.model.objects import Json
-from tests.e2e.hoss import hoss_pods, wait_all_bound, workers
-from tests.e2e.test_pod_spec import pinned, scheduled_condition
+from tests.e2e.hoss import NODE_CAPACITY, hoss_pods, pinned, scheduled_condition, wait_all_bound, workers
+from tests.waiting import until
 
 FOUR = [(f"tsc-{i}", ["default", "binpack"]) for i in range(4)]
 HOST = "kubernetes.io/hostname"
-CAPACITY = {"cpu": "8", "memory": "32Gi", "pods": "110"}
 _sets = itertools.count()
 
 
@@ -33,7 +32,7 @@ async def zones(cluster: Cluster, per_zone: int, count: int = 3) -> AsyncIterato
     where: dict[str, str] = {}
     try:
         for zone in range(count):
-            names = await cluster.create_nodes(per_zone, prefix=f"tsc{number}z{zone}", capacity=CAPACITY,
+            names = await cluster.create_nodes(per_zone, prefix=f"tsc{number}z{zone}", capacity=NODE_CAPACITY,
                                                labels={"spec-set": tag, key: f"z{zone}"})
             where.update(dict.fromkeys(names, f"z{zone}"))
         await cluster.wait_nodes_ready(list(where))
@@ -170,7 +169,7 @@ async def test_kube_scheduler_and_hoss_given_the_same_spread_pods_satisfy_the_sa
                 return (len(mine) - len(waiting) == 15 and len(reasons) == 5 and all(reasons),
                         f"{len(mine) - len(waiting)} bound, {reasons[:1]}")
 
-            await wait_until(settled, timeout=180, what=f"{scheduler} to settle its 20 pods")
+            await until(settled, timeout=180, what=f"{scheduler} to settle its 20 pods")
             mine = await named(cluster, namespace, prefix)
             zones_of = {group: Counter(where[p["spec"]["nodeName"]] for p in mine
                                        if p["metadata"]["name"].startswith(f"{prefix}{group}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 import tomllib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,19 +20,11 @@ from hoss.framework.cycle import Placement, decide
 from hoss.framework.errors import ProfileError
 from hoss.framework.plugins import ENTRY_POINT_GROUP, load_registry
 from hoss.framework.profiles import parse_profiles
+from tests.dist_info import install_dist_info
 from tests.kube_objects import pod_view, raw_node, table
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "plugins_example"
 EXAMPLE_MODULE = "hoss_example_plugin"
-
-
-def install_dist_info(site: Path, *, name: str, version: str, entry_points: Mapping[str, str]) -> None:
-    """What pip leaves in site-packages for a distribution: METADATA and entry_points.txt in a dist-info."""
-    dist_info = site / f"{name.replace('-', '_')}-{version}.dist-info"
-    dist_info.mkdir(parents=True)
-    (dist_info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n", encoding="utf-8")
-    lines = "".join(f"{entry} = {target}\n" for entry, target in entry_points.items())
-    (dist_info / "entry_points.txt").write_text(f"[{ENTRY_POINT_GROUP}]\n{lines}", encoding="utf-8")
 
 
 @pytest.fixture

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from deploy.status import readable_totals, render
-from dispatcher.status import LedgerStatus, QueueStatus, ResourceTotal, SystemStatus, ThroughputStatus, WorkerStatus
+from dispatcher.status import LedgerStatus, ResourceTotal
+from tests.status_documents import status_with, worker_row
 
 GIB = 1 << 30
 
@@ -29,37 +30,15 @@ def test_readable_totals(resource: str, used: int, alloc: int, expected: tuple[s
 
 
 def test_render_prints_one_unit_per_resource_line() -> None:
-    status = SystemStatus(
-        leader=True, identity="d1", leader_identity="d1", redis="ok", workers=[], conflicts=0,
-        queues=QueueStatus(pending_total=0, undispatched=0, waiting_for_worker=[]),
-        throughput=ThroughputStatus(bound_per_second_1m=0.0, dispatched_total=0, bound_total=0),
-        ledger=LedgerStatus(ready=True, epoch="e", nodes=160, assumed=0, bound=10, resources={
-            "cpu": ResourceTotal(alloc=2_560_000, used=1_001_750),
-            "memory": ResourceTotal(alloc=10_240 * GIB, used=512 * GIB),
-        }),
-        resolver=None,
-    )
+    status = status_with(ledger=LedgerStatus(ready=True, epoch="e", nodes=160, assumed=0, bound=10, resources={
+        "cpu": ResourceTotal(alloc=2_560_000, used=1_001_750),
+        "memory": ResourceTotal(alloc=10_240 * GIB, used=512 * GIB),
+    }))
     lines = render(status, url="http://x/status").splitlines()
     cpu = next(line for line in lines if line.strip().startswith("cpu"))
     memory = next(line for line in lines if line.strip().startswith("memory"))
     assert cpu.split() == ["cpu", "1,001.75", "/", "2,560", "cores", "(39%", "used)"]
     assert memory.split() == ["memory", "512", "/", "10,240", "GiB", "(5%", "used)"]
-
-
-def worker_row(worker_id: str, *, alive: bool, routed: bool | None) -> WorkerStatus:
-    """A /status worker row with nothing queued (also used by tests/e2e/test_dashboard_routing.py)."""
-    return WorkerStatus(id=worker_id, policies=["default"], alive=alive, routed=routed, queue_depth=0, in_flight=0,
-                        outstanding=0, heartbeat_age_seconds=0.5 if alive else None, counters={})
-
-
-def status_with(workers: list[WorkerStatus]) -> SystemStatus:
-    """A leader's /status with these workers and nothing else."""
-    return SystemStatus(
-        leader=True, identity="d1", leader_identity="d1", redis="ok", conflicts=0, workers=workers,
-        queues=QueueStatus(pending_total=0, undispatched=0, waiting_for_worker=[]),
-        throughput=ThroughputStatus(bound_per_second_1m=0.0, dispatched_total=0, bound_total=0),
-        ledger=None, resolver=None,
-    )
 
 
 def test_render_marks_a_live_worker_the_leader_does_not_route_to() -> None:
