@@ -1,5 +1,5 @@
 """Nodes and pods for tests: raw, shaped as the apiserver returns them; parsed, as the worker framework reads them;
-and as the ledger is rebuilt with them (`node_row`)."""
+as the ledger is rebuilt with them (`node_row`) and as a worker reserves them (`batch_pod`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 from hoss.framework.nodes import NodeTable
 from hoss.framework.pod import PodView, parse_pod
-from hoss.ledger.arguments import NodeRow
+from hoss.ledger.arguments import BatchPod, NodeRow
 from hoss.model import compact
 
 Json = dict[str, Any]
@@ -53,11 +53,19 @@ def raw_pod(
     tolerations: Sequence[Mapping[str, str]] = (),
     namespace: str = "team",
     annotations: Mapping[str, str] | None = None,
+    uid: str | None = None,
+    node: str | None = None,
+    phase: str = "Pending",
+    generation: int | None = None,
 ) -> Json:
+    """A pod for hoss, one container ``app`` with ``requests`` (1 cpu, 1 GiB unless given); uid ``uid-<name>``
+    unless given; bound to ``node`` when given (spec.nodeName)."""
     spec: Json = {
         "schedulerName": "hoss",
         "containers": [{"name": "app", "resources": {"requests": dict(requests or {"cpu": "1", "memory": "1Gi"})}}],
     }
+    if node is not None:
+        spec["nodeName"] = node
     if node_selector is not None:
         spec["nodeSelector"] = dict(node_selector)
     if terms is not None:
@@ -66,17 +74,16 @@ def raw_pod(
         }
     if tolerations:
         spec["tolerations"] = [dict(toleration) for toleration in tolerations]
-    return {
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "uid": f"uid-{name}",
-            "labels": dict(labels or {}),
-            "annotations": dict(annotations or {}),
-        },
-        "spec": spec,
-        "status": {"phase": "Pending"},
+    metadata: Json = {
+        "name": name,
+        "namespace": namespace,
+        "uid": f"uid-{name}" if uid is None else uid,
+        "labels": dict(labels or {}),
+        "annotations": dict(annotations or {}),
     }
+    if generation is not None:
+        metadata["generation"] = generation
+    return {"metadata": metadata, "spec": spec, "status": {"phase": phase}}
 
 
 def pod_view(name: str = "web-0", requests: Mapping[str, str] | None = None, **fields: Any) -> PodView:
@@ -88,6 +95,13 @@ def table(*nodes: Json) -> NodeTable:
     for node in nodes:
         result.upsert_node(node)
     return result
+
+
+def batch_pod(uid: str, *candidates: str, cpu: int = 1000, namespace: str = "ns", **fields: Any) -> BatchPod:
+    """One pod of a reservation batch (`Ledger.reserve_batch`): ``cpu`` milli-CPU and one pod, on the first of
+    ``candidates`` with room; ``fields`` are BatchPod's others (digest, meta, ports, position, reservation...)."""
+    return BatchPod(uid=uid, pod=f"{namespace}/{uid}", digest=str(fields.pop("digest", "")), candidates=candidates,
+                    request={"cpu": cpu, "pods": 1}, **fields)
 
 
 def node_row(

@@ -10,14 +10,10 @@ from hoss.ledger.arguments import BatchPod, BoundPod, Placement
 from hoss.ledger.client import Ledger
 from hoss.ledger.keys import reservation_key
 from hoss.ledger.results import Conflict, Reserved
+from tests.kube_objects import batch_pod
 
 N = {"cpu": 4000, "memory": 8 << 30, "pods": 110}
 R = {"cpu": 3000, "pods": 1}
-
-
-def pod(uid: str, *candidates: str, cpu: int, reservation: str = "") -> BatchPod:
-    return BatchPod(uid=uid, pod=f"ns/{uid}", digest="", candidates=candidates, request={"cpu": cpu, "pods": 1},
-                    reservation=reservation)
 
 
 async def held(ledger: Ledger) -> None:
@@ -31,13 +27,13 @@ async def test_held_room_is_closed_to_other_pods_and_foreign_bindings(ledger: Le
     await held(ledger)
     [entry] = await ledger.entries()
     assert (entry.uid, entry.pod, entry.state, entry.node) == ("r", reservation_key("train"), "bound", "n1")
-    assert await ledger.reserve_batch([pod("other", "n1", cpu=2000)], owner="w", ttl_seconds=30) == [
+    assert await ledger.reserve_batch([batch_pod("other", "n1", cpu=2000)], owner="w", ttl_seconds=30) == [
         Conflict(node="n1", resource="cpu", wanted=2000, free=1000)]
     foreign = await ledger.confirm(uid="kube", pod="ns/kube", node="n1", request={"cpu": 2000}, owner="kube-scheduler",
                                    verify_after_seconds=30)
     assert isinstance(foreign, Conflict) and foreign.free == 1000
     # Naming the Reservation is what opens it: any pod naming a uid that is not a Reservation gets nothing.
-    assert await ledger.reserve_batch([pod("liar", "n1", cpu=2000, reservation="other")], owner="w",
+    assert await ledger.reserve_batch([batch_pod("liar", "n1", cpu=2000, reservation="other")], owner="w",
                                       ttl_seconds=30) == [Conflict(node="n1", resource="cpu", wanted=2000, free=1000)]
 
 
@@ -45,7 +41,7 @@ async def test_the_owner_takes_the_room_in_one_call_and_the_reservation_holds_no
     await held(ledger)
     before = (await ledger.node_usage(["n1"]))["n1"][1]["cpu"]
     # The owner wants more than the Reservation holds: the Reservation's 3 cpu plus 1 of the node's free room.
-    assert await ledger.reserve_batch([pod("owner", "n1", cpu=4000, reservation="r")], owner="w",
+    assert await ledger.reserve_batch([batch_pod("owner", "n1", cpu=4000, reservation="r")], owner="w",
                                       ttl_seconds=30) == [Reserved("n1", consumed=True)]
     assert (await ledger.node_usage(["n1"]))["n1"][1]["cpu"] == before + 1000
     entries = {e.uid: e for e in await ledger.entries()}
@@ -53,13 +49,13 @@ async def test_the_owner_takes_the_room_in_one_call_and_the_reservation_holds_no
     shares = (await ledger.reservation_owners(["r"]))["r"]
     assert [(o.uid, dict(o.share)) for o in shares.owners] == [("owner", {"cpu": 3000, "pods": 1})]
     # allocateOnce: a second owner takes nothing, even of room the Reservation still had.
-    assert await ledger.reserve_batch([pod("second", "n1", cpu=1000, reservation="r")], owner="w",
+    assert await ledger.reserve_batch([batch_pod("second", "n1", cpu=1000, reservation="r")], owner="w",
                                       ttl_seconds=30) == [Conflict(node="n1", resource="cpu", wanted=1000, free=0)]
 
 
 async def test_elsewhere_the_owner_is_an_ordinary_pod(ledger: Ledger) -> None:
     await held(ledger)
-    assert await ledger.reserve_batch([pod("owner", "n2", cpu=1000, reservation="r")], owner="w",
+    assert await ledger.reserve_batch([batch_pod("owner", "n2", cpu=1000, reservation="r")], owner="w",
                                       ttl_seconds=30) == [Reserved("n2")]
     assert {e.uid for e in await ledger.entries()} == {"owner", "r"}
 
@@ -69,13 +65,12 @@ async def test_racing_pods_never_take_held_room(ledger: Ledger) -> None:
     await held(ledger)
 
     async def stranger(i: int) -> object:
-        results = await ledger.reserve_batch([pod(f"s{i}", "n1", cpu=1000)], owner=f"w{i}", ttl_seconds=30)
+        results = await ledger.reserve_batch([batch_pod(f"s{i}", "n1", cpu=1000)], owner=f"w{i}", ttl_seconds=30)
         assert isinstance(results, list)
         return results[0]
 
-    results = await asyncio.gather(*(stranger(i) for i in range(8)),
-                                   ledger.reserve_batch([pod("owner", "n1", cpu=3000, reservation="r")], owner="o",
-                                                        ttl_seconds=30))
+    owner = ledger.reserve_batch([batch_pod("owner", "n1", cpu=3000, reservation="r")], owner="o", ttl_seconds=30)
+    results = await asyncio.gather(*(stranger(i) for i in range(8)), owner)
     assert sum(1 for r in results[:8] if r == Reserved("n1")) == 1
     assert results[8] == [Reserved("n1", consumed=True)]
     usage = (await ledger.node_usage(["n1"]))["n1"][1]
@@ -178,14 +173,14 @@ async def test_the_room_returns_at_once_when_the_owners_binding_fails(ledger: Le
     """Gap 2: the worker releases the owner's assumed entry (its binding failed): the share is back with the
     Reservation in that call, for allocateOnce (the next owner can use it) and for shared Reservations alike."""
     await held(ledger)
-    assert await ledger.reserve_batch([pod("owner", "n1", cpu=3000, reservation="r")], owner="w",
+    assert await ledger.reserve_batch([batch_pod("owner", "n1", cpu=3000, reservation="r")], owner="w",
                                       ttl_seconds=30) == [Reserved("n1", consumed=True)]
     assert await ledger.release_assumed(uid="owner", node="n1", answered=True)
     entries = {e.uid: e for e in await ledger.entries()}
     assert set(entries) == {"r"} and entries["r"].request == R
-    assert await ledger.reserve_batch([pod("other", "n1", cpu=2000)], owner="w", ttl_seconds=30) == [
+    assert await ledger.reserve_batch([batch_pod("other", "n1", cpu=2000)], owner="w", ttl_seconds=30) == [
         Conflict(node="n1", resource="cpu", wanted=2000, free=1000)]
-    assert await ledger.reserve_batch([pod("retry", "n1", cpu=3000, reservation="r")], owner="w",
+    assert await ledger.reserve_batch([batch_pod("retry", "n1", cpu=3000, reservation="r")], owner="w",
                                       ttl_seconds=30) == [Reserved("n1", consumed=True)]
     await shared(ledger)
     assert await ledger.reserve_batch([gpu_pod("a", "g1", gpus=4)], owner="w", ttl_seconds=30) == [

@@ -11,10 +11,10 @@ import pytest
 
 from hoss.framework.feed import CATCH_UP_MIN_ENTRIES, NodeFeed
 from hoss.framework.nodes import NodeTable
-from hoss.ledger.arguments import BatchPod, NodeRow
+from hoss.ledger.arguments import NodeRow
 from hoss.ledger.client import Ledger
 from hoss.ledger.results import Reserved
-from tests.kube_objects import node_row
+from tests.kube_objects import batch_pod, node_row
 from tests.waiting import until
 
 ALLOC = {"cpu": 400_000, "memory": 8 << 40, "pods": 5000}
@@ -44,8 +44,8 @@ async def following(ledger: Ledger, *, idle: Callable[[], bool],
 
 
 async def reserve(ledger: Ledger, uid: str, node: str) -> None:
-    results = await ledger.reserve_batch([BatchPod(uid=uid, pod=f"team/{uid}", digest="", candidates=[node],
-                                                   request=REQUEST)], owner="other", ttl_seconds=300)
+    results = await ledger.reserve_batch([batch_pod(uid, node, cpu=REQUEST["cpu"], namespace="team")], owner="other",
+                                         ttl_seconds=300)
     assert isinstance(results, list) and isinstance(results[0], Reserved)
 
 

@@ -9,6 +9,7 @@ import orjson
 from hoss.ledger.arguments import BatchPod, GangMember
 from hoss.ledger.client import Ledger
 from hoss.ledger.results import Confirmed, Conflict, Reserved
+from tests.kube_objects import batch_pod
 from tests.waiting import until
 
 
@@ -17,8 +18,8 @@ def meta(priority: int) -> str:
 
 
 def item(uid: str, *candidates: str, cpu: int, priority: int = 0) -> BatchPod:
-    return BatchPod(uid=uid, pod=f"ns/{uid}", digest="", candidates=candidates, request={"cpu": cpu, "pods": 1},
-                    meta=meta(priority))
+    """A pod of that priority for a reservation batch."""
+    return batch_pod(uid, *candidates, cpu=cpu, meta=meta(priority))
 
 
 async def test_held_room_keeps_pods_of_lower_or_equal_priority_out_but_not_higher(ledger: Ledger) -> None:

@@ -11,6 +11,7 @@ from hoss.ledger.arguments import BatchPod, BoundPod, GangMember, NodeRow
 from hoss.ledger.client import Ledger
 from hoss.ledger.results import Conflict, Reserved
 from hoss.model import compact
+from tests.kube_objects import batch_pod
 
 
 def raw(name: str, *ports: dict[str, object], labels: dict[str, str] | None = None) -> dict[str, object]:
@@ -18,9 +19,9 @@ def raw(name: str, *ports: dict[str, object], labels: dict[str, str] | None = No
             "spec": {"containers": [{"name": "c", "ports": list(ports)}]}}
 
 
-def batch_pod(uid: str, *candidates: str, ports: str = "", meta: str = "") -> BatchPod:
-    return BatchPod(uid=uid, pod=f"team/{uid}", digest="", candidates=list(candidates),
-                    request={"cpu": 100, "pods": 1}, ports=ports, meta=meta)
+def port_pod(uid: str, *candidates: str, ports: str = "", meta: str = "") -> BatchPod:
+    """A small pod of namespace team holding ``ports`` (as `compact.pod_meta` writes them)."""
+    return batch_pod(uid, *candidates, cpu=100, namespace="team", ports=ports, meta=meta)
 
 
 def test_pod_meta_keeps_namespace_labels_and_sanitised_host_ports() -> None:
@@ -57,9 +58,9 @@ def test_pod_meta_is_the_same_before_and_after_the_binding_copies_the_webhook_la
 )
 async def test_reserve_batch_refuses_a_node_whose_host_port_is_taken(ledger: Ledger, held: str, wanted: str,
                                                                      conflict: bool) -> None:
-    assert await ledger.reserve_batch([batch_pod("a", "n1", ports=held)], owner="w1", ttl_seconds=30) \
+    assert await ledger.reserve_batch([port_pod("a", "n1", ports=held)], owner="w1", ttl_seconds=30) \
         == [Reserved("n1")]
-    results = await ledger.reserve_batch([batch_pod("b", "n1", ports=wanted)], owner="w2", ttl_seconds=30)
+    results = await ledger.reserve_batch([port_pod("b", "n1", ports=wanted)], owner="w2", ttl_seconds=30)
     assert isinstance(results, list)
     [result] = results
     if conflict:
@@ -70,8 +71,8 @@ async def test_reserve_batch_refuses_a_node_whose_host_port_is_taken(ledger: Led
 
 async def test_a_port_conflict_falls_through_to_the_next_candidate_and_within_one_batch(ledger: Ledger) -> None:
     results = await ledger.reserve_batch(
-        [batch_pod("a", "n1", "n2", ports="TCP/0.0.0.0/80"), batch_pod("b", "n1", "n2", ports="TCP/0.0.0.0/80"),
-         batch_pod("c", "n1", "n2", ports="TCP/0.0.0.0/80")],
+        [port_pod("a", "n1", "n2", ports="TCP/0.0.0.0/80"), port_pod("b", "n1", "n2", ports="TCP/0.0.0.0/80"),
+         port_pod("c", "n1", "n2", ports="TCP/0.0.0.0/80")],
         owner="w1", ttl_seconds=30)
     assert isinstance(results, list)
     assert results[:2] == [Reserved("n1"), Reserved("n2")]
@@ -79,17 +80,17 @@ async def test_a_port_conflict_falls_through_to_the_next_candidate_and_within_on
 
 
 async def test_releasing_or_moving_a_pod_frees_its_port_and_refreshing_keeps_it(ledger: Ledger) -> None:
-    await ledger.reserve_batch([batch_pod("a", "n1", ports="TCP/0.0.0.0/80")], owner="w1", ttl_seconds=30)
+    await ledger.reserve_batch([port_pod("a", "n1", ports="TCP/0.0.0.0/80")], owner="w1", ttl_seconds=30)
     # The same pod again on the same node: its own port is not a conflict.
-    assert await ledger.reserve_batch([batch_pod("a", "n1", ports="TCP/0.0.0.0/80")], owner="w1", ttl_seconds=30) \
+    assert await ledger.reserve_batch([port_pod("a", "n1", ports="TCP/0.0.0.0/80")], owner="w1", ttl_seconds=30) \
         == [Reserved("n1")]
     # Moved to n2: n1's port is free again.
-    assert await ledger.reserve_batch([batch_pod("a", "n2", ports="TCP/0.0.0.0/80")], owner="w1", ttl_seconds=30) \
+    assert await ledger.reserve_batch([port_pod("a", "n2", ports="TCP/0.0.0.0/80")], owner="w1", ttl_seconds=30) \
         == [Reserved("n2")]
-    assert await ledger.reserve_batch([batch_pod("b", "n1", ports="TCP/0.0.0.0/80")], owner="w2", ttl_seconds=30) \
+    assert await ledger.reserve_batch([port_pod("b", "n1", ports="TCP/0.0.0.0/80")], owner="w2", ttl_seconds=30) \
         == [Reserved("n1")]
     assert await ledger.release("b")
-    assert await ledger.reserve_batch([batch_pod("c", "n1", ports="TCP/0.0.0.0/80")], owner="w2", ttl_seconds=30) \
+    assert await ledger.reserve_batch([port_pod("c", "n1", ports="TCP/0.0.0.0/80")], owner="w2", ttl_seconds=30) \
         == [Reserved("n1")]
 
 
@@ -97,10 +98,10 @@ async def test_bound_pods_ports_count_and_survive_a_rebuild(ledger: Ledger, ledg
     ports, meta = compact.pod_meta(raw("old", {"containerPort": 80, "hostPort": 80}))
     bound = BoundPod(uid="old", pod="team/old", node="n1", request={"cpu": 100, "pods": 1}, ports=ports, meta=meta)
     await ledger.bind_many([bound])
-    assert await ledger.reserve_batch([batch_pod("a", "n1", ports="TCP/0.0.0.0/80")], owner="w", ttl_seconds=30) \
+    assert await ledger.reserve_batch([port_pod("a", "n1", ports="TCP/0.0.0.0/80")], owner="w", ttl_seconds=30) \
         == [Conflict(node="n1", resource="hostPort TCP/0.0.0.0/80", wanted=1, free=0)]
     await ledger.rebuild(nodes=ledger_nodes, bound=[bound])
-    assert await ledger.reserve_batch([batch_pod("a", "n1", ports="TCP/0.0.0.0/80")], owner="w", ttl_seconds=30) \
+    assert await ledger.reserve_batch([port_pod("a", "n1", ports="TCP/0.0.0.0/80")], owner="w", ttl_seconds=30) \
         == [Conflict(node="n1", resource="hostPort TCP/0.0.0.0/80", wanted=1, free=0)]
     loaded = await ledger.load()
     assert loaded.pods == [("old", "n1", meta)]
@@ -119,8 +120,8 @@ async def test_a_gang_reservation_checks_ports_between_its_members(ledger: Ledge
 
 async def test_the_change_stream_says_which_pods_were_placed_and_removed(ledger: Ledger) -> None:
     start = (await ledger.load()).last_change
-    await ledger.reserve_batch([batch_pod("a", "n1", meta='{"namespace":"team"}')], owner="w", ttl_seconds=30)
-    await ledger.reserve_batch([batch_pod("a", "n2", meta='{"namespace":"team"}')], owner="w", ttl_seconds=30)
+    await ledger.reserve_batch([port_pod("a", "n1", meta='{"namespace":"team"}')], owner="w", ttl_seconds=30)
+    await ledger.reserve_batch([port_pod("a", "n2", meta='{"namespace":"team"}')], owner="w", ttl_seconds=30)
     await ledger.release("a")
     changes = await ledger.changes(start)
     pods = [[item for item in change.items if item[0][:2] in ("p:", "x:")] for change in changes]

@@ -9,10 +9,10 @@ import pytest
 
 from hoss.framework.feed import NodeFeed
 from hoss.framework.nodes import NodeTable
-from hoss.ledger.arguments import BatchPod, GangMember, NodeRow
+from hoss.ledger.arguments import GangMember, NodeRow
 from hoss.ledger.client import Ledger
 from hoss.ledger.results import GangReserved, Reserved
-from tests.kube_objects import node_row, raw_node
+from tests.kube_objects import batch_pod, node_row, raw_node
 
 REQUEST = {"cpu": 1000, "pods": 1}
 
@@ -30,8 +30,8 @@ async def loaded(ledger: Ledger) -> tuple[NodeTable, NodeFeed]:
 
 
 async def reserve(ledger: Ledger, uid: str, node: str) -> Reserved:
-    results = await ledger.reserve_batch([BatchPod(uid=uid, pod=f"team/{uid}", digest="", candidates=[node],
-                                                   request=REQUEST)], owner="w", ttl_seconds=30)
+    results = await ledger.reserve_batch([batch_pod(uid, node, cpu=REQUEST["cpu"], namespace="team")], owner="w",
+                                         ttl_seconds=30)
     assert isinstance(results, list)
     [result] = results
     assert isinstance(result, Reserved) and result.change

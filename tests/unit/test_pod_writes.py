@@ -11,6 +11,7 @@ import pytest
 
 from hoss.model import admission
 from hoss.model.resources import pod_requests, status_resources_key
+from tests.kube_objects import Json, raw_pod
 
 
 def review(request: dict[str, Any]) -> bytes:
@@ -18,11 +19,8 @@ def review(request: dict[str, Any]) -> bytes:
                          "request": {"uid": "r1", "userInfo": {"username": "alice"}, **request}})
 
 
-def pod(node: str | None = None, cpu: str = "1") -> dict[str, Any]:
-    spec: dict[str, Any] = {"containers": [{"name": "main", "resources": {"requests": {"cpu": cpu}}}]}
-    if node:
-        spec["nodeName"] = node
-    return {"metadata": {"name": "p", "namespace": "ns", "uid": "u1"}, "spec": spec}
+def pod(node: str | None = None, cpu: str = "1") -> Json:
+    return raw_pod("p", {"cpu": cpu}, uid="u1", namespace="ns", node=node)
 
 
 def test_a_pod_created_on_a_node_is_a_pod_write() -> None:
@@ -67,7 +65,7 @@ def test_a_dry_run_binding_leaves_the_fast_path_and_keeps_its_flag() -> None:
 
 
 def resized(*, spec: str, allocated: str | None, actuated: str | None, infeasible: bool = False) -> dict[str, Any]:
-    status: dict[str, Any] = {"name": "main"}
+    status: dict[str, Any] = {"name": "app"}
     if actuated is not None:
         status["resources"] = {"requests": {"cpu": actuated}}
     if allocated is not None:

@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import random
-from typing import Any
 
 from dispatcher.routing import POLICY_LABEL, choose_worker, policy_of
 from hoss.queue import WorkerInfo
+from tests.kube_objects import Json, raw_pod
 
 
-def pod(labels: dict[str, str] | None = None) -> dict[str, Any]:
-    metadata: dict[str, Any] = {"name": "p", "namespace": "team", "uid": "u1"}
-    if labels is not None:
-        metadata["labels"] = labels
-    return {"metadata": metadata, "spec": {"schedulerName": "hoss"}}
+def pod(labels: dict[str, str] | None = None) -> Json:
+    return raw_pod("p", labels=labels)
 
 
 def test_policy_label_selects_the_profile() -> None:

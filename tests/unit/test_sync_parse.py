@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from resolver.mirror import parse_pod
+from tests.kube_objects import Json, raw_pod
 
 
-def pod(cpu: str, *, generation: int, node: str | None = None) -> dict[str, Any]:
-    return {
-        "metadata": {"uid": "u1", "name": "p", "namespace": "ns", "generation": generation},
-        "spec": {"nodeName": node, "containers": [{"name": "c", "resources": {"requests": {"cpu": cpu}}}]},
-        "status": {"phase": "Pending"},
-    }
+def pod(cpu: str, *, generation: int, node: str | None = None) -> Json:
+    """One pod, at ``generation`` of its spec."""
+    return raw_pod("p", {"cpu": cpu}, uid="u1", namespace="ns", node=node, generation=generation)
 
 
 def test_request_is_reused_while_the_generation_is_unchanged() -> None:

@@ -15,17 +15,15 @@ from kubernetes_asyncio import client
 from hoss.errors import LedgerUnavailable
 from hoss.ledger.client import Ledger
 from resolver.sync import BOUND_PODS_SELECTOR, POD_WRITE_BATCH, LedgerSync
+from tests.kube_objects import Json, raw_pod
 from tests.waiting import until
 
 ROOM = {"cpu": 64000, "memory": 256 << 30, "pods": 1000}
 
 
-def pod(uid: str, *, node: str | None = "n1", cpu: str = "100m", phase: str = "Running") -> dict[str, Any]:
-    return {
-        "metadata": {"uid": uid, "name": uid, "namespace": "ns", "generation": 1},
-        "spec": {"nodeName": node, "containers": [{"name": "c", "resources": {"requests": {"cpu": cpu}}}]},
-        "status": {"phase": phase},
-    }
+def pod(uid: str, *, node: str | None = "n1", cpu: str = "100m", phase: str = "Running") -> Json:
+    """A pod as the sync's informer sees it: bound (to n1 unless told), running."""
+    return raw_pod(uid, {"cpu": cpu}, uid=uid, namespace="ns", node=node, phase=phase, generation=1)
 
 
 class CountingLedger(Ledger):

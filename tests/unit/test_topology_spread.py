@@ -271,7 +271,8 @@ def ledger_nodes() -> list[NodeRow]:
     return [node_row(f"n{i}", labels={HOST: f"n{i}", ZONE: zone}) for i, zone in ((1, "a"), (2, "b"))]
 
 
-def batch_pod(uid: str, node: str, position: str, cpu: int = 10) -> BatchPod:
+def tentative_pod(uid: str, node: str, position: str, cpu: int = 10) -> BatchPod:
+    """A web pod of a batch, decided at ``position`` counting the earlier pods of its batch (tentative)."""
     _ports, meta = compact.pod_meta(raw_pod(uid, labels=WEB))
     return BatchPod(uid=uid, pod=f"team/{uid}", digest="", candidates=[node], request={"cpu": cpu}, meta=meta,
                     inter_pod_keys=ZONE, position=position, tentative=True)
@@ -280,12 +281,12 @@ def batch_pod(uid: str, node: str, position: str, cpu: int = 10) -> BatchPod:
 async def test_a_spread_pod_after_a_refused_tentative_pod_of_its_batch_is_refused_too(ledger: Ledger) -> None:
     seen = (await ledger.load()).last_change
     # The first pod does not fit n1: the second was decided counting it in zone a, so it must not go to b blindly.
-    results = await ledger.reserve_batch([batch_pod("big", "n1", seen, cpu=9000), batch_pod("next", "n2", seen)],
-                                         owner="w", ttl_seconds=30)
+    batch = [tentative_pod("big", "n1", seen, cpu=9000), tentative_pod("next", "n2", seen)]
+    results = await ledger.reserve_batch(batch, owner="w", ttl_seconds=30)
     assert isinstance(results, list) and isinstance(results[0], Conflict)
     assert results[1] == Conflict("n2", "inter-pod batch", 1, 0)
     # Alone (or after a tentative pod that was reserved where decided) it is placed.
-    results = await ledger.reserve_batch([batch_pod("one", "n1", seen), batch_pod("two", "n2", seen)],
+    results = await ledger.reserve_batch([tentative_pod("one", "n1", seen), tentative_pod("two", "n2", seen)],
                                          owner="w", ttl_seconds=30)
     assert results == [Reserved("n1"), Reserved("n2")]
 
