@@ -29,7 +29,7 @@ from resolver.main import main
 from resolver.settings import ResolverSettings
 from resolver.state import WebhookState
 from resolver.tls import reload_certificates, tls_context
-from tests.unit.test_webhook import NODE_ROOM, review
+from tests.unit.webhooks import NODE_ROOM, review
 
 
 @dataclass

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from hoss.model.objects import Json
-from tests.unit.test_webhook import Webhook, pod, review, start
+from tests.unit.webhooks import Webhook, pod, review, start
 
 LIMIT = 4096
 """max_body_bytes of the webhook under test: a review fits, padding does not."""
