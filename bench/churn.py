@@ -26,6 +26,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from bench.progress import ProgressBar
 from bench.scenarios.gpu_mix import GPU_NODE, GPU_PACKING_PLUGIN_CONFIG, GPU_PACKING_SCHEDULER, gpu_figures
 from bench.scenarios.harness import CONTROLLER_MANAGER, GPU, RUN_LABEL, Bench
 from dev.local.cluster import Cluster, oversold_nodes
@@ -228,8 +229,6 @@ def table(churn: dict[str, Any]) -> str:
 
 
 async def run(plane: LocalPlane) -> dict[str, Any]:
-    from bench.run import ProgressBar  # noqa: PLC0415 -- run imports this module for the full bench
-
     progress = ProgressBar()
     plane.up(progress=lambda message: progress(message, 0, 1))
     results: dict[str, Any] = {}

@@ -11,33 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from bench import churn, page, pipeline, report, scenarios
+from bench.progress import ProgressBar
 from dev.local import binaries
 from dev.local.cluster import Cluster
 from dev.local.errors import PlaneError
 from dev.local.plane import POLICIES_FILE, LocalPlane
 from hoss.framework.profiles import load_profiles
-
-
-class ProgressBar:
-    """One line on stderr: the step, a bar and a count."""
-
-    def __init__(self) -> None:
-        self.step = ""
-        self.started = time.monotonic()
-
-    def __call__(self, step: str, done: int, total: int) -> None:
-        if step and step != self.step:
-            if self.step:
-                print(file=sys.stderr)
-            self.step = step
-        width = 30
-        filled = int(width * done / total) if total else 0
-        elapsed = time.monotonic() - self.started
-        print(f"\r[{elapsed:6.0f}s] {self.step:<62} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}",
-              end="", file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        print(file=sys.stderr)
 
 
 async def _pipeline_ceiling(bench: scenarios.Bench, size: scenarios.Size) -> dict[str, Any]:

@@ -10,17 +10,35 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar, Protocol
 
 from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
+from prometheus_client.registry import Collector, CollectorRegistry
 
+from hoss.ledger.results import QuotaReport
 from hoss.model import admission
+from resolver.settings import ResolverSettings
 from resolver.tls import certificate_expiry
 
-if TYPE_CHECKING:
-    from resolver.state import WebhookState
+
+class Scraped(Protocol):
+    """What the gauges read from the webhook's state when scraped (resolver.state.WebhookState has it)."""
+
+    @property
+    def registry(self) -> CollectorRegistry: ...
+    @property
+    def settings(self) -> ResolverSettings: ...
+    @property
+    def sync(self) -> object | None: ...
+    @property
+    def review_latency(self) -> LatencyWindow: ...
+    @property
+    def ledger_stats(self) -> dict[str, str]: ...
+    @property
+    def pod_reads(self) -> int: ...
+    @property
+    def quota_report(self) -> QuotaReport | None: ...
 
 LATENCY_WINDOW = 2048
 """How many recent reviews the p50/p99 latency is computed over."""
@@ -80,7 +98,7 @@ class QuotaCollector(Collector):
         "borrowed": "used above min, per resource the quota names (borrowed from others' idle guarantee)",
     }
 
-    def __init__(self, state: WebhookState) -> None:
+    def __init__(self, state: Scraped) -> None:
         self.state = state
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
@@ -99,7 +117,7 @@ class WebhookMetrics:
     """Every metric of one webhook, registered in ``state.registry``: what reviews update (verdicts, durations,
     refusals) and the gauges that read ``state`` when scraped."""
 
-    def __init__(self, state: WebhookState) -> None:
+    def __init__(self, state: Scraped) -> None:
         self._state = state
         registry = state.registry
         self._verdicts = Counter(
