@@ -13,6 +13,7 @@ from pathlib import Path
 
 from deploy import certs, lockdown
 from deploy import status as status_view
+from deploy.argtypes import at_least
 from rescheduler.oneshot import run_once
 from rescheduler.settings import DEFAULT_MIN_STRANDED_GPUS
 
@@ -77,20 +78,6 @@ def _lockdown(args: argparse.Namespace) -> int:
     return 0
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hoss", description="hoss: concurrent Kubernetes scheduling")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -107,8 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     resched.add_argument("--kubeconfig", help="kubeconfig (default $KUBECONFIG)")
     resched.add_argument("--redis-url", help="Redis of the ledger (default $HOSS_REDIS_URL)")
     resched.add_argument("--node-selector", default="", help="only nodes with these labels (key=value,...)")
-    resched.add_argument("--max-moves", type=_positive, default=4, help="most pods one plan moves (default 4)")
-    resched.add_argument("--min-stranded-gpus", type=_non_negative, default=DEFAULT_MIN_STRANDED_GPUS,
+    resched.add_argument("--max-moves", type=at_least(1), default=4, help="most pods one plan moves (default 4)")
+    resched.add_argument("--min-stranded-gpus", type=at_least(0), default=DEFAULT_MIN_STRANDED_GPUS,
                          help="the periodic pass (no pending pod) looks for a plan when this many GPUs are free on "
                               f"partly used nodes (default {DEFAULT_MIN_STRANDED_GPUS}; 0: pending pods only)")
     resched.add_argument("--json", action="store_true", help="print the plan (and its outcome) as JSON")

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from deploy.argtypes import at_least
 from dev.local import binaries
 from dev.local.clean import clean
 from dev.local.errors import PlaneError
@@ -141,13 +142,6 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m dev",
                                      description="hoss development tools: local plane, demo, benchmark")
@@ -187,9 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
     build.set_defaults(run=_local_build)
 
     demo = with_dir(commands.add_parser("demo", help="the whole system on the local plane, with a report"))
-    demo.add_argument("--nodes", type=_positive, default=100, help="fake nodes to create (default 100)")
-    demo.add_argument("--pods", type=_positive, default=1000, help="pods to schedule (default 1000)")
-    demo.add_argument("--workers", type=_positive, default=3, help="hoss workers to run (default 3)")
+    demo.add_argument("--nodes", type=at_least(1), default=100, help="fake nodes to create (default 100)")
+    demo.add_argument("--pods", type=at_least(1), default=1000, help="pods to schedule (default 1000)")
+    demo.add_argument("--workers", type=at_least(1), default=3, help="hoss workers to run (default 3)")
     demo.add_argument("--json", action="store_true", help="print the final report as one JSON object")
     demo.set_defaults(run=_demo)
 
