@@ -4,7 +4,8 @@ against the Redis ledger (`resolver.judge`), served over HTTPS (`resolver.app`, 
 Every replica serves the webhook; one replica, elected on a Lease (``--lease-name``), runs the ledger sync
 (`resolver.sync.LedgerSync`). Losing the Lease stops the sync at once; a sync that fails ends the process with a
 non-zero status. Beside them run the stats publisher (`resolver.stats`), the namespace labels' informer for the
-router and the certificate reload (`resolver.tls`).
+router, the DeviceClasses' informer (extended resources left to DRA, `hoss.model.dra`) and the certificate reload
+(`resolver.tls`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from kubernetes_asyncio import client
 from redis.asyncio import Redis
 
 from hoss.kube.access import TokenAccess
-from hoss.kube.client import InformerHandlers, api_client, run_informer
+from hoss.kube.client import InformerHandlers, api_client, run_crd_informer, run_informer
 from hoss.kube.leader import KubeLeaseAPI, LeaderElector
 from hoss.kube.rest import KubeREST
 from hoss.ledger.client import Ledger
@@ -74,6 +75,25 @@ async def sync_while_leading(
             error = running.exception()
             raise error if error is not None else RuntimeError("the ledger sync ended")
         log.warning("lost the Lease: stopped the ledger sync")
+
+
+def device_class_handlers(state: WebhookState) -> InformerHandlers:
+    """Keep ``state.device_classes`` (every replica judges with them); when the names they map change, the sync
+    (while this replica runs it) recounts the bound pods that ask for them."""
+
+    async def changed(names: frozenset[str]) -> None:
+        if names:
+            log.info("extended resources backed by DRA changed: %s", ", ".join(sorted(names)))
+            if state.sync is not None:
+                await state.sync.recount(names)
+
+    async def on_list(items: list[Json]) -> None:
+        await changed(state.device_classes.replace(items))
+
+    async def on_event(kind: str, obj: Json) -> None:
+        await changed(state.device_classes.apply(kind, obj))
+
+    return InformerHandlers(on_list=on_list, on_event=on_event)
 
 
 @contextlib.asynccontextmanager
@@ -133,7 +153,8 @@ async def running_resolver(settings: ResolverSettings) -> AsyncIterator[list[asy
             return LedgerSync(ledger=ledger, api=api, expire_interval_seconds=settings.expire_interval_seconds,
                               write_timeout_seconds=settings.write_timeout_seconds,
                               audit_interval_seconds=settings.audit_interval_seconds,
-                              hoss_scheduler_names=settings.hoss_scheduler_names)
+                              hoss_scheduler_names=settings.hoss_scheduler_names,
+                              device_classes=state.device_classes)
 
         tasks = [
             asyncio.create_task(sync_while_leading(state, elector, make_sync), name="sync-role"),
@@ -143,6 +164,12 @@ async def running_resolver(settings: ResolverSettings) -> AsyncIterator[list[asy
                 run_informer("namespaces", client.CoreV1Api(api).list_namespace,
                              InformerHandlers(on_list=state.namespaces.on_list, on_event=state.namespaces.on_event)),
                 name="namespace-labels",
+            ),
+            asyncio.create_task(
+                run_crd_informer("deviceclasses", client.ResourceV1Api(api).list_device_class,
+                                 device_class_handlers(state), kind="DeviceClasses (resource.k8s.io/v1)",
+                                 recheck_seconds=60.0),
+                name="device-classes",
             ),
             asyncio.create_task(
                 reload_certificates(

@@ -14,6 +14,7 @@ from hoss.kube.leader import LeaderElector
 from hoss.ledger.client import Ledger
 from hoss.ledger.results import QuotaReport
 from hoss.model import admission
+from hoss.model.dra import DeviceClasses
 from hoss.model.objects import Json
 from resolver.metrics import LatencyWindow, WebhookMetrics
 from resolver.mirror import PodIndex
@@ -57,7 +58,8 @@ class WebhookState:
     verdict_counts: collections.Counter[str] = field(default_factory=collections.Counter)
     review_latency: LatencyWindow = field(default_factory=LatencyWindow)
     pod_reads: int = 0
-    """pods the webhook had to GET from the apiserver (a binding whose pod neither index of the sync held)"""
+    """pods the webhook had to GET from the apiserver (a binding whose pod neither index of the sync held, and the
+    name of each pod created on a node)"""
     ledger_stats: dict[str, str] = field(default_factory=dict)
     """``{hoss}:stats`` as last read (overcommits, audit_drift, stale_ledger), refreshed by publish_stats"""
     namespaces: NamespaceLabels = field(default_factory=NamespaceLabels)
@@ -67,6 +69,9 @@ class WebhookState:
     """Router outcomes: policy name of each routed pod, or 'unchanged'."""
     quota_report: QuotaReport | None = None
     """Elastic quotas and their use as last read (publish_stats), for /metrics and /status."""
+    device_classes: DeviceClasses = field(default_factory=DeviceClasses)
+    """The extended resources DeviceClasses map to DRA devices (an informer keeps them while the resolver runs):
+    not counted on a node that has none of them (`hoss.model.dra`)."""
 
     def __post_init__(self) -> None:
         self.hoss_usernames = frozenset(self.settings.hoss_usernames)

@@ -37,10 +37,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence, Set
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +61,7 @@ from hoss.ledger.arguments import BoundPod, Placement
 from hoss.ledger.client import Ledger
 from hoss.ledger.results import Overcommit
 from hoss.model import reservations
+from hoss.model.dra import DeviceClasses, without_dra
 from hoss.model.objects import Json
 from hoss.model.resources import NODE_RESERVATION_ANNOTATION, node_reservation
 from resolver.admitted import admitted_verdict
@@ -138,8 +140,12 @@ class LedgerSync:
         write_timeout_seconds: float = 60.0,
         audit_interval_seconds: float = 60.0,
         hoss_scheduler_names: Sequence[str] = ("hoss",),
+        device_classes: DeviceClasses | None = None,
     ) -> None:
         self.ledger = ledger
+        self.device_classes = device_classes if device_classes is not None else DeviceClasses()
+        """the extended resources DeviceClasses map (kept by the resolver's informer): a bound pod's entry leaves out
+        those its node has none of, as the webhook does (`hoss.model.dra`)"""
         self.api = api
         self.core: Any = client.CoreV1Api(api)
         self.quotas = QuotaMirror(ledger)
@@ -238,8 +244,28 @@ class LedgerSync:
 
     def bound(self) -> list[BoundPod]:
         """What the ledger must hold as bound: the bound pods and the Available Reservations."""
-        return [*self.pods.bound(), *(BoundPod(uid=r.uid, pod=r.key, node=r.node, request=r.request, meta=r.meta)
-                                      for r in self.reservations.values() if r.node)]
+        return [*map(self._counted, self.pods.bound()),
+                *(BoundPod(uid=r.uid, pod=r.key, node=r.node, request=r.request, meta=r.meta)
+                  for r in self.reservations.values() if r.node)]
+
+    def _counted(self, placement: Placement) -> Placement:
+        """``placement`` as the ledger counts it: without the extended resources left to DRA on its node."""
+        dra = self.device_classes.names
+        if dra.isdisjoint(placement.request):
+            return placement
+        record = self.nodes.get(placement.node)
+        return dataclasses.replace(placement, request=without_dra(placement.request, dra=dra,
+                                                                  allocatable=record[0] if record else {}))
+
+    async def recount(self, changed: Set[str]) -> None:
+        """DeviceClasses came or went, mapping ``changed``: rewrite the entries of the bound pods that ask for one of
+        them, counted by the new mapping (`bind_many` changes an entry's request in place)."""
+        async with self._lock:
+            if not self.synced.is_set() or self._ledger_stale:
+                return  # the (next) rebuild counts them so
+            pods = [p for p in self.pods.bound() if not changed.isdisjoint(p.request)]
+            for i in range(0, len(pods), POD_WRITE_BATCH):
+                await self._apply_pods(self._bind(pods[i:i + POD_WRITE_BATCH]))
 
     # --- Reservations ------------------------------------------------------------------------------------
 
@@ -452,7 +478,7 @@ class LedgerSync:
 
     async def _bind(self, placements: list[Placement]) -> None:
         """bind_many, counting and logging every overcommit the apiserver's truth caused (never silent)."""
-        overcommits: list[Overcommit] = await self.ledger.bind_many(placements)
+        overcommits: list[Overcommit] = await self.ledger.bind_many([self._counted(p) for p in placements])
         for over in overcommits:
             self.stats.overcommits += 1
             log.warning("overcommit: %s is bound to node %s, which has no room for it (%s)", over.pod, over.node,

@@ -10,7 +10,7 @@ import asyncio
 import copy
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence, Set
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -18,7 +18,8 @@ import aiohttp
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from hoss.kube.client import request_json
+from hoss.kube.client import KubeError, request_json
+from hoss.model.dra import extended_resource_names, without_dra
 from hoss.model.objects import Json
 from hoss.model.resources import node_allocatable, pod_requests
 
@@ -190,6 +191,17 @@ class Cluster:
         body: Any = await self.call(request_json, getattr(self.core, call), *args, **kwargs)
         return list(body["items"])
 
+    async def dra_resources(self) -> frozenset[str]:
+        """The extended resources the cluster's DeviceClasses map to DRA devices (none where resource.k8s.io/v1
+        is not served)."""
+        try:
+            body: Any = await self.call(request_json, client.ResourceV1Api(self.api).list_device_class)
+        except KubeError as error:
+            if error.status == 404:
+                return frozenset()
+            raise
+        return frozenset().union(*map(extended_resource_names, body["items"]))
+
     async def pods(self, namespace: str, *, label_selector: str = "") -> list[Any]:
         result = await self.core.list_namespaced_pod(namespace, label_selector=label_selector)
         return list(result.items)
@@ -213,10 +225,12 @@ class Cluster:
                 raise
 
 
-def oversold_nodes(nodes: Iterable[Json], pods: Iterable[Json]) -> dict[str, str]:
+def oversold_nodes(nodes: Iterable[Json], pods: Iterable[Json], *, dra: Set[str] = frozenset()) -> dict[str, str]:
     """Nodes where the bound, unfinished pods' requests exceed allocatable, with the first resource that does.
 
-    Computed from apiserver objects alone (raw JSON), the way a user would check a scheduler's work.
+    Computed from apiserver objects alone (raw JSON), the way a user would check a scheduler's work. ``dra``: the
+    extended resources DeviceClasses map (`Cluster.dra_resources`), which a node without them in allocatable leaves
+    to DRA, as kube-scheduler does (hoss/model/dra.py); their devices are allocated by ResourceClaims instead.
     """
     used: dict[str, dict[str, int]] = {}
     for pod in pods:
@@ -229,7 +243,7 @@ def oversold_nodes(nodes: Iterable[Json], pods: Iterable[Json]) -> dict[str, str
     for node in nodes:
         name = node["metadata"]["name"]
         alloc = node_allocatable(node)
-        for resource, amount in sorted(used.get(name, {}).items()):
+        for resource, amount in sorted(without_dra(used.get(name, {}), allocatable=alloc, dra=dra).items()):
             if amount > alloc.get(resource, 0):
                 result[name] = f"{resource}: {amount} requested > {alloc.get(resource, 0)} allocatable"
                 break

@@ -94,13 +94,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture
 async def no_node_oversold(request: pytest.FixtureRequest, cluster: Cluster, namespace: str) -> AsyncIterator[None]:
     """After the test (before its namespace's pods are deleted): the independent oversell check, from the
-    apiserver alone -- the requests of the pods on each node against its allocatable, every namespace. A test
-    that oversells on purpose is marked ``oversells``."""
+    apiserver alone -- the requests of the pods on each node against its allocatable (less the extended resources
+    a node without them leaves to DRA devices), every namespace. A test that oversells on purpose is marked
+    ``oversells``."""
     yield
     if request.node.get_closest_marker("oversells") is not None:
         return
     pods = await cluster.raw_list("list_pod_for_all_namespaces")
-    assert oversold_nodes(await cluster.raw_list("list_node"), pods) == {}, "a node is oversold"
+    oversold = oversold_nodes(await cluster.raw_list("list_node"), pods, dra=await cluster.dra_resources())
+    assert oversold == {}, "a node is oversold"
 
 
 @pytest.fixture(scope="session")
