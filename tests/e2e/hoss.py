@@ -1,21 +1,32 @@
 """Helpers for end-to-end tests that run hoss itself: workers and nodes for the length of a test, hoss pods kept on
-the test's nodes, waiting for them, and what the apiserver says of a pod that waits."""
+the test's nodes, waiting for them, and what the apiserver says of a pod that waits.
+
+And the signals a test waits on to show that something did not happen: a component's counters (the dispatcher's
+rounds, a worker's tries, kube-scheduler's attempts), a worker's empty stream, and a watch of the pods that hands a
+check every state they pass through."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import ssl
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 
 import aiohttp
+from kubernetes_asyncio import watch
+from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
+from redis.asyncio import Redis
 
 from dev.local.cluster import Cluster, pod_manifest
+from dev.local.components import scheduler_process_name
 from dev.local.plane import LocalPlane
 from dev.local.state import Process
+from hoss.kube.client import request_json
 from hoss.model.objects import Json
+from hoss.queue import WorkQueue
 from tests.waiting import until
 
 NODE_CAPACITY = {"cpu": "8", "memory": "32Gi", "pods": "110"}
@@ -106,25 +117,55 @@ async def wait_all_bound(cluster: Cluster, namespace: str, count: int, *, timeou
     return await cluster.raw_list("list_namespaced_pod", namespace)
 
 
+def metric_total(text: str, name: str, **labels: str) -> float:
+    """The sum of the samples called ``name`` (with these labels) in a Prometheus text exposition."""
+    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+               if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()))
+
+
+async def metrics_text(url: str, *, tls: ssl.SSLContext | None = None) -> str:
+    async with aiohttp.ClientSession() as session, session.get(url, ssl=tls if tls is not None else True) as response:
+        response.raise_for_status()
+        return await response.text()
+
+
 async def dispatcher_rounds(dispatcher: Process) -> float:
     """The full rounds the dispatcher completed as leader (``hoss_dispatcher_rounds_total``, its /metrics)."""
-    async with aiohttp.ClientSession() as session, session.get(
-            f"http://127.0.0.1:{dispatcher.port}/metrics") as response:
-        text = await response.text()
-    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
-               if sample.name == "hoss_dispatcher_rounds_total" and sample.labels.get("role") == "leader")
+    text = await metrics_text(f"http://127.0.0.1:{dispatcher.port}/metrics")
+    return metric_total(text, "hoss_dispatcher_rounds_total", role="leader")
+
+
+async def kube_scheduler_attempts(plane: LocalPlane, scheduler_name: str = "default-scheduler") -> float:
+    """The scheduling attempts the plane's kube-scheduler serving ``scheduler_name`` finished, whatever their result
+    (``scheduler_schedule_attempts_total``, its /metrics, read with the admin client certificate). An attempt is
+    counted once it is over: its pod bound, or its failure (a binding refused too) handled."""
+    process = plane.running(scheduler_process_name(scheduler_name))
+    assert process is not None, f"no kube-scheduler serves {scheduler_name}"
+    tls = ssl.create_default_context()
+    tls.check_hostname = False
+    tls.verify_mode = ssl.CERT_NONE  # its serving certificate is its own, self-signed
+    tls.load_cert_chain(plane.pki_dir / "client-admin.crt", plane.pki_dir / "client-admin.key")
+    text = await metrics_text(f"https://127.0.0.1:{process.port}/metrics", tls=tls)
+    return metric_total(text, "scheduler_schedule_attempts_total", profile=scheduler_name)
+
+
+async def grows(read: Callable[[], Awaitable[float]], by: int, *, what: str, timeout: float = 60) -> None:
+    """Wait until ``read()`` (a counter) has grown by ``by`` from what it reads now: ``what`` happened ``by``
+    more times."""
+    start = await read()
+
+    async def grown() -> tuple[bool, str]:
+        more = await read() - start
+        return more >= by, f"{more:g} more"
+
+    await until(grown, timeout=timeout, what=f"{what} ({by} more)")
 
 
 async def dispatcher_rounds_pass(dispatcher: Process, count: int) -> None:
     """Wait until the dispatcher has completed ``count`` more full rounds: each looks at every pending pod, so
     whatever it would do with one it has done."""
-    start = await dispatcher_rounds(dispatcher)
-
-    async def passed() -> tuple[bool, str]:
-        done = await dispatcher_rounds(dispatcher) - start
-        return done >= count, f"{done:g} rounds"
-
-    await until(passed, timeout=30 + 5 * count, what=f"the dispatcher to complete {count} more rounds")
+    await grows(lambda: dispatcher_rounds(dispatcher), count, what="the dispatcher to complete full rounds",
+                timeout=30 + 5 * count)
 
 
 async def worker_counters(worker: Process) -> dict[str, int]:
@@ -132,6 +173,79 @@ async def worker_counters(worker: Process) -> dict[str, int]:
     async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{worker.port}/status") as response:
         status = await response.json()
     return {str(name): int(count) for name, count in status["counters"].items()}
+
+
+async def worker_tries_again(worker: Process) -> None:
+    """Wait until the worker has found a waiting pod unschedulable once more: a pod that fits nowhere stays with
+    its worker, which tries it again after each backoff (and sooner when the cluster gains room)."""
+    async def unschedulable() -> float:
+        return (await worker_counters(worker)).get("unschedulable", 0)
+
+    await grows(unschedulable, 1, what=f"{worker.name} to try a waiting pod again")
+
+
+async def hoss_had_its_turn(plane: LocalPlane, dispatcher: Process, uids: Collection[str]) -> None:
+    """Wait until hoss has done what it would do with these pending pods: the dispatcher completes two more full
+    rounds (each looks at every pending pod and sends the ones that may go to a worker), then no worker holds one of
+    them (a pod stays in the dispatched map from its sending until its worker is done with it; one bound keeps a
+    ``bound:`` mark there, the binding made)."""
+    await dispatcher_rounds_pass(dispatcher, 2)
+    redis = Redis.from_url(plane.state().redis_url, decode_responses=True)
+    try:
+        async def done() -> tuple[bool, str]:
+            dispatched = await WorkQueue(redis).dispatched()
+            held = {uid: dispatched[uid] for uid in uids if uid in dispatched
+                    and not dispatched[uid].startswith("bound:")}
+            return not held, f"held by workers: {held}"
+
+        await until(done, timeout=60, what="the workers to finish the pods they were sent")
+    finally:
+        await redis.aclose()
+
+
+@asynccontextmanager
+async def pods_watched(cluster: Cluster, seen: Callable[[Mapping[str, Json]], None], *,
+                       namespace: str | None = None) -> AsyncIterator[None]:
+    """While the block runs, ``seen(pods)`` (uid -> the pod as the apiserver has it; of ``namespace``, else of
+    every namespace) after a first list, made before the block starts, and after every change a watch from it
+    reports: a check made there sees each state the pods pass through. A watch too old to resume (410 Gone) lists
+    again."""
+    listing, args = ((cluster.core.list_pod_for_all_namespaces, ()) if namespace is None
+                     else (cluster.core.list_namespaced_pod, (namespace,)))
+    pods: dict[str, Json] = {}
+
+    async def listed() -> str:
+        body = await request_json(listing, *args)
+        pods.clear()
+        pods.update({pod["metadata"]["uid"]: pod for pod in body["items"]})
+        seen(pods)
+        return str(body["metadata"]["resourceVersion"])
+
+    async def follow(version: str) -> None:
+        while True:
+            try:
+                async with watch.Watch(return_type="object") as stream:
+                    async for event in stream.stream(listing, *args, resource_version=version):
+                        pod: Json = event["raw_object"]
+                        if event["type"] == "DELETED":
+                            pods.pop(pod["metadata"]["uid"], None)
+                        elif event["type"] in ("ADDED", "MODIFIED"):
+                            pods[pod["metadata"]["uid"]] = pod
+                        else:
+                            continue  # a bookmark
+                        seen(pods)
+            except ApiException as error:
+                if error.status != 410:
+                    raise
+                version = await listed()
+
+    task = asyncio.create_task(follow(await listed()))
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 async def status_access(plane: LocalPlane, namespace: str) -> dict[str, int]:

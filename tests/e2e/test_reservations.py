@@ -21,6 +21,7 @@ from dev.local.plane import LocalPlane
 from dev.local.state import Process
 from hoss.model.objects import Json
 from hoss.model.resources import NODE_RESERVATION_ANNOTATION, pod_requests
+from tests.e2e.hoss import grows, hoss_had_its_turn, kube_scheduler_attempts, worker_tries_again
 from tests.waiting import until
 
 _names = itertools.count()
@@ -77,7 +78,11 @@ async def test_a_node_reservation_annotation_takes_room_from_hoss_and_kube_sched
             return cpu == 3000 and len(names) == 3 and "kube-4cpu" not in names, f"{cpu} {names}"
 
         await until(three_any, timeout=90, what="three hoss pods bound in the 3 cpu left")
-        await asyncio.sleep(2)
+        # Both schedulers try again: the worker the fourth hoss pod (it finds no room), kube-scheduler the 4-cpu pod
+        # (it sees 5 cpu free, not knowing the annotation, and the webhook refuses the binding).
+        await asyncio.gather(worker_tries_again(hoss_worker),
+                             grows(lambda: kube_scheduler_attempts(plane), 1,
+                                   what="kube-scheduler to try its pod again"))
         assert (await bound_cpu(cluster, namespace))[0] == 3000, "nothing more fits beside the reservation"
 
         # A malformed value: a Warning event on the node names it, the annotation is ignored, the room comes back.
@@ -341,7 +346,7 @@ async def job_pool(cluster: Cluster, namespace: str, pool: str, *jobs: Json) -> 
 
 
 async def test_a_job_that_depends_on_another_starts_only_after_it_completes(
-    plane: LocalPlane, cluster: Cluster, namespace: str, hoss_worker: Process
+    plane: LocalPlane, cluster: Cluster, namespace: str, dispatcher: Process, hoss_worker: Process
 ) -> None:
     pool = f"dep-{next(_names)}-{namespace}"[:60]
     async with job_pool(cluster, namespace, pool, job("step1", pool), job("step2", pool, depends_on="step1:Complete"),
@@ -370,7 +375,8 @@ async def test_a_job_that_depends_on_another_starts_only_after_it_completes(
             return (sum("dependency cycle: job loop-" in m for m in messages) >= 2), str(messages[-2:])
 
         await until(cycle_refused, timeout=60, what="both pods of the cycle to be told about it")
-        await asyncio.sleep(2)
+        step2 = [p["metadata"]["uid"] for p in await job_pods(cluster, namespace, "step2")]
+        await hoss_had_its_turn(plane, dispatcher, step2)
         assert not [p for p in await job_pods(cluster, namespace, "step2") if p["spec"].get("nodeName")]
 
         await finish_job_pod(cluster, namespace, "step1", exit_code=0)
