@@ -21,7 +21,7 @@ from dev.local.plane import POLICIES_FILE, LocalPlane
 from dev.local.state import Process
 from hoss.model.objects import Json
 from tests.dist_info import install_dist_info
-from tests.e2e.hoss import hoss_pods, wait_all_bound, workers
+from tests.e2e.hoss import hoss_pods, wait_all_bound, worker_tries_again, workers
 from tests.waiting import until
 
 GPU = "nvidia.com/gpu"
@@ -73,7 +73,7 @@ async def test_gang_of_8_where_only_6_fit_binds_none_and_all_8_once_room_is_adde
     plane: LocalPlane, dispatcher: Process, cluster: Cluster, namespace: str
 ) -> None:
     capacity = {"cpu": "8", "memory": "32Gi", "pods": "110"}
-    async with node_set(cluster, 3, capacity), workers(plane, [("gang-1", ["default"])]):
+    async with node_set(cluster, 3, capacity), workers(plane, [("gang-1", ["default"])]) as [worker]:
         await cluster.create_pods(gang("train", 8, min_available=8, cpu="4"), namespace=namespace)
 
         async def explained() -> tuple[bool, str]:
@@ -81,7 +81,7 @@ async def test_gang_of_8_where_only_6_fit_binds_none_and_all_8_once_room_is_adde
             return "only 6 of 8 members fit" in message, message
 
         await until(explained, timeout=60, what="the gang to be reported unschedulable")
-        await asyncio.sleep(2)
+        await worker_tries_again(worker)  # the gang is its only waiting work: it tried the whole gang once more
         assert await bound_pods(cluster, namespace) == [], "a gang that does not fit whole must bind nothing"
         for i in range(8):
             assert "gang" in await condition_message(cluster, namespace, f"train-{i:04d}")
@@ -182,7 +182,12 @@ async def place_gpu_stream(plane: LocalPlane, cluster: Cluster, namespace: str, 
         for placed in await bound_pods(cluster, namespace):
             used[placed["spec"]["nodeName"]] += int(placed["spec"]["containers"][0]["resources"]["requests"][GPU])
         await cluster.delete_pods(namespace)
-        await asyncio.sleep(1)
+
+        async def deleted() -> tuple[bool, str]:
+            left = len(await cluster.raw_list("list_namespaced_pod", namespace))
+            return left == 0, f"{left} pods left"
+
+        await until(deleted, timeout=60, what=f"the {policy} pods to be deleted")
         free_nodes = sum(1 for n in nodes if used[n] == 0)
         stranded = sum(8 - used[n] for n in nodes if 0 < used[n] < 8)
         return {"fully_free_gpu_nodes": free_nodes, "stranded_gpus": stranded}
