@@ -18,7 +18,7 @@ import itertools
 import json
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import aiohttp
@@ -29,6 +29,7 @@ from dev.local.plane import LocalPlane
 from dev.local.state import Process
 from hoss.model.objects import Json
 from tests.e2e.browser import Page
+from tests.e2e.hoss import hoss_had_its_turn, pods_watched
 from tests.waiting import until
 
 GPU = "nvidia.com/gpu"
@@ -97,32 +98,22 @@ def plan_completed(port: int) -> Callable[[], Awaitable[tuple[bool, str]]]:
 
 @contextlib.asynccontextmanager
 async def oversell_watch(cluster: Cluster) -> AsyncIterator[list[int]]:
-    """Poll the independent oversell check while the body runs; yields the list of checks made (each 0 oversold,
-    else the test fails at once)."""
+    """The independent oversell check on every state the pods pass through while the body runs (a watch of every
+    pod, from a first list before anything moves), and once more from fresh lists once all is over; yields the list
+    of checks made (the number of oversold nodes each found: the test fails at the end if one found any)."""
     checks: list[int] = []
     found: list[dict[str, str]] = []
 
-    async def check_once() -> None:
-        oversold = oversold_nodes(await cluster.raw_list("list_node"),
-                                  await cluster.raw_list("list_pod_for_all_namespaces"))
+    def check(nodes: Iterable[Json], pods: Iterable[Json]) -> None:
+        oversold = oversold_nodes(nodes, pods)
         checks.append(len(oversold))
         if oversold:
             found.append(oversold)
 
-    async def poll() -> None:
-        while True:
-            await check_once()
-            await asyncio.sleep(0.2)
-
-    await check_once()  # before anything moves
-    task = asyncio.create_task(poll())
-    try:
+    nodes = await cluster.raw_list("list_node")  # the test's nodes are all there before anything moves
+    async with pods_watched(cluster, lambda pods: check(nodes, pods.values())):
         yield checks
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-    await check_once()  # and once all is over
+    check(await cluster.raw_list("list_node"), await cluster.raw_list("list_pod_for_all_namespaces"))
     assert not found, f"oversold during the move: {found}"
 
 
@@ -194,7 +185,8 @@ async def test_rescheduler_moves_b_so_that_c_joins_a_and_the_dry_run_changes_not
         assert f"for pending pod {namespace}/c-" in dry.stdout and f"(4 GPUs) on {node1}:" in dry.stdout, dry.stdout
         assert f"move {namespace}/{b_name} (3 GPUs) from {node1} to {node2}" in dry.stdout, dry.stdout
         assert "dry run: nothing was changed" in dry.stdout
-        await asyncio.sleep(1)
+        # Had the dry run released C's gate, hoss would have placed it; had it evicted B, B would be gone.
+        await hoss_had_its_turn(plane, dispatcher, [before["c"][1]])
         assert await placement(cluster, namespace) == before
         assert before["c"][0] == ""
 
