@@ -14,13 +14,12 @@ The kube-apiserver restart is tests/e2e/test_resilience.py. The scenarios marked
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import os
 import signal
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,12 +33,13 @@ from redis.asyncio import Redis
 
 from dev.local.cluster import Cluster, oversold_nodes
 from dev.local.plane import POLICIES_FILE, LocalPlane
+from dev.local.processes import alive
 from dev.local.state import Process
 from hoss.ledger.client import Ledger
 from hoss.model.objects import Json
 from hoss.queue import WorkQueue
 from tests.dist_info import install_dist_info
-from tests.e2e.hoss import hoss_pods, workers
+from tests.e2e.hoss import hoss_pods, pods_watched, workers
 from tests.waiting import until
 
 NODE_CAPACITY = {"cpu": "8", "memory": "32Gi", "pods": "110"}
@@ -58,7 +58,7 @@ class Run:
     name: str
     nodes: list[str]
     samples: list[tuple[float, int]] = field(default_factory=list)
-    """(monotonic time, pods bound) every quarter second."""
+    """(monotonic time, pods bound) at every change of the namespace's pods."""
     disrupted_at: float = 0.0
     pods: list[Json] = field(default_factory=list)
 
@@ -108,18 +108,12 @@ async def bound_count(cluster: Cluster, namespace: str) -> int:
 
 @asynccontextmanager
 async def sampling(cluster: Cluster, namespace: str, run: Run) -> AsyncIterator[None]:
-    async def sample() -> None:
-        while True:
-            with contextlib.suppress(Exception):  # a failed sample is only a gap in the record
-                run.samples.append((time.monotonic(), await bound_count(cluster, namespace)))
-            await asyncio.sleep(0.25)
+    """Record the bound count at every change of the namespace's pods while the block runs."""
+    def sample(pods: Mapping[str, Json]) -> None:
+        run.samples.append((time.monotonic(), sum(1 for pod in pods.values() if pod["spec"].get("nodeName"))))
 
-    task = asyncio.create_task(sample())
-    try:
+    async with pods_watched(cluster, sample, namespace=namespace):
         yield
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
 
 
 async def check_outcome(plane: LocalPlane, cluster: Cluster, namespace: str, run: Run, *,
@@ -207,6 +201,19 @@ def worker_status(process: Process) -> Json:
         return dict(orjson.loads(response.read()))
 
 
+async def stream_taken(plane: LocalPlane, worker_id: str) -> tuple[bool, str]:
+    """Whether the dispatcher took the worker's stream away (it deletes it when it declares the worker dead)."""
+    redis = Redis.from_url(plane.state().redis_url, decode_responses=True)
+    try:
+        queue = WorkQueue(redis)
+        has_stream = await queue.has_group(worker_id)
+        live, dead = await queue.workers()
+    finally:
+        await redis.aclose()
+    state = "live" if worker_id in {w.id for w in live} else "not beating" if worker_id in dead else "forgotten"
+    return not has_stream, f"stream {'there' if has_stream else 'gone'}, worker {state}"
+
+
 async def live_workers(plane: LocalPlane) -> set[str]:
     redis = Redis.from_url(plane.state().redis_url, decode_responses=True)
     try:
@@ -224,9 +231,11 @@ async def test_a_worker_paused_past_its_heartbeat_comes_back_registers_again_and
 ) -> None:
     async def pause(_run: Run, started: list[Process]) -> None:
         victim = started[0]
+        victim_id = str((await asyncio.to_thread(worker_status, victim))["id"])
         os.kill(victim.pid, signal.SIGSTOP)
         try:
-            await asyncio.sleep(HEARTBEAT_TTL_SECONDS + 4)  # declared dead; its stream is taken away
+            await until(lambda: stream_taken(plane, victim_id), timeout=60,
+                        what="the dispatcher to declare the paused worker dead and take its stream away")
         finally:
             os.kill(victim.pid, signal.SIGCONT)
 
@@ -323,11 +332,18 @@ async def test_both_dispatchers_killed_and_restarted_mid_run_lose_no_pod(
     plane.start_dispatcher(name="hoss-dispatcher-standby")
 
     async def restart_both(_run: Run, _started: list[Process]) -> None:
+        killed = []
         for name in ("hoss-dispatcher", "hoss-dispatcher-standby"):
             running = plane.running(name)
             assert running is not None, f"{name} must be running"
             os.kill(running.pid, signal.SIGKILL)
-        await asyncio.sleep(1)
+            killed.append(running)
+
+        def both_dead() -> tuple[bool, str]:
+            living = [p.name for p in killed if alive(p)]
+            return not living, f"still running: {living}"
+
+        await until(both_dead, timeout=30, what="both dispatchers to be dead at once")
         for name in ("hoss-dispatcher", "hoss-dispatcher-standby"):
             plane.stop_process(name)  # reap it and forget it
             await asyncio.to_thread(plane.start_dispatcher, name=name)
