@@ -98,6 +98,23 @@ def used(audit_log: Path) -> tuple[dict[str, set[Grant]], dict[str, set[str]]]:
     return calls, refused
 
 
+async def audit_log_caught_up(plane: LocalPlane, namespace: str) -> None:
+    """Wait until the audit log holds the calls made so far. The backend writes each event once its response is
+    complete, so a marker request sent after them (as a hoss component, to a non-resource URL, which `used` skips)
+    is written after theirs."""
+    marker = f"/version?audit-marker={namespace}"
+    start = plane.audit_log.stat().st_size
+    await asyncio.to_thread(plane.kubectl, "get", "--raw", marker, identity="hoss-worker")
+
+    def logged() -> tuple[bool, str]:
+        with plane.audit_log.open("rb") as log:
+            log.seek(start)
+            grown = log.read()
+        return f'"requestURI":"{marker}"'.encode() in grown, f"{len(grown)} bytes written since the marker was sent"
+
+    await until(logged, timeout=30, what="the audit log to record the marker request")
+
+
 async def preempt_once(plane: LocalPlane, cluster: Cluster, namespace: str) -> None:
     """On a node of its own, a low-priority pod fills it; a high-priority one then needs its room."""
     (node,) = await cluster.create_nodes(1, prefix=f"rbac-pre-{namespace}"[:40], capacity={"cpu": "2", "memory": "8Gi",
@@ -235,7 +252,7 @@ async def test_every_verb_granted_to_a_component_is_one_it_uses_and_none_is_refu
     finally:
         await cluster.delete_pods(namespace)
         await cluster.delete_nodes(nodes)
-    await asyncio.sleep(1)  # the audit backend writes each event once its response is complete
+    await audit_log_caught_up(plane, namespace)
 
     calls, refused = await asyncio.to_thread(used, plane.audit_log)
     grants = granted(RBAC_MANIFEST)
