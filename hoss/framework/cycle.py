@@ -25,7 +25,7 @@ member.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Self, cast, runtime_checkable
 
@@ -213,12 +213,20 @@ def evaluate(profile: Profile, pod: PodView, nodes: NodeTable) -> Evaluation:
     total = np.zeros(rows, dtype=np.float64)
     if feasible.any():
         # Scoring a pod that fits nowhere would be wasted work.
-        for plugin, weight in profile.scores:
-            skips = getattr(plugin, "skips", None)
-            if skips is not None and skips(pod, nodes):
-                continue  # kube-scheduler's PreScore Skip: the plugin adds 0 to every node
-            total += weight * _normalized_score(plugin, pod, nodes, feasible)
+        for _plugin, weight, normalized in weighted_scores(profile, pod, nodes, feasible):
+            total += weight * normalized
     return Evaluation(rows=rows, feasible=feasible, reasons=reasons, scores=total)
+
+
+def weighted_scores(profile: Profile, pod: PodView, nodes: NodeTable,
+                    feasible: BoolArray) -> Iterator[tuple[ScorePlugin, int, FloatArray]]:
+    """Each score plugin of the profile that does not skip the pod, with its weight and its scores normalised to
+    0..100 over the `feasible` nodes: the terms of `evaluate`'s total."""
+    for plugin, weight in profile.scores:
+        skips = getattr(plugin, "skips", None)
+        if skips is not None and skips(pod, nodes):
+            continue  # kube-scheduler's PreScore Skip: the plugin adds 0 to every node
+        yield plugin, weight, _normalized_score(plugin, pod, nodes, feasible)
 
 
 def choose(
@@ -263,22 +271,40 @@ def decide(
 def run_filters(filters: Sequence[FilterPlugin], pod: PodView, nodes: NodeTable) -> tuple[BoolArray, dict[str, int]]:
     """The feasible mask, and per reason the number of nodes rejected for it by the first filter that rejected them."""
     rows = len(nodes)
-    feasible = np.ones(rows, dtype=np.bool_)
+    rejected = np.zeros(rows, dtype=np.bool_)
     counts: dict[str, int] = {}
-    for plugin in filters:
-        result = plugin.filter(pod, nodes)
-        _check_shape(plugin.name, result.mask, rows=rows)
-        newly_rejected = feasible & ~result.mask
+    for plugin, result, newly_rejected in filter_steps(filters, pod, nodes):
         if newly_rejected.any():
+            rejected |= newly_rejected
             explained = np.zeros(rows, dtype=np.bool_)
             for reason, marked in result.reasons.items():
-                _check_shape(plugin.name, marked, rows=rows)
                 explained |= marked
                 _count(counts, reason, int(np.count_nonzero(marked & newly_rejected)))
             # A plugin that rejects without saying why still owes the user a count.
-            _count(counts, f"node(s) didn't pass {plugin.name}", int(np.count_nonzero(newly_rejected & ~explained)))
-        feasible &= result.mask
-    return feasible, counts
+            _count(counts, unexplained_reason(plugin.name), int(np.count_nonzero(newly_rejected & ~explained)))
+    return ~rejected, counts
+
+
+def filter_steps(filters: Sequence[FilterPlugin], pod: PodView,
+                 nodes: NodeTable) -> Iterator[tuple[FilterPlugin, FilterResult, BoolArray]]:
+    """Each filter in order with its result and the nodes it is the first to reject (the rule by which
+    `run_filters` reports a node under one filter's reasons)."""
+    rows = len(nodes)
+    passed = np.ones(rows, dtype=np.bool_)
+    for plugin in filters:
+        result = plugin.filter(pod, nodes)
+        _check_shape(plugin.name, result.mask, rows=rows)
+        newly_rejected = passed & ~result.mask
+        if newly_rejected.any():
+            for marked in result.reasons.values():
+                _check_shape(plugin.name, marked, rows=rows)
+        yield plugin, result, newly_rejected
+        passed &= result.mask
+
+
+def unexplained_reason(plugin: str) -> str:
+    """The reason of a node a filter rejects without naming one."""
+    return f"node(s) didn't pass {plugin}"
 
 
 def unschedulable_message(rows: int, reasons: Mapping[str, int]) -> str:

@@ -31,6 +31,9 @@ The object the entry point loads (usually the class itself) must have:
   a score plugin (an object with both is registered as both, and a profile may list it under either key).
 - optional ``normalize(scores, feasible) -> array``, for a score plugin whose raw scores already have a meaning
   on the 0..100 scale; without it, raw scores are min-max scaled to 0..100 over the feasible nodes.
+- optional ``figures(pod, nodes, rows) -> list[Figures]`` for a filter plugin: what it measured on each of the
+  nodes `rows` it rejected (`hoss.framework.explain.Figures`), which ``hoss why`` prints; without it, ``hoss why``
+  shows the plugin's reasons alone. The worker never calls it.
 
 The arguments are `hoss.framework.pod.PodView` (the parsed pod: ``request``, ``labels``, ``namespace``, ...) and
 `hoss.framework.nodes.NodeTable` (every node as numpy rows: ``alloc``/``used`` matrices, ``free_column(resource)``,

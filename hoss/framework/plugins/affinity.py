@@ -12,13 +12,19 @@ never per node; ``In``/``NotIn`` only touch the values they name) indexed by the
 As a score (kube-scheduler's default weight 2), NodeAffinity sums per node the weights of the pod's preferred
 terms (``preferredDuringSchedulingIgnoredDuringExecution``) the node matches, and normalises them as
 kube-scheduler does: ``100 * sum // max`` over the feasible nodes (all 0 when no node matches any term).
+
+Its figures (`hoss why`): the nodeSelector entries a node does not match, else, per required term, the first
+requirement the node does not meet, each with the node's own value of the label.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from hoss.framework.cycle import BoolArray, FilterResult, FloatArray, TakesNoArgs, default_normalize
+from hoss.framework.explain import Figures, JsonValue
 from hoss.framework.nodes import NodeTable
 from hoss.framework.pod import PodView, SelectorRequirement, SelectorTerm, parse_integer
 
@@ -41,6 +47,37 @@ class NodeAffinity(TakesNoArgs):
                 any_term |= term_matches(nodes, term)
             matched &= any_term
         return FilterResult.from_reasons(rows, {AFFINITY_MISMATCH: ~matched} if not matched.all() else {})
+
+    def figures(self, pod: PodView, nodes: NodeTable, rows: Sequence[int]) -> list[Figures]:
+        """Per node, the nodeSelector entries it does not match, else the first unmet requirement of each term."""
+        selector = [(key, value, label_matches(nodes, SelectorRequirement(key=key, operator="In", values=(value,))))
+                    for key, value in pod.node_selector.items()]
+        terms = [[(requirement, False, label_matches(nodes, requirement)) for requirement in term.match_expressions]
+                 + [(requirement, True, name_matches(nodes, requirement)) for requirement in term.match_fields]
+                 for term in pod.required_affinity or ()]
+        found = []
+        for row in rows:
+            labels = nodes.labels[row]
+            unmatched = [(key, value) for key, value, matched in selector if not matched[row]]
+            if unmatched:
+                text = "; ".join(f"nodeSelector {key}={value}: node has {_label_text(labels, key)}"
+                                 for key, value in unmatched)
+                values: dict[str, JsonValue] = {"nodeSelector": {key: {"wanted": value, "node": labels.get(key)}
+                                                                 for key, value in unmatched}}
+                found.append(Figures(text=text, group=text, values=values))
+                continue
+            misses: list[str] = []
+            for position, requirements in enumerate(terms):
+                miss = next(((r, by_name) for r, by_name, matched in requirements if not matched[row]), None)
+                if miss is None:
+                    misses.append(f"term {position}: no requirement (matches no node)")
+                    continue
+                requirement, by_name = miss
+                has = f"name {nodes.names[row]}" if by_name else _label_text(labels, requirement.key)
+                misses.append(f"term {position}: {_requirement_text(requirement)}: node has {has}")
+            text = "no required node-affinity term matches: " + "; ".join(misses)
+            found.append(Figures(text=text, group=text, values={"terms": list(misses)}))
+        return found
 
     def score(self, pod: PodView, nodes: NodeTable, feasible: BoolArray) -> FloatArray:
         """The sum of the weights of the preferred terms each node matches."""
@@ -97,3 +134,13 @@ def name_matches(nodes: NodeTable, requirement: SelectorRequirement) -> BoolArra
     rows = [nodes.index[name] for name in requirement.values if name in nodes.index]
     matched[rows] = True
     return ~matched if requirement.operator == "NotIn" else matched
+
+
+def _label_text(labels: dict[str, str], key: str) -> str:
+    return f"{key}={labels[key]}" if key in labels else f"no label {key}"
+
+
+def _requirement_text(requirement: SelectorRequirement) -> str:
+    if requirement.operator in ("Exists", "DoesNotExist"):
+        return f"{requirement.key} {requirement.operator}"
+    return f"{requirement.key} {requirement.operator} [{', '.join(requirement.values)}]"

@@ -14,6 +14,8 @@ bound or reserved; see `hoss.framework.podterms` for how a term matches a pod):
   out of that pod's domain: ``node(s) didn't satisfy existing pods anti-affinity rules``.
 
 A node is reported under the first of these that rejects it, in this order, as kube-scheduler reports it.
+Its figures (`hoss why`) name the term's topology domain and a pod that decides it: one matching the pod's
+anti-affinity there, or a placed pod whose anti-affinity keeps the pod out.
 
 As a score (kube-scheduler's default weight 2), per topology domain: + weight for each placed pod matching one of
 the pod's preferred affinity terms, - weight for each matching a preferred anti-affinity term; and from the pods
@@ -32,11 +34,12 @@ holders. Races between workers are settled by the ledger: see `hoss/ledger/lua/c
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
 from hoss.framework.cycle import MAX_NODE_SCORE, BoolArray, FilterResult, FloatArray, TakesNoArgs
+from hoss.framework.explain import Figures
 from hoss.framework.nodes import NodeTable
 from hoss.framework.pod import PodView
 from hoss.framework.podindex import PlacedPod
@@ -67,6 +70,12 @@ def _domain_values(nodes: NodeTable, pods: Iterable[PlacedPod], key: str) -> set
         if row is not None and (value := nodes.labels[row].get(key)) is not None:
             values.add(value)
     return values
+
+
+def _same_domain(nodes: NodeTable, node: str, key: str, value: str) -> bool:
+    """Whether `node` (in the table) has label `key` = `value`."""
+    row = nodes.index.get(node)
+    return row is not None and nodes.labels[row].get(key) == value
 
 
 class InterPodAffinity(TakesNoArgs):
@@ -103,6 +112,35 @@ class InterPodAffinity(TakesNoArgs):
         if not existing.all():
             reasons[EXISTING_ANTI_AFFINITY] = affinity & anti & ~existing
         return FilterResult.from_reasons(rows, reasons)
+
+    def figures(self, pod: PodView, nodes: NodeTable, rows: Sequence[int]) -> list[Figures]:
+        """Per node, the rule that rejects it (as the filter's reasons say) with its domain and a deciding pod."""
+        reasons = self.filter(pod, nodes).reasons
+        anti = [(term, [p for p in nodes.pods_matching(term.selector) if term.in_namespaces(p.namespace)])
+                for term in pod.anti_affinity_terms if term.selector is not None]
+        holders = [(holder, term) for holder in nodes.anti_holders.values() for term in holder.anti
+                   if term.matches(pod.namespace, pod.labels, pod.namespace_labels)]
+        found = []
+        for row in rows:
+            labels = nodes.labels[row]
+            text = ""
+            if AFFINITY_MISMATCH in reasons and reasons[AFFINITY_MISMATCH][row]:
+                lacking = [t.topology_key for t in pod.affinity_terms if t.topology_key not in labels]
+                text = f"node has no label {', '.join(lacking)}" if lacking else \
+                    "no pod matching the required affinity terms in the node's " + ", ".join(
+                        f"{t.topology_key}={labels[t.topology_key]}" for t in pod.affinity_terms) + " domain"
+            elif ANTI_AFFINITY_MISMATCH in reasons and reasons[ANTI_AFFINITY_MISMATCH][row]:
+                text = next((f"{p.namespace}/{p.name or p.uid} (on {p.node}) in the node's {term.topology_key}="
+                             f"{labels[term.topology_key]} domain matches the pod's anti-affinity"
+                             for term, matching in anti if term.topology_key in labels for p in matching
+                             if _same_domain(nodes, p.node, term.topology_key, labels[term.topology_key])), "")
+            elif EXISTING_ANTI_AFFINITY in reasons and reasons[EXISTING_ANTI_AFFINITY][row]:
+                text = next((f"{h.namespace}/{h.name or h.uid} (on {h.node}) keeps pods like this one out of "
+                             f"{term.topology_key}={labels[term.topology_key]} (its anti-affinity)"
+                             for h, term in holders if term.topology_key in labels
+                             and _same_domain(nodes, h.node, term.topology_key, labels[term.topology_key])), "")
+            found.append(Figures(text=text, group=text))
+        return found
 
     @staticmethod
     def _affinity(pod: PodView, nodes: NodeTable) -> BoolArray:

@@ -11,11 +11,14 @@ with ``exclusive: true``, a pod from another namespace that names a tenant's exc
 
 Args: ``namespacePools: {namespace: pool}`` (default: the policy file's top-level ``namespacePools``) and
 ``exclusive`` (default false). `pool_usage` sums allocatable and usage per pool for the status page.
+
+Its figures (`hoss why`): the pod's pool and where it comes from (its namespace's mapping or its label) against the
+node's own pool.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Self, TypedDict
 
 import numpy as np
@@ -23,6 +26,7 @@ from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from hoss.framework.cycle import BoolArray, FilterResult
+from hoss.framework.explain import Figures
 from hoss.framework.nodes import NodeTable
 from hoss.framework.pod import POOL_LABEL, PodView
 
@@ -94,6 +98,27 @@ class NodePool:
             return FilterResult.from_reasons(rows, {reason: everywhere})
         outside = ~in_pools(nodes, [pool])
         return FilterResult.from_reasons(rows, {not_in_pool_reason(pool): outside} if outside.any() else {})
+
+    def figures(self, pod: PodView, nodes: NodeTable, rows: Sequence[int]) -> list[Figures]:
+        """Per node, the pod's pool (and why it has that pool) against the node's pool."""
+        confined = self.namespace_pools.get(pod.namespace)
+        pool = confined if confined is not None else pod.pool
+        source = f"namespacePools maps namespace {pod.namespace} to it" if confined is not None \
+            else f"pod label {POOL_LABEL}"
+        found = []
+        for row in rows:
+            own = nodes.labels[row].get(POOL_LABEL)
+            where = f"node in pool {own}" if own else "node in no pool"
+            if confined is not None and pod.pool is not None and pod.pool != confined:
+                text = namespace_conflict_reason(pool=pod.pool, namespace=pod.namespace, confined=confined)
+            elif pool is None:
+                text = f"{where}, exclusive to namespace(s) {', '.join(self.owners.get(own or '', []))}"
+            elif self.exclusive and confined is None and pool in self.owners:
+                text = exclusive_conflict_reason(pool=pool, owners=self.owners[pool])
+            else:
+                text = f"pod's pool {pool} ({source}); {where}"
+            found.append(Figures(text=text, group=text, values={"pod_pool": pool, "node_pool": own}))
+        return found
 
 
 def in_pools(nodes: NodeTable, pools: Iterable[str]) -> BoolArray:

@@ -12,13 +12,18 @@ node has such a taint), so the nodes with the fewest untolerated preferences win
 
 NodeUnschedulable rejects cordoned nodes (``spec.unschedulable``) unless the pod tolerates
 ``node.kubernetes.io/unschedulable:NoSchedule``.
+
+Their figures (`hoss why`): the node's first untolerated taint in full (key, value and effect), and the cordon.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from hoss.framework.cycle import BoolArray, FilterResult, FloatArray, TakesNoArgs, default_normalize
+from hoss.framework.explain import Figures
 from hoss.framework.node import Taint
 from hoss.framework.nodes import NodeTable
 from hoss.framework.pod import PodView
@@ -62,6 +67,20 @@ class TaintToleration(TakesNoArgs):
                 reasons[reason] = reasons[reason] | marked if reason in reasons else marked
         return FilterResult.from_reasons(rows, reasons)
 
+    def figures(self, pod: PodView, nodes: NodeTable, rows: Sequence[int]) -> list[Figures]:
+        """Per node, its first NoSchedule/NoExecute taint (in the node's order) that the pod does not tolerate."""
+        found = []
+        for row in rows:
+            taint = next((t for t in nodes.taints[row] if t.effect in BLOCKING_EFFECTS and not pod.tolerates(t)), None)
+            if taint is None:
+                found.append(Figures(text="", group=""))
+                continue
+            spelled = f"{taint.key}={taint.value}:{taint.effect}" if taint.value else f"{taint.key}:{taint.effect}"
+            text = f"taint {spelled} not tolerated"
+            found.append(Figures(text=text, group=text,
+                                 values={"key": taint.key, "value": taint.value, "effect": taint.effect}))
+        return found
+
     def score(self, pod: PodView, nodes: NodeTable, feasible: BoolArray) -> FloatArray:
         """How many PreferNoSchedule taints of each node the pod's PreferNoSchedule tolerations leave untolerated."""
         tolerations = [t for t in pod.tolerations if t.effect in ("", PREFER_NO_SCHEDULE)]
@@ -89,3 +108,9 @@ class NodeUnschedulable(TakesNoArgs):
         if pod.tolerates(UNSCHEDULABLE_TAINT) or not nodes.unschedulable.any():
             return FilterResult.from_reasons(rows, {})
         return FilterResult.from_reasons(rows, {UNSCHEDULABLE: nodes.unschedulable.copy()})
+
+    def figures(self, pod: PodView, nodes: NodeTable, rows: Sequence[int]) -> list[Figures]:
+        """The cordon, the same on every node it rejects."""
+        text = (f"cordoned (spec.unschedulable); the pod does not tolerate {UNSCHEDULABLE_TAINT.key}:"
+                f"{UNSCHEDULABLE_TAINT.effect}")
+        return [Figures(text=text, group=text, values={"unschedulable": True}) for _row in rows]

@@ -16,6 +16,7 @@ Over the workers' pod index (`NodeTable.pods`, every pod holding a ledger entry)
   selector) - global minimum`` must not exceed maxSkew, else ``node(s) didn't match pod topology spread
   constraints``. The global minimum is the smallest domain count, or 0 when there are fewer domains than
   minDomains. Constraints are checked in order and a node is reported under the first one it fails.
+  Its figures (`hoss why`): the label a node lacks, or its domain's count, the global minimum and the skew.
 - score (ScheduleAnyway, kube-scheduler's default weight 2): feasible nodes lacking a key are ignored (score 0);
   for the others, per constraint ``count * log(domains + 2) + maxSkew - 1`` (on ``kubernetes.io/hostname`` the
   node's own count, and the number of scored nodes as the domains), summed and rounded; normalised as
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal, Self
 
 import numpy as np
@@ -44,6 +46,7 @@ from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
 from hoss.framework.cycle import MAX_NODE_SCORE, BoolArray, FilterResult, FloatArray
+from hoss.framework.explain import Figures
 from hoss.framework.nodes import NodeTable
 from hoss.framework.plugins.affinity import NodeAffinity
 from hoss.framework.plugins.taints import TaintToleration
@@ -111,6 +114,42 @@ def _has_keys(nodes: NodeTable, constraints: Sequence[SpreadConstraint]) -> Bool
     return has
 
 
+@dataclass(frozen=True)
+class _Skew:
+    """One DoNotSchedule constraint measured over every node: whether the node has its key, and the skew the pod
+    would make there (the count of the node's domain, plus one when the pod matches itself, less the global
+    minimum)."""
+
+    constraint: SpreadConstraint
+    has: BoolArray
+    own: IntArray
+    itself: int
+    minimum: int
+
+    @property
+    def skew(self) -> IntArray:
+        return self.own + self.itself - self.minimum
+
+
+def _skews(pod: PodView, nodes: NodeTable, hard: Sequence[SpreadConstraint]) -> list[_Skew]:
+    """Each of the `hard` constraints measured as the filter reads it (see the module docstring)."""
+    with_all_keys = _has_keys(nodes, hard)
+    inclusion = _Inclusion(pod, nodes)
+    measured = []
+    for constraint in hard:
+        codes = nodes.label_codes(constraint.topology_key)
+        counted = with_all_keys & inclusion.mask(constraint)
+        counts, present = domain_counts(nodes, constraint.topology_key, counted,
+                                        pods_per_node(nodes, constraint, pod.namespace))
+        domains = int(np.count_nonzero(present))
+        minimum = 0 if domains < constraint.min_domains else int(counts[present].min())
+        has = codes >= 0
+        own = np.where(has, counts[np.where(has, codes, 0)] if counts.size else 0, 0)
+        measured.append(_Skew(constraint=constraint, has=has, own=own,
+                              itself=int(constraint.matches_itself(pod.labels)), minimum=minimum))
+    return measured
+
+
 SYSTEM_DEFAULTS = ((HOSTNAME, 3), (ZONE, 5))
 """kube-scheduler's System defaulting: ScheduleAnyway on hostname (maxSkew 3) and zone (maxSkew 5)."""
 
@@ -172,25 +211,14 @@ class PodTopologySpread:
         hard = pod.hard_spread if pod.spread_constraints else ()
         if not hard:
             return FilterResult.from_reasons(rows, {})
-        with_all_keys = _has_keys(nodes, hard)
-        inclusion = _Inclusion(pod, nodes)
         undecided = np.ones(rows, dtype=np.bool_)
         missing = np.zeros(rows, dtype=np.bool_)
         mismatch = np.zeros(rows, dtype=np.bool_)
-        for constraint in hard:
-            codes = nodes.label_codes(constraint.topology_key)
-            counted = with_all_keys & inclusion.mask(constraint)
-            counts, present = domain_counts(nodes, constraint.topology_key, counted,
-                                            pods_per_node(nodes, constraint, pod.namespace))
-            domains = int(np.count_nonzero(present))
-            minimum = 0 if domains < constraint.min_domains else int(counts[present].min())
-            has = codes >= 0
-            own = np.where(has, counts[np.where(has, codes, 0)] if counts.size else 0, 0)
-            skew = own + int(constraint.matches_itself(pod.labels)) - minimum
-            lacking = undecided & ~has
+        for check in _skews(pod, nodes, hard):
+            lacking = undecided & ~check.has
             missing |= lacking
-            undecided &= has
-            over = undecided & (skew > constraint.max_skew)
+            undecided &= check.has
+            over = undecided & (check.skew > check.constraint.max_skew)
             mismatch |= over
             undecided &= ~over
         reasons: dict[str, BoolArray] = {}
@@ -199,6 +227,33 @@ class PodTopologySpread:
         if mismatch.any():
             reasons[CONSTRAINTS_NOT_MATCH] = mismatch
         return FilterResult.from_reasons(rows, reasons)
+
+    def figures(self, pod: PodView, nodes: NodeTable, rows: Sequence[int]) -> list[Figures]:
+        """Per node, the first DoNotSchedule constraint it fails: the label it lacks, or its domain's skew."""
+        checks = _skews(pod, nodes, pod.hard_spread)
+        found = []
+        for row in rows:
+            for check in checks:
+                constraint = check.constraint
+                key = constraint.topology_key
+                if not check.has[row]:
+                    text = f"{key} (maxSkew {constraint.max_skew}): node has no label {key}"
+                    found.append(Figures(text=text, group=text, values={"topologyKey": key, "missing": True}))
+                    break
+                skew = int(check.skew[row])
+                if skew > constraint.max_skew:
+                    domain = f"{key}={nodes.labels[row][key]}"
+                    own = int(check.own[row])
+                    text = (f"{domain}: {own} matching pod(s)" + (" + this pod" if check.itself else "")
+                            + f" - global minimum {check.minimum} = skew {skew} > maxSkew {constraint.max_skew}")
+                    found.append(Figures(text=text, group=text, values={
+                        "topologyKey": key, "domain": nodes.labels[row][key], "matching": own,
+                        "self": bool(check.itself), "minimum": check.minimum, "skew": skew,
+                        "maxSkew": constraint.max_skew}))
+                    break
+            else:
+                found.append(Figures(text="", group=""))
+        return found
 
     def skips(self, pod: PodView, nodes: NodeTable) -> bool:
         """No ScheduleAnyway constraint, own or defaulted: nothing to score (every node would get 0)."""
