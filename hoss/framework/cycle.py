@@ -25,7 +25,7 @@ member.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Self, cast, runtime_checkable
 
@@ -213,20 +213,17 @@ def evaluate(profile: Profile, pod: PodView, nodes: NodeTable) -> Evaluation:
     total = np.zeros(rows, dtype=np.float64)
     if feasible.any():
         # Scoring a pod that fits nowhere would be wasted work.
-        for _plugin, weight, normalized in weighted_scores(profile, pod, nodes, feasible):
-            total += weight * normalized
+        for plugin, weight in profile.scores:
+            if skips_pod(plugin, pod, nodes):
+                continue  # kube-scheduler's PreScore Skip: the plugin adds 0 to every node
+            total += weight * normalized_score(plugin, pod, nodes, feasible)
     return Evaluation(rows=rows, feasible=feasible, reasons=reasons, scores=total)
 
 
-def weighted_scores(profile: Profile, pod: PodView, nodes: NodeTable,
-                    feasible: BoolArray) -> Iterator[tuple[ScorePlugin, int, FloatArray]]:
-    """Each score plugin of the profile that does not skip the pod, with its weight and its scores normalised to
-    0..100 over the `feasible` nodes: the terms of `evaluate`'s total."""
-    for plugin, weight in profile.scores:
-        skips = getattr(plugin, "skips", None)
-        if skips is not None and skips(pod, nodes):
-            continue  # kube-scheduler's PreScore Skip: the plugin adds 0 to every node
-        yield plugin, weight, _normalized_score(plugin, pod, nodes, feasible)
+def skips_pod(plugin: ScorePlugin, pod: PodView, nodes: NodeTable) -> bool:
+    """Whether a score plugin adds nothing for this pod (its optional ``skips``)."""
+    skips = getattr(plugin, "skips", None)
+    return skips is not None and bool(skips(pod, nodes))
 
 
 def choose(
@@ -269,37 +266,25 @@ def decide(
 
 
 def run_filters(filters: Sequence[FilterPlugin], pod: PodView, nodes: NodeTable) -> tuple[BoolArray, dict[str, int]]:
-    """The feasible mask, and per reason the number of nodes rejected for it by the first filter that rejected them."""
+    """The feasible mask, and per reason the number of nodes rejected for it by the first filter that rejected them
+    (`hoss.framework.explain.explain_filters` keeps the same rule per node)."""
     rows = len(nodes)
-    rejected = np.zeros(rows, dtype=np.bool_)
+    feasible = np.ones(rows, dtype=np.bool_)
     counts: dict[str, int] = {}
-    for plugin, result, newly_rejected in filter_steps(filters, pod, nodes):
+    for plugin in filters:
+        result = plugin.filter(pod, nodes)
+        check_shape(plugin.name, result.mask, rows=rows)
+        newly_rejected = feasible & ~result.mask
         if newly_rejected.any():
-            rejected |= newly_rejected
             explained = np.zeros(rows, dtype=np.bool_)
             for reason, marked in result.reasons.items():
+                check_shape(plugin.name, marked, rows=rows)
                 explained |= marked
                 _count(counts, reason, int(np.count_nonzero(marked & newly_rejected)))
             # A plugin that rejects without saying why still owes the user a count.
             _count(counts, unexplained_reason(plugin.name), int(np.count_nonzero(newly_rejected & ~explained)))
-    return ~rejected, counts
-
-
-def filter_steps(filters: Sequence[FilterPlugin], pod: PodView,
-                 nodes: NodeTable) -> Iterator[tuple[FilterPlugin, FilterResult, BoolArray]]:
-    """Each filter in order with its result and the nodes it is the first to reject (the rule by which
-    `run_filters` reports a node under one filter's reasons)."""
-    rows = len(nodes)
-    passed = np.ones(rows, dtype=np.bool_)
-    for plugin in filters:
-        result = plugin.filter(pod, nodes)
-        _check_shape(plugin.name, result.mask, rows=rows)
-        newly_rejected = passed & ~result.mask
-        if newly_rejected.any():
-            for marked in result.reasons.values():
-                _check_shape(plugin.name, marked, rows=rows)
-        yield plugin, result, newly_rejected
-        passed &= result.mask
+        feasible &= result.mask
+    return feasible, counts
 
 
 def unexplained_reason(plugin: str) -> str:
@@ -349,17 +334,18 @@ def default_normalize(scores: FloatArray, feasible: BoolArray, *, reverse: bool 
 _NORMALIZING: dict[type, bool] = {}
 
 
-def _normalized_score(plugin: ScorePlugin, pod: PodView, nodes: NodeTable, feasible: BoolArray) -> FloatArray:
+def normalized_score(plugin: ScorePlugin, pod: PodView, nodes: NodeTable, feasible: BoolArray) -> FloatArray:
+    """The plugin's scores normalised to 0..100 over the `feasible` nodes (its own `normalize`, else min-max)."""
     rows = len(nodes)
     raw = np.asarray(plugin.score(pod, nodes, feasible), dtype=np.float64)
-    _check_shape(plugin.name, raw, rows=rows)
+    check_shape(plugin.name, raw, rows=rows)
     normalizing = _NORMALIZING.get(type(plugin))
     if normalizing is None:
         # A runtime-checkable protocol's isinstance is slow (tens of microseconds): once per plugin class.
         normalizing = _NORMALIZING[type(plugin)] = isinstance(plugin, NormalizingScorePlugin)
     if normalizing:
         normalized = np.asarray(cast("NormalizingScorePlugin", plugin).normalize(raw, feasible), dtype=np.float64)
-        _check_shape(plugin.name, normalized, rows=rows)
+        check_shape(plugin.name, normalized, rows=rows)
         return normalized
     return min_max_normalize(raw, feasible)
 
@@ -376,7 +362,8 @@ def _count(counts: dict[str, int], reason: str, count: int) -> None:
         counts[reason] = counts.get(reason, 0) + count
 
 
-def _check_shape(plugin: str, array: NDArray[np.generic], *, rows: int) -> None:
+def check_shape(plugin: str, array: NDArray[np.generic], *, rows: int) -> None:
+    """Raise `PluginError` unless a plugin's array has one entry per node row."""
     if array.shape != (rows,):
         # A plugin bug; failing loudly beats scoring the wrong nodes.
         raise PluginError(f"plugin {plugin} returned an array of shape {array.shape}, expected ({rows},)")

@@ -2,17 +2,17 @@
 worker's decision reports it, and what that filter measured. Pure, no I/O, and never on the worker's path.
 
 The worker counts rejection reasons over all nodes (kube-scheduler's FitError message, `cycle.run_filters`); this
-module keeps them per node. It runs the same filters over the same table in the same order, through the same loop
-(`cycle.filter_steps`), so a node is rejected here exactly when the worker rejects it, and for the same first
-filter and reasons. Then it asks that filter for its figures on the nodes it was the first to reject: free against
-asked for a resource, the taint not tolerated, the node-affinity requirement not met, the node's pool, the spread
-constraint's skew. A filter gives them through an optional ``figures(pod, nodes, rows)`` method
-(`ExplainingFilter`); a filter without it (a custom plugin) is reported with its reasons alone.
+module keeps them per node. It runs the same filters over the same table in the same order, by the same rule (a
+node is reported under the first filter that rejects it, with that filter's reasons for it), so a node is rejected
+here exactly when the worker rejects it, and for the same reasons; the worker's loop stays as it was, at its cost.
+Then it asks that filter for its figures on the nodes it was the first to reject: free against asked for a
+resource, the taint not tolerated, the node-affinity requirement not met, the node's pool, the spread constraint's
+skew. A filter gives them through an optional ``figures(pod, nodes, rows)`` method (`ExplainingFilter`); a filter
+without it (a custom plugin) is reported with its reasons alone.
 
 Nodes with the same filter, reasons and `Figures.group` form one class (`classes`): on 5,000 nodes the answer is a
 handful of lines, each with the node of its class that comes closest to passing. `score_parts` splits the total
-score of the feasible nodes into the profile's weighted plugins (`cycle.weighted_scores`, the terms `evaluate`
-sums).
+score of the feasible nodes into the profile's weighted plugins (the terms `cycle.evaluate` sums).
 """
 
 from __future__ import annotations
@@ -28,10 +28,12 @@ from hoss.framework.cycle import (
     FilterPlugin,
     FloatArray,
     Profile,
-    filter_steps,
+    check_shape,
+    normalized_score,
+    skips_pod,
     unexplained_reason,
-    weighted_scores,
 )
+from hoss.framework.errors import PluginError
 from hoss.framework.nodes import NodeTable
 from hoss.framework.pod import PodView
 
@@ -87,30 +89,35 @@ class FilterExplanation:
 
 
 def explain_filters(filters: Sequence[FilterPlugin], pod: PodView, nodes: NodeTable) -> FilterExplanation:
-    """Per node, the first of `filters` that rejects `pod` there, its reasons and its figures."""
+    """Per node, the first of `filters` that rejects `pod` there, its reasons and its figures: `cycle.run_filters`'s
+    rule kept per node (a unit test holds the two to the same counts)."""
     rows = len(nodes)
-    rejected = np.zeros(rows, dtype=np.bool_)
+    feasible = np.ones(rows, dtype=np.bool_)
     first: dict[int, tuple[str, tuple[str, ...], Figures | None]] = {}
-    for plugin, result, newly_rejected in filter_steps(filters, pod, nodes):
+    for plugin in filters:
+        result = plugin.filter(pod, nodes)
+        check_shape(plugin.name, result.mask, rows=rows)
+        newly_rejected = feasible & ~result.mask
+        feasible &= result.mask
         if not newly_rejected.any():
             continue
-        rejected |= newly_rejected
         reasons: dict[int, list[str]] = {}
         for reason, marked in result.reasons.items():
+            check_shape(plugin.name, marked, rows=rows)
             for row in np.flatnonzero(marked & newly_rejected).tolist():
                 reasons.setdefault(row, []).append(reason)
         these = np.flatnonzero(newly_rejected).tolist()
         measure = getattr(plugin, "figures", None)
         figures: list[Figures | None] = list(measure(pod, nodes, these)) if measure is not None else [None] * len(these)
         if len(figures) != len(these):
-            raise ValueError(f"plugin {plugin.name} gave figures for {len(figures)} nodes, not {len(these)}")
+            raise PluginError(f"plugin {plugin.name} gave figures for {len(figures)} nodes, not {len(these)}")
         for row, measured in zip(these, figures, strict=True):
             first[row] = (plugin.name, tuple(reasons.get(row) or [unexplained_reason(plugin.name)]), measured)
     verdicts = []
     for row, name in enumerate(nodes.names):
         plugin_name, why, measured = first.get(row, ("", (), None))
         verdicts.append(NodeVerdict(node=name, filter=plugin_name, reasons=why, figures=measured))
-    return FilterExplanation(feasible=~rejected, verdicts=verdicts)
+    return FilterExplanation(feasible=feasible, verdicts=verdicts)
 
 
 @dataclass(frozen=True)
@@ -146,10 +153,11 @@ def classes(verdicts: Sequence[NodeVerdict]) -> list[VerdictClass]:
 
 def score_parts(profile: Profile, pod: PodView, nodes: NodeTable, feasible: BoolArray) -> dict[str, FloatArray]:
     """Per score plugin of the profile (skipped ones left out), its weighted normalised score per row: the terms of
-    the total the worker ranks the feasible nodes by."""
+    the total `cycle.evaluate` ranks the feasible nodes by."""
     parts: dict[str, FloatArray] = {}
     if not feasible.any():
         return parts
-    for plugin, weight, normalized in weighted_scores(profile, pod, nodes, feasible):
-        parts[plugin.name] = parts.get(plugin.name, 0) + weight * normalized
+    for plugin, weight in profile.scores:
+        if not skips_pod(plugin, pod, nodes):
+            parts[plugin.name] = parts.get(plugin.name, 0) + weight * normalized_score(plugin, pod, nodes, feasible)
     return parts
