@@ -1,12 +1,13 @@
 """Judging one write against the ledger: a binding, a pod created on a node, or a resize that grows a pod.
 
 The hot path is one Redis call (``Ledger.confirm``) and no apiserver call: a hoss worker's binding carries the pod's
-uid and the worker's reservation already holds the pod's request, so the ledger is asked without one. Only a binding
-with no entry in the ledger (a foreign scheduler's, or a hoss binding whose reservation expired) needs the pod's
-request: from the sync's index of bound pods when this replica syncs and has the pod, else from one GET of the pod.
-A binding is allowed when the pod's reservation is for that node, or (a foreign scheduler's binding) when the pod
-still fits, in which case the same call records it. Otherwise it is denied with status code 409 and a message naming
-node, resource, requested and free.
+uid and resourceVersion, and the worker's reservation already holds the pod's request at that version (the only one
+the apiserver binds), so the ledger is asked without one. A binding without a uid is refused. Only a binding with no
+entry in the ledger (a foreign scheduler's, or a hoss binding whose reservation expired) or without a version needs
+the pod's request: from the sync's index of bound pods when this replica syncs and has the pod, else from one GET of
+the pod. A binding is allowed when the pod's reservation is for that node (and whatever the pod asks beyond it
+fits), or (a foreign scheduler's binding) when the pod still fits, in which case the same call records it.
+Otherwise it is denied with status code 409 and a message naming node, resource, requested and free.
 
 Invariant: a ledger that is unreachable, slow or not ready denies (fail closed); nothing is oversold, scheduling
 pauses and resumes by itself. Only the system entry turns what the ledger cannot judge into an allow
@@ -96,6 +97,16 @@ def verdict_for(result: ConfirmResult, *, binding: admission.BindingRequest) -> 
     raise AssertionError(f"unhandled ledger result {result!r}")
 
 
+def no_uid(binding: admission.BindingRequest) -> admission.Verdict:
+    """The denial of a binding without metadata.uid: the apiserver would bind whichever pod has that name then, not
+    necessarily the one it was judged for (kube-scheduler and hoss workers always set it). Pure."""
+    return admission.Verdict(
+        allowed=False, reason="no-uid", code=400,
+        message=f"hoss: the binding of {binding.pod_key} to node {binding.node} has no metadata.uid; set it to the "
+                "pod's uid",
+    )
+
+
 def system_verdict(verdict: admission.Verdict) -> admission.Verdict:
     """The system entry's verdict: a denial only because the ledger cannot judge becomes an allow. Pure."""
     if verdict.allowed or verdict.reason not in FAIL_OPEN_REASONS:
@@ -112,18 +123,18 @@ def unavailable(error: LedgerUnavailable | TimeoutError) -> admission.Verdict:
     )
 
 
-async def _pod_info(state: WebhookState, binding: admission.BindingRequest) -> PodInfo | None:
-    """The pod's view for a binding without a reservation: from the sync's index of bound pods when this replica
-    syncs and has it, else one GET from the apiserver. None when the pod is unknown (or another pod by that name).
+async def _pod_info(state: WebhookState, binding: admission.BindingRequest, *, uid: str) -> PodInfo | None:
+    """The view of pod `uid` for a binding without a reservation: from the sync's index of bound pods when this
+    replica syncs and has it, else one GET from the apiserver. None when the pod is unknown (or another pod by that
+    name).
 
-    A binding without a uid is looked up by GET only: by name, the index may still hold a deleted pod of that
-    name (its DELETED event not applied yet), whose request and uid are not the live pod's."""
+    The request read may be older than a resize of the pod (the index is as fresh as the sync's watch, and a resize
+    may be written after the GET): confirm also counts what such a resize allowed (see 'Growth' in common.lua)."""
     index = state.sync.pods if state.sync is not None else state.pods
-    found = index.find(uid=binding.pod_uid, key=binding.pod_key) if binding.pod_uid else None
-    if found is None and binding.pod_uid and state.sync is not None:
-        # a foreign scheduler's pending pod, as the sync's informer last saw it (same uid: the same pod, whose
-        # requests only an in-place resize changes, and that bumps the generation the informer follows)
-        found = state.sync.pending.find(uid=binding.pod_uid, key=binding.pod_key)
+    found = index.find(uid=uid, key=binding.pod_key)
+    if found is None and state.sync is not None:
+        # a foreign scheduler's pending pod, as the sync's informer last saw it
+        found = state.sync.pending.find(uid=uid, key=binding.pod_key)
     if found is not None or state.get_pod is None:
         return found
     state.pod_reads += 1
@@ -134,9 +145,7 @@ async def _pod_info(state: WebhookState, binding: admission.BindingRequest) -> P
         log.warning("cannot read pod %s: %s", binding.pod_key, error)
         return None
     info = parse_pod(raw)
-    if binding.pod_uid and info.uid != binding.pod_uid:
-        return None
-    return info
+    return info if info.uid == uid else None
 
 
 async def _confirm(
@@ -159,9 +168,13 @@ async def judge(state: WebhookState, binding: admission.BindingRequest) -> admis
     own = binding.username in state.hoss_usernames
     if settings.enforce == "hoss-only" and not own:
         return admission.Verdict(allowed=True, reason="not-enforced")
+    if not binding.pod_uid:
+        return no_uid(binding)
     owner = binding.username if own else f"foreign:{binding.username}"
-    if own and binding.pod_uid:
-        # A hoss worker's binding: its reservation holds the request, so no pod lookup is needed.
+    if own and binding.resource_version:
+        # A hoss worker's binding: its reservation holds the request of the pod at the version the binding names,
+        # which is the only version the apiserver binds, so no pod lookup is needed. One without a version is
+        # judged as any other, from the pod's request (confirm checks any growth over the reservation).
         try:
             result = await _confirm(state, binding, uid=binding.pod_uid, pod=binding.pod_key, request=None, owner=owner)
         except (LedgerUnavailable, TimeoutError) as error:
@@ -169,7 +182,7 @@ async def judge(state: WebhookState, binding: admission.BindingRequest) -> admis
         if not isinstance(result, NeedRequest):
             return verdict_for(result, binding=binding)
     try:
-        pod = await _pod_info(state, binding)
+        pod = await _pod_info(state, binding, uid=binding.pod_uid)
     except HossError as error:
         return admission.Verdict(allowed=False, reason="malformed-pod", code=400, message=f"hoss: {error}")
     if pod is None:
@@ -188,7 +201,8 @@ async def judge(state: WebhookState, binding: admission.BindingRequest) -> admis
 
 async def judge_pod_write(state: WebhookState, write: admission.PodWriteRequest) -> admission.Verdict:
     """A pod created with spec.nodeName, or an in-place resize: the same atomic check as a binding, with the
-    request read from the pod in the review (no lookup)."""
+    request read from the pod in the review (no lookup). A resize of a pod not bound yet is judged on the node of
+    its entry (a reservation, or a binding admitted that may still commit), if it has one."""
     own = write.username in state.hoss_usernames
     if state.settings.enforce == "hoss-only" and not own:
         return admission.Verdict(allowed=True, reason="not-enforced")
@@ -231,4 +245,7 @@ async def judge_pod_write(state: WebhookState, write: admission.PodWriteRequest)
         return unavailable(error)
     except HossError as error:
         return admission.Verdict(allowed=False, reason="malformed-pod", code=400, message=f"hoss: {error}")
+    if isinstance(result, Confirmed) and not result.node:
+        # A pod with neither node nor entry: nothing holds room for it yet; the growth is remembered for bindings.
+        return admission.Verdict(allowed=True, reason="resize-unplaced")
     return verdict_for(result, binding=binding)

@@ -1,10 +1,12 @@
 """Posting a worker's bindings, and what their answers mean.
 
-A binding carries the pod's uid (metadata.uid) and goes in one of the webhook's lanes; the resolver's webhook
-checks it against the pod's reservation. At most ``BindLimit.limit`` bindings are in flight at once
+A binding carries the pod's uid and resourceVersion (metadata.uid, metadata.resourceVersion: the apiserver binds
+only the pod at the version the reservation was made for) and goes in one of the webhook's lanes; the resolver's
+webhook checks it against the pod's reservation. At most ``BindLimit.limit`` bindings are in flight at once
 (`workers.bindlimit`). A binding that fails releases the pod's reservation, but only while it is still assumed:
-one the webhook admitted stays (the binding may have happened after all). A success records kube-scheduler's
-Normal ``Scheduled`` event off the binding path.
+one the webhook admitted stays (the binding may have happened after all); the resolver's sync checks it at once
+only when the answer proves the write failed (a 4xx), else once the write is surely over. A success records
+kube-scheduler's Normal ``Scheduled`` event off the binding path.
 """
 
 from __future__ import annotations
@@ -42,6 +44,14 @@ def verdict(outcomes: Sequence[Outcome], *, gang: bool) -> Verdict:
     return "retry soon" if any(status == 409 for _ok, status in outcomes) else "retry"
 
 
+def proves_failure(status: int | None) -> bool:
+    """Whether an error answer to a binding proves the apiserver will not write it: a 4xx (refused: by a webhook,
+    a conflict, a precondition, the pod gone, too many requests), but 408. A 5xx or a timeout does not: the
+    apiserver, or a proxy before it, may answer while the write still goes through (a 504 that says it may still be
+    processing, a 500 from an etcd timeout)."""
+    return status is not None and 400 <= status < 500 and status != 408
+
+
 class Binder(Protocol):
     """Posts one binding; raises `KubeError` (with the HTTP status) when the apiserver refuses it."""
 
@@ -49,8 +59,9 @@ class Binder(Protocol):
 
 
 class RestBinder:
-    """Bindings through the lean client: one keep-alive session, orjson bodies, metadata.uid set, and the webhook
-    lanes taken in turn (`hoss.model.admission.lane_of`)."""
+    """Bindings through the lean client: one keep-alive session, protobuf bodies, metadata.uid and
+    metadata.resourceVersion set (the apiserver binds the pod only at the version its work item carried, so with
+    the requests its reservation holds), and the webhook lanes taken in turn (`hoss.model.admission.lane_of`)."""
 
     def __init__(self, rest: KubeREST) -> None:
         self.rest = rest
@@ -58,7 +69,8 @@ class RestBinder:
 
     async def bind(self, pod: PodView, node: str) -> None:
         self.posted += 1
-        await self.rest.create_binding(pod.namespace, pod.name, pod.uid, node, lane=lane_of(self.posted))
+        await self.rest.create_binding(pod.namespace, pod.name, pod.uid, node, lane=lane_of(self.posted),
+                                       resource_version=pod.resource_version)
 
 
 class Bindings:
@@ -96,7 +108,7 @@ class Bindings:
         except KubeError as error:
             self.tally.count("denied")
             log.info("binding %s to %s refused (%s): %s", pod.key, node, error.status, error)
-            await self.unreserve(pod, node, answered=True)
+            await self.unreserve(pod, node, answered=proves_failure(error.status))
             self.notices.refused(pod, node, error)
             return False, error.status
         except (aiohttp.ClientError, OSError, TimeoutError) as error:
@@ -111,8 +123,8 @@ class Bindings:
 
     async def unreserve(self, pod: PodView, node: str, *, answered: bool = False) -> None:
         """Drop the reservation of a binding that failed. One the webhook admitted stays (the binding may have
-        happened after all); `answered` (the apiserver answered with an error, so the write is over) asks the
-        resolver's sync to check it at once."""
+        happened after all); `answered` (an answer that proves the write is over, `proves_failure`) asks the
+        resolver's sync to check it at once, else it waits for the sync's check after its write timeout."""
         try:
             # The release's change-stream entry gives the room back to this worker's table, as to every other.
             await self.ledger.release_assumed(uid=pod.uid, node=node, answered=answered)

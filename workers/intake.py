@@ -72,14 +72,18 @@ def _shape(raw: Json) -> bytes:
 
 def _parsed(raw: Json) -> tuple[PodView, bytes]:
     """The pod's view and its shape (namespace, labels, spec). Pods of one shape (the replicas of a Job or a
-    Deployment) are parsed and checked once: the view of the next is the first's with its own identity."""
+    Deployment) are parsed and checked once: the view of the next is the first's with its own identity (uid, name,
+    annotations and resourceVersion)."""
     shape = _shape(raw)
     template = _TEMPLATES.get(shape)
     metadata = raw.get("metadata") or {}
     uid, name, annotations = metadata.get("uid"), metadata.get("name"), metadata.get("annotations") or {}
+    version = metadata.get("resourceVersion") or ""
     if template is not None and isinstance(uid, str) and uid and isinstance(name, str) and name \
-            and isinstance(annotations, dict) and all(isinstance(v, str) for v in annotations.values()):
-        return dataclasses.replace(template, uid=uid, name=name, annotations=dict(annotations)), shape
+            and isinstance(annotations, dict) and all(isinstance(v, str) for v in annotations.values()) \
+            and isinstance(version, str):
+        return dataclasses.replace(template, uid=uid, name=name, annotations=dict(annotations),
+                                   resource_version=version), shape
     view = parse_pod(raw)
     check_supported(raw)
     if len(_TEMPLATES) >= _TEMPLATES_MAX:

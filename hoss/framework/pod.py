@@ -135,6 +135,9 @@ class PodView:
     default_spread_selector: LabelSelector | None = None
     """For a pod without spread constraints: the selector of kube-scheduler's cluster-default constraints (its
     Services' and controller's, from the dispatcher; None: none), which PodTopologySpread's profile defaults use."""
+    resource_version: str = ""
+    """metadata.resourceVersion of the pod as read: its binding names it, so the apiserver binds that version only
+    (the spec, requests included, the decision and the reservation were made for); "" when unknown."""
 
     @property
     def hard_spread(self) -> tuple[SpreadConstraint, ...]:
@@ -239,6 +242,8 @@ def parse_pod(pod: Mapping[str, Any]) -> PodView:
                            field=f"spec.schedulingGates[{i}].name", error=error, required=True)
             for i, gate in enumerate(gates)
         ),
+        resource_version=payload.string(metadata.get("resourceVersion"), field="metadata.resourceVersion",
+                                        error=error),
     )
 
 

@@ -68,8 +68,10 @@ def _string(number: int, value: str) -> bytes:
 
 _UNKNOWN_TAIL = _string(3, "") + _string(4, "")
 """runtime.Unknown's contentEncoding 3 and contentType 4, both empty: the raw bytes are protobuf."""
-_META_TAIL = _string(6, "") + b"\x38\x00" + _field(8, b"")
-"""ObjectMeta's resourceVersion 6, generation 7 (a varint, 0) and creationTimestamp 8 (the zero Time), all unset."""
+_META_AFTER_VERSION = b"\x38\x00" + _field(8, b"")
+"""ObjectMeta's generation 7 (a varint, 0) and creationTimestamp 8 (the zero Time), both unset."""
+_META_TAIL = _string(6, "") + _META_AFTER_VERSION
+"""ObjectMeta's resourceVersion 6, generation 7 and creationTimestamp 8, all unset."""
 _ZERO_TIME = _field(10, b"")
 """Event's eventTime 10 (a MicroTime), unset: the zero time."""
 
@@ -84,10 +86,12 @@ def _envelope(kind: str, message: bytes) -> bytes:
     return b"".join((_TYPE_METAS[kind], _field(2, message), _UNKNOWN_TAIL))
 
 
-def _metadata(name: str, namespace: str, uid: str, labels: Mapping[str, str] | None) -> bytes:
-    """ObjectMeta: name 1, generateName 2, namespace 3, selfLink 4, uid 5, the unset tail, labels 11 (map entries:
-    key 1, value 2)."""
-    parts = [_string(1, name), _string(2, ""), _string(3, namespace), _string(4, ""), _string(5, uid), _META_TAIL]
+def _metadata(name: str, namespace: str, uid: str, labels: Mapping[str, str] | None,
+              resource_version: str = "") -> bytes:
+    """ObjectMeta: name 1, generateName 2, namespace 3, selfLink 4, uid 5, resourceVersion 6, the unset tail, labels
+    11 (map entries: key 1, value 2)."""
+    tail = _string(6, resource_version) + _META_AFTER_VERSION if resource_version else _META_TAIL
+    parts = [_string(1, name), _string(2, ""), _string(3, namespace), _string(4, ""), _string(5, uid), tail]
     if labels:
         parts.extend(_field(11, _string(1, key) + _string(2, labels[key])) for key in sorted(labels))
     return b"".join(parts)
@@ -99,12 +103,15 @@ _NODE_BEFORE_NAME = _string(1, "Node") + _string(2, "")
 _NODE_AFTER_NAME = _string(4, "") + _string(5, "v1") + _string(6, "") + _string(7, "")
 
 
-def binding(namespace: str, name: str, uid: str, node: str, labels: Mapping[str, str] | None = None) -> bytes:
-    """The body of ``POST .../pods/<name>/binding`` binding the pod (``uid``: refused if the pod was replaced) to
-    ``node``, with ``labels`` on the Binding."""
+def binding(namespace: str, name: str, uid: str, node: str, labels: Mapping[str, str] | None = None, *,
+            resource_version: str = "") -> bytes:
+    """The body of ``POST .../pods/<name>/binding`` binding the pod (``uid``: refused if the pod was replaced;
+    ``resource_version``: refused if the pod changed since that version) to ``node``, with ``labels`` on the
+    Binding."""
     target = b"".join((_NODE_BEFORE_NAME, _string(3, node), _NODE_AFTER_NAME))
     # Binding: metadata 1, target 2
-    return _envelope("Binding", _field(1, _metadata(name, namespace, uid, labels)) + _field(2, target))
+    metadata = _metadata(name, namespace, uid, labels, resource_version)
+    return _envelope("Binding", _field(1, metadata) + _field(2, target))
 
 
 _TYPE_FIELDS = {"apiVersion": "v1", "kind": "Event"}

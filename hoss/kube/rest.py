@@ -232,11 +232,13 @@ class KubeREST:
         return decoded
 
     async def create_binding(self, namespace: str, name: str, uid: str, node: str, *, lane: str | None = None,
-                             timeout: float = DEFAULT_REQUEST_TIMEOUT_SECONDS) -> Json:
-        """Bind the pod to ``node``; ``uid`` makes the apiserver refuse the binding if the pod was replaced;
-        ``lane`` labels the Binding with the webhook lane it travels on (`hoss.model.admission.LANE_LABEL`). The body
-        is protobuf (`hoss.kube.protobuf`), as kube-scheduler sends it: the apiserver decodes it far more cheaply."""
-        body = protobuf.binding(namespace, name, uid, node, None if lane is None else {LANE_LABEL: lane})
+                             resource_version: str = "", timeout: float = DEFAULT_REQUEST_TIMEOUT_SECONDS) -> Json:
+        """Bind the pod to ``node``; ``uid`` makes the apiserver refuse the binding if the pod was replaced, and
+        ``resource_version`` (when given) if it changed since that version (a 409 Conflict); ``lane`` labels the
+        Binding with the webhook lane it travels on (`hoss.model.admission.LANE_LABEL`). The body is protobuf
+        (`hoss.kube.protobuf`), as kube-scheduler sends it: the apiserver decodes it far more cheaply."""
+        body = protobuf.binding(namespace, name, uid, node, None if lane is None else {LANE_LABEL: lane},
+                                resource_version=resource_version)
         path = f"/api/v1/namespaces/{segment(namespace)}/pods/{segment(name)}/binding"
         return await self.request("POST", path, body=body, content_type=protobuf.PROTOBUF, timeout=timeout)
 

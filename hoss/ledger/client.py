@@ -17,6 +17,9 @@ Invariants, kept by the scripts alone (clients never write these keys):
   creation with spec.nodeName; it never expires, never moves and no worker releases it: it stays counted until
   the sync sees the pod bound (it becomes ``bound``) or proves by a GET that the write failed or the pod is gone
   (``verify_due`` / ``drop_admitted``). ``bound``: the apiserver's truth, written only by the sync.
+- An assumed or admitted entry never holds less than its pod asks for when the webhook allows a write of it: a
+  binding that asks more than the entry (the pod was resized since) is fit-checked for the growth, and so is a
+  resize of a pod not bound yet that has an entry (``confirm``, ``resize``).
 - Every write except ``rebuild`` refuses to run while ``{hoss}:ready`` is missing (Redis restarted empty or was
   flushed): the ledger fails closed until it is rebuilt from the apiserver.
 """
@@ -99,6 +102,11 @@ from hoss.ledger.scripts import ScriptRunner
 from hoss.model.resources import ResourceVector
 
 logger = logging.getLogger(__name__)
+
+GROWTH_MEMORY_SECONDS = 600.0
+"""How long the growth a resize allowed a pod without a node is remembered (see 'Growth' in common.lua): far longer
+than a review takes to be written and the resolver's watch to deliver the resized pod, so no binding is judged from
+a view of the pod older than the resize while the growth is forgotten."""
 
 
 class Ledger:
@@ -263,14 +271,17 @@ class Ledger:
 
     async def resize(
         self, *, uid: str, pod: str, node: str, request: Mapping[str, int], owner: str,
-        verify_after_seconds: float, dry_run: bool = False,
+        verify_after_seconds: float, grown_ttl_seconds: float = GROWTH_MEMORY_SECONDS, dry_run: bool = False,
     ) -> ConfirmResult:
         """Judge an in-place resize of `uid` on `node` to `request`: its entry takes the new request when the
-        growth fits (an entry that did not exist yet is held as admitted). `dry_run`: the answer only."""
+        growth fits (an entry that did not exist yet is held as admitted). A pod not bound yet (`node` ""): judged
+        on the node of its entry when it has one (which grows to the larger of both requests), and the growth
+        remembered for `grown_ttl_seconds`, so a binding judged from an older view of the pod counts it
+        (`Confirmed` with node "" when it has no entry). `dry_run`: the answer only."""
         placement = Placement(uid=uid, pod=pod, node=node, request=request)
         return decode_confirm_reply(
             await self._scripts.run("resize", [owner, ttl_ms(verify_after_seconds), int(dry_run),
-                                       *placement_args(placement)])
+                                               ttl_ms(grown_ttl_seconds), *placement_args(placement)])
         )
 
     # -- the apiserver's truth -------------------------------------------------------------------------------

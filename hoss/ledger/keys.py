@@ -23,6 +23,9 @@ Key layout (one hash tag, so every script's keys are in one slot and it runs on 
                                    the node hold that host port; reserve and reserve_batch refuse a conflict
     {hoss}:assumed                 zset uid by deadline (ms)
     {hoss}:verify                  zset uid of admitted entries by when the sync looks at them again (ms)
+    {hoss}:grown:<uid>             the largest request a resize allowed the pod while it had no node
+                                   ('cpu=4000,pods=1'), expiring: a binding judged from an older view of the pod
+                                   counts it (see 'Growth' in common.lua)
     {hoss}:stats                   hash overcommits (bound entries the apiserver put on a node without room),
                                    audit_drift (entries the audit repaired), stale_ledger (stale copies of
                                    the ledger detected), each with last_<counter>

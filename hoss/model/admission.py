@@ -3,15 +3,17 @@ Pure, no I/O.
 
 A binding reaches the webhook in two forms: the ``pods/binding`` subresource (resource ``pods``, subResource
 ``binding``; what kube-scheduler and hoss workers post) and the legacy ``bindings`` resource. Both carry a
-``Binding`` object: metadata.name is the pod, metadata.uid the pod's uid when the binder set it, target.name
+``Binding`` object: metadata.name is the pod, metadata.uid the pod's uid when the binder set it (the webhook
+refuses a binding without one), metadata.resourceVersion the pod's version the binder read (hoss workers set it: the
+apiserver then binds only that version, so the pod's spec is the one its reservation was made for), target.name
 the node. A pod may also land on a node without a binding: created with ``spec.nodeName`` set (resource
-``pods``, CREATE), and a bound pod's requests may grow by an in-place resize (``pods/resize``, UPDATE); both parse
-into a `PodWriteRequest` carrying the pod. ``request.dryRun`` is kept: a dry run must leave no trace.
+``pods``, CREATE), and a pod's requests may grow by an in-place resize (``pods/resize``, UPDATE; bound or not);
+both parse into a `PodWriteRequest` carrying the pod. ``request.dryRun`` is kept: a dry run must leave no trace.
 
 This is the webhook's hot path, so the body is parsed with orjson and only the fields the verdict needs are read
 (apiVersion/kind; request.uid, resource.{group,resource}, subResource, operation, namespace, name,
-userInfo.username; object.metadata.{name,namespace,uid}, object.target.{kind,name}); everything else in the review
-is ignored. A field that is there but of the wrong type, or a required one that is missing, raises
+userInfo.username; object.metadata.{name,namespace,uid,resourceVersion}, object.target.{kind,name}); everything
+else in the review is ignored. A field that is there but of the wrong type, or a required one that is missing, raises
 `MalformedReview` naming the field by its JSON path and the value found.
 """
 
@@ -73,6 +75,8 @@ class BindingRequest:
     node: str
     username: str
     dry_run: bool = False
+    resource_version: str = ""
+    """The Binding's metadata.resourceVersion: the apiserver binds the pod only at that version ("" for any)."""
 
     @property
     def pod_key(self) -> str:
@@ -82,7 +86,8 @@ class BindingRequest:
 @dataclass(frozen=True, slots=True)
 class PodWriteRequest:
     """A pod created with spec.nodeName (``operation`` "create") or an in-place resize of a pod (``operation``
-    "resize"): the pod as it will be stored, and for a resize the pod before."""
+    "resize"; ``node`` "" when the pod is not bound yet): the pod as it will be stored, and for a resize the pod
+    before."""
 
     review_uid: str
     namespace: str
@@ -169,8 +174,12 @@ def _binding_as_sent(raw: Json) -> BindingRequest | None:
             return None
     except (KeyError, TypeError):
         return None
+    version = metadata.get("resourceVersion") or ""
+    if type(version) is not str:
+        return None
     return BindingRequest(
-        review_uid=review_uid, namespace=namespace, pod=pod, pod_uid=uid, node=node, username=username
+        review_uid=review_uid, namespace=namespace, pod=pod, pod_uid=uid, node=node, username=username,
+        resource_version=version,
     )
 
 
@@ -190,7 +199,7 @@ def _pod_write(request: Json, review_uid: str, operation: str) -> PodWriteReques
     spec = _object(pod, "spec", "request.object.spec")
     node = _string(spec, "nodeName", "request.object.spec.nodeName")
     kind = "create" if operation == "CREATE" else "resize"
-    if not node:
+    if not node and kind == "create":
         return OtherRequest(review_uid=review_uid, what=f"{operation} pods without spec.nodeName")
     name = _string(request, "name", "request.name") or _string(metadata, "name", "request.object.metadata.name")
     namespace = _string(request, "namespace", "request.namespace") or _string(
@@ -259,6 +268,7 @@ def _parse_checked(raw: Json) -> BindingRequest | PodWriteRequest | OtherRequest
         node=node,
         username=_string(user, "username", "request.userInfo.username"),
         dry_run=_dry_run(request),
+        resource_version=_string(metadata, "resourceVersion", "request.object.metadata.resourceVersion"),
     )
 
 

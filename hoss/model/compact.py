@@ -7,7 +7,9 @@ so workers learn nodes from Redis instead of watching the apiserver. Both forms 
 never reads (status of a pending pod, managed fields, volumes not backed by storage, images, heartbeat times)
 are left out.
 
-``digest`` names a version: two compact forms with the same digest schedule the same way. A pod whose digest
+``digest`` names a version: two compact forms with the same digest schedule the same way. A pod's form keeps its
+metadata.resourceVersion, so each version the apiserver stores has a digest of its own: the worker binds the pod at
+the version it reserved it for (the Binding's resourceVersion, which the apiserver checks), and a pod whose digest
 changed while it was queued is caught before it is reserved (see `hoss.queue`).
 """
 
@@ -27,7 +29,7 @@ COMPACT_VERSION = 1
 """Bumped when the compact shape changes; a reader refuses a version it does not know."""
 
 _POD_METADATA = ("uid", "namespace", "name", "labels", "annotations", "creationTimestamp", "generation",
-                 "ownerReferences")
+                 "ownerReferences", "resourceVersion")
 _POD_SPEC = (
     "schedulerName", "nodeName", "nodeSelector", "affinity", "tolerations", "priority", "priorityClassName",
     "preemptionPolicy", "topologySpreadConstraints", "schedulingGates", "overhead", "resources", "hostNetwork",

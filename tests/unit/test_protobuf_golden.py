@@ -27,15 +27,17 @@ def hoss_bytes(object_: Json) -> bytes:
     if object_["kind"] == "Event":
         return protobuf.event(object_)
     metadata, target = object_["metadata"], object_["target"]
-    labels = metadata.get("labels")
+    labels, version = metadata.get("labels"), metadata.get("resourceVersion", "")
     written: Json = {
         "apiVersion": "v1", "kind": "Binding",
         "metadata": {"name": metadata["name"], "namespace": metadata["namespace"], "uid": metadata["uid"],
+                     **({"resourceVersion": version} if version else {}),
                      **({} if labels is None else {"labels": labels})},
         "target": {"apiVersion": "v1", "kind": "Node", "name": target["name"]},
     }
     assert object_ == written, "a golden Binding is one hoss.kube.protobuf.binding writes"
-    return protobuf.binding(metadata["namespace"], metadata["name"], metadata["uid"], target["name"], labels)
+    return protobuf.binding(metadata["namespace"], metadata["name"], metadata["uid"], target["name"], labels,
+                            resource_version=version)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
@@ -49,6 +51,8 @@ def test_the_golden_cases_cover_both_binding_shapes_and_the_trouble_spots() -> N
     assert any("labels" not in binding["metadata"] for binding in bindings)
     assert any(LANE_LABEL in binding["metadata"].get("labels", {}) for binding in bindings), \
         "a binding on a webhook lane, as create_binding writes it"
+    assert any(binding["metadata"].get("resourceVersion") for binding in bindings), \
+        "a binding pinned to the pod's version, as a worker posts it"
     assert any(len(case.protobuf) > 300 for case in CASES), "lengths of two-byte varints"
     assert any(case.object.get("firstTimestamp") == "1970-01-01T00:00:00Z" for case in CASES), \
         "the epoch, which is not the zero Time"

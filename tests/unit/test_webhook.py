@@ -77,9 +77,13 @@ async def test_binding_to_the_reserved_node_is_allowed_even_when_the_node_is_now
     assert (status, body["response"]["allowed"]) == (200, True)
 
 
-async def test_binding_without_uid_is_matched_by_namespace_and_name(webhook: Webhook) -> None:
-    _, body = await webhook.post(review(pod_name="big", uid=None, node="n1"))
-    assert body["response"]["status"]["code"] == 409
+async def test_a_binding_without_uid_is_refused_whatever_room_the_node_has(webhook: Webhook) -> None:
+    _, body = await webhook.post(review(pod_name="small", uid=None, node="n1"))
+    assert body["response"]["allowed"] is False
+    assert body["response"]["status"]["code"] == 400
+    assert body["response"]["status"]["message"] == (
+        "hoss: the binding of team/small to node n1 has no metadata.uid; set it to the pod's uid")
+    assert (await webhook.ledger.node_usage(["n1"]))["n1"][1].get("cpu", 0) == 0
 
 
 async def test_unknown_node_and_unknown_pod_are_denied_with_the_reason(webhook: Webhook) -> None:
@@ -182,9 +186,9 @@ async def test_a_hoss_binding_is_judged_by_its_reservation_without_reading_the_p
         await hook.ledger.rebuild(nodes=[("n1", NODE_ROOM, {}), ("n2", NODE_ROOM, {})], bound=[])
         await hook.ledger.reserve(uid="u-new", pod="team/new", node="n1", request={"cpu": 1500, "pods": 1},
                                   owner=WORKER, ttl_seconds=30)
-        _, body = await hook.post(review(pod_name="new", uid="u-new", node="n1", user=WORKER))
+        _, body = await hook.post(review(pod_name="new", uid="u-new", node="n1", user=WORKER, resource_version="7"))
         assert body["response"]["allowed"] is True
-        _, body = await hook.post(review(pod_name="new", uid="u-new", node="n2", user=WORKER))
+        _, body = await hook.post(review(pod_name="new", uid="u-new", node="n2", user=WORKER, resource_version="7"))
         assert "already holds resources on node n1" in body["response"]["status"]["message"]
         assert reads.reads == []
         assert hook.state.verdict_counts == {"reserved": 1, "held-elsewhere": 1}

@@ -36,10 +36,13 @@ def pod(name: str, uid: str, cpu: str) -> dict[str, Any]:
     }
 
 
-def review(*, pod_name: str, uid: str | None, node: str, user: str = "system:kube-scheduler") -> dict[str, Any]:
+def review(*, pod_name: str, uid: str | None, node: str, user: str = "system:kube-scheduler",
+           resource_version: str = "") -> dict[str, Any]:
     metadata: dict[str, Any] = {"name": pod_name, "namespace": "team"}
     if uid:
         metadata["uid"] = uid
+    if resource_version:
+        metadata["resourceVersion"] = resource_version
     return {
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",

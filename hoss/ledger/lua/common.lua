@@ -793,6 +793,73 @@ local function admit_entry(entry, via, verify_at)
   redis.call('ZADD', VERIFY, int_str(verify_at), entry.uid)
 end
 
+-- Growth. A pod's request changes only by an in-place resize, and a pod not bound yet can be resized too. Every
+-- writer that puts the pod on a node read its request earlier (a worker from its work item, the webhook from the
+-- sync's index or a GET), so each write that may grow what a node holds is checked against the pod's entry:
+--   {hoss}:grown:<uid>  the largest request a resize of the pod allowed while it had no node ('cpu=64000,pods=1',
+--                       see encode_amounts), kept for a while (the caller's ttl): a binding judged from a view of
+--                       the pod older than the resize still counts it (confirm).
+local function grown_key(uid)
+  return PREFIX .. ':grown:' .. uid
+end
+
+-- Per resource the larger of the requests a and b (lists of {resource, amount}).
+local function larger_of(a, b)
+  local out, at = {}, {}
+  for _, list in ipairs({a, b}) do
+    for _, item in ipairs(list) do
+      local i = at[item[1]]
+      if not i then
+        table.insert(out, {item[1], item[2]})
+        at[item[1]] = #out
+      elseif tonumber(item[2]) > tonumber(out[i][2]) then
+        out[i][2] = item[2]
+      end
+    end
+  end
+  return out
+end
+
+-- Whether `request` asks more than `held` of any resource.
+local function grows(held, request)
+  local had = {}
+  for _, item in ipairs(held) do
+    had[item[1]] = tonumber(item[2])
+  end
+  for _, item in ipairs(request) do
+    if tonumber(item[2]) > (had[item[1]] or 0) then
+      return true
+    end
+  end
+  return false
+end
+
+-- What resizes of the pod while it had no node allowed it (an empty list when nothing is remembered).
+local function read_grown(uid)
+  return decode_amounts(redis.call('GET', grown_key(uid)) or '')
+end
+
+local function remember_growth(uid, request, ttl_ms)
+  redis.call('SET', grown_key(uid), encode_amounts(larger_of(read_grown(uid), request)), 'PX', int_str(ttl_ms))
+end
+
+-- The entry takes `request` in place (the caller checked the growth): it keeps its state, owner, ports, meta and
+-- admission; its node's and its namespace's used totals follow.
+local function regrow_entry(entry, request)
+  change_used(entry.node, entry.request, '-')
+  change_ns_used(entry.pod, entry.request, '-')
+  local key = pod_key(entry.uid)
+  for _, item in ipairs(entry.request) do
+    redis.call('HDEL', key, 'r:' .. item[1])
+  end
+  for _, item in ipairs(request) do
+    redis.call('HSET', key, 'r:' .. item[1], item[2])
+  end
+  change_used(entry.node, request, '')
+  change_ns_used(entry.pod, request, '')
+  entry.request = request
+end
+
 -- The resources of request that exceed the node's allocatable after the call, among those it added (more than
 -- `previous`, the request it had on that node before, gives back); '' when none.
 local function overcommitted(node, request, previous)

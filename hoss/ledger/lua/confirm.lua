@@ -6,7 +6,9 @@
 -- Without a request (has_request 0, a hoss binding whose reservation holds it) a uid with no entry answers
 -- {'need_request'}: the caller looks the pod's request up and calls again with it.
 -- An entry on this node confirms it: an assumed or admitted one becomes admitted (it no longer expires, moves or
--- is released by its worker; the sync looks at it again after verify_after_ms), a bound one stays. No entry (a
+-- is released by its worker; the sync looks at it again after verify_after_ms), a bound one stays. Whatever the
+-- pod asks beyond its assumed or admitted entry (the request sent, or what a resize allowed while it had no node:
+-- see 'Growth' in common.lua) is fit-checked first, and the entry grows to it. No entry (a
 -- foreign scheduler's binding, a pod created on a node) is fit-checked (beside the room held for preempting pods of
 -- at least its priority, read from its meta; see 'Nominations' in common.lua; and against its namespace's
 -- elastic quota, see 'Elastic quotas') and held as admitted for owner. An
@@ -27,18 +29,36 @@ local function confirm_one()
     return {'unknown_node', p.node}
   end
   local entry = read_entry(p.uid)
+  local grown = read_grown(p.uid)
   if entry then
     if entry.node ~= p.node then
       return {'held_elsewhere', entry.node, entry.state}
     end
-    if entry.state ~= 'bound' and not dry_run then
-      admit_entry(entry, via, now_ms() + verify_after_ms)
+    if entry.state ~= 'bound' then
+      -- The pod may ask more than its entry holds (resized since the entry was made): the growth is checked, and
+      -- the entry grows with it.
+      local wanted = larger_of(entry.request, larger_of(grown, has_request == 1 and p.request or {}))
+      if grows(entry.request, wanted) then
+        p.request, p.current = wanted, entry
+        local conflict = quota_conflict(entry.pod, wanted, entry.request, nil) or check_fit({p})
+        if conflict then
+          return conflict
+        end
+        if not dry_run then
+          regrow_entry(entry, wanted)
+          publish()
+        end
+      end
+      if not dry_run then
+        admit_entry(entry, via, now_ms() + verify_after_ms)
+      end
     end
     return {'confirmed', p.node, 0}
   end
   if has_request == 0 then
     return {'need_request'}
   end
+  p.request = larger_of(p.request, grown)
   -- The quota first, as CapacityScheduling's PreFilter runs before any node filter.
   local conflict = quota_conflict(p.pod, p.request, nil, nil) or check_fit({p})
     or nominated_conflict(p.node, p.uid, p.meta, p.request, nil)

@@ -1,23 +1,40 @@
 -- resize: the admission webhook judges an in-place resize of a pod on node to `request` (the larger of the new
--- spec and what the kubelet allocated, as kube-scheduler counts a pod being resized).
--- ARGV: prefix, owner, verify_after_ms, dry_run (0|1), then one placement (uid, pod, node, n, n resource/amount
--- pairs, ports, meta).
--- The pod's entry on node takes the new request when it fits (and its namespace's elastic quota allows the growth) (only growth is checked, counting what its current
--- request gives back); its state stays. No entry (the sync has not seen the pod bound yet): fit-checked and held
--- as admitted, as a foreign binding is. An entry on another node is refused. dry_run 1 writes nothing.
--- Reply: {'confirmed', node, 0|1 (1: no entry before)} | {'conflict', ...} | {'unknown_node', node}
---        | {'held_elsewhere', node, state} | NOT_READY
+-- spec and what the kubelet allocated, as kube-scheduler counts a pod being resized), or of a pod not bound yet
+-- (node '') to its new spec.
+-- ARGV: prefix, owner, verify_after_ms, dry_run (0|1), grown_ttl_ms, then one placement (uid, pod, node, n, n
+-- resource/amount pairs, ports, meta).
+-- The pod's entry on node takes the new request when it fits (and its namespace's elastic quota allows the growth)
+-- (only growth is checked, counting what its current request gives back); its state stays. No entry (the sync has
+-- not seen the pod bound yet): fit-checked and held as admitted, as a foreign binding is. An entry on another node
+-- is refused. A pod not bound yet is judged on the node of its entry (a worker's reservation, or a binding the
+-- webhook admitted: it may still commit), which grows to the larger of both requests when that fits; with or
+-- without an entry, the growth is remembered for grown_ttl_ms (see 'Growth' in common.lua). dry_run 1 writes
+-- nothing.
+-- Reply: {'confirmed', node ('' for a pod without node or entry), 0|1 (1: no entry before)} | {'conflict', ...}
+--        | {'unknown_node', node} | {'held_elsewhere', node, state} | NOT_READY
 if not is_ready() then
   return NOT_READY
 end
 local owner = next_arg()
 local verify_after_ms = next_number()
 local dry_run = next_number() == 1
+local grown_ttl_ms = next_number()
 local p = next_placement()
+local entry = read_entry(p.uid)
+local pending = p.node == ''
+if pending then
+  if not entry then
+    if not dry_run then
+      remember_growth(p.uid, p.request, grown_ttl_ms)
+    end
+    return {'confirmed', '', 0}
+  end
+  p.node = entry.node
+  p.request = larger_of(entry.request, p.request)
+end
 if redis.call('SISMEMBER', NODES, p.node) == 0 then
   return {'unknown_node', p.node}
 end
-local entry = read_entry(p.uid)
 if entry and entry.node ~= p.node then
   return {'held_elsewhere', entry.node, entry.state}
 end
@@ -34,17 +51,9 @@ if not entry then
   publish()
   return {'confirmed', p.node, 1}
 end
--- Replace the request in place: the entry keeps its state, owner, ports, meta and admission.
-change_used(entry.node, entry.request, '-')
-change_ns_used(entry.pod, entry.request, '-')
-local key = pod_key(entry.uid)
-for _, item in ipairs(entry.request) do
-  redis.call('HDEL', key, 'r:' .. item[1])
+if pending then
+  remember_growth(p.uid, p.request, grown_ttl_ms)
 end
-for _, item in ipairs(p.request) do
-  redis.call('HSET', key, 'r:' .. item[1], item[2])
-end
-change_used(entry.node, p.request, '')
-change_ns_used(entry.pod, p.request, '')
+regrow_entry(entry, p.request)
 publish()
 return {'confirmed', p.node, 0}

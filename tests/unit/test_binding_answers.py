@@ -1,0 +1,82 @@
+"""What a binding's error answer means for the room the webhook admitted (issue 33, item 5): only an answer that
+proves the apiserver will not write the binding (a 4xx) puts the entry first in line for the sync's check, which
+then drops it when the pod is unbound; a 5xx or no answer at all leaves the entry to the check after the write
+timeout, since the binding may still commit. An entry still only assumed (the webhook never saw the binding) is
+released whatever the answer: a binding the webhook sees later is judged from scratch."""
+
+from __future__ import annotations
+
+import pytest
+
+from hoss.framework.pod import PodView, parse_pod
+from hoss.kube.client import KubeError
+from hoss.ledger.client import Ledger
+from hoss.ledger.results import Confirmed
+from tests.kube_objects import raw_pod
+from workers.binding import Bindings, proves_failure
+from workers.bindlimit import BindLimit
+from workers.metrics import Tally
+from workers.notices import Notices
+
+REQUEST = {"cpu": 1000, "pods": 1}
+
+
+class Answering:
+    """A binder the apiserver (or a proxy before it) answers with `status`, or not at all (None: the connection
+    reset)."""
+
+    def __init__(self, status: int | None) -> None:
+        self.status = status
+
+    async def bind(self, pod: PodView, node: str) -> None:
+        if self.status is None:
+            raise ConnectionResetError("reset by peer")
+        raise KubeError(f"{self.status}: the answer", status=self.status)
+
+
+def bindings(ledger: Ledger, status: int | None) -> Bindings:
+    return Bindings(Answering(status), ledger, limit=BindLimit(4), tally=Tally(),
+                    notices=Notices(None, None, component="w1"), scheduled_events=False, default_policy="default")
+
+
+async def reserved_and_admitted(ledger: Ledger) -> PodView:
+    pod = parse_pod(raw_pod("p", {"cpu": "1"}, uid="u-p"))
+    await ledger.reserve(uid=pod.uid, pod=pod.key, node="n1", request=REQUEST, owner="w1", ttl_seconds=30)
+    assert await ledger.confirm(uid=pod.uid, pod=pod.key, node="n1", request=None, owner="w1",
+                                verify_after_seconds=60) == Confirmed(node="n1", foreign=False)
+    return pod
+
+
+@pytest.mark.parametrize("status", [400, 403, 404, 409, 422, 429])
+async def test_an_answer_that_proves_the_binding_failed_has_the_sync_check_at_once(ledger: Ledger,
+                                                                                  status: int) -> None:
+    pod = await reserved_and_admitted(ledger)
+    assert await bindings(ledger, status).bind(pod, "n1") == (False, status)
+    (entry,) = (await ledger.verify_due()).entries
+    assert (entry.uid, entry.answered) == ("u-p", True)
+
+
+@pytest.mark.parametrize("status", [500, 502, 503, 504, 408, None])
+async def test_a_server_error_or_no_answer_leaves_the_admitted_room_to_the_check_after_the_write_timeout(
+    ledger: Ledger, status: int | None,
+) -> None:
+    pod = await reserved_and_admitted(ledger)
+    assert await bindings(ledger, status).bind(pod, "n1") == (False, status)
+    assert (await ledger.verify_due()).entries == [], "not due before its verify time"
+    ((uid, state),) = [(e.uid, e.state) for e in await ledger.entries()]
+    assert (uid, state) == ("u-p", "admitted")
+
+
+@pytest.mark.parametrize("status", [409, 503, None])
+async def test_a_reservation_the_webhook_never_admitted_is_released_whatever_the_answer(
+    ledger: Ledger, status: int | None,
+) -> None:
+    pod = parse_pod(raw_pod("p", {"cpu": "1"}, uid="u-p"))
+    await ledger.reserve(uid=pod.uid, pod=pod.key, node="n1", request=REQUEST, owner="w1", ttl_seconds=30)
+    await bindings(ledger, status).bind(pod, "n1")
+    assert await ledger.entries() == []
+
+
+def test_only_a_4xx_but_408_proves_failure() -> None:
+    assert [s for s in (None, 200, 400, 404, 408, 409, 429, 499, 500, 503, 504) if proves_failure(s)] == [
+        400, 404, 409, 429, 499]
