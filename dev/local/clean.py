@@ -34,7 +34,7 @@ def remove_binaries() -> str | None:
     HOSS_K8S_BIN_DIR), and the directory if that leaves it empty."""
     directory = binaries.cache_dir()
     removed = []
-    for binary in binaries.BINARIES:
+    for binary in (*binaries.BINARIES, *binaries.TOOLS):
         for path in (directory / binary.name, directory / f".{binary.name}.partial"):
             if path.is_file():
                 path.unlink()
