@@ -40,7 +40,7 @@ from dispatcher.gangbook import gang_key
 from dispatcher.gangs import GangKey, count_members
 from dispatcher.hints import with_hints
 from dispatcher.intake import PendingPod, dispatch_order, item_uids, plan_work_items, single_item
-from dispatcher.loads import Assignments, WorkerWatch, worker_loads
+from dispatcher.loads import Assignments, WorkerWatch, worker_figures, worker_loads
 from dispatcher.metrics import DispatcherMetrics
 from dispatcher.notices import Notifier
 from dispatcher.routing import choose_worker
@@ -113,6 +113,7 @@ class Dispatcher(ClusterView):
         m.undispatched.set_function(self.undispatched_count)
         m.waiting.set_function(lambda: len(self.waiting))
         m.live_workers.set_function(lambda: len(self.workers))
+        m.track_workers(lambda: worker_figures(self.workers, self.dispatched, self.watch, now_unix=self._wall()))
 
     # -- leader -------------------------------------------------------------------------------------------
 

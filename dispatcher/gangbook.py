@@ -167,5 +167,6 @@ class GangBook:
                 members=tuple(GangMember(uid=m.uid, namespace=m.namespace, name=m.name, pod=m.compact,
                                          digest=m.digest) for m in members),
                 min_available=state.still_needed, attempt=attempts.get(first.uid, 0),
+                queued_unix=min(m.queued_unix for m in members),
             ))
         return plan

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from dispatcher.routing import policy_of
@@ -27,6 +27,9 @@ class PendingPod:
     policy: str
     seen_at: float
     """Monotonic time the dispatcher first saw the pod pending."""
+    queued_unix: float = 0.0
+    """Wall-clock time the dispatcher first saw the pod pending without scheduling gates (when its last gate went,
+    for a gated pod): its work item carries it, for the worker's end-to-end scheduling duration."""
     labels: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
     created_unix: float | None = None
@@ -97,7 +100,7 @@ def _unschedulable(status: Json) -> tuple[str | None, str | None]:
 
 
 def parse_pending_pod(
-    raw: Json, *, scheduler_names: Collection[str], default_policy: str, seen_at: float,
+    raw: Json, *, scheduler_names: Collection[str], default_policy: str, seen_at: float, queued_unix: float = 0.0,
     namespaces: Mapping[str, Mapping[str, str]] | None = None, sources: SelectorSources | None = None,
 ) -> PendingPod | None:
     """The pod when the dispatcher should place it (one of our scheduler names, unbound, not being deleted, not
@@ -127,6 +130,7 @@ def parse_pending_pod(
         name=_required_text(metadata.get("name"), field="metadata.name"),
         policy=policy_of(raw, default=default_policy),
         seen_at=seen_at,
+        queued_unix=queued_unix,
         labels=_string_map(metadata.get("labels"), field="metadata.labels"),
         annotations=_string_map(metadata.get("annotations"), field="metadata.annotations"),
         created_unix=_created_unix(metadata),
@@ -192,7 +196,14 @@ def plan_work_items(pods: Sequence[PendingPod], *, attempts: Mapping[str, int]) 
 def single_item(pod: PendingPod, *, attempt: int) -> WorkItem:
     """The work item of one pod, carrying its compact form and version."""
     return WorkItem(uid=pod.uid, namespace=pod.namespace, name=pod.name, policy=pod.policy, attempt=attempt,
-                    pod=pod.compact, digest=pod.digest)
+                    pod=pod.compact, digest=pod.digest, queued_unix=pod.queued_unix)
+
+
+def oldest_pending_age(pods: Iterable[PendingPod], *, now_unix: float) -> float:
+    """Seconds since the oldest of `pods` without scheduling gates was created (first seen, when its creation time is
+    unknown); 0 when there is none."""
+    since = [pod.created_unix if pod.created_unix is not None else pod.queued_unix for pod in pods if not pod.gated]
+    return max(now_unix - min(since), 0.0) if since else 0.0
 
 
 def dispatch_order(pod: PendingPod) -> tuple[int, float]:

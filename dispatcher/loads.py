@@ -55,6 +55,8 @@ class WorkerWatch:
         """worker id -> monotonic time of the first send since its progress last moved."""
         self.sends: dict[str, collections.deque[tuple[float, int]]] = {}
         """worker id -> (unix time, pods) of each send."""
+        self.routed: collections.Counter[str] = collections.Counter()
+        """worker id -> pods sent to it, while it lives (hoss_dispatcher_pods_routed_total)."""
 
     def stalled(self, live: Sequence[WorkerInfo], *, now: float, stall_seconds: float) -> set[str]:
         """Live workers that were sent work ``stall_seconds`` ago and have not read or decided anything since
@@ -74,6 +76,8 @@ class WorkerWatch:
     def note_beats(self, live: Sequence[WorkerInfo]) -> None:
         """Forget the sends that every live worker's heartbeat already counts (and those of workers gone)."""
         beats = {worker.id: worker.heartbeat_unix for worker in live}
+        for worker_id in [w for w in self.routed if w not in beats]:
+            del self.routed[worker_id]  # its series ends with it
         for worker_id in list(self.sends):
             sends = self.sends[worker_id]
             if worker_id not in beats:
@@ -96,9 +100,21 @@ class WorkerWatch:
     def sent(self, worker_id: str, pods: int, *, now: float, now_unix: float) -> None:
         """`pods` were sent to the worker at monotonic time ``now`` (``now_unix`` on the wall clock)."""
         self.sends.setdefault(worker_id, collections.deque()).append((now_unix, pods))
+        self.routed[worker_id] += pods
         self.sent_since.setdefault(worker_id, now)
 
     def forget(self, worker_id: str) -> None:
         """The worker's work was taken back: what was seen of its progress no longer matters."""
         self.progress.pop(worker_id, None)
         self.sent_since.pop(worker_id, None)
+
+
+def worker_figures(workers: Sequence[WorkerInfo], dispatched: Mapping[str, str], watch: WorkerWatch, *,
+                   now_unix: float) -> dict[str, dict[str, float]]:
+    """Per worker routed to, what /metrics shows of it (dispatcher.metrics.WorkersCollector): its estimated backlog,
+    the pods assigned to it, its heartbeat's age and the pods sent to it."""
+    backlog = watch.backlog(workers, now_unix=now_unix)
+    assigned = worker_loads(workers, dispatched)
+    return {worker.id: {"backlog": backlog[worker.id], "assigned": assigned[worker.id],
+                        "heartbeat_age_seconds": max(now_unix - worker.heartbeat_unix, 0.0),
+                        "routed": watch.routed[worker.id]} for worker in workers}

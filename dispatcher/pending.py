@@ -67,7 +67,11 @@ class PendingBook:
                 return True, False
             self.fresh[uid] = None
             return True, True
-        updated = dataclasses.replace(pod, seen_at=known.seen_at)
+        # The pod is queued from when it was first seen without gates (kube-scheduler's end-to-end duration starts
+        # when a pod enters its active queue, past its gates).
+        ungated = known.gated and not pod.gated
+        updated = dataclasses.replace(pod, seen_at=known.seen_at,
+                                      queued_unix=pod.queued_unix if ungated else known.queued_unix)
         if updated == known:
             return False, False
         self.pods[uid] = updated  # labels, annotations or the PodScheduled condition changed

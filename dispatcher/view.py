@@ -18,7 +18,14 @@ from dispatcher import dependencies
 from dispatcher.gangbook import GangBook, gang_key
 from dispatcher.gangs import GangKey, PodGroupSpec
 from dispatcher.hints import owns
-from dispatcher.intake import PendingPod, left_by_deletion, namespace_labels, parse_pending_pod, pod_uid
+from dispatcher.intake import (
+    PendingPod,
+    left_by_deletion,
+    namespace_labels,
+    oldest_pending_age,
+    parse_pending_pod,
+    pod_uid,
+)
 from dispatcher.loads import Assignments
 from dispatcher.metrics import DispatcherMetrics
 from dispatcher.pending import PendingBook
@@ -83,6 +90,9 @@ class ClusterView:
         self._wall = wall
         self._wakeup = asyncio.Event()
         """Set when something may let pods go: the leader's rounds then dispatch the fresh ones at once."""
+        self.metrics.gated.set_function(lambda: sum(1 for pod in self.pending.values() if pod.gated))
+        self.metrics.oldest_pending.set_function(
+            lambda: oldest_pending_age(self.pending.values(), now_unix=self._wall()))
 
     @property
     def pending(self) -> dict[str, PendingPod]:
@@ -166,7 +176,8 @@ class ClusterView:
             uid = pod_uid(raw)
             pod = parse_pending_pod(
                 raw, scheduler_names=self.settings.scheduler_names, default_policy=self.settings.default_policy,
-                seen_at=self._clock(), namespaces=self.namespaces, sources=self.spread_sources,
+                seen_at=self._clock(), queued_unix=self._wall(), namespaces=self.namespaces,
+                sources=self.spread_sources,
             )
         except PodSpecError as error:
             name = (raw.get("metadata") or {}).get("name", "?")

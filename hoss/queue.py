@@ -180,6 +180,9 @@ class WorkItem:
     """The pod's compact form (JSON, `hoss.model.compact`); empty for a gang (its members carry theirs)."""
     digest: str = ""
     """The version of `pod` (`hoss.model.compact.digest`)."""
+    queued_unix: float = 0.0
+    """When the dispatcher first saw the pod pending without scheduling gates (a gang: its earliest member), on
+    the dispatcher's clock: where the worker's end-to-end scheduling duration starts. 0: not known."""
 
     @property
     def key(self) -> str:
@@ -190,7 +193,7 @@ class WorkItem:
         return {"i": orjson.dumps({
             "uid": self.uid, "namespace": self.namespace, "name": self.name, "policy": self.policy,
             "gang": self.gang, "members": [asdict(m) for m in self.members], "min_available": self.min_available,
-            "attempt": self.attempt, "pod": self.pod, "digest": self.digest,
+            "attempt": self.attempt, "pod": self.pod, "digest": self.digest, "queued_unix": self.queued_unix,
         }).decode()}
 
     @classmethod
@@ -203,6 +206,7 @@ class WorkItem:
                 gang=data.get("gang", ""), members=tuple(GangMember(**m) for m in data.get("members") or ()),
                 min_available=int(data.get("min_available") or 0), attempt=int(data.get("attempt") or 0),
                 pod=data.get("pod", ""), digest=data.get("digest", ""),
+                queued_unix=float(data.get("queued_unix") or 0.0),
             )
         members = tuple(GangMember(**m) for m in orjson.loads(fields.get("members") or "[]"))
         return cls(
