@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Literal, Protocol
+from typing import Literal, NamedTuple, Protocol
 
 import aiohttp
 
@@ -29,19 +29,40 @@ from workers.notices import Notices
 
 log = logging.getLogger(__name__)
 
-Outcome = tuple[bool, int | None]
-"""A binding's outcome: whether it was bound, and the HTTP status of the answer (None: no answer)."""
-Verdict = Literal["bound", "gone", "retry soon", "retry"]
+VERSION_PRECONDITION = "Precondition failed: ResourceVersion"
+"""How the apiserver's refusal of a write whose resourceVersion precondition no longer holds begins
+(k8s.io/apiserver storage.Preconditions.Check), inside its 409 Conflict."""
+
+
+class Outcome(NamedTuple):
+    """A binding's outcome."""
+
+    bound: bool
+    status: int | None
+    """The HTTP status of the answer (None: no answer)."""
+    changed: bool = False
+    """Refused because the pod changed since the version the binding named (its work item is out of date)."""
+
+
+Verdict = Literal["bound", "gone", "changed", "retry soon", "retry"]
 
 
 def verdict(outcomes: Sequence[Outcome], *, gang: bool) -> Verdict:
-    """What a work item's binding outcomes mean for it: every pod bound; its one pod gone (404); else it is tried
-    again, soon when a binding lost a race (409)."""
-    if all(ok for ok, _status in outcomes):
+    """What a work item's binding outcomes mean for it: every pod bound; its one pod gone (404); a pod changed since
+    the item was made ("changed": the item is out of date, the dispatcher sends the pod as it is now); else it is
+    tried again, soon when a binding lost a race (409)."""
+    if all(outcome.bound for outcome in outcomes):
         return "bound"
-    if not gang and outcomes[0][1] == 404:
+    if not gang and outcomes[0].status == 404:
         return "gone"
-    return "retry soon" if any(status == 409 for _ok, status in outcomes) else "retry"
+    if any(outcome.changed for outcome in outcomes):
+        return "changed"
+    return "retry soon" if any(outcome.status == 409 for outcome in outcomes) else "retry"
+
+
+def version_changed(error: KubeError) -> bool:
+    """Whether the apiserver refused a binding because the pod is no longer at the version the binding named."""
+    return error.status == 409 and VERSION_PRECONDITION in str(error)
 
 
 def proves_failure(status: int | None) -> bool:
@@ -98,7 +119,7 @@ class Bindings:
                 self.tally.count("errors")
                 log.exception("binding %s to %s failed unexpectedly", pod.key, node)
                 await self.unreserve(pod, node)
-                return False, None
+                return Outcome(False, None)
             finally:
                 self.in_flight -= 1
 
@@ -106,20 +127,26 @@ class Bindings:
         try:
             await self.binder.bind(pod, node)
         except KubeError as error:
+            await self.unreserve(pod, node, answered=proves_failure(error.status))
+            if version_changed(error):
+                # Not a refusal the pod's owner needs to hear of: the pod changed since its work item was made (a
+                # status written, a label, a resize), and the dispatcher sends it as it is now.
+                self.tally.count("stale")
+                log.info("binding %s to %s: the pod changed since its work item was made", pod.key, node)
+                return Outcome(False, error.status, changed=True)
             self.tally.count("denied")
             log.info("binding %s to %s refused (%s): %s", pod.key, node, error.status, error)
-            await self.unreserve(pod, node, answered=proves_failure(error.status))
             self.notices.refused(pod, node, error)
-            return False, error.status
+            return Outcome(False, error.status)
         except (aiohttp.ClientError, OSError, TimeoutError) as error:
             log.warning("binding %s to %s failed: %s", pod.key, node, error)
             await self.unreserve(pod, node)
-            return False, None
+            return Outcome(False, None)
         self.tally.count("bound")
         self.tally.bound_by(pod.policy or self.default_policy)
         if self.scheduled_events:
             self.notices.scheduled(pod, node)
-        return True, 200
+        return Outcome(True, 200)
 
     async def unreserve(self, pod: PodView, node: str, *, answered: bool = False) -> None:
         """Drop the reservation of a binding that failed. One the webhook admitted stays (the binding may have

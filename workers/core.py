@@ -450,10 +450,10 @@ class Worker:
         """Bind every placement of the item; acknowledge when all are bound, else try the item again."""
         item = work.item
         outcomes = await asyncio.gather(*(self.bindings.bind(pod, node) for pod, node in placements))
-        for (pod, node), (ok, _status) in zip(placements, outcomes, strict=True):
+        for (pod, node), outcome in zip(placements, outcomes, strict=True):
             # A failed binding released its entry, and with it the share it took of a Reservation's room.
             taken = self._taken.pop(pod.uid, None)
-            if ok and taken is not None:
+            if outcome.bound and taken is not None:
                 self.notices.reservation_used(taken, pod, node)
         match verdict(outcomes, gang=bool(item.members)):
             case "bound":
@@ -463,6 +463,11 @@ class Worker:
             case "gone":
                 self.tally.count("gone")
                 self._done(work)
+            case "changed":
+                # The item is out of date. A single pod stays dispatched here: the dispatcher sends its new version
+                # behind this one once its watch sees the change. A gang's new versions are not sent behind it, so
+                # its pods are handed back and the gang is sent again whole, as its members are now.
+                self._done(work, forget=bool(item.members))
             case again:
                 self._retry_later(work, soon=again == "retry soon")
 

@@ -23,6 +23,7 @@ import base64
 import json
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ import redis.asyncio as aioredis
 from aiohttp import web
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
+from prometheus_client.parser import text_string_to_metric_families
 
 from deploy import pki
 from dev.local.cluster import Cluster, pod_manifest
@@ -312,6 +314,40 @@ def holding_configuration(name: str, namespace: str, port: int, ca: Path) -> Jso
     }
 
 
+@asynccontextmanager
+async def holding(plane: LocalPlane, cluster: Cluster, namespace: str, *, pod: str, node: str,
+                  directory: Path) -> AsyncIterator[HoldingWebhook]:
+    """A `HoldingWebhook` for the first binding of `pod` in `namespace`, registered, and called by the apiserver
+    (a dry-run binding of a probe pod to `node` reached it) before the block starts; released and removed after."""
+    holder = HoldingWebhook(pod=pod)
+    app = web.Application()
+    app.router.add_post("/hold", holder.review)
+    runner, port = await serve(app, serving_tls(plane, directory, "holder"))
+    hooks: Any = client.AdmissionregistrationV1Api(cluster.api)
+    name = f"hold-{namespace}"[:63]
+    try:
+        await hooks.create_validating_webhook_configuration(
+            holding_configuration(name, namespace, port, plane.pki_dir / "ca.crt"))
+        probe = await create(cluster, namespace, pod_on("probe", None, "100m"))
+        body = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "probe", "uid": probe["metadata"]["uid"]},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+
+        async def called() -> tuple[bool, str]:
+            await request_json(cluster.core.create_namespaced_pod_binding, "probe", namespace, body, dry_run="All")
+            return holder.probed.is_set(), "the holding webhook not called yet"
+
+        await until(called, timeout=30, what="the apiserver to call the holding webhook")
+        yield holder
+    finally:
+        holder.release.set()
+        try:
+            await hooks.delete_validating_webhook_configuration(name)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+        await runner.cleanup()
+
+
 async def test_a_binding_answered_503_keeps_its_room_until_the_write_is_surely_over(
     plane: LocalPlane, cluster: Cluster, namespace: str, ledger: Ledger, dispatcher: Process, tmp_path: Path
 ) -> None:
@@ -320,12 +356,12 @@ async def test_a_binding_answered_503_keeps_its_room_until_the_write_is_surely_o
     pod = pod_on("held", None, "1500m", scheduler="hoss")
     pod["spec"]["nodeSelector"] = label
     raw = aioredis.Redis.from_url(plane.state().redis_url, decode_responses=True)
-    holder = HoldingWebhook(pod="held")
     uid: list[str] = []
+    arrived = asyncio.Event()
 
     async def admitted() -> None:
         """The proxy answers once the binding is under way past the webhooks: hoss's admitted it, ours holds it."""
-        await holder.arrived.wait()
+        await arrived.wait()
 
         async def entry_admitted() -> tuple[bool, str]:
             states = [e.state for e in await ledger.entries() if e.uid in uid]
@@ -333,79 +369,101 @@ async def test_a_binding_answered_503_keeps_its_room_until_the_write_is_surely_o
 
         await until(entry_admitted, timeout=20, what="the webhook to admit the held binding")
 
-    holder_app = web.Application()
-    holder_app.router.add_post("/hold", holder.review)
-    holder_runner, holder_port = await serve(holder_app, serving_tls(plane, tmp_path, "holder"))
     proxy_app = web.Application(client_max_size=1 << 22)
     proxy = AnsweringProxy(apiserver=f"https://127.0.0.1:{plane.state().apiserver_port}",
                            upstream_tls=as_worker(plane), pod="held", answer_now=admitted)
     proxy_app.router.add_route("*", "/{tail:.*}", proxy.forward)
     proxy_runner, proxy_port = await serve(proxy_app, serving_tls(plane, tmp_path, "proxy"))
     kubeconfig = worker_kubeconfig(plane, tmp_path, proxy_port)
-    hooks: Any = client.AdmissionregistrationV1Api(cluster.api)
-    hook_name = f"hold-{namespace}"[:63]
     worker: Process | None = None
     try:
         await ledger_agrees(cluster, ledger, node)
-        await hooks.create_validating_webhook_configuration(
-            holding_configuration(hook_name, namespace, holder_port, plane.pki_dir / "ca.crt"))
-        probe = await create(cluster, namespace, pod_on("probe", None, "100m"))
+        async with holding(plane, cluster, namespace, pod="held", node=node, directory=tmp_path) as holder:
+            arrived = holder.arrived
+            # The worker tries the pod again only when room frees, or long after the test: a retry finds the
+            # admitted entry and leaves the pod alone (any write to the pod would fail the held binding's
+            # resourceVersion).
+            worker = await asyncio.to_thread(plane.start_worker, "g5-answered", extra_args=[
+                f"--kubeconfig={kubeconfig}", "--backoff-initial-seconds=600", "--backoff-max-seconds=600"])
+            uid.append((await create(cluster, namespace, pod))["metadata"]["uid"])
 
-        async def webhook_called() -> tuple[bool, str]:
-            body = {"apiVersion": "v1", "kind": "Binding",
-                    "metadata": {"name": "probe", "uid": probe["metadata"]["uid"]},
-                    "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
-            await request_json(cluster.core.create_namespaced_pod_binding, "probe", namespace, body, dry_run="All")
-            return holder.probed.is_set(), "the holding webhook not called yet"
+            async def told() -> tuple[bool, str]:
+                events = await cluster.events_for(namespace, "held")
+                messages = [str(e.message) for e in events if e.reason == "FailedScheduling"]
+                return any("503" in m for m in messages), f"events {messages}"
 
-        await until(webhook_called, timeout=30, what="the apiserver to call the holding webhook")
-        # The worker tries the pod again only when room frees, or long after the test: a retry finds the admitted
-        # entry and leaves the pod alone (any write to the pod would fail the held binding's resourceVersion).
-        worker = await asyncio.to_thread(plane.start_worker, "g5-answered", extra_args=[
-            f"--kubeconfig={kubeconfig}", "--backoff-initial-seconds=600", "--backoff-max-seconds=600"])
-        uid.append((await create(cluster, namespace, pod))["metadata"]["uid"])
+            # The worker saw the 503 and dealt with its reservation before it said so.
+            await until(told, timeout=60, what="the worker to say its binding was refused")
+            before = await raw.zscore("{hoss}:verify", uid[0])
 
-        async def told() -> tuple[bool, str]:
-            events = await cluster.events_for(namespace, "held")
-            messages = [str(e.message) for e in events if e.reason == "FailedScheduling"]
-            return any("503" in m for m in messages), f"events {messages}"
+            async def checked() -> tuple[bool, str]:
+                now = await raw.zscore("{hoss}:verify", uid[0])
+                return now is None or before is None or now > before, f"next check at {now} (was {before})"
 
-        # The worker saw the 503 and dealt with its reservation before it said so.
-        await until(told, timeout=60, what="the worker to say its binding was refused")
-        before = await raw.zscore("{hoss}:verify", uid[0])
+            # The sync looks at the admitted entry: it may drop it only on proof that the write failed, and a 503
+            # is none. The room stays held, for the binding still under way.
+            await until(checked, timeout=30, what="the sync to check the admitted entry")
+            assert [(e.state, e.node) for e in await ledger.entries() if e.uid == uid[0]] == [("admitted", node)]
+            error = await refused(create(cluster, namespace, pod_on("filler", node, "1")))
+            assert "has no room" in str(error), error
+            holder.release.set()
 
-        async def checked() -> tuple[bool, str]:
-            now = await raw.zscore("{hoss}:verify", uid[0])
-            return now is None or before is None or now > before, f"next check at {now} (was {before})"
+            async def bound() -> tuple[bool, str]:
+                held = await request_json(cluster.core.read_namespaced_pod, "held", namespace)
+                return held["spec"].get("nodeName") == node, \
+                    f"nodeName {held['spec'].get('nodeName')}, answers {proxy.outcomes}"
 
-        # The sync looks at the admitted entry: it may drop it only on proof that the write failed, and a 503 is
-        # none. The room stays held, for the binding still under way.
-        await until(checked, timeout=30, what="the sync to check the admitted entry")
-        assert [(e.state, e.node) for e in await ledger.entries() if e.uid == uid[0]] == [("admitted", node)]
-        error = await refused(create(cluster, namespace, pod_on("filler", node, "1")))
-        assert "has no room" in str(error), error
-        holder.release.set()
-
-        async def bound() -> tuple[bool, str]:
-            held = await request_json(cluster.core.read_namespaced_pod, "held", namespace)
-            return held["spec"].get("nodeName") == node, \
-                f"nodeName {held['spec'].get('nodeName')}, answers {proxy.outcomes}"
-
-        await until(bound, timeout=60, what="the held binding to commit")
+            await until(bound, timeout=60, what="the held binding to commit")
         await ledger_agrees(cluster, ledger, node)
         assert await apiserver_cpu(cluster, node) == 1500
     finally:
-        holder.release.set()
         if worker is not None:
             await asyncio.to_thread(plane.stop_process, worker.name)
-        try:
-            await hooks.delete_validating_webhook_configuration(hook_name)
-        except ApiException as error:
-            if error.status != 404:
-                raise
         await proxy.close()
         await proxy_runner.cleanup()
-        await holder_runner.cleanup()
         await raw.aclose()
         await cluster.delete_pods(namespace)
         await cluster.delete_nodes([node])
+
+
+async def test_a_hoss_pod_that_changes_while_its_binding_is_under_way_is_bound_as_it_is_now(
+    plane: LocalPlane, cluster: Cluster, namespace: str, ledger: Ledger, dispatcher: Process, tmp_path: Path
+) -> None:
+    """A worker's Binding names the version of the pod its work item carries. The pod changes while the binding is
+    held back in admission: the apiserver refuses it (the version is gone), and the dispatcher sends the pod as it
+    is now, which binds."""
+    label = {"hoss.io/test-node": namespace[:63]}
+    node = await one_node(cluster, "g1-changing", "2", labels=label)
+    pod = pod_on("changing", None, "500m", scheduler="hoss")
+    pod["spec"]["nodeSelector"] = label
+    worker: Process | None = None
+    try:
+        await ledger_agrees(cluster, ledger, node)
+        async with holding(plane, cluster, namespace, pod="changing", node=node, directory=tmp_path) as holder:
+            worker = await asyncio.to_thread(plane.start_worker, "g1-changing")
+            await create(cluster, namespace, pod)
+            await asyncio.wait_for(holder.arrived.wait(), timeout=60)
+            await request_json(cluster.core.patch_namespaced_pod, "changing", namespace,
+                               {"metadata": {"labels": {"changed": "while-binding"}}}, _content_type=MERGE_PATCH)
+            holder.release.set()
+
+            async def bound() -> tuple[bool, str]:
+                now = await request_json(cluster.core.read_namespaced_pod, "changing", namespace)
+                return now["spec"].get("nodeName") == node, f"nodeName {now['spec'].get('nodeName')}"
+
+            await until(bound, timeout=60, what="the pod's new version to be bound")
+        assert await worker_count(worker, "stale") >= 1, "the held binding, of the old version, was refused"
+        await ledger_agrees(cluster, ledger, node)
+    finally:
+        if worker is not None:
+            await asyncio.to_thread(plane.stop_process, worker.name)
+        await cluster.delete_pods(namespace)
+        await cluster.delete_nodes([node])
+
+
+async def worker_count(worker: Process, outcome: str) -> float:
+    """The worker's ``hoss_worker_pods_total{outcome}`` (its /metrics)."""
+    async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{worker.port}/metrics") as answer:
+        text = await answer.text()
+    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+               if sample.name == "hoss_worker_pods_total" and sample.labels.get("outcome") == outcome)

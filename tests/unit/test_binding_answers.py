@@ -2,7 +2,9 @@
 proves the apiserver will not write the binding (a 4xx) puts the entry first in line for the sync's check, which
 then drops it when the pod is unbound; a 5xx or no answer at all leaves the entry to the check after the write
 timeout, since the binding may still commit. An entry still only assumed (the webhook never saw the binding) is
-released whatever the answer: a binding the webhook sees later is judged from scratch."""
+released whatever the answer: a binding the webhook sees later is judged from scratch. And what the answers mean
+for the work item: a binding refused because the pod changed since the version it named (item 1) makes the item
+out of date, not the pod unschedulable."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from hoss.kube.client import KubeError
 from hoss.ledger.client import Ledger
 from hoss.ledger.results import Confirmed
 from tests.kube_objects import raw_pod
-from workers.binding import Bindings, proves_failure
+from workers.binding import Bindings, Outcome, proves_failure, verdict
 from workers.bindlimit import BindLimit
 from workers.metrics import Tally
 from workers.notices import Notices
@@ -25,17 +27,18 @@ class Answering:
     """A binder the apiserver (or a proxy before it) answers with `status`, or not at all (None: the connection
     reset)."""
 
-    def __init__(self, status: int | None) -> None:
+    def __init__(self, status: int | None, message: str = "the answer") -> None:
         self.status = status
+        self.message = message
 
     async def bind(self, pod: PodView, node: str) -> None:
         if self.status is None:
             raise ConnectionResetError("reset by peer")
-        raise KubeError(f"{self.status}: the answer", status=self.status)
+        raise KubeError(f"{self.status}: {self.message}", status=self.status)
 
 
-def bindings(ledger: Ledger, status: int | None) -> Bindings:
-    return Bindings(Answering(status), ledger, limit=BindLimit(4), tally=Tally(),
+def bindings(ledger: Ledger, status: int | None, message: str = "the answer") -> Bindings:
+    return Bindings(Answering(status, message), ledger, limit=BindLimit(4), tally=Tally(),
                     notices=Notices(None, None, component="w1"), scheduled_events=False, default_policy="default")
 
 
@@ -51,7 +54,7 @@ async def reserved_and_admitted(ledger: Ledger) -> PodView:
 async def test_an_answer_that_proves_the_binding_failed_has_the_sync_check_at_once(ledger: Ledger,
                                                                                   status: int) -> None:
     pod = await reserved_and_admitted(ledger)
-    assert await bindings(ledger, status).bind(pod, "n1") == (False, status)
+    assert await bindings(ledger, status).bind(pod, "n1") == Outcome(False, status)
     (entry,) = (await ledger.verify_due()).entries
     assert (entry.uid, entry.answered) == ("u-p", True)
 
@@ -61,7 +64,7 @@ async def test_a_server_error_or_no_answer_leaves_the_admitted_room_to_the_check
     ledger: Ledger, status: int | None,
 ) -> None:
     pod = await reserved_and_admitted(ledger)
-    assert await bindings(ledger, status).bind(pod, "n1") == (False, status)
+    assert await bindings(ledger, status).bind(pod, "n1") == Outcome(False, status)
     assert (await ledger.verify_due()).entries == [], "not due before its verify time"
     ((uid, state),) = [(e.uid, e.state) for e in await ledger.entries()]
     assert (uid, state) == ("u-p", "admitted")
@@ -80,3 +83,35 @@ async def test_a_reservation_the_webhook_never_admitted_is_released_whatever_the
 def test_only_a_4xx_but_408_proves_failure() -> None:
     assert [s for s in (None, 200, 400, 404, 408, 409, 429, 499, 500, 503, 504) if proves_failure(s)] == [
         400, 404, 409, 429, 499]
+
+
+CHANGED = ('Operation cannot be fulfilled on pods "p": StorageError: invalid object, Code: 4, '
+           "Key: /registry/pods/team/p, ResourceVersion: 0, AdditionalErrorMsg: Precondition failed: "
+           "ResourceVersion in precondition: 41, ResourceVersion in object meta: 42")
+"""The apiserver's answer to a binding whose resourceVersion precondition no longer holds (as the local plane gives
+it)."""
+
+
+async def test_a_binding_refused_because_the_pod_changed_frees_its_room_and_says_the_item_is_out_of_date(
+    ledger: Ledger,
+) -> None:
+    pod = await reserved_and_admitted(ledger)
+    binds = bindings(ledger, 409, CHANGED)
+    assert await binds.bind(pod, "n1") == Outcome(False, 409, changed=True)
+    (entry,) = (await ledger.verify_due()).entries
+    assert entry.answered, "the write is over: the sync checks the room at once"
+    assert (binds.tally.counters["stale"], binds.tally.counters["denied"]) == (1, 0)
+    # another 409 (the webhook's denial, a pod bound already) is a refusal, not a changed pod
+    other = bindings(ledger, 409, 'admission webhook "binding.resolver.hoss.io" denied the request: no room')
+    assert await other.bind(pod, "n1") == Outcome(False, 409)
+
+
+def test_what_the_outcomes_mean_for_the_work_item() -> None:
+    bound, changed, lost, gone = Outcome(True, 200), Outcome(False, 409, changed=True), Outcome(False, 409), \
+        Outcome(False, 404)
+    assert verdict([bound], gang=False) == "bound"
+    assert verdict([gone], gang=False) == "gone"
+    assert verdict([changed], gang=False) == "changed"
+    assert verdict([bound, changed, lost], gang=True) == "changed"
+    assert verdict([bound, lost], gang=True) == "retry soon"
+    assert verdict([Outcome(False, 503)], gang=False) == "retry"
