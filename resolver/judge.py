@@ -31,9 +31,12 @@ from hoss.ledger.results import (
     LedgerNotReady,
     NeedRequest,
     QuotaExceeded,
+    UnconfirmedCreates,
     UnknownNode,
 )
 from hoss.model import admission
+from hoss.model.dra import without_dra
+from hoss.model.objects import Json
 from hoss.model.resources import ResourceVector, format_quantity
 from resolver.mirror import PodInfo, parse_pod
 from resolver.state import WebhookState
@@ -45,6 +48,9 @@ POD_READ_TIMEOUT_SECONDS = 2.0
 LEDGER_CALL_TIMEOUT_SECONDS = 2.0
 """Deadline of one ledger call made for a review; past it the binding is denied (fail closed)."""
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+NODE_USER_PREFIX = "system:node:"
+NODES_GROUP = "system:nodes"
+"""How a kubelet authenticates: user system:node:<its node>, group system:nodes (the Node authorizer's names)."""
 FAIL_OPEN_REASONS = frozenset({"ledger-not-ready", "ledger-unavailable", "unknown-node"})
 """Verdicts the system entry (/validate-system) turns into an allow: the ledger cannot judge, and refusing would
 keep hoss's own pods, Redis or CoreDNS from starting (the deadlock the exemption exists for)."""
@@ -62,6 +68,17 @@ def verdict_for(result: ConfirmResult, *, binding: admission.BindingRequest) -> 
             return admission.Verdict(
                 allowed=False, reason="quota", code=403,
                 message=f"hoss: {binding.pod_key} on node {binding.node} denied: {result}",
+            )
+        case UnconfirmedCreates(node=node, resource=resource, wanted=wanted, held=held):
+            return admission.Verdict(
+                allowed=False, reason="unconfirmed-creates", code=429, status_reason="TooManyRequests",
+                message=(
+                    f"hoss: {binding.username}'s pods created on nodes and not yet confirmed hold "
+                    f"{format_quantity(resource, held)} {resource}; {binding.pod_key} asks "
+                    f"{format_quantity(resource, wanted)} more, past node {node}'s allocatable "
+                    f"{format_quantity(resource, held + result.free)} (the most one user's unconfirmed creates "
+                    "may hold); retry once they are bound or refused"
+                ),
             )
         case Conflict(node=node, resource=resource, wanted=wanted, free=free):
             return admission.Verdict(
@@ -97,6 +114,17 @@ def verdict_for(result: ConfirmResult, *, binding: admission.BindingRequest) -> 
     raise AssertionError(f"unhandled ledger result {result!r}")
 
 
+def nodes_own_mirror(write: admission.PodWriteRequest) -> bool:
+    """Whether a pod write is a kubelet's mirror of one of its static pods: the mirror annotation, posted by the
+    node the pod names (user ``system:node:<spec.nodeName>`` in group ``system:nodes``). Anyone else's pod with
+    that annotation is an ordinary pod: the annotation alone proves nothing, any user may set it. Pure."""
+    annotations = (write.object.get("metadata") or {}).get("annotations")
+    return (
+        isinstance(annotations, dict) and MIRROR_ANNOTATION in annotations
+        and write.username == f"{NODE_USER_PREFIX}{write.node}" and NODES_GROUP in write.groups
+    )
+
+
 def no_uid(binding: admission.BindingRequest) -> admission.Verdict:
     """The denial of a binding without metadata.uid: the apiserver would bind whichever pod has that name then, not
     necessarily the one it was judged for (kube-scheduler and hoss workers always set it). Pure."""
@@ -105,6 +133,23 @@ def no_uid(binding: admission.BindingRequest) -> admission.Verdict:
         message=f"hoss: the binding of {binding.pod_key} to node {binding.node} has no metadata.uid; set it to the "
                 "pod's uid",
     )
+
+
+def name_taken(write: admission.PodWriteRequest, holder: Json | None, *, uid: str) -> admission.Verdict | None:
+    """The answer to a pod created under a name that ``holder`` holds with another uid: AlreadyExists, as the
+    apiserver itself answers (its own wording), so the create holds no room. ``holder`` is the pod of that name a
+    GET returned while the create was being admitted (None: none). None when the name is free. Pure.
+
+    A pod of another uid held the name at a moment during the create, before it could be stored: the apiserver's
+    answer at that moment was AlreadyExists, and it is the answer the writer gets."""
+    metadata = (holder or {}).get("metadata") or {}
+    if holder is None or metadata.get("uid") == uid:
+        return None
+    message = f'pods "{write.pod}" already exists'
+    if metadata.get("deletionTimestamp"):
+        message = f"object is being deleted: {message}"
+    return admission.Verdict(allowed=False, reason="already-exists", code=409, status_reason="AlreadyExists",
+                             message=f"hoss: {message}")
 
 
 def system_verdict(verdict: admission.Verdict) -> admission.Verdict:
@@ -121,6 +166,34 @@ def unavailable(error: LedgerUnavailable | TimeoutError) -> admission.Verdict:
         allowed=False, reason="ledger-unavailable", code=503,
         message=f"hoss: the ledger is unreachable ({why}); binding denied, retry later",
     )
+
+
+async def _counted(state: WebhookState, node: str, request: ResourceVector) -> ResourceVector:
+    """``request`` as the ledger counts it on ``node``: without the extended resources a DeviceClass maps that the
+    node has none of (kube-scheduler leaves them to DRA there; `hoss.model.dra`). The node's allocatable is read
+    only for a request that names such a resource."""
+    dra = state.device_classes.names
+    if dra.isdisjoint(request):
+        return request
+    usage = await state.ledger.node_usage([node])
+    return without_dra(request, allocatable=usage[node][0] if node in usage else {}, dra=dra)
+
+
+async def _name_holder(state: WebhookState, write: admission.PodWriteRequest) -> Json | None:
+    """The pod holding the name of a pod being created, by one GET; None when there is none, and when it cannot be
+    read (the create is then judged as any other, and the limit on unconfirmed creates bounds what it holds)."""
+    if state.get_pod is None:
+        return None
+    state.pod_reads += 1
+    try:
+        async with asyncio.timeout(POD_READ_TIMEOUT_SECONDS):
+            return await state.get_pod(write.namespace, write.pod)
+    except KubeError as error:
+        if error.status != 404:
+            log.warning("cannot read pod %s, created on %s: %s", write.pod_key, write.node, error)
+    except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as error:
+        log.warning("cannot read pod %s, created on %s: %s", write.pod_key, write.node, error)
+    return None
 
 
 async def _pod_info(state: WebhookState, binding: admission.BindingRequest, *, uid: str) -> PodInfo | None:
@@ -191,8 +264,10 @@ async def judge(state: WebhookState, binding: admission.BindingRequest) -> admis
             message=f"hoss: pod {binding.pod_key} is not known to the resolver yet; retry",
         )
     try:
+        async with asyncio.timeout(LEDGER_CALL_TIMEOUT_SECONDS):
+            request = await _counted(state, binding.node, pod.request)
         # The meta carries the pod's priority: room held for a preempting pod of higher priority stays free.
-        result = await _confirm(state, binding, uid=pod.uid, pod=pod.key, request=pod.request, owner=owner,
+        result = await _confirm(state, binding, uid=pod.uid, pod=pod.key, request=request, owner=owner,
                                 meta=pod.meta)
     except (LedgerUnavailable, TimeoutError) as error:
         return unavailable(error)
@@ -202,13 +277,13 @@ async def judge(state: WebhookState, binding: admission.BindingRequest) -> admis
 async def judge_pod_write(state: WebhookState, write: admission.PodWriteRequest) -> admission.Verdict:
     """A pod created with spec.nodeName, or an in-place resize: the same atomic check as a binding, with the
     request read from the pod in the review (no lookup). A resize of a pod not bound yet is judged on the node of
-    its entry (a reservation, or a binding admitted that may still commit), if it has one."""
+    its entry (a reservation, or a binding admitted that may still commit), if it has one. A create under a name
+    another pod holds is answered AlreadyExists (one GET of the name; `name_taken`), and a foreign user's creates
+    not yet confirmed hold at most one node's room (`UnconfirmedCreates`)."""
     own = write.username in state.hoss_usernames
     if state.settings.enforce == "hoss-only" and not own:
         return admission.Verdict(allowed=True, reason="not-enforced")
-    metadata = write.object.get("metadata") or {}
-    annotations = metadata.get("annotations") or {}
-    if isinstance(annotations, dict) and MIRROR_ANNOTATION in annotations:
+    if nodes_own_mirror(write):
         # A static pod's mirror: the kubelet runs the pod whatever the apiserver says, so refusing the mirror would
         # only hide it from the ledger. The sync counts it (an overcommit is counted and logged).
         return admission.Verdict(allowed=True, reason="mirror-pod")
@@ -224,13 +299,17 @@ async def judge_pod_write(state: WebhookState, write: admission.PodWriteRequest)
         return admission.Verdict(allowed=False, reason="malformed-pod", code=400,
                                  message=f"hoss: pod {write.pod_key}: metadata.uid is missing")
     owner = write.username if own else f"foreign:{write.username}"
+    if write.operation == "create" and (taken := name_taken(write, await _name_holder(state, write),
+                                                            uid=info.uid)) is not None:
+        return taken
     try:
         async with asyncio.timeout(LEDGER_CALL_TIMEOUT_SECONDS):
+            request = await _counted(state, write.node, info.request)
             if write.operation == "create":
                 result = await state.ledger.confirm(
-                    uid=info.uid, pod=info.key, node=write.node, request=info.request, owner=owner,
+                    uid=info.uid, pod=info.key, node=write.node, request=request, owner=owner,
                     verify_after_seconds=state.settings.verify_after_seconds, dry_run=write.dry_run, via="create",
-                    ports=info.ports, meta=info.meta,
+                    ports=info.ports, meta=info.meta, limit_owner=not own,
                 )
             else:
                 old = parse_pod(write.old_object) if write.old_object is not None else None
@@ -238,7 +317,7 @@ async def judge_pod_write(state: WebhookState, write: admission.PodWriteRequest)
                     # Nothing grows: the sync applies the smaller request once the kubelet allocated it.
                     return admission.Verdict(allowed=True, reason="resize-not-growing")
                 result = await state.ledger.resize(
-                    uid=info.uid, pod=info.key, node=write.node, request=info.request, owner=owner,
+                    uid=info.uid, pod=info.key, node=write.node, request=request, owner=owner,
                     verify_after_seconds=state.settings.verify_after_seconds, dry_run=write.dry_run,
                 )
     except (LedgerUnavailable, TimeoutError) as error:

@@ -192,6 +192,7 @@ class Ledger:
     async def confirm(
         self, *, uid: str, pod: str, node: str, request: Mapping[str, int] | None, owner: str,
         verify_after_seconds: float, dry_run: bool = False, via: Via = "binding", ports: str = "", meta: str = "",
+        limit_owner: bool = False,
     ) -> ConfirmResult:
         """Allow a binding of `uid` to `node` (or the creation of a pod on it, `via` "create"): its own
         reservation, or a foreign one that fits. Either way the entry becomes ``admitted`` (held for `owner` when
@@ -200,13 +201,15 @@ class Ledger:
 
         Without a `request` only an existing entry can confirm; no entry answers `NeedRequest`. `meta`
         (`hoss.model.compact.pod_meta`) is kept in a new entry; its priority decides which nominations it must leave
-        room for.
+        room for. `limit_owner` (a foreign user's create): a new entry is refused (`UnconfirmedCreates`) when
+        `owner`'s admitted creates not yet settled by the sync would hold, with it, more of a resource than the
+        node's allocatable.
         """
         placement = Placement(uid=uid, pod=pod, node=node, request=request or {}, ports=ports, meta=meta)
         has_request = 0 if request is None else 1
         result = decode_confirm_reply(
             await self._confirms.confirm([owner, ttl_ms(verify_after_seconds), has_request, int(dry_run), via,
-                                          *placement_args(placement)])
+                                          int(limit_owner), *placement_args(placement)])
         )
         if isinstance(result, Confirmed) and result.foreign:
             logger.info("confirmed foreign binding of %s to %s for %s", pod, node, owner)

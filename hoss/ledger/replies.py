@@ -42,6 +42,7 @@ from hoss.ledger.results import (
     ReservationShares,
     Reserved,
     Stale,
+    UnconfirmedCreates,
     UnknownNode,
     VerifyBatch,
 )
@@ -152,7 +153,12 @@ def decode_confirm_reply(reply: Sequence[object]) -> ConfirmResult:
     if as_text(reply[0]) == "need_request":
         return NeedRequest()
     cursor = Cursor(reply)
-    if cursor.text() != "confirmed":
+    kind = cursor.text()
+    if kind == "unconfirmed":
+        node, resource, held, wanted, alloc = cursor.text(), cursor.text(), cursor.number(), cursor.number(), \
+            cursor.number()
+        return UnconfirmedCreates(node=node, resource=resource, wanted=wanted, free=alloc - held, held=held)
+    if kind != "confirmed":
         raise LedgerUnavailable(f"unexpected confirm reply {reply!r}")
     return Confirmed(node=cursor.text(), foreign=cursor.number() == 1)
 

@@ -131,6 +131,20 @@ class QuotaExceeded(Conflict):
 
 
 @dataclass(frozen=True)
+class UnconfirmedCreates(Conflict):
+    """A user's creates of pods on nodes that the sync has not yet seen bound or failed hold `held` of `resource`
+    already, and the pod's `wanted` is more than `free`, what the allocatable of its node leaves beside them: one
+    user's unconfirmed creates hold at most one node's room (confirm.lua). A Conflict, so code that knows only
+    conflicts still refuses."""
+
+    held: int = 0
+
+    def __str__(self) -> str:
+        return (f"unconfirmed creates hold {self.held} of {self.resource}; {self.wanted} more would pass node "
+                f"{self.node}'s allocatable {self.held + self.free}")
+
+
+@dataclass(frozen=True)
 class QuotaUse:
     """An elastic quota and what its namespace's entries (assumed, admitted and bound) use now."""
 

@@ -12,9 +12,9 @@ both parse into a `PodWriteRequest` carrying the pod. ``request.dryRun`` is kept
 
 This is the webhook's hot path, so the body is parsed with orjson and only the fields the verdict needs are read
 (apiVersion/kind; request.uid, resource.{group,resource}, subResource, operation, namespace, name,
-userInfo.username; object.metadata.{name,namespace,uid,resourceVersion}, object.target.{kind,name}); everything
-else in the review is ignored. A field that is there but of the wrong type, or a required one that is missing, raises
-`MalformedReview` naming the field by its JSON path and the value found.
+userInfo.username (and for a pod write userInfo.groups); object.metadata.{name,namespace,uid,resourceVersion},
+object.target.{kind,name}); everything else in the review is ignored. A field that is there but of the wrong type,
+or a required one that is missing, raises `MalformedReview` naming the field by its JSON path and the value found.
 """
 
 from __future__ import annotations
@@ -98,6 +98,8 @@ class PodWriteRequest:
     object: Json
     old_object: Json | None = None
     dry_run: bool = False
+    groups: tuple[str, ...] = ()
+    """request.userInfo.groups: with the user name, who wrote it (a node's own mirror pod is let through)."""
 
     @property
     def pod_key(self) -> str:
@@ -209,10 +211,13 @@ def _pod_write(request: Json, review_uid: str, operation: str) -> PodWriteReques
     if kind == "resize" and not isinstance(old, dict):
         raise MalformedReview(f"request.oldObject: expected the Pod before the resize, got {_shown(old)}")
     user = _object(request, "userInfo", "request.userInfo")
+    groups = user.get("groups") or []
+    if not isinstance(groups, list) or not all(isinstance(group, str) for group in groups):
+        raise MalformedReview(f"request.userInfo.groups: expected a list of strings, got {_shown(groups)}")
     return PodWriteRequest(
         review_uid=review_uid, namespace=namespace or "default", pod=name, node=node,
         username=_string(user, "username", "request.userInfo.username"), operation=kind, object=pod,
-        old_object=old if isinstance(old, dict) else None, dry_run=_dry_run(request),
+        old_object=old if isinstance(old, dict) else None, dry_run=_dry_run(request), groups=tuple(groups),
     )
 
 
@@ -280,14 +285,17 @@ class Verdict:
     reason: str
     message: str = ""
     code: int = 200
+    status_reason: str = ""
+    """The denial's metav1 StatusReason, which clients branch on (e.g. AlreadyExists); "" means Conflict for a 409
+    and Forbidden otherwise. The apiserver passes it on to the writer."""
 
 
 def review_response(review_uid: str, verdict: Verdict) -> Json:
     """The AdmissionReview response body for ``verdict`` (always sent with HTTP 200)."""
     response: Json = {"uid": review_uid, "allowed": verdict.allowed}
     if not verdict.allowed:
-        response["status"] = {"code": verdict.code, "reason": "Conflict" if verdict.code == 409 else "Forbidden",
-                              "message": verdict.message}
+        reason = verdict.status_reason or ("Conflict" if verdict.code == 409 else "Forbidden")
+        response["status"] = {"code": verdict.code, "reason": reason, "message": verdict.message}
     return {"apiVersion": API_VERSION, "kind": KIND, "response": response}
 
 

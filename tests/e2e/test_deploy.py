@@ -95,7 +95,8 @@ def test_webhook_of_the_base_fails_closed_on_bindings_and_calls_the_resolver_ser
             create, resize = entry["rules"]
             assert (create["operations"], create["resources"]) == (["CREATE"], ["pods"])
             assert (resize["operations"], resize["resources"]) == (["UPDATE"], ["pods/resize"])
-            assert [c["name"] for c in entry["matchConditions"]] == ["on-a-node-or-a-resize", "not-a-mirror-pod"]
+            assert [c["name"] for c in entry["matchConditions"]] == ["on-a-node-or-a-resize",
+                                                                     "not-a-nodes-own-mirror-pod"]
         else:
             # bindings need no matchConditions, so the apiserver evaluates no CEL for them
             (create,) = entry["rules"]

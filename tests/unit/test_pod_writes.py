@@ -32,6 +32,19 @@ def test_a_pod_created_on_a_node_is_a_pod_write() -> None:
     assert (parsed.operation, parsed.node, parsed.pod_key, parsed.dry_run) == ("create", "n1", "ns/p", True)
 
 
+def test_a_pod_write_carries_the_writers_groups_and_names_a_malformed_list() -> None:
+    request = {"resource": {"group": "", "version": "v1", "resource": "pods"}, "operation": "CREATE",
+               "namespace": "ns", "name": "p", "object": pod("n1")}
+    body = orjson.loads(review(request))
+    body["request"]["userInfo"] = {"username": "system:node:n1", "groups": ["system:nodes", "system:authenticated"]}
+    parsed = admission.parse_review(orjson.dumps(body))
+    assert isinstance(parsed, admission.PodWriteRequest)
+    assert parsed.groups == ("system:nodes", "system:authenticated")
+    body["request"]["userInfo"]["groups"] = "system:nodes"
+    with pytest.raises(admission.MalformedReview, match=re.escape("request.userInfo.groups: expected a list")):
+        admission.parse_review(orjson.dumps(body))
+
+
 def test_a_pending_pods_creation_is_not_judged() -> None:
     parsed = admission.parse_review(review({
         "resource": {"group": "", "version": "v1", "resource": "pods"}, "operation": "CREATE", "object": pod(),

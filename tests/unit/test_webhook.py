@@ -250,11 +250,11 @@ def test_the_latency_window_keeps_the_most_recent_reviews() -> None:
 
 
 def pod_write(*, operation: str, obj: dict[str, Any], old: dict[str, Any] | None = None,
-              namespace: str = "team") -> dict[str, Any]:
+              namespace: str = "team", user: str = "alice", groups: tuple[str, ...] = ()) -> dict[str, Any]:
     request: dict[str, Any] = {
         "uid": "review-2", "resource": {"group": "", "version": "v1", "resource": "pods"},
         "name": obj["metadata"]["name"], "namespace": namespace, "operation": operation,
-        "userInfo": {"username": "kubelet-or-user"}, "object": obj,
+        "userInfo": {"username": user, "groups": list(groups)}, "object": obj,
     }
     if operation == "UPDATE":
         request["subResource"] = "resize"
@@ -266,17 +266,36 @@ def on_node(spec: dict[str, Any], node: str = "n1") -> dict[str, Any]:
     return {**spec, "spec": {**spec["spec"], "nodeName": node}}
 
 
-async def test_a_pod_created_on_a_node_is_judged_and_a_static_pods_mirror_is_not(webhook: Webhook) -> None:
+async def test_a_pod_created_on_a_node_is_judged_and_its_nodes_own_mirror_pod_is_not(webhook: Webhook) -> None:
     _, body = await webhook.post(pod_write(operation="CREATE", obj=on_node(pod("c1", "u-c1", "1500m"))))
     assert body["response"]["allowed"] is True
     _, body = await webhook.post(pod_write(operation="CREATE", obj=on_node(pod("c2", "u-c2", "1"))))
     assert body["response"]["status"]["message"] == "hoss: node n1 has no room for team/c2: cpu requested 1, free 500m"
     mirror = on_node(pod("m", "u-m", "1"))
     mirror["metadata"]["annotations"] = {"kubernetes.io/config.mirror": "hash"}
-    _, body = await webhook.post(pod_write(operation="CREATE", obj=mirror))
+    _, body = await webhook.post(pod_write(operation="CREATE", obj=mirror, user="system:node:n1",
+                                           groups=("system:nodes", "system:authenticated")))
     assert body["response"]["allowed"] is True
     assert webhook.state.verdict_counts["mirror-pod"] == 1
     assert (await webhook.ledger.node_usage(["n1"]))["n1"][1]["cpu"] == 1500
+
+
+@pytest.mark.parametrize(("user", "groups"), [
+    ("alice", ()),                                   # anyone may write the annotation
+    ("system:node:n1", ()),                          # the node's name without the nodes' group
+    ("system:node:n2", ("system:nodes",)),           # another node's kubelet
+    ("alice", ("system:nodes",)),                    # the group without the node's name
+])
+async def test_a_mirror_annotation_from_anyone_but_the_pods_own_node_is_judged_like_any_pod(
+    webhook: Webhook, user: str, groups: tuple[str, ...],
+) -> None:
+    await webhook.ledger.bind_many([Placement(uid="u-full", pod="team/full", node="n1", request={"cpu": 2000})])
+    forged = on_node(pod("forged", "u-forged", "16"))
+    forged["metadata"]["annotations"] = {"kubernetes.io/config.mirror": "hash"}
+    _, body = await webhook.post(pod_write(operation="CREATE", obj=forged, user=user, groups=groups))
+    assert body["response"]["status"]["message"] == (
+        "hoss: node n1 has no room for team/forged: cpu requested 16, free 0")
+    assert webhook.state.verdict_counts["mirror-pod"] == 0
 
 
 async def test_a_resize_is_judged_only_when_it_grows(webhook: Webhook) -> None:

@@ -1,8 +1,8 @@
 -- confirm: the admission webhook allows a binding of uid to node, or the creation of a pod with spec.nodeName.
 -- ARGV: prefix, count, then count confirms, each: owner, verify_after_ms, has_request (0|1), dry_run (0|1), via
--- ('binding' | 'create'), one placement (uid, pod, node, n, n resource/amount pairs, ports, meta). The webhook's
--- concurrent reviews share a call this way (Ledger.confirm); each confirm sees the writes of those before it, as
--- separate calls in that order would.
+-- ('binding' | 'create'), limit_owner (0|1), one placement (uid, pod, node, n, n resource/amount pairs, ports,
+-- meta). The webhook's concurrent reviews share a call this way (Ledger.confirm); each confirm sees the writes of
+-- those before it, as separate calls in that order would.
 -- Without a request (has_request 0, a hoss binding whose reservation holds it) a uid with no entry answers
 -- {'need_request'}: the caller looks the pod's request up and calls again with it.
 -- An entry on this node confirms it: an assumed or admitted one becomes admitted (it no longer expires, moves or
@@ -13,17 +13,51 @@
 -- at least its priority, read from its meta; see 'Nominations' in common.lua; and against its namespace's
 -- elastic quota, see 'Elastic quotas') and held as admitted for owner. An
 -- entry elsewhere is refused. dry_run 1 (the apiserver's dryRun) gives the same answer and writes nothing.
+-- limit_owner 1 (a foreign user's create of a pod on a node): a new entry is refused when the owner's unconfirmed
+-- creates (admitted creates the sync has not yet seen bound or failed), with this one, would hold more of a
+-- resource than the node's allocatable: however many of one user's creates fail after the webhook (ResourceQuota,
+-- another webhook), they pin at most one node's room until the sync settles them.
 -- Reply: NOT_READY, or one reply per confirm, in order: {'confirmed', node, foreign (0|1)} | {'conflict', ...}
 --        | {'unknown_node', node} | {'held_elsewhere', node, state} | {'need_request'}
+--        | {'unconfirmed', node, resource, held, wanted, alloc}
 if not is_ready() then
   return NOT_READY
 end
+
+-- The refusal of p when its owner's unconfirmed creates, p included, would hold more of a resource p asks for
+-- than p's node has allocatable; nil when they fit. Every admitted uid is in VERIFY until it settles, so this
+-- reads each admitted entry's owner: only foreign creates pay for it, bindings (the hot path) never do.
+local function unconfirmed_limit(owner, p)
+  local held = {}
+  for _, uid in ipairs(redis.call('ZRANGE', VERIFY, 0, -1)) do
+    local key = pod_key(uid)
+    if redis.call('HGET', key, 'owner') == owner and redis.call('HGET', key, 'via') == 'create'
+        and redis.call('HGET', key, 'state') == 'admitted' then
+      for _, item in ipairs(read_entry(uid).request) do
+        held[item[1]] = (held[item[1]] or 0) + tonumber(item[2])
+      end
+    end
+  end
+  for _, item in ipairs(p.request) do
+    local resource, wanted = item[1], tonumber(item[2])
+    local already = held[resource] or 0
+    if wanted > 0 and already > 0 then
+      local alloc = tonumber(redis.call('HGET', node_key(p.node, 'alloc'), resource)) or 0
+      if already + wanted > alloc then
+        return {'unconfirmed', p.node, resource, already, wanted, alloc}
+      end
+    end
+  end
+  return nil
+end
+
 local function confirm_one()
   local owner = next_arg()
   local verify_after_ms = next_number()
   local has_request = next_number()
   local dry_run = next_number() == 1
   local via = next_arg()
+  local limit_owner = next_number() == 1
   local p = next_placement()
   if redis.call('SISMEMBER', NODES, p.node) == 0 then
     return {'unknown_node', p.node}
@@ -69,6 +103,10 @@ local function confirm_one()
   local port = port_conflict(p.node, p.ports, nil, nil)
   if port then
     return {'conflict', p.node, 'hostPort ' .. port, 1, 0}
+  end
+  local over = limit_owner and unconfirmed_limit(owner, p)
+  if over then
+    return over
   end
   if not dry_run then
     admit(p, owner, via, now_ms() + verify_after_ms)
