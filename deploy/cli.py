@@ -1,6 +1,6 @@
 """``hoss``: the operator's command line: the webhook's certificates, lock-down files, status, one rescheduling
-round. The local plane, the demo and the benchmark are development tools (``python -m dev``), not installed with
-hoss."""
+round, why a pod waits. The local plane, the demo and the benchmark are development tools (``python -m dev``), not
+installed with hoss."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from deploy import certs, lockdown
+from deploy import certs, lockdown, why
 from deploy import status as status_view
 from deploy.argtypes import at_least
 from rescheduler.oneshot import run_once
@@ -45,6 +45,19 @@ def _reschedule(args: argparse.Namespace) -> int:
                                       min_stranded_gpus=args.min_stranded_gpus, as_json=args.json))
     print(text)
     return code
+
+
+def _why(args: argparse.Namespace) -> int:
+    kubeconfig = args.kubeconfig or os.environ.get("KUBECONFIG")
+    redis_url = args.redis_url or os.environ.get("HOSS_REDIS_URL")
+    if kubeconfig is None or redis_url is None:
+        raise UsageError("hoss why needs --kubeconfig (or $KUBECONFIG) and --redis-url (or $HOSS_REDIS_URL)")
+    if (args.pod is None) == (args.what_if is None):
+        raise UsageError("hoss why needs one pod: <namespace>/<pod>, or --what-if FILE")
+    print(asyncio.run(why.run(kubeconfig=kubeconfig, redis_url=redis_url, policies_file=args.policies_file,
+                              target=args.pod, manifest=Path(args.what_if) if args.what_if else None,
+                              as_json=args.json, each_node=args.each_node, top=args.top)))
+    return 0
 
 
 def _certs(args: argparse.Namespace) -> int:
@@ -101,6 +114,21 @@ def build_parser() -> argparse.ArgumentParser:
     resched.add_argument("--json", action="store_true", help="print the plan (and its outcome) as JSON")
     resched.set_defaults(run=_reschedule)
 
+    explain = commands.add_parser(
+        "why", help="why a pod waits: each node (or class of nodes) and the first rule that rejects it there, with the "
+        "figures, and where it would go")
+    explain.add_argument("pod", nargs="?", help="the pending pod, <namespace>/<pod>")
+    explain.add_argument("--what-if", metavar="FILE", help="explain a Pod manifest not yet created instead")
+    explain.add_argument("--kubeconfig", help="kubeconfig (default $KUBECONFIG)")
+    explain.add_argument("--redis-url", help="Redis of the ledger (default $HOSS_REDIS_URL; the dispatcher's "
+                         "read-only user suffices)")
+    explain.add_argument("--policies-file", default="configs/policies.yaml",
+                         help="the workers' policies file (default configs/policies.yaml)")
+    explain.add_argument("--each-node", action="store_true", help="one line per node instead of per class of nodes")
+    explain.add_argument("--top", type=at_least(1), default=5, help="how many of the best nodes to list (default 5)")
+    explain.add_argument("--json", action="store_true", help="print the answer as JSON (every node's verdict)")
+    explain.set_defaults(run=_why)
+
     tls = commands.add_parser(
         "certs",
         help="serving certificate of the resolver webhook: install it (Secret + caBundle) or write it to files",
@@ -147,7 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.run(args))
-    except (UsageError, status_view.StatusUnreachable, certs.CertsError) as error:
+    except (UsageError, status_view.StatusUnreachable, certs.CertsError, why.WhyError) as error:
         _say(f"error: {error}")
         return 2
     except KeyboardInterrupt:

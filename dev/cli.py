@@ -1,5 +1,5 @@
 """``python -m dev``: the developer's command line: the local control plane, the demo, the benchmark, and the
-operator's ``status`` and ``reschedule`` aimed at the local plane."""
+operator's ``status``, ``reschedule`` and ``why`` aimed at the local plane."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from deploy.argtypes import at_least
 from dev.local import binaries
 from dev.local.clean import clean
 from dev.local.errors import PlaneError
-from dev.local.plane import LocalPlane
+from dev.local.plane import POLICIES_FILE, LocalPlane
 from dev.local.state import default_directory
 
 
@@ -128,6 +128,12 @@ def _reschedule(args: argparse.Namespace) -> int:
                                           "--redis-url", plane.state().redis_url])
 
 
+def _why(args: argparse.Namespace) -> int:
+    plane = _plane(args)
+    return _operator(args, "why", ["--kubeconfig", str(plane.kubeconfig("admin")),
+                                   "--redis-url", plane.state().redis_url, "--policies-file", str(POLICIES_FILE)])
+
+
 def _bench(args: argparse.Namespace) -> int:
     from bench.run import run_bench  # noqa: PLC0415 -- see _demo
 
@@ -193,6 +199,10 @@ def build_parser() -> argparse.ArgumentParser:
     resched = with_dir(commands.add_parser(
         "reschedule", help="`hoss reschedule` on the local plane (more arguments, e.g. --dry-run, go to it)"))
     resched.set_defaults(run=_reschedule)
+    explain = with_dir(commands.add_parser(
+        "why", help="`hoss why` on the local plane: why a pod waits (more arguments, e.g. <namespace>/<pod> or "
+        "--what-if FILE, go to it)"))
+    explain.set_defaults(run=_why)
 
     bench = with_dir(commands.add_parser("bench", help="benchmark hoss against kube-scheduler on the local plane"))
     bench.add_argument("--quick", action="store_true", help="a small version of every scenario (a few minutes)")
@@ -207,7 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
-    if rest and args.run not in (_status, _reschedule):
+    if rest and args.run not in (_status, _reschedule, _why):
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     args.rest = rest
     try:

@@ -58,10 +58,13 @@ def decide_held(profile: Profile, pod: PodView, nodes: NodeTable, held: Sequence
     evaluation = evaluate(profile, pod, nodes)
     allowed = np.array([name in held for name in nodes.names], dtype=bool)
     others = int(np.count_nonzero(evaluation.feasible & ~allowed))
-    restricted = evaluation.restricted(
-        allowed, {f"node(s) were not where hoss-rescheduler holds room for the pod ({', '.join(held)})": others}
-        if others else None)
+    restricted = evaluation.restricted(allowed, {not_held_reason(held): others} if others else None)
     return choose(restricted, nodes, rng=rng, top=top)
+
+
+def not_held_reason(held: Sequence[str]) -> str:
+    """The reason of a feasible node outside the rescheduler's hold for the pod."""
+    return f"node(s) were not where hoss-rescheduler holds room for the pod ({', '.join(held)})"
 
 
 def decide_with_reservations(profile: Profile, pod: PodView, hints: Sequence[Hint], nodes: NodeTable, *,
