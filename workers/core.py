@@ -61,6 +61,7 @@ from hoss.supervise import Supervisor, first_of
 from workers import bindlimit
 from workers.acks import Acks, acked_uids
 from workers.arguments import batch_pod, decided_meta, gang_members, inter_pod_keys
+from workers.attempts import Attempts
 from workers.backlog import Backlog
 from workers.binding import Binder, Bindings, RestBinder, verdict
 from workers.bindlimit import BindLimit
@@ -70,12 +71,13 @@ from workers.fetch import fetch
 from workers.gang import place_gang
 from workers.heartbeat import Heartbeat, Pace
 from workers.intake import Work, gated, members_of
-from workers.metrics import Tally
+from workers.metrics import ERROR, SCHEDULED, UNSCHEDULABLE, PendingCollector, Tally
 from workers.notices import Notices, quota_message
 from workers.preempt import Preemptor
 from workers.reservations import keep_room, reservation_name, taken_once
 from workers.settings import WorkerSettings
 from workers.stream import WorkStream
+from workers.timing import TimedBinder
 from workers.victims import eligible
 
 log = logging.getLogger(__name__)
@@ -118,13 +120,15 @@ class Worker:
             if rest is None:
                 raise ValueError("a worker needs a KubeREST or a binder")
             binder = RestBinder(rest)
+        self.tally = Tally()
+        binder = TimedBinder(binder, self.tally.scheduler, profile_of=lambda pod: self._profile_name(pod.policy or ""))
         events = EventSink(rest, per_second=settings.events_per_second, concurrency=EVENT_POSTS_IN_FLIGHT) \
             if rest is not None else None
         self.notices = Notices(rest, events, component=f"hoss-worker/{settings.id}")
         scripts = None if pipelined is None else pipelined.scripts
         self.queue = WorkQueue(redis, scripts=scripts, reads=None if pipelined is None else pipelined.work)
         self.ledger = Ledger(redis, scripts=scripts, reads=None if pipelined is None else pipelined.changes)
-        self.tally = Tally()
+        self.attempts = Attempts(self.tally.scheduler)
         self.backlog = Backlog(backoff_initial=settings.backoff_initial_seconds,
                                backoff_max=settings.backoff_max_seconds, jitter=random.Random(settings.seed))
         self.nodes = NodeTable()
@@ -134,7 +138,7 @@ class Worker:
         self.decider = Decider(settings, self.nodes, self.feed, tally=self.tally)
         self.preemptor = None if rest is None else Preemptor(
             rest, self.ledger, record=self.notices.record, component=self.notices.component,
-            hold_seconds=settings.preemption_hold_seconds)
+            hold_seconds=settings.preemption_hold_seconds, metrics=self.tally.scheduler)
         """Preemption for unschedulable pods above the lowest placed priority (`workers.preempt`); None without an
         apiserver."""
         self.binds = BindLimit(bindlimit.share(settings.binds_in_flight_budget, 1, settings.max_binds_in_flight))
@@ -144,6 +148,9 @@ class Worker:
         self.acks = Acks(self.queue, settings.id)
         self.pace = Pace()
         self.heartbeat = Heartbeat(self.queue, settings, binds=self.binds, pace=self.pace, info=self.info)
+        self.tally.last_heartbeat.set_function(lambda: self.heartbeat.last_beat_unix)
+        self.tally.registry.register(PendingCollector(
+            lambda: self.attempts.queues(self.backlog.ready, (retry.work for retry in self.backlog.retries))))
         self.stream = WorkStream(self.queue, settings, backlog=self.backlog, heartbeat=self.heartbeat,
                                  tally=self.tally)
         self.supervisor = Supervisor()
@@ -235,6 +242,7 @@ class Worker:
             if await self.stream.lost_while_away():
                 continue
             batch = self.backlog.take(self.settings.decide_batch)
+            self.attempts.begin(batch)
             self.pace.batch(sum(len(work.item.members) or 1 for work in batch))
             await self.feed.ready()  # a feed paused while this worker was idle catches up first
             started = time.monotonic()
@@ -319,6 +327,8 @@ class Worker:
                 self._failed(work, error)
                 continue
             if isinstance(decision, Unschedulable):
+                if self.preemptor is not None and not reservation_name(work.raw):
+                    self.tally.scheduler.preemption_attempts.inc()  # kube-scheduler's PostFilter ran for it
                 if self.preemptor is not None and not reservation_name(work.raw) \
                         and await self.preemptor.may_preempt(pod, self.nodes):
                     preempting.append((work, pod, profile, decision.message))
@@ -369,11 +379,13 @@ class Worker:
                     # named (scheduler-plugins' CapacityScheduling refuses it in PreFilter likewise); a tenant
                     # within its min reclaims from tenants that borrow (`workers.victims.reclaim_candidates`).
                     if self.preemptor is not None and not work.item.members:
+                        self.tally.scheduler.preemption_attempts.inc()
                         reclaiming.append((work, pod, quota_message(result)))
                     else:
                         self._unschedulable(work, quota_message(result))
                 case Conflict(node=node):
                     self.tally.count("conflicts")
+                    self._end_attempt(work, ERROR)  # lost the race for the node's room
                     conflicted.add(node)
                     if self.backlog.lost_conflict(pod.uid):
                         self.backlog.push(work)
@@ -407,6 +419,8 @@ class Worker:
                                topology_key=profile.topology_key, gang=item.gang)
         if isinstance(placement, Unschedulable):
             message = placement.message
+            if self.preemptor is not None:
+                self.tally.scheduler.preemption_attempts.inc()
             if self.preemptor is not None and len(views) + len(bound) >= item.min_available \
                     and any(eligible(view, self.nodes) for view in views):
                 raws = {view.uid: raw for view, raw in work.members}
@@ -500,19 +514,31 @@ class Worker:
         """Acknowledge soon (`workers.acks`); ``forget`` False keeps the uids dispatched; ``bound`` tells the
         dispatcher the pods are bound (it waits for its watch to agree before forgetting)."""
         item = work.item
+        if bound:
+            self._end_attempt(work, SCHEDULED)
+        self.attempts.forget(item.uid)
         if self.preemptor is not None:
             self.preemptor.forget(item.uid)
         self.backlog.forget_conflicts(item.uid)
         self.acks.add(work.message_id, acked_uids(item, forget=forget, bound=bound))
 
-    def _retry_later(self, work: Work, *, soon: bool = False) -> None:
+    def _retry_later(self, work: Work, *, soon: bool = False, result: str = ERROR) -> None:
+        """Try the item again later; its attempt ended with `result`."""
+        self._end_attempt(work, result)
         self.backlog.retry(work, soon=soon)
         self.tally.count("retries")
 
     def _unschedulable(self, work: Work, message: str) -> None:
         self.tally.count("unschedulable")
         self.notices.unschedulable(work, message)
-        self._retry_later(work)
+        self._retry_later(work, result=UNSCHEDULABLE)
+
+    def _profile_name(self, policy: str) -> str:
+        return self.decider.profile_of(policy).name
+
+    def _end_attempt(self, work: Work, result: str) -> None:
+        """The item's scheduling attempt ended (`workers.attempts`)."""
+        self.attempts.end(work, result, self._profile_name(work.item.policy))
 
     def _failed(self, work: Work, error: Exception) -> None:
         """Processing this pod raised (e.g. a plugin bug): say so on the pod once, and retry it with backoff."""

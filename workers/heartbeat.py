@@ -74,6 +74,8 @@ class Heartbeat:
         self.pace = pace
         self.info = info
         self._last_beat = time.monotonic()
+        self.last_beat_unix = 0.0
+        """When a beat last reached Redis (Unix time; 0 before the first), for /metrics."""
         self._suspect = False
         """A beat found our heartbeat gone: we may have been declared dead."""
         self._now = asyncio.Event()
@@ -108,6 +110,7 @@ class Heartbeat:
                 self.binds.resize(bindlimit.share(self.settings.binds_in_flight_budget,
                                                   self.queue.binding_workers, self.settings.max_binds_in_flight))
                 self._last_beat = time.monotonic()
+                self.last_beat_unix = time.time()
             except LedgerUnavailable as error:
                 if not outage:
                     log.warning("cannot send heartbeat (retrying every beat until Redis answers): %s", error)

@@ -36,6 +36,7 @@ from hoss.kube.rest import KubeREST, segment
 from hoss.ledger.client import Ledger
 from hoss.model.objects import Json
 from hoss.model.resources import ResourceVector
+from workers.metrics import SchedulerMetrics
 from workers.victims import (
     NEVER,
     Candidate,
@@ -68,7 +69,7 @@ class Preemptor:
 
     def __init__(self, rest: KubeREST, ledger: Ledger, *, record: Callable[[Json], None], component: str,
                  hold_seconds: float, budgets_ttl_seconds: float = 5.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, metrics: SchedulerMetrics | None = None) -> None:
         self.rest = rest
         self.ledger = ledger
         self.record = record
@@ -83,6 +84,8 @@ class Preemptor:
         self.in_progress: dict[str, _InProgress] = {}
         self.preempted = 0
         """Pods this worker evicted."""
+        self.metrics = metrics
+        """scheduler_preemption_victims: the victims of each preemption started, as kube-scheduler counts them."""
 
     async def budgets(self) -> list[Budget]:
         """Every PodDisruptionBudget, listed at most once per `budgets_ttl_seconds`."""
@@ -171,6 +174,8 @@ class Preemptor:
                     await self.ledger.unnominate(uid)
                 return f"{message} preemption: not started ({outcome} on {step.node}); nothing was evicted."
             nominated.append(step.member.uid)
+        for step in acting:
+            self._count_victims(len(step.victims))
         failed = [f"{victim.namespace}/{victim.name or victim.uid}: {why}" for step in acting
                   for victim in step.victims if (why := await self._evict(victim, step.member, step.node))]
         if failed:
@@ -282,6 +287,7 @@ class Preemptor:
                                              request=pod.request, ttl_seconds=self.hold_seconds)
         if outcome != "nominated":
             return f"{message} {what}: not started ({outcome} on {chosen.node})."
+        self._count_victims(len(chosen.victims))
         refused: list[str] = []
         for victim in chosen.victims:
             why = await self._evict(victim, pod, chosen.node)
@@ -301,6 +307,11 @@ class Preemptor:
         names = ", ".join(f"{v.namespace}/{v.name or v.uid}" for v in chosen.victims)
         return (f"{message} {what}: in progress on node {chosen.node}: evicted {len(chosen.victims)} "
                 f"{kind} pod(s) ({names}); the room is held for this pod.")
+
+    def _count_victims(self, victims: int) -> None:
+        """A preemption starts evicting `victims` pods for one preemptor (kube-scheduler observes it there too)."""
+        if self.metrics is not None:
+            self.metrics.preemption_victims.observe(victims)
 
     async def _set_nominated(self, pod: PodView, node: str) -> None:
         try:
