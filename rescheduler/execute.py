@@ -44,12 +44,16 @@ from hoss.model import compact
 from hoss.model.objects import Json
 from hoss.model.resources import format_quantity, pod_requests
 from rescheduler.cluster import DEFRAGMENT_GATE, ClusterView
+from rescheduler.metrics import REFUSED_BY_EVICTION, REFUSED_BY_LEDGER, REFUSED_BY_RATE_LIMIT, ReschedulerMetrics
 from rescheduler.plan import Plan
 
 log = logging.getLogger(__name__)
 
 COMPONENT = "hoss-rescheduler"
 MERGE_PATCH = "application/merge-patch+json"
+REFUSED_BY_OUTCOME = {"refused": REFUSED_BY_LEDGER, "eviction refused": REFUSED_BY_EVICTION,
+                      "rate limited": REFUSED_BY_RATE_LIMIT}
+"""The outcomes that mean a refusal stopped the plan, and who refused (hoss_rescheduler_refusals_total{by})."""
 
 
 def plan_holds(plan: Plan) -> list[MoveHold]:
@@ -116,7 +120,8 @@ class Executor:
     """Runs plans one at a time (see the module docstring)."""
 
     def __init__(self, rest: KubeREST, ledger: Ledger, *, limit: EvictionLimit, hold_seconds: float,
-                 outcome_timeout_seconds: float, record: Callable[[Json], Any] | None = None) -> None:
+                 outcome_timeout_seconds: float, record: Callable[[Json], Any] | None = None,
+                 metrics: ReschedulerMetrics | None = None) -> None:
         self.rest = rest
         self.ledger = ledger
         self.limit = limit
@@ -125,6 +130,7 @@ class Executor:
         self.record = record or (lambda _event: None)
         self.history: deque[PlanRecord] = deque(maxlen=20)
         self.evictions = 0
+        self.metrics = metrics if metrics is not None else ReschedulerMetrics()
 
     async def run(self, plan: Plan, view: ClusterView) -> PlanRecord:
         entry = PlanRecord(plan=plan)
@@ -217,6 +223,10 @@ class Executor:
 
     def _finish(self, entry: PlanRecord, outcome: str, detail: str) -> PlanRecord:
         entry.outcome, entry.detail, entry.finished = outcome, detail, time.time()
+        self.metrics.plans.labels(entry.plan.reason, outcome).inc()
+        refused_by = REFUSED_BY_OUTCOME.get(outcome)
+        if refused_by is not None:
+            self.metrics.refusals.labels(refused_by).inc()
         log.info("plan %s: %s (%s)", "; ".join(m.describe() for m in entry.plan.moves), outcome, detail)
         return entry
 
@@ -237,6 +247,7 @@ class Executor:
             return f"the apiserver did not answer: {error}"
         self.limit.take()
         self.evictions += 1
+        self.metrics.evictions.inc()
         why = (f"to make room for {plan.pending.key} on {plan.pending_node}" if plan.pending is not None
                else "to defragment GPUs")
         self.record(pod_event(namespace=namespace, name=name, uid=str(uid), reason="Rescheduled", warning=False,

@@ -1,4 +1,5 @@
-"""hoss-rescheduler's process: the apiserver, the ledger, the election, rounds while leading, /healthz and /status."""
+"""hoss-rescheduler's process: the apiserver, the ledger, the election, rounds while leading, /healthz, /status and
+/metrics."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ import sys
 from collections.abc import Sequence
 
 from aiohttp import web
+from prometheus_client import generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from redis.asyncio import Redis
 
 from hoss.errors import HossError
-from hoss.kube.access import TokenAccess, middleware
+from hoss.kube.access import STATUS_PATHS, TokenAccess, middleware
 from hoss.kube.client import KubeError, api_client
 from hoss.kube.leader import KubeLeaseAPI, LeaderElector
 from hoss.kube.rest import KubeREST
@@ -46,6 +49,7 @@ async def serve(settings: ReschedulerSettings) -> int:
             renew_interval_seconds=settings.renew_interval_seconds,
         )
         rescheduler = Rescheduler(settings, rest=rest, ledger=Ledger(redis), redis=redis)
+        rescheduler.metrics.leader.set_function(lambda: float(elector.is_leader))
 
         async def healthz(_request: web.Request) -> web.Response:
             return web.json_response({"ok": True, "leader": elector.is_leader})
@@ -54,14 +58,19 @@ async def serve(settings: ReschedulerSettings) -> int:
             return web.json_response({**rescheduler.status(), "leader": elector.is_leader,
                                       "identity": settings.identity})
 
+        async def metrics(_request: web.Request) -> web.Response:
+            return web.Response(body=generate_latest(rescheduler.metrics.registry),
+                                headers={"Content-Type": CONTENT_TYPE_LATEST})
+
         guards = []
         if settings.access == "kubernetes":
             access = TokenAccess(rest, resource="reschedulers", namespace=settings.access_namespace,
-                                 cache_seconds=settings.access_cache_seconds, paths={"/status": "status"})
+                                 cache_seconds=settings.access_cache_seconds, paths=STATUS_PATHS)
             guards.append(middleware(access))
         app = web.Application(middlewares=guards)
         app.router.add_get("/healthz", healthz)
         app.router.add_get("/status", status)
+        app.router.add_get("/metrics", metrics)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         stack.push_async_callback(runner.cleanup)

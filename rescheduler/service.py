@@ -28,6 +28,7 @@ from hoss.ledger.keys import RESCHED_STATUS_KEY
 from hoss.model.objects import Json
 from rescheduler.cluster import ClusterView, read_cluster
 from rescheduler.execute import EvictionLimit, Executor, PlanRecord
+from rescheduler.metrics import ReschedulerMetrics
 from rescheduler.plan import Plan, fragmentation, plan_defragment, plan_for_pending
 from rescheduler.settings import ReschedulerSettings
 
@@ -87,10 +88,12 @@ class Rescheduler:
         self.rest = rest
         self.ledger = ledger
         self.redis = redis
+        self.metrics = ReschedulerMetrics()
+        """Served on the process's /metrics (`rescheduler.metrics`)."""
         self.executor = Executor(rest, ledger, limit=EvictionLimit(settings.max_evictions_per_minute),
                                  hold_seconds=settings.hold_seconds,
                                  outcome_timeout_seconds=settings.outcome_timeout_seconds,
-                                 record=self._post_event)
+                                 record=self._post_event, metrics=self.metrics)
         self.rounds = 0
         self.last_round: float | None = None
         self.last_fragmentation: Json | None = None
@@ -123,10 +126,14 @@ class Rescheduler:
         self.last_round = time.time()
         spread = fragmentation((n.gpus, n.used.get("nvidia.com/gpu", 0)) for n in view.nodes)
         self.last_fragmentation = vars(spread)
+        self.metrics.rounds.inc()
+        self.metrics.stranded_gpus.set(spread.stranded)
+        self.metrics.whole_free_nodes.set(spread.whole_free)
         record = None
         if dry:
             if plan is not None:
                 self.dry_plans = [plan_json(plan)]
+                self.metrics.plans.labels(plan.reason, "dry run").inc()
         else:
             for uid in ungate:
                 await self.executor.release_gate(view.raw[uid])
@@ -134,6 +141,7 @@ class Rescheduler:
                 record = await self.executor.run(plan, view)
             if self._posting:
                 await asyncio.wait(set(self._posting), timeout=10)
+        self.metrics.last_round.set(time.time())
         await self.publish()
         return RoundResult(plan=plan, record=record)
 

@@ -143,6 +143,10 @@ class WebhookMetrics:
             "hoss_resolver_sync_leader", "1 while this replica holds the Lease and runs the ledger sync",
             registry=registry,
         ).set_function(lambda: float(state.sync is not None))
+        self._ready = Gauge(
+            "hoss_resolver_ready", "1 while this replica is ready (its /readyz: the ledger is reachable and ready, "
+            "so bindings are judged rather than denied), as checked every 2 s", registry=registry,
+        )
         Gauge(
             "hoss_resolver_serving_certificate_expiry_timestamp_seconds",
             "When the serving certificate on disk expires (Unix time; NaN when unreadable): alert well before it",
@@ -173,6 +177,10 @@ class WebhookMetrics:
         if child is None:
             child = self._verdict_children[key] = self._verdicts.labels(str(verdict.allowed).lower(), verdict.reason)
         child.inc()
+
+    def set_ready(self, ready: bool) -> None:
+        """What this replica's last readiness check found (`resolver.stats.publish_stats`)."""
+        self._ready.set(float(ready))
 
     def observe_review(self, seconds: float) -> None:
         self._durations.observe(seconds)

@@ -1,7 +1,7 @@
 """The resolver's stats for the dispatcher's /status: each replica publishes its verdict counts, review latency and
 recent denials to Redis (one hash per replica, ``{hoss}:resolver:<instance>``, expiring when the replica stops
-refreshing it), and reads back the ledger's cluster-wide counters and the elastic quotas' use for its own /metrics
-and /status."""
+refreshing it), and reads back the ledger's cluster-wide counters, the elastic quotas' use and whether the ledger is
+ready (hoss_resolver_ready) for its own /metrics and /status."""
 
 from __future__ import annotations
 
@@ -36,6 +36,15 @@ def stats_fields(state: WebhookState) -> dict[str, str]:
     }
 
 
+async def ledger_ready(state: WebhookState) -> bool:
+    """Whether the ledger answers and is ready, as /readyz asks it (an unreachable ledger is not ready)."""
+    try:
+        async with asyncio.timeout(LEDGER_CALL_TIMEOUT_SECONDS):
+            return await state.ledger.is_ready()
+    except (HossError, TimeoutError):
+        return False
+
+
 async def publish_stats(state: WebhookState, redis: Redis, *, instance: str, interval: float = 2.0) -> None:
     """Publish verdict counts, review latency and recent denials for the dispatcher's /status (one key per
     resolver replica)."""
@@ -55,5 +64,6 @@ async def publish_stats(state: WebhookState, redis: Redis, *, instance: str, int
                 state.quota_report = await state.ledger.quotas()
         except (HossError, TimeoutError) as error:
             log.warning("cannot read elastic quotas' use: %s", error or "no answer")
+        state.metrics.set_ready(await ledger_ready(state))
         raise_if_cancelled()
         await asyncio.sleep(interval)
