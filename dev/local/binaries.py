@@ -29,6 +29,7 @@ ETCD_VERSION = "v3.6.16"
 KWOK_VERSION = "v0.8.0"
 PROMETHEUS_VERSION = "v0.316.0"
 """The Go module version of github.com/prometheus/prometheus (Prometheus 3.16.0), for promtool."""
+HELM_VERSION = "v3.22.0"
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,9 @@ TOOLS: tuple[Binary, ...] = (
     # discovery plugins (cloud SDKs), which checking rules never uses.
     Binary("promtool", "promtool", "github.com/prometheus/prometheus/cmd/promtool", PROMETHEUS_VERSION,
            tags="remove_all_sd"),
+    # `helm lint`, `helm template` and `helm install` of deploy/helm/hoss (tests/unit/test_helm_chart.py,
+    # tests/e2e/test_helm.py).
+    Binary("helm", "helm", "helm.sh/helm/v3/cmd/helm", HELM_VERSION),
 )
 
 
@@ -98,6 +102,20 @@ def _progress(message: str) -> None:
     print(f"[hoss build] {message}", file=sys.stderr, flush=True)
 
 
+def _helm_ldflags(go: str, version: str) -> str:
+    """What helm's own Makefile sets: its version, and the Kubernetes version of its client-go as the cluster that
+    `helm template` and `helm lint` assume (the default in the source is 1.20)."""
+    listed = subprocess.run([go, "list", "-m", "-f", "{{.Version}}", "k8s.io/client-go"], cwd=GO_DIR / "helm",
+                            capture_output=True, text=True, check=False)
+    if listed.returncode != 0:
+        raise BinaryError(f"cannot read helm's k8s.io/client-go version: {listed.stderr.strip()}")
+    minor = listed.stdout.strip().removeprefix("v").split(".")[1]  # client-go v0.37.x goes with Kubernetes 1.37
+    flags = f" -X helm.sh/helm/v3/internal/version.version={version}"
+    for package in ("helm.sh/helm/v3/pkg/chartutil", "helm.sh/helm/v3/pkg/lint/rules"):
+        flags += f" -X {package}.k8sVersionMajor=1 -X {package}.k8sVersionMinor={minor}"
+    return flags
+
+
 def build_missing(*, force: bool = False) -> dict[str, Path]:
     """Build every binary that is not already available; return the path of each."""
     target = cache_dir()
@@ -134,6 +152,8 @@ def build_missing(*, force: bool = False) -> dict[str, Path]:
             ldflags += f" -X k8s.io/component-base/version.gitVersion={b.version}"
             ldflags += " -X k8s.io/component-base/version.gitMajor=1"
             ldflags += f" -X k8s.io/component-base/version.gitMinor={b.version.split('.')[1]}"
+        elif b.module_dir == "helm":
+            ldflags += _helm_ldflags(go, b.version)
         command = [go, "build", "-trimpath", "-ldflags", ldflags, *(["-tags", b.tags] if b.tags else []),
                    "-o", str(partial), b.package]
         result = subprocess.run(
