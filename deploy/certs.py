@@ -35,6 +35,7 @@ from cryptography.hazmat.primitives import serialization
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.config.config_exception import ConfigException
+from kubernetes_asyncio.config.incluster_config import SERVICE_CERT_FILENAME, SERVICE_TOKEN_FILENAME
 
 from deploy import pki
 from hoss.model.objects import Json
@@ -250,16 +251,36 @@ class Installed:
     bundled_cas: int
 
 
-def kubeconfig_location(explicit: str | None) -> str:
-    """``explicit``, else $KUBECONFIG (a list of files, as kubectl reads it), else ~/.kube/config; it must exist."""
+def kubeconfig_location(explicit: str | None) -> str | None:
+    """``explicit``, else $KUBECONFIG (a list of files, as kubectl reads it), else ~/.kube/config; it must exist.
+
+    None inside a pod that names none of them (the Helm chart's certificate Job): the pod's service account.
+    """
+    if not explicit and not os.environ.get("KUBECONFIG") and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        default = Path.home() / ".kube" / "config"
+        if not default.is_file():
+            return None
     where = explicit or os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
     if not any(Path(part).expanduser().is_file() for part in where.split(os.pathsep) if part):
         raise CertsError(f"kubeconfig {where} not found: pass --kubeconfig, or set KUBECONFIG")
     return where
 
 
-async def connect(kubeconfig: str, *, context: str | None = None) -> client.ApiClient:
-    """A client from the kubeconfig file(s) ``kubeconfig``."""
+async def connect(
+    kubeconfig: str | None, *, context: str | None = None, token_file: str = SERVICE_TOKEN_FILENAME,
+    ca_file: str = SERVICE_CERT_FILENAME,
+) -> client.ApiClient:
+    """A client from the kubeconfig file(s) ``kubeconfig``, or from the pod's service account when None
+    (KUBERNETES_SERVICE_HOST and _PORT, the mounted token and CA)."""
+    if kubeconfig is None:
+        configuration = client.Configuration()
+        try:
+            config.load_incluster_config(  # type: ignore[no-untyped-call]
+                client_configuration=configuration, token_filename=token_file, cert_filename=ca_file
+            )
+        except ConfigException as error:
+            raise CertsError(f"cannot use the pod's service account: {error}") from error
+        return client.ApiClient(configuration)
     try:
         # persist_config=False: never write refreshed credentials back into the operator's kubeconfig.
         return await config.new_client_from_config(config_file=kubeconfig, context=context, persist_config=False)
@@ -378,7 +399,7 @@ def make_files(directory: Path, *, names: ServingNames, namespace: str, secret: 
 
 async def make_and_install(
     *,
-    kubeconfig: str,
+    kubeconfig: str | None,
     context: str | None,
     names: ServingNames,
     namespace: str,

@@ -6,15 +6,18 @@ import base64
 import datetime
 import ipaddress
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.x509.oid import ExtendedKeyUsageOID
+from kubernetes_asyncio import client
 
 from deploy import certs
 from deploy.cli import main as hoss
+from tests.unit.tls_apiserver import TLSApiserver
 
 SERVICE_NAMES = ("hoss-resolver.hoss-system.svc", "hoss-resolver.hoss-system.svc.cluster.local")
 
@@ -160,3 +163,50 @@ def _issued_by(certificate: x509.Certificate, ca: x509.Certificate) -> bool:
     except (ValueError, TypeError, InvalidSignature):
         return False
     return True
+
+
+def test_inside_a_pod_without_a_kubeconfig_hoss_certs_takes_the_pods_service_account(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Helm chart's certificate Job runs `hoss certs` with no kubeconfig, as its pod's ServiceAccount."""
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(certs.CertsError, match="not found: pass --kubeconfig"):
+        certs.kubeconfig_location(None)
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    assert certs.kubeconfig_location(None) is None
+    explicit = tmp_path / "admin.yaml"
+    with pytest.raises(certs.CertsError, match=f"kubeconfig {explicit} not found"):
+        certs.kubeconfig_location(str(explicit))
+
+
+async def test_the_service_account_client_calls_the_apiserver_over_tls_with_the_mounted_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = TLSApiserver(tmp_path)
+    await server.start()
+    try:
+        token = tmp_path / "token"
+        token.write_text("pod-token")
+        monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+        monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(server.port))
+        api = await certs.connect(None, token_file=str(token), ca_file=str(server.ca.cert))
+        try:
+            admission: Any = client.AdmissionregistrationV1Api(api)
+            await admission.read_validating_webhook_configuration("hoss-resolver", _preload_content=False)
+        finally:
+            await api.close()
+    finally:
+        await server.stop()
+    (seen,) = server.seen
+    assert seen.raw_path == "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/hoss-resolver"
+    assert seen.authorization == "Bearer pod-token"
+
+
+async def test_a_pod_without_its_service_account_token_is_told_so(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    with pytest.raises(certs.CertsError, match="cannot use the pod's service account"):
+        await certs.connect(None, token_file=str(tmp_path / "absent"), ca_file=str(tmp_path / "absent-ca"))
