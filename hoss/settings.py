@@ -316,6 +316,9 @@ class AccessSettings(HossSettings):
     cluster-wide by a ClusterRoleBinding, lets a user read."""
     access_cache_seconds: float = Field(default=10.0, gt=0)
     """How long a token's review is remembered (access 'kubernetes')."""
+    access_reviews_per_second: float = Field(default=5.0, gt=0)
+    """How many tokens never accepted before are reviewed a second (TokenReview), a burst of 4 seconds' worth
+    (access 'kubernetes'); beyond, 429 without a review. Tokens accepted before are reviewed whatever the rate."""
 
 
 def check_lease_timing(renew_interval: float, renew_deadline: float, lease_duration: float) -> None:

@@ -3,14 +3,16 @@
 - ``POST /validate-binding`` (and its lanes' paths, ``/validate-binding/lane-N``) and ``/validate-system``: an
   AdmissionReview of a binding, a pod created on a node or a resize, judged by `resolver.judge` and answered with
   HTTP 200 and the verdict; a malformed review gets HTTP 400 naming the field; a body over ``max_body_bytes`` gets
-  HTTP 400 and the connection is closed.
+  HTTP 400 and the connection is closed. The bodies being read at once hold at most ``max_pending_body_bytes``
+  (`resolver.server.BodyBudget`): a review waits for its share before its body is read.
 - ``POST /mutate-pod``: the router (`resolver.router`).
 - ``GET /healthz``, ``/readyz`` (ready when the ledger is, on followers too), ``/metrics`` (Prometheus) and
   ``/status`` (JSON); the last two behind `hoss.kube.access` with ``--access=kubernetes``.
 
 Only the apiserver may post reviews (``--client-ca-file``): the review paths answer 401 on a connection without a
-verified client certificate and 403 when its names are not in ``--client-names``, before the body is read. The
-certificate was verified once, at the connection's handshake (`resolver.tls`); a review only reads its names.
+verified client certificate and 403 when its names are not in ``--client-names``, and never read the body: the
+connection closes after the answer (`unread_bodies_dropped`). The certificate was verified once, at the
+connection's handshake (`resolver.tls`); a review only reads its names.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from collections.abc import Awaitable, Callable
 
 import orjson
 from aiohttp import web
-from aiohttp.typedefs import Handler
+from aiohttp.typedefs import Handler, Middleware
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -32,7 +34,7 @@ from hoss.model import admission
 from resolver.judge import LEDGER_CALL_TIMEOUT_SECONDS, judge, judge_pod_write, system_verdict
 from resolver.metrics import LEDGER_COUNTERS
 from resolver.router import mutation_response, route
-from resolver.server import IDLE_TIMEOUT_SECONDS, WebhookServer
+from resolver.server import IDLE_TIMEOUT_SECONDS, BodyBudget, ConnectionLimits, WebhookServer
 from resolver.state import Denial, WebhookState
 from resolver.tls import client_names
 
@@ -62,21 +64,28 @@ class _TooLarge(Exception):
     """The body is longer than max_body_bytes."""
 
 
-async def _read_body(request: web.Request, *, timeout_seconds: float) -> bytes:
-    """The whole body; a body still on its way gets ``timeout_seconds`` to arrive (TimeoutError)."""
+async def _read_body(request: web.Request, *, budget: BodyBudget, limit: int, timeout_seconds: float) -> bytes:
+    """The whole body, read once ``budget`` has room for it (its Content-Length, else ``limit``); a body still on its
+    way, or waiting for room, gets ``timeout_seconds`` (TimeoutError)."""
     try:
-        if request.content.is_eof():  # the usual review: it came with its headers, nothing to wait for
-            return await request.read()
         async with asyncio.timeout(timeout_seconds):
-            return await request.read()
+            taken = await budget.take(request.content_length if request.content_length is not None else limit)
+        try:
+            if request.content.is_eof():  # the usual review: it came with its headers, nothing to wait for
+                return await request.read()
+            async with asyncio.timeout(timeout_seconds):
+                return await request.read()
+        finally:
+            budget.give(taken)
     except web.HTTPRequestEntityTooLarge as error:  # a chunked body: its length was not known up front
         raise _TooLarge from error
 
 
 def review_endpoint(state: WebhookState, handler: ReviewHandler, *, body_timeout_seconds: float) -> Handler:
-    """``handler`` behind the review paths' checks: the body's size (before it is read), the client's certificate,
-    then the body within ``body_timeout_seconds``."""
+    """``handler`` behind the review paths' checks: the client's certificate, the body's size (before it is read),
+    then the body within ``body_timeout_seconds``, once the state's body budget has room for it."""
     limit = state.settings.max_body_bytes
+    budget = state.body_budget
 
     def too_large() -> web.Response:
         # Answered before the body is read; the server reads and drops the rest for a while, so that a client still
@@ -86,19 +95,17 @@ def review_endpoint(state: WebhookState, handler: ReviewHandler, *, body_timeout
         return response
 
     async def endpoint(request: web.Request) -> web.StreamResponse:
-        length = request.content_length
-        if length is not None and length > limit:
-            return too_large()
         if state.authenticate:
-            transport = request.transport
-            names = client_names(transport.get_extra_info("peercert")) if transport is not None else None
-            refused = refusal(names, allowed=state.client_names)
+            refused = refusal(verified_names(request), allowed=state.client_names)
             if refused is not None:
                 code, message = refused
                 state.metrics.count_refusal(code)
-                return _json({"error": message}, status=code)
+                return _json({"error": message}, status=code)  # its body is never read (`unread_bodies_dropped`)
+        length = request.content_length
+        if length is not None and length > limit:
+            return too_large()
         try:
-            body = await _read_body(request, timeout_seconds=body_timeout_seconds)
+            body = await _read_body(request, budget=budget, limit=limit, timeout_seconds=body_timeout_seconds)
         except _TooLarge:
             return too_large()
         except TimeoutError:
@@ -108,6 +115,35 @@ def review_endpoint(state: WebhookState, handler: ReviewHandler, *, body_timeout
         return await handler(state, body)
 
     return endpoint
+
+
+def verified_names(request: web.Request) -> tuple[str, ...] | None:
+    """The names in the client certificate the connection's handshake verified; None without one."""
+    transport = request.transport
+    return client_names(transport.get_extra_info("peercert")) if transport is not None else None
+
+
+def unread_bodies_dropped() -> Middleware:
+    """On a connection without a verified client certificate, a body its handler did not read (a review refused
+    401, a path that takes none) is not read on: aiohttp would read and drop it for up to a few seconds after the
+    answer, holding the connection and its buffers past any limit; the connection closes after the answer instead."""
+
+    def drop(request: web.Request, response: web.StreamResponse) -> None:
+        if not request.content.is_eof() and verified_names(request) is None:
+            request.content.feed_eof()
+            response.force_close()
+
+    @web.middleware
+    async def dropping(request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            response = await handler(request)
+        except web.HTTPException as error:  # aiohttp's own answers (404, 405), raised
+            drop(request, error)
+            raise
+        drop(request, response)
+        return response
+
+    return dropping
 
 
 async def mutate_pod(state: WebhookState, body: bytes) -> web.Response:
@@ -220,8 +256,10 @@ async def status(state: WebhookState) -> web.Response:
 def build_app(state: WebhookState, *, body_timeout_seconds: float = IDLE_TIMEOUT_SECONDS) -> web.Application:
     """The routes: the review paths (`review_endpoint`), the probes (open), /metrics and /status
     (``state.access``)."""
-    app = web.Application(middlewares=[middleware(state.access)] if state.access is not None else [],
-                          client_max_size=state.settings.max_body_bytes)
+    guards = [unread_bodies_dropped()] if state.authenticate else []
+    if state.access is not None:
+        guards.append(middleware(state.access))
+    app = web.Application(middlewares=guards, client_max_size=state.settings.max_body_bytes)
 
     def reviews(handler: ReviewHandler) -> Handler:
         return review_endpoint(state, handler, body_timeout_seconds=body_timeout_seconds)
@@ -254,7 +292,9 @@ def build_app(state: WebhookState, *, body_timeout_seconds: float = IDLE_TIMEOUT
 def build_server(state: WebhookState, *, idle_timeout_seconds: float = IDLE_TIMEOUT_SECONDS) -> WebhookServer:
     """The webhook's server for ``state`` (which then shows its counts in /status); `WebhookServer.start` serves
     it."""
+    settings = state.settings
+    limits = ConnectionLimits(clients=settings.max_connections, anonymous=settings.max_anonymous_connections)
     server = WebhookServer(build_app(state, body_timeout_seconds=idle_timeout_seconds),
-                           idle_timeout_seconds=idle_timeout_seconds)
+                           idle_timeout_seconds=idle_timeout_seconds, limits=limits, authenticate=state.authenticate)
     state.server = server
     return server

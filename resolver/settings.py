@@ -57,6 +57,17 @@ class ResolverSettings(AccessSettings):
     (a rebuild) and counts it (hoss_ledger_audit_drift in /metrics, /status, a warning in the log)."""
     max_body_bytes: int = Field(default=1 << 20, ge=1024)
     """Largest AdmissionReview accepted; larger bodies get HTTP 400."""
+    max_pending_body_bytes: int = Field(default=64 << 20, ge=1024)
+    """Most bytes of review bodies being read at once: a review reserves its Content-Length (max_body_bytes when it
+    sends none) before its body is read, and waits while the rest is reserved."""
+    max_connections: int = Field(default=512, ge=1)
+    """Most connections of clients whose certificate client_ca_file verified (the apiserver's) open at once; a new
+    one beyond is closed after its TLS handshake. Without client_ca_file every connection counts here, and one more
+    closes the oldest."""
+    max_anonymous_connections: int = Field(default=128, ge=1)
+    """Most other connections open at once (in their TLS handshake, or without a verified client certificate: the
+    kubelet's probes, readers of /status and /metrics); one more closes the oldest, so connections that park can
+    neither hold the port nor grow the resolver's memory (each costs about 300 KiB while open)."""
     expire_interval_seconds: float = Field(default=1.0, gt=0)
     """How often reservations past their deadline are released."""
     lease_name: str = Field(default="hoss-resolver-sync", min_length=1)

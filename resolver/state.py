@@ -19,7 +19,7 @@ from hoss.model.objects import Json
 from resolver.metrics import LatencyWindow, WebhookMetrics
 from resolver.mirror import PodIndex
 from resolver.router import NamespaceLabels, Rule
-from resolver.server import WebhookServer
+from resolver.server import BodyBudget, WebhookServer
 from resolver.settings import ResolverSettings
 from resolver.sync import LedgerSync
 
@@ -79,6 +79,8 @@ class WebhookState:
         self.authenticate = self.settings.client_ca_file is not None
         self.client_names = frozenset(self.settings.client_names)
         self.metrics = WebhookMetrics(self)
+        self.body_budget = BodyBudget(self.settings.max_pending_body_bytes)
+        """The review bodies being read at once (`resolver.server.BodyBudget`)."""
 
     def count_verdict(self, verdict: admission.Verdict) -> None:
         self.verdict_counts[verdict.reason] += 1

@@ -30,7 +30,8 @@ async def serve(settings: WorkerSettings) -> int:
     access = None
     if settings.access == "kubernetes":
         access = TokenAccess(rest, resource="workers", namespace=settings.access_namespace,
-                             cache_seconds=settings.access_cache_seconds)
+                             cache_seconds=settings.access_cache_seconds,
+                             reviews_per_second=settings.access_reviews_per_second)
     runner = web.AppRunner(build_app(worker, access=access), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, settings.host, settings.port).start()
