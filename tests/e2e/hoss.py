@@ -249,9 +249,9 @@ async def pods_watched(cluster: Cluster, seen: Callable[[Mapping[str, Json]], No
 
 
 async def status_access(plane: LocalPlane, namespace: str) -> dict[str, int]:
-    """A dispatcher, a second resolver replica (a follower on the plane's sync Lease), a worker and a rescheduler
-    (which serves /status only), each with ``--access=kubernetes``, beside the session's, asked for /status and
-    /metrics by: nobody, a forged token, a ServiceAccount without the ClusterRole hoss-viewer, and one bound to it.
+    """A dispatcher, a second resolver replica (a follower on the plane's sync Lease), a worker and a rescheduler,
+    each with ``--access=kubernetes``, beside the session's, asked for /status and /metrics by: nobody, a forged
+    token, a ServiceAccount without the ClusterRole hoss-viewer, and one bound to it.
     The HTTP status of each (keys ``<component> <who> <path>``), and of each one's health probe without a token
     (``<component> nobody /healthz``)."""
     viewer, stranger = f"viewer-{namespace}"[:60], f"stranger-{namespace}"[:60]
@@ -305,7 +305,7 @@ async def status_access(plane: LocalPlane, namespace: str) -> dict[str, int]:
             for component, url in urls.items():
                 for who, token in tokens.items():
                     headers = {"Authorization": f"Bearer {token}"} if token else {}
-                    for path in ("/status",) if component == "rescheduler" else ("/status", "/metrics"):
+                    for path in ("/status", "/metrics"):
                         async with session.get(url + path, headers=headers) as response:
                             outcomes[f"{component} {who} {path}"] = response.status
                 async with session.get(url + "/healthz") as response:

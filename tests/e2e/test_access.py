@@ -16,9 +16,8 @@ async def test_status_and_metrics_need_a_token_of_a_hoss_viewer(
     outcomes = await status_access(plane, namespace)
     expected = {
         **{f"{component} {who} {path}": code
-           for component in ("dispatcher", "resolver", "worker")
+           for component in ("dispatcher", "resolver", "worker", "rescheduler")
            for who, code in EXPECTED.items() for path in ("/status", "/metrics")},
-        **{f"rescheduler {who} /status": code for who, code in EXPECTED.items()},
         **{f"{component} nobody /healthz": 200 for component in ("dispatcher", "resolver", "worker", "rescheduler")},
     }
     assert outcomes == expected
