@@ -38,8 +38,8 @@ DEFAULT_REDIS_HOST = "hoss-redis.hoss-system.svc"
 DEFAULT_CONTROL_PLANE_DIR = "/etc/kubernetes/hoss"
 
 _LEDGER_SCRIPT_COMMANDS = (
-    "del exists get set hdel hget hgetall hincrby hlen hset sadd scard sismember smembers smove srem time xadd"
-    " xrevrange zadd zrem zrange zrangebyscore zscore"
+    "del exists get set hdel hget hgetall hincrby hlen hset incr pexpire sadd scard sismember smembers smove srem time"
+    " xadd xrevrange zadd zrem zrange zrangebyscore zscore"
 )
 """What the ledger's Lua scripts (hoss/ledger/lua) call; Redis checks a script's commands against its caller's ACL
 (tests/unit/test_redis_acl.py checks that this lists every command the scripts call)."""
@@ -58,12 +58,12 @@ def _writes(keys: Sequence[str]) -> list[str]:
 REDIS_ACL: dict[str, str] = {
     # Work streams, worker registry, dispatched map and podver; reads the ledger (the snapshot script, run with
     # EVALSHA_RO so its declared key {hoss}:ready counts as read) and resolver stats. `nominated`: a preemptor that
-    # left the pending set gives up its held room (the mark-gone script).
+    # left the pending set gives up its held room (the mark-gone script). `term:*`: its leaders' terms (hoss.queue).
     "hoss-dispatcher": " ".join([
-        "resetkeys %R~{hoss}:*", *_writes((*_QUEUE_KEYS, "nominated")), "resetchannels -@all",
+        "resetkeys %R~{hoss}:*", *_writes((*_QUEUE_KEYS, "nominated", "term:*")), "resetchannels -@all",
         _CONNECTION_COMMANDS,
         "+xadd +xrange +xlen +xreadgroup +xinfo|groups +xgroup|create +xack +xdel +hset +hget +hdel +hgetall +hmget",
-        "+sadd +srem +smembers +scard +sismember +del +exists +get +pexpire +scan +time +xrevrange +zrem",
+        "+sadd +srem +smembers +scard +sismember +del +exists +get +set +pexpire +scan +time +xrevrange +zrem",
     ]),
     # Its queue and heartbeat, the dispatched map (acknowledgements) and the ledger (reservations, change stream).
     "hoss-worker": " ".join([
@@ -71,9 +71,10 @@ REDIS_ACL: dict[str, str] = {
         _CONNECTION_COMMANDS, *(f"+{c}" for c in _LEDGER_SCRIPT_COMMANDS.split()),
         "+xread +xrange +xreadgroup +xinfo|groups +xgroup|create +xack +xdel +hmget +pexpire +zremrangebyscore +zcard",
     ]),
-    # The ledger (sync, webhook), the sync's stamp and its own stats hash; reads the rest, writes no work stream.
+    # The ledger (sync, webhook), the sync's stamp, its write fences' counters (hoss/ledger/fence.py) and its own
+    # stats hash; reads the rest, writes no work stream.
     "hoss-resolver": " ".join([
-        "resetkeys %R~{hoss}:*", *_writes((*_LEDGER_KEYS, "stamp", "resolver:*")), "resetchannels -@all",
+        "resetkeys %R~{hoss}:*", *_writes((*_LEDGER_KEYS, "stamp", "fence:*", "resolver:*")), "resetchannels -@all",
         _CONNECTION_COMMANDS, *(f"+{c}" for c in _LEDGER_SCRIPT_COMMANDS.split()),
         "+xread +xrange +hmget +expire +incr +incrby",
     ]),

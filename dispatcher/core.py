@@ -13,7 +13,10 @@ decisions are pure and live apart: the pending-pod book (dispatcher/pending.py),
 the roles switched by dispatcher/roles.py. What stays here is the Redis and apiserver I/O around them.
 
 Invariants:
-- Only the leader writes the work queues and the dispatched map (workers acknowledge their own items).
+- Only the leader writes the work queues and the dispatched map (workers acknowledge their own items), and each
+  write carries its term (`hoss.queue.Fence`): once another leader took over, Redis refuses what this one still
+  sends (`hoss.queue.Fenced`, counted in ``hoss_dispatcher_fenced_writes_total``), so a leader paused past its
+  Lease changes nothing when it wakes. A new leader writes its term before its first round.
 - A pod is in at most one worker's stream at a time: it is sent again only after it left the dispatched map,
   because its worker died and was reclaimed, because the map named a worker that no longer exists, or because
   its worker acknowledged it and the pod still looks pending ``informer_lag_seconds`` later (the watch may lag
@@ -50,7 +53,7 @@ from dispatcher.waiting import NO_WORKER_REASON, no_worker_message, waits_for
 from hoss.errors import LedgerUnavailable
 from hoss.kube.client import KubeError
 from hoss.model.objects import Json
-from hoss.queue import WorkerInfo, WorkItem, WorkQueue
+from hoss.queue import Fenced, WorkerInfo, WorkItem, WorkQueue
 
 log = logging.getLogger(__name__)
 
@@ -92,11 +95,16 @@ class Dispatcher(ClusterView):
         metrics: DispatcherMetrics | None = None,
         rng: random.Random | None = None,
         is_leader: Callable[[], bool] = _always_leader,
+        on_fenced: Callable[[int], Awaitable[object]] | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
+        """``on_fenced``: what to do when Redis refused a write because a leader of a later term (its argument)
+        wrote since: the elector's `hoss.kube.leader.LeaderElector.raise_term`, which finds out whether this
+        replica still holds the Lease (and raises its term past the stored one) or lost it (and steps down)."""
         super().__init__(settings=settings, metrics=metrics, clock=clock, wall=wall)
         self.queue = queue
+        self._on_fenced = on_fenced
         self.notifier = notifier
         self.workers: list[WorkerInfo] = []
         """Live workers as of the last round."""
@@ -121,6 +129,7 @@ class Dispatcher(ClusterView):
         """Dispatch and reclaim until cancelled: a full round every reclaim interval, new pods as they come."""
         await self.synced.wait()
         log.info("leading: %d pending pods to look at", len(self.pending))
+        await self._guarded(self.queue.claim_term())  # a Redis that does not answer: the first write claims it
         try:
             await self._lead_rounds()
         finally:
@@ -448,6 +457,12 @@ class Dispatcher(ClusterView):
         """Run one step; a Redis failure pauses (logged once per outage) instead of stopping the dispatcher."""
         try:
             await step
+        except Fenced as error:
+            self.metrics.fenced_writes.inc()
+            log.warning("%s", error)
+            if error.newer is not None and self._on_fenced is not None:
+                await self._on_fenced(error.newer)
+            return False
         except (LedgerUnavailable, RedisError) as error:
             if self.redis_error is None:
                 log.warning("Redis unreachable; dispatching paused until it answers: %s", error)

@@ -30,7 +30,7 @@ from hoss.kube.client import api_client, run_informer
 from hoss.kube.rest import KubeREST
 from hoss.ledger.client import Ledger
 from hoss.ledger.redisclient import PipelinedRedis
-from hoss.queue import WorkQueue
+from hoss.queue import Fence, WorkQueue, term_key
 from hoss.settings import run_service
 
 log = logging.getLogger(__name__)
@@ -73,9 +73,16 @@ async def running_dispatcher(settings: DispatcherSettings) -> AsyncIterator[Runn
         )
         sends = PipelinedRedis(settings.redis_url)  # the dispatch transactions, one write each
         stack.push_async_callback(sends.aclose)
-        queue = WorkQueue(redis, pipelined=sends)
+        # Every write of the leader's carries its term, the Lease's leaseTransitions (hoss.queue, Fencing).
+        fence = Fence(key=term_key(f"{settings.lease_namespace}/{settings.lease_name}"), term=lambda: elector.term)
+        queue = WorkQueue(redis, pipelined=sends, fence=fence)
+
+        async def fenced(newer: int) -> None:
+            await elector.raise_term(above=newer)
+
         dispatcher = Dispatcher(
-            queue=queue, settings=settings, notifier=KubeNotifier(core), is_leader=lambda: elector.is_leader
+            queue=queue, settings=settings, notifier=KubeNotifier(core), is_leader=lambda: elector.is_leader,
+            on_fenced=fenced,
         )
         dispatcher.metrics.leader.set_function(lambda: float(elector.is_leader))
         state = ServiceState(
@@ -87,7 +94,8 @@ async def running_dispatcher(settings: DispatcherSettings) -> AsyncIterator[Runn
             stack.push_async_callback(rest.close)
             access = TokenAccess(
                 rest, resource="dispatchers", namespace=settings.access_namespace,
-                cache_seconds=settings.access_cache_seconds, paths={**STATUS_PATHS, "/status/schema": "status"},
+                cache_seconds=settings.access_cache_seconds, reviews_per_second=settings.access_reviews_per_second,
+                paths={**STATUS_PATHS, "/status/schema": "status"},
             )
         runner = web.AppRunner(build_app(state, access=access), access_log=None)
         await runner.setup()

@@ -69,6 +69,10 @@ class DispatcherMetrics:
         self.redis_errors = Counter(
             "hoss_dispatcher_redis_errors_total", "Dispatcher rounds that failed because Redis did", registry=r
         )
+        self.fenced_writes = Counter(
+            "hoss_dispatcher_fenced_writes_total", "Writes to the work queues Redis refused because a leader of a "
+            "later term took over (this replica had lost the Lease)", registry=r
+        )
         self.rounds = Counter(
             "hoss_dispatcher_rounds_total",
             "Rounds completed, by role: the leader's full rounds (reclaim, resync, dispatch), the follower's refreshes",

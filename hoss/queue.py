@@ -11,8 +11,17 @@ Keys (all under the ``{hoss}`` hash tag, so they share a slot with the ledger):
 - ``{hoss}:podver``       hash pod uid -> digest | "gone", written only when a queued pod changed (the new
   version follows in the same stream) or left the pending set; the ledger's batch reservation answers "stale"
   for any other version, and the worker's acknowledgement removes the entry.
+- ``{hoss}:term:<lease>`` the highest term a dispatcher leader of the Lease ``<namespace>/<name>`` wrote with (its
+  leaseTransitions when it took the Lease over).
 
 A work item carries the pod itself in compact form (`hoss.model.compact`), so workers neither watch nor read pods.
+
+Fencing: every write only the leader may make (sends, resends, marks, forgetting, reclaiming) is a script that
+carries the leader's term (`Fence`) and checks it against ``{hoss}:term:<lease>`` in the same atomic call: a lower
+term is refused (`Fenced`), a higher one becomes the stored one. A new leader writes its term when it takes over
+(`WorkQueue.claim_term`), so from then on nothing a former leader still sends (paused, or its write held up on
+the way) changes the queues. The terms come from the Lease, whose writes are conditional: of two leaders the later
+always has the higher term.
 
 Invariant: an item leaves its stream (XACK + XDEL) only when the worker is done with the pod (bound, gone, or
 handed back). So a stream always holds exactly its worker's unfinished work, and when a worker dies, everything
@@ -48,7 +57,7 @@ from redis.exceptions import (
 )
 
 from hoss.errors import HossError, LedgerUnavailable
-from hoss.ledger.connection import ScriptClient
+from hoss.ledger.connection import LedgerScript, ScriptClient
 from hoss.ledger.keys import NOMINATED_KEY
 from hoss.ledger.redisclient import PipelinedRedis
 
@@ -63,23 +72,85 @@ BOUND_PREFIX = "bound:"
 """A dispatched entry ``bound:<worker>``: that worker bound the pod; the dispatcher waits for its watch to agree."""
 GONE = "gone"
 
+TERM_PREFIX = f"{PREFIX}:term:"
+
+# The leader's fence, first in every script only the leader runs: KEYS[1] holds the highest term a leader of the
+# Lease wrote with, ARGV[1] is the writer's ('' for a writer without a Lease, which is not fenced). A lower term is
+# refused before anything is written: {'stale', the stored term}; a higher one becomes the stored term.
+_FENCE = """
+if ARGV[1] ~= '' then
+  local stored = tonumber(redis.call('GET', KEYS[1]))
+  local mine = tonumber(ARGV[1])
+  if stored and mine < stored then
+    return {'stale', tostring(stored)}
+  end
+  if not stored or mine > stored then
+    redis.call('SET', KEYS[1], ARGV[1])
+  end
+end
+"""
+
+# A new leader's first write: its term alone. Reply: {'claimed'} (or the fence's refusal).
+_CLAIM = _FENCE + """
+return {'claimed'}
+"""
+
 # Marks dispatched pods that left the pending set; a pod its worker already acknowledged needs no mark. Room held
 # for such a pod as a preemptor is given up at once (the ledger drops its node's set entry when it next reads it).
-# KEYS: dispatched, podver, nominated. ARGV: uids. Reply: how many were marked.
-_MARK_GONE = """
+# KEYS: term, dispatched, podver, nominated. ARGV: term, uids. Reply: {'marked', how many}.
+_MARK_GONE = _FENCE + """
 local marked = 0
-for _, uid in ipairs(ARGV) do
-  local owner = redis.call('HGET', KEYS[1], uid)
+for i = 2, #ARGV do
+  local uid = ARGV[i]
+  local owner = redis.call('HGET', KEYS[2], uid)
   if owner then
     if string.sub(owner, 1, 6) ~= 'bound:' then
-      redis.call('HSET', KEYS[2], uid, 'gone')
+      redis.call('HSET', KEYS[3], uid, 'gone')
     end
-    redis.call('HDEL', KEYS[3], uid)
-    redis.call('HDEL', KEYS[1], uid)
+    redis.call('HDEL', KEYS[4], uid)
+    redis.call('HDEL', KEYS[2], uid)
     marked = marked + 1
   end
 end
-return marked
+return {'marked', marked}
+"""
+
+# The leader sends items: each appended to its worker's stream, its uids recorded as dispatched to that worker, the
+# worker noted as known. KEYS: term, dispatched, workers, then the stream of each item in turn. ARGV: term, then per
+# item its field 'i' (the item as JSON), its worker and the count of its uids, then the uids.
+# Reply: {'sent', the message id of each item}.
+_ENQUEUE = _FENCE + """
+local ids = {'sent'}
+local a = 2
+for k = 4, #KEYS do
+  local worker, n = ARGV[a + 1], tonumber(ARGV[a + 2])
+  table.insert(ids, redis.call('XADD', KEYS[k], '*', 'i', ARGV[a]))
+  for j = a + 3, a + 2 + n do
+    redis.call('HSET', KEYS[2], ARGV[j], worker)
+  end
+  redis.call('SADD', KEYS[3], worker)
+  a = a + 3 + n
+end
+return ids
+"""
+
+# Forget dispatched uids, and any version mark. KEYS: term, dispatched, podver. ARGV: term, uids.
+_FORGET = _FENCE + """
+for i = 2, #ARGV do
+  redis.call('HDEL', KEYS[2], ARGV[i])
+  redis.call('HDEL', KEYS[3], ARGV[i])
+end
+return {'forgot'}
+"""
+
+# Take a dead worker's unfinished items and forget the worker. KEYS: term, queue, worker, workers, binding.
+# ARGV: term, worker id. Reply: {'reclaimed', the stream's entries ([id, [field, value, ...]] each)}.
+_RECLAIM = _FENCE + """
+local entries = redis.call('XRANGE', KEYS[2], '-', '+')
+redis.call('DEL', KEYS[2], KEYS[3])
+redis.call('SREM', KEYS[4], ARGV[2])
+redis.call('ZREM', KEYS[5], ARGV[2])
+return {'reclaimed', entries}
 """
 
 # The worker is done with some items: drop them from its stream, and drop their uids from the dispatched map only
@@ -133,16 +204,47 @@ class QueueLost(HossError):
     and took its work, or Redis restarted or was flushed. The worker recreates its group and re-registers."""
 
 
+class Fenced(HossError):
+    """A leader's write was refused: a leader of a later term (``newer``) wrote since, or this replica does not lead
+    (``term`` None). Nothing of the write happened."""
+
+    def __init__(self, *, term: int | None, newer: int | None) -> None:
+        self.term = term
+        self.newer = newer
+        super().__init__(f"a dispatcher leader of term {newer} took over (this replica's term: {term}): its writes"
+                         " are refused" if newer is not None else "this replica does not lead: it may not write")
+
+
+@dataclass(frozen=True)
+class Fence:
+    """What makes the leader's writes refusable once another leader took over: ``key`` keeps the highest term a
+    leader of the Lease wrote with (`term_key`), ``term()`` is this replica's (the Lease's leaseTransitions since it
+    took the Lease), None while it does not lead."""
+
+    key: str
+    term: Callable[[], int | None]
+
+
+def term_key(lease: str) -> str:
+    """Where the highest term of the dispatcher leaders of Lease ``lease`` ('<namespace>/<name>') is kept."""
+    return f"{TERM_PREFIX}{lease}"
+
+
+UNFENCED = Fence(key=term_key(""), term=lambda: None)
+"""A writer without a Lease (tests, tools): its writes are not checked."""
+
+
 # A queued pod changed: if it is still assigned to the worker, mark the new digest and queue the new version
-# behind the old one. KEYS: dispatched, podver, queue. ARGV: uid, worker, digest, then item field/value pairs.
-# Reply: 1 when queued, 0 when the worker no longer holds the pod (it finished it; the dispatcher re-sends).
-_RESEND_CHANGED = """
-if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then
-  return 0
+# behind the old one. KEYS: term, dispatched, podver, queue. ARGV: term, uid, worker, digest, then item field/value
+# pairs. Reply: {'resent', 1} when queued, {'resent', 0} when the worker no longer holds the pod (it finished it;
+# the dispatcher re-sends).
+_RESEND_CHANGED = _FENCE + """
+if redis.call('HGET', KEYS[2], ARGV[2]) ~= ARGV[3] then
+  return {'resent', 0}
 end
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
-redis.call('XADD', KEYS[3], '*', unpack(ARGV, 4))
-return 1
+redis.call('HSET', KEYS[3], ARGV[2], ARGV[4])
+redis.call('XADD', KEYS[4], '*', unpack(ARGV, 5))
+return {'resent', 1}
 """
 
 
@@ -291,18 +393,25 @@ class WorkQueue:
     """Both ends of the protocol over one Redis client (decode_responses=True)."""
 
     def __init__(self, redis: Redis, *, scripts: ScriptClient | None = None, reads: PipelinedRedis | None = None,
-                 pipelined: PipelinedRedis | None = None, clock: Callable[[], float] = time.time) -> None:
+                 pipelined: PipelinedRedis | None = None, clock: Callable[[], float] = time.time,
+                 fence: Fence = UNFENCED) -> None:
         """``scripts``, when given, runs the queue's scripts (acknowledgements above all); ``reads`` is a pipelined
         connection of its own for `read` (see `Ledger`); ``pipelined`` carries the dispatcher's sends
         (`enqueue_many`). Each stays its owner's to close. ``clock`` is the wall clock a heartbeat is stamped with
-        (``heartbeat_unix``, and the binding workers' set, see `heartbeat`)."""
+        (``heartbeat_unix``, and the binding workers' set, see `heartbeat`). ``fence``: the leader's term, which
+        every write of the dispatcher's side carries (see the module's docstring)."""
         self.redis = redis
         self._clock = clock
         self._reads = reads
         self._pipelined = pipelined
+        self.fence = fence
         script_client = redis if scripts is None else scripts
+        self._claim = script_client.register_script(_CLAIM)
         self._mark_gone = script_client.register_script(_MARK_GONE)
         self._resend_changed = script_client.register_script(_RESEND_CHANGED)
+        self._forget = script_client.register_script(_FORGET)
+        self._reclaim = script_client.register_script(_RECLAIM)
+        self._enqueue = (script_client if pipelined is None else pipelined).register_script(_ENQUEUE)
         self._ack = script_client.register_script(_ACK)
         self.binding_workers = 1
         """Workers with bindings to post at the last heartbeat this process sent, counting this one (at least 1):
@@ -419,65 +528,59 @@ class WorkQueue:
         return (await self.enqueue_many([(worker_id, item)]))[0]
 
     async def enqueue_many(self, assignments: Sequence[tuple[str, WorkItem]]) -> list[str]:
-        """Append each item to its worker's stream and record its uids as dispatched, in one transaction."""
+        """Append each item to its worker's stream and record its uids as dispatched, in one atomic call (on the
+        pipelined connection when there is one); the message ids."""
         if not assignments:
             return []
-        if self._pipelined is not None:
-            return await self._enqueue_pipelined(assignments)
-        async with self._guard():
-            pipe = self.redis.pipeline(transaction=True)
-            owners: dict[str, str] = {}
-            for worker_id, item in assignments:
-                pipe.xadd(queue_key(worker_id), item.encode())  # type: ignore[arg-type]
-                for uid in [m.uid for m in item.members] or [item.uid]:
-                    owners[uid] = worker_id
-            pipe.hset(DISPATCHED, mapping=owners)  # type: ignore[arg-type]
-            pipe.sadd(WORKERS, *{worker_id for worker_id, _item in assignments})
-            replies = await pipe.execute()
-        return [str(message_id) for message_id in replies[: len(assignments)]]
-
-    async def _enqueue_pipelined(self, assignments: Sequence[tuple[str, WorkItem]]) -> list[str]:
-        """`enqueue_many` as one write of MULTI, the XADDs, HSET, SADD and EXEC on the pipelined connection."""
-        assert self._pipelined is not None
-        commands: list[list[Any]] = [["MULTI"]]
-        owners: list[str] = []
+        keys = [DISPATCHED, WORKERS, *(queue_key(worker_id) for worker_id, _item in assignments)]
+        args: list[str | int] = []
         for worker_id, item in assignments:
-            commands.append(["XADD", queue_key(worker_id), "*",
-                             *(value for pair in item.encode().items() for value in pair)])
-            for uid in [m.uid for m in item.members] or [item.uid]:
-                owners.extend((uid, worker_id))
-        commands.append(["HSET", DISPATCHED, *owners])
-        commands.append(["SADD", WORKERS, *{worker_id for worker_id, _item in assignments}])
-        commands.append(["EXEC"])
+            uids = [m.uid for m in item.members] or [item.uid]
+            args += [item.encode()["i"], worker_id, len(uids), *uids]
+        if self._pipelined is None:
+            return [str(message_id) for message_id in await self._fenced(self._enqueue, keys, args)]
         try:
-            async with self._guard(), asyncio.timeout(SEND_TIMEOUT_SECONDS):
-                replies = await self._pipelined.execute_many(commands)
+            async with asyncio.timeout(SEND_TIMEOUT_SECONDS):
+                sent = await self._fenced(self._enqueue, keys, args)
         except TimeoutError as error:
             await self._pipelined.aclose()  # a Redis that does not answer: the next send connects again
             raise LedgerUnavailable(f"redis: no answer to a dispatch in {SEND_TIMEOUT_SECONDS:g} s") from error
-        executed = replies[-1]
-        if not isinstance(executed, list) or len(executed) != len(commands) - 2:
-            raise LedgerUnavailable(f"redis: the dispatch transaction was not executed ({executed!r})")
-        for reply in executed:
-            if isinstance(reply, ResponseError):
-                raise classify(reply) or reply
-        return [str(message_id) for message_id in executed[: len(assignments)]]
+        return [str(message_id) for message_id in sent]
+
+    async def claim_term(self) -> None:
+        """Write this leader's term (it has just taken over): from now on every write of an earlier leader is
+        refused. Raises `Fenced` when a later leader wrote already."""
+        await self._fenced(self._claim, [], [])
 
     async def mark_gone(self, uids: Sequence[str]) -> int:
         """Forget dispatched pods that left the pending set, telling their workers to skip them (a pod its
         worker already acknowledged is only forgotten)."""
         if not uids:
             return 0
-        async with self._guard():
-            return int(await self._mark_gone(keys=[DISPATCHED, PODVER, NOMINATED_KEY], args=list(uids)))
+        (marked,) = await self._fenced(self._mark_gone, [DISPATCHED, PODVER, NOMINATED_KEY], list(uids))
+        return int(marked)
 
     async def resend_changed(self, worker_id: str, item: WorkItem) -> bool:
         """Queue the new version of a changed pod behind the old one on the worker that holds it; False when
         that worker no longer holds it."""
         fields = [value for pair in item.encode().items() for value in pair]
+        (resent,) = await self._fenced(self._resend_changed, [DISPATCHED, PODVER, queue_key(worker_id)],
+                                       [item.uid, worker_id, item.digest, *fields])
+        return bool(int(resent))
+
+    async def _fenced(self, script: LedgerScript, keys: Sequence[str], args: Sequence[str | int]) -> list[Any]:
+        """Run a script of the leader's under the fence (its term key and term first); the rest of its reply after
+        the status word. Raises `Fenced` when it was refused, or when this replica does not lead."""
+        term = self.fence.term()
+        if term is None and self.fence is not UNFENCED:
+            raise Fenced(term=None, newer=None)
         async with self._guard():
-            return bool(await self._resend_changed(
-                keys=[DISPATCHED, PODVER, queue_key(worker_id)], args=[item.uid, worker_id, item.digest, *fields]))
+            reply = await script(keys=[self.fence.key, *keys], args=["" if term is None else term, *args])
+        if not isinstance(reply, list) or not reply:
+            raise LedgerUnavailable(f"redis: a queue script replied {reply!r}")
+        if (reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])) == "stale":
+            raise Fenced(term=term, newer=int(reply[1]))
+        return list(reply[1:])
 
     async def dispatched(self) -> dict[str, str]:
         async with self._guard():
@@ -486,23 +589,18 @@ class WorkQueue:
     async def forget(self, uids: Sequence[str]) -> None:
         """Drop uids from the dispatched map (and any version mark: they are sent again with their current one)."""
         if uids:
-            async with self._guard():
-                pipe = self.redis.pipeline(transaction=True)
-                pipe.hdel(DISPATCHED, *uids)
-                pipe.hdel(PODVER, *uids)
-                await pipe.execute()
+            await self._fenced(self._forget, [DISPATCHED, PODVER], list(uids))
 
     async def reclaim(self, worker_id: str) -> list[WorkItem]:
         """Take every unfinished item of a dead worker (pending or never delivered) and forget the worker."""
-        async with self._guard():
-            entries = cast(list[tuple[str, dict[str, str]]], await self.redis.xrange(queue_key(worker_id)))
-            pipe = self.redis.pipeline(transaction=True)
-            pipe.delete(queue_key(worker_id))
-            pipe.delete(worker_key(worker_id))
-            pipe.srem(WORKERS, worker_id)
-            pipe.zrem(BINDING, worker_id)
-            await pipe.execute()
-        return [WorkItem.decode(fields) for _id, fields in entries if fields]
+        (entries,) = await self._fenced(self._reclaim, [queue_key(worker_id), worker_key(worker_id), WORKERS, BINDING],
+                                        [worker_id])
+        items = []
+        for _id, flat in entries:
+            if flat:
+                fields = {str(k): str(v) for k, v in zip(flat[0::2], flat[1::2], strict=True)}
+                items.append(WorkItem.decode(fields))
+        return items
 
     async def depth(self, worker_id: str) -> int:
         async with self._guard():

@@ -12,6 +12,9 @@ Invariants:
   in the past. Replicas compare wall clocks here, so their clocks must agree to well under the lease duration.
 - A leader that has not renewed within ``renew_deadline`` (< lease duration, counted from the start of its last
   successful renewal on the monotonic clock) steps down before any other replica may take over.
+- A leader's term (`LeaderElector.term`) is the Lease's ``leaseTransitions`` while it holds it: every take-over
+  adds one, so of two leaders the later has the higher term. A Lease deleted and created again starts at 0; the
+  leader then raises its term above what its writes found (`LeaderElector.raise_term`, a conditional write too).
 """
 
 from __future__ import annotations
@@ -185,6 +188,14 @@ def lease_object(
     return body
 
 
+def raised_object(previous: LeaseRecord, *, above: int) -> Json:
+    """``previous`` with its leaseTransitions set to ``above + 1``, carrying the read resourceVersion. Pure."""
+    body = copy.deepcopy(previous.raw)
+    body.setdefault("spec", {})["leaseTransitions"] = above + 1
+    body["metadata"]["resourceVersion"] = previous.resource_version
+    return body
+
+
 def released_object(previous: LeaseRecord, *, now: datetime.datetime) -> Json:
     """``previous`` handed back: no holder, so another replica takes over at once instead of after expiry. Pure."""
     body = copy.deepcopy(previous.raw)
@@ -312,10 +323,45 @@ class LeaderElector:
         self._monotonic = monotonic
         self._record: LeaseRecord | None = None
         self._renewed_at: float | None = None
+        self._writing = asyncio.Lock()
+        """Held around each read-and-write of the Lease, so that a renewal and `raise_term` never race."""
 
     @property
     def is_leader(self) -> bool:
         return self.leading.is_set()
+
+    @property
+    def term(self) -> int | None:
+        """This leader's term: the Lease's leaseTransitions as it last wrote them; None while it does not lead."""
+        record = self._record
+        if not self.is_leader or record is None or record.holder != self.identity:
+            return None
+        return record.transitions
+
+    async def raise_term(self, *, above: int) -> int | None:
+        """While leading: write the Lease with leaseTransitions ``above + 1`` (a replace carrying the read
+        resourceVersion, so it fails when anyone wrote the Lease since) and return the new term. None when this
+        replica does not lead, or found on writing that another took the Lease over (it then follows)."""
+        async with self._writing:
+            record = self._record
+            if self.term is None or record is None:
+                return None
+            if record.transitions > above:
+                return record.transitions
+            try:
+                async with asyncio.timeout(self.renew_deadline_seconds):
+                    written = await self.api.replace(raised_object(record, above=above))
+                self._record = parse_lease(written)
+            except LeaseConflict as error:
+                self._record = None
+                self._follow(None, why=f"another replica took the Lease over ({error})")
+                return None
+            except (KubeError, SpecError, aiohttp.ClientError, OSError, TimeoutError) as error:
+                log.warning("cannot raise the Lease's term above %d: %s", above, error or type(error).__name__)
+                return None
+        log.warning("raised the Lease's term to %d, above the %d a write found (the Lease was created again)",
+                    self._record.transitions, above)
+        return self._record.transitions
 
     async def run(self) -> None:
         """Try to acquire or renew every renew interval, forever."""
@@ -326,6 +372,10 @@ class LeaderElector:
 
     async def try_once(self) -> bool:
         """One round: read the Lease, then create, renew, take over or follow. True when this replica leads."""
+        async with self._writing:
+            return await self._try_once()
+
+    async def _try_once(self) -> bool:
         started = self._monotonic()
         now = self._wall()
         try:

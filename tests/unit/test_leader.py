@@ -255,3 +255,30 @@ async def test_release_after_losing_the_lease_leaves_the_new_holder_alone() -> N
     await b.try_once()
     await a.release()
     assert server.lease is not None and server.lease["spec"]["holderIdentity"] == "b"
+
+
+# --- terms: what fences a former leader's writes ---------------------------------------------------------------
+
+
+async def test_a_takeover_gives_the_new_leader_a_higher_term_and_the_former_cannot_raise_its_own() -> None:
+    server, clocks = FakeLeaseServer(), Clocks()
+    first, second = elector(server, "a", clocks), elector(server, "b", clocks)
+    assert await first.try_once() and first.term == 0
+    assert not await second.try_once() and second.term is None
+    clocks.elapsed += 16  # the first is paused past its Lease: it has not even noticed
+    assert await second.try_once() and second.term == 1
+    assert first.is_leader and first.term == 0
+    assert await first.raise_term(above=1) is None, "its replace carries a stale resourceVersion"
+    assert not first.is_leader and first.term is None
+    assert server.lease is not None and server.lease["spec"]["leaseTransitions"] == 1
+
+
+async def test_a_leader_whose_lease_was_created_again_raises_its_term_above_the_one_redis_holds() -> None:
+    server, clocks = FakeLeaseServer(), Clocks()
+    leader = elector(server, "a", clocks)
+    assert await leader.try_once() and leader.term == 0  # a new Lease: its transitions start at 0 again
+    assert await leader.raise_term(above=5) == 6
+    assert await leader.raise_term(above=3) == 6, "already above: nothing written"
+    clocks.elapsed += 2
+    assert await leader.try_once() and leader.term == 6, "renewals keep the raised term"
+    assert server.lease is not None and server.lease["spec"]["leaseTransitions"] == 6
