@@ -4,8 +4,8 @@ against the Redis ledger (`resolver.judge`), served over HTTPS (`resolver.app`, 
 Every replica serves the webhook; one replica, elected on a Lease (``--lease-name``), runs the ledger sync
 (`resolver.sync.LedgerSync`). Losing the Lease stops the sync at once; a sync that fails ends the process with a
 non-zero status. Beside them run the stats publisher (`resolver.stats`), the namespace labels' informer for the
-router, the DeviceClasses' informer (extended resources left to DRA, `hoss.model.dra`) and the certificate reload
-(`resolver.tls`).
+router, the DeviceClasses' informer (extended resources left to DRA, `hoss.model.dra`), the certificate reload
+(`resolver.tls`) and the check of the ledgers' write fences (`hoss.ledger.fence`).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from kubernetes_asyncio import client
 from redis.asyncio import Redis
 
+from hoss.errors import LedgerUnavailable
 from hoss.kube.access import TokenAccess
 from hoss.kube.client import InformerHandlers, api_client, run_crd_informer, run_informer
 from hoss.kube.leader import KubeLeaseAPI, LeaderElector
@@ -40,6 +41,9 @@ from resolver.sync import LedgerSync
 from resolver.tls import reload_certificates, tls_context
 
 log = logging.getLogger(__name__)
+
+FENCE_CHECK_SECONDS = 2.0
+"""How often every replica checks its write fences (as often as the syncing replica's watchdog looks)."""
 
 
 async def sync_while_leading(
@@ -96,6 +100,18 @@ def device_class_handlers(state: WebhookState) -> InformerHandlers:
     return InformerHandlers(on_list=on_list, on_event=on_event)
 
 
+async def check_fences(ledgers: Sequence[Ledger], *, interval_seconds: float = FENCE_CHECK_SECONDS) -> None:
+    """Check every ``interval_seconds`` that Redis lost no write made through `ledgers` (`Ledger.check_fence`),
+    so that a loss is noticed even while no review comes; a Redis that does not answer is tried again."""
+    while True:
+        await asyncio.sleep(interval_seconds)
+        for ledger in ledgers:
+            try:
+                await ledger.check_fence()
+            except LedgerUnavailable as error:
+                log.debug("cannot check the write fence: %s", error)
+
+
 @contextlib.asynccontextmanager
 async def running_resolver(settings: ResolverSettings) -> AsyncIterator[list[asyncio.Task[None]]]:
     """Start the webhook server, the Lease election and the sync (while leading) and timers; stop them on exit.
@@ -105,10 +121,12 @@ async def running_resolver(settings: ResolverSettings) -> AsyncIterator[list[asy
         # Two clients on the ledger: the sync's (redis-py), and the webhook's, one pipelined connection that costs
         # a fraction of redis-py's CPU per call (see hoss.ledger.redisclient); each review bounds its call with
         # asyncio.timeout (see _confirm). Both are a LedgerClient (hoss.ledger.connection).
-        ledger = Ledger(ledger_redis(settings.redis_url), owns_client=True)
+        # Both are fenced (hoss.ledger.fence): a Redis that comes back without writes they made is noticed at
+        # their next call, or at the next check_fences round, and rebuilt by the sync.
+        ledger = Ledger(ledger_redis(settings.redis_url), owns_client=True, fenced=True)
         stack.push_async_callback(ledger.close)
         review_ledger = Ledger(PipelinedRedis(settings.redis_url, connect_timeout=LEDGER_CALL_TIMEOUT_SECONDS),
-                               owns_client=True)
+                               owns_client=True, fenced=True)
         stack.push_async_callback(review_ledger.close)
         api = await api_client(settings.kubeconfig)
         stack.push_async_callback(api.close)
@@ -160,6 +178,7 @@ async def running_resolver(settings: ResolverSettings) -> AsyncIterator[list[asy
             asyncio.create_task(sync_while_leading(state, elector, make_sync), name="sync-role"),
             asyncio.create_task(elector.run(), name="leader-election"),
             asyncio.create_task(publish_stats(state, stats_redis, instance=settings.identity), name="publish-stats"),
+            asyncio.create_task(check_fences([review_ledger, ledger]), name="write-fences"),
             asyncio.create_task(
                 run_informer("namespaces", client.CoreV1Api(api).list_namespace,
                              InformerHandlers(on_list=state.namespaces.on_list, on_event=state.namespaces.on_event)),

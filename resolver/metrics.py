@@ -45,7 +45,8 @@ LATENCY_WINDOW = 2048
 LEDGER_COUNTERS = {
     "overcommits": "Bound pods the sync recorded on a node that had no room for them (cluster-wide, since the "
                    "ledger was created)",
-    "audit_drift": "Ledger entries or nodes the periodic audit found unequal to the apiserver, and repaired",
+    "audit_drift": "Ledger entries or nodes the periodic audit found unequal to the apiserver, or used totals "
+                   "unequal to the entries, and repaired",
     "stale_ledger": "Times Redis came back holding an older copy of the ledger (detected and rebuilt)",
 }
 """The cluster-wide counters of the ledger's stats hash, shown as hoss_ledger_<name> and in /status."""

@@ -1,5 +1,6 @@
 """The resolver's mirror of the apiserver, as plain data: pods (`PodInfo`, `parse_pod`, `PodIndex`), nodes
-(`NodeRecord`) and Available Reservations (`reservation_entry`). Pure, no I/O.
+(`NodeRecord`) and Available Reservations (`reservation_entry`, and `refusal_message` for one the ledger refused
+room). Pure, no I/O.
 
 The ledger sync (resolver/sync.py) keeps the mirror from its informers and writes the ledger from it; the webhook
 reads the pod indexes to judge a binding without an API call.
@@ -14,9 +15,16 @@ from dataclasses import dataclass, field
 
 from hoss.ledger.arguments import BoundPod, Placement
 from hoss.ledger.keys import RESERVATION_PREFIX
+from hoss.ledger.results import ReservationRefused
 from hoss.model import compact, reservations
 from hoss.model.objects import Json
-from hoss.model.resources import ResourceVector, node_allocatable, pod_requests, status_resources_key
+from hoss.model.resources import (
+    ResourceVector,
+    format_quantity,
+    node_allocatable,
+    pod_requests,
+    status_resources_key,
+)
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 NodeRecord = tuple[ResourceVector, dict[str, str], str]
@@ -179,3 +187,17 @@ def reservation_entry(obj: Json, *, now_unix: float) -> PodInfo | None:
     uid = str((obj.get("metadata") or {}).get("uid") or "")
     return PodInfo(uid=uid, namespace=RESERVATION_PREFIX.rstrip("/"), name=parsed.name, node=parsed.node,
                    scheduler_name=parsed.scheduler_name, request=parsed.request, terminal=False, meta=parsed.meta())
+
+
+RESERVATION_REFUSED = "NoRoomForReservation"
+"""Reason of the Warning event on a Reservation marked Available on a node without room for it."""
+
+
+def refusal_message(refused: ReservationRefused) -> str:
+    """What the Warning event on a Reservation the ledger refused room says (amounts as quantities)."""
+    name = refused.pod.removeprefix(RESERVATION_PREFIX)
+    wanted = format_quantity(refused.resource, refused.wanted)
+    free = format_quantity(refused.resource, max(0, refused.free))
+    return (f"hoss: Reservation {name} is marked Available on node {refused.node}, which has no room for it "
+            f"({refused.resource}: {wanted} wanted, {free} free); it holds no room there and its owners cannot use "
+            f"it (hoss tries again at every ledger audit and whenever the Reservation changes)")

@@ -56,10 +56,11 @@ from hoss.kube.client import (
     run_crd_informer,
     run_informer,
 )
-from hoss.kube.events import node_event, post_event
+from hoss.kube.events import node_event, post_event, reservation_event
 from hoss.ledger.arguments import BoundPod, Placement
 from hoss.ledger.client import Ledger
-from hoss.ledger.results import Overcommit
+from hoss.ledger.keys import RESERVATION_PREFIX
+from hoss.ledger.results import Overcommit, ReservationRefused
 from hoss.model import reservations
 from hoss.model.dra import DeviceClasses, without_dra
 from hoss.model.objects import Json
@@ -67,12 +68,14 @@ from hoss.model.resources import NODE_RESERVATION_ANNOTATION, node_reservation
 from resolver.admitted import admitted_verdict
 from resolver.drift import ledger_drift
 from resolver.mirror import (
+    RESERVATION_REFUSED,
     TERMINAL_PHASES,
     NodeRecord,
     PodIndex,
     PodInfo,
     node_record,
     parse_pod,
+    refusal_message,
     reservation_entry,
     same_entry,
 )
@@ -116,13 +119,16 @@ class SyncStats:
     """admitted entries dropped on proof that their write failed or the pod is gone"""
     audits: int = 0
     audit_drift: int = 0
-    """ledger entries or nodes the audit found unequal to the apiserver (and repaired by a rebuild)"""
+    """ledger entries, nodes or used totals the audit found unequal to the apiserver or to the entries (and
+    repaired by a rebuild)"""
     stale_ledger: int = 0
     """times Redis came back with an older copy of the ledger (another epoch, or a stamp that went back)"""
     pod_flushes: int = 0
     """batches of pod events applied to the mirror and the ledger together"""
     ledger_pod_writes: int = 0
     """bind_many / release_many calls"""
+    reservations_refused: int = 0
+    """Reservations marked Available on a node without room for them (each told by a Warning event)"""
 
 
 class LedgerSync:
@@ -181,6 +187,8 @@ class LedgerSync:
         self._stamp: int | None = None
         self._bad_reservations: dict[str, object] = {}
         """node -> the malformed reservation annotation already warned about"""
+        self._refused: dict[str, str] = {}
+        """uid -> '<node>/<resource>' of the Available Reservations the ledger refused room (told once per value)"""
         self._background: set[asyncio.Future[None]] = set()
         """the epoch this sync last rebuilt, and the last stamp it read (see Ledger.tick)"""
 
@@ -234,8 +242,10 @@ class LedgerSync:
             if self.quotas.listed.is_set():
                 # before the rebuild marks the ledger ready, so a Redis that lost its data enforces them at once
                 await self.ledger.set_quotas(self.quotas.quotas(), replace=True)
-            epoch = await self.ledger.rebuild(nodes=nodes, bound=self.bound())
-            self._epoch = epoch
+            bound = self.bound()
+            rebuilt = await self.ledger.rebuild(nodes=nodes, bound=bound)
+            epoch = self._epoch = rebuilt.epoch
+            self._note_refusals(rebuilt.refused, checked=[p.uid for p in bound if p.uid in self.reservations])
         self.stats.rebuilds += 1
         self.stats.last_rebuild_unix = time.time()
         self.synced.set()
@@ -308,6 +318,7 @@ class LedgerSync:
             if not self.synced.is_set() or previous == info:
                 return
             if info is None:
+                self._refused.pop(uid, None)
                 await self._apply(self.ledger.release_many([uid]))
             else:
                 await self._apply(self._bind([BoundPod(uid=uid, pod=info.key, node=info.node or "",
@@ -477,12 +488,35 @@ class LedgerSync:
                 await self._apply_pods(write())
 
     async def _bind(self, placements: list[Placement]) -> None:
-        """bind_many, counting and logging every overcommit the apiserver's truth caused (never silent)."""
-        overcommits: list[Overcommit] = await self.ledger.bind_many([self._counted(p) for p in placements])
-        for over in overcommits:
-            self.stats.overcommits += 1
-            log.warning("overcommit: %s is bound to node %s, which has no room for it (%s)", over.pod, over.node,
-                        over.what)
+        """bind_many, counting and logging every overcommit the apiserver's truth caused (never silent), and
+        keeping the Reservations it refused room."""
+        outcomes = await self.ledger.bind_many([self._counted(p) for p in placements])
+        for over in outcomes:
+            if isinstance(over, Overcommit):
+                self.stats.overcommits += 1
+                log.warning("overcommit: %s is bound to node %s, which has no room for it (%s)", over.pod,
+                            over.node, over.what)
+        self._note_refusals([r for r in outcomes if isinstance(r, ReservationRefused)],
+                            checked=[p.uid for p in placements if p.uid in self.reservations])
+
+    def _note_refusals(self, refused: Sequence[ReservationRefused], *, checked: Sequence[str]) -> None:
+        """The Reservations among `checked` that the ledger refused room hold none (the audit does not expect their
+        entries; each audit tries them again); each is told why by a Warning event, once per node and resource.
+        The others of `checked` hold room."""
+        still = {refusal.uid for refusal in refused}
+        for uid in checked:
+            if uid not in still:
+                self._refused.pop(uid, None)
+        for refusal in refused:
+            told = f"{refusal.node}/{refusal.resource}"
+            if self._refused.get(refusal.uid) != told:
+                message = refusal_message(refusal)
+                log.warning("%s", message)
+                self.stats.reservations_refused += 1
+                self._spawn(post_event(self.core, reservation_event(
+                    refusal.pod.removeprefix(RESERVATION_PREFIX), refusal.uid, reason=RESERVATION_REFUSED,
+                    message=message, component="hoss-resolver", warning=True)))
+            self._refused[refusal.uid] = told
 
     async def _apply_pods(self, change: Awaitable[object]) -> None:
         """One batched pod write. Not ready: skipped, the watchdog's rebuild writes the mirror. Unreachable: the
@@ -529,8 +563,9 @@ class LedgerSync:
             try:
                 if stale:
                     log.warning("pod changes could not be written; rebuilding the ledger from the apiserver mirror")
-                elif not await self.ledger.is_ready():
-                    log.warning("ledger is not ready (Redis lost its data?); rebuilding from the apiserver mirror")
+                elif not await self.ledger.check_fence():
+                    log.warning("ledger is not ready (Redis lost its data, or writes a resolver made); rebuilding "
+                                "from the apiserver mirror")
                 elif (why := await self._older_copy()) is not None:
                     self.stats.stale_ledger += 1
                     log.warning("Redis holds an older copy of the ledger (%s); rebuilding from the apiserver mirror",
@@ -603,17 +638,24 @@ class LedgerSync:
                 log.warning("cannot audit the ledger: %s", error)
 
     async def audit(self) -> list[str]:
-        """Compare the ledger's nodes and bound entries with the mirror of the apiserver; on drift, count it
-        (``{hoss}:stats`` audit_drift, /metrics, /status), log a warning and rebuild. Returns what differed."""
+        """Compare the ledger's nodes and bound entries with the mirror of the apiserver, and each node's used totals
+        with the sums of its entries; on drift, count it (``{hoss}:stats`` audit_drift, /metrics, /status), log a
+        warning and rebuild (which recomputes every used total). Returns what differed. Without drift, the
+        Reservations refused room try again (room may have freed since)."""
         async with self._lock:
             if not self.synced.is_set() or self._ledger_stale or self._pod_changes:
                 return []  # changes in flight: the next round compares
             snapshot = await self.ledger.snapshot()
             entries = await self.ledger.entries()
+            bound = self.bound()
             drift = ledger_drift(nodes=self.nodes, snapshot=snapshot, entries=entries,
-                                 expected={p.uid: p for p in self.bound()}, reservations=self.reservations)
+                                 expected={p.uid: p for p in bound if p.uid not in self._refused},
+                                 reservations=self.reservations)
+            drift.extend(await self.ledger.used_drift())  # each node's used totals against its entries
             drift.extend(await self.ledger.quota_drift())  # elastic quotas' used totals against their entries
             self.stats.audits += 1
+            if not drift and self._refused:
+                await self._apply(self._bind([p for p in bound if p.uid in self._refused]))
         if drift:
             self.stats.audit_drift += len(drift)
             log.warning("ledger audit: %d differences from the apiserver, rebuilding: %s", len(drift),

@@ -71,8 +71,11 @@ def not_held_reason(held: Sequence[str]) -> str:
 def decide_with_reservations(profile: Profile, pod: PodView, hints: Sequence[Hint], nodes: NodeTable, *,
                              rng: np.random.Generator, top: int) -> Placement | Unschedulable:
     """Decide with the room of the Reservations that own the pod given back on their nodes, and a feasible
-    Reservation node first (workers/reservations.py). The table is as before when this returns."""
-    freed = [h for h in hints if h.node in nodes and h.serves(pod.request)]
+    Reservation node first (workers/reservations.py). The table is as before when this returns. A hint is what the
+    Reservation's status claims: only one whose entry the ledger holds on that node gives room back (one marked
+    Available on a node without room holds none, see reservation_refusal in hoss/ledger/lua/common.lua)."""
+    freed = [h for h in hints if h.node in nodes and h.serves(pod.request)
+             and (entry := nodes.pods.get(h.uid)) is not None and entry.node == h.node]
     for hint in freed:
         nodes.sub_used(hint.node, hint.request)
     try:

@@ -56,23 +56,26 @@ from hoss.ledger.arguments import (
 )
 from hoss.ledger.confirm import ConfirmBatcher
 from hoss.ledger.connection import LedgerClient, ScriptClient, StreamReader, redis_call
+from hoss.ledger.fence import WriteFence
 from hoss.ledger.keys import CHANGES_KEY, EPOCH_KEY, KEY_PREFIX, READY_KEY, STAMP_KEY, STATS_KEY, reservation_key
 from hoss.ledger.replies import (
     as_text,
     as_texts,
     decode_batch_reply,
+    decode_bind_reply,
     decode_changes,
     decode_confirm_reply,
     decode_entries_reply,
     decode_hold_moves_reply,
     decode_load_reply,
     decode_nominations,
-    decode_overcommits,
     decode_quota_drift,
     decode_quotas_reply,
+    decode_refusals,
     decode_reservation_owners,
     decode_reserve_reply,
     decode_snapshot_reply,
+    decode_used_drift,
     decode_verify_batch,
     ready_or_raise,
 )
@@ -92,6 +95,8 @@ from hoss.ledger.results import (
     Overcommit,
     PodEntry,
     QuotaReport,
+    Rebuilt,
+    ReservationRefused,
     ReservationShares,
     Reserved,
     ReserveResult,
@@ -113,14 +118,16 @@ class Ledger:
     """The Redis ledger. Every method is one atomic script call; Redis errors raise `LedgerUnavailable`."""
 
     def __init__(self, client: LedgerClient, *, owns_client: bool = False, scripts: ScriptClient | None = None,
-                 reads: StreamReader | None = None) -> None:
+                 reads: StreamReader | None = None, fenced: bool = False) -> None:
         """``client`` is redis-py's client or a `hoss.ledger.redisclient.PipelinedRedis` (the webhook's: a fraction
         of redis-py's cost per call). ``scripts``, when given, runs the ledger's scripts (every operation but the
         change stream's reads and a few pipelined reads), as the workers run them on a `PipelinedRedis` of their
         own. ``reads``, when given, is a connection of its own for `changes` (a blocking read would hold up every
-        other call on a shared one). Both stay their owner's to close."""
+        other call on a shared one). Both stay their owner's to close. ``fenced``: every script call carries this
+        ledger's write fence (`hoss.ledger.fence`), so a Redis that lost writes made through it is noticed at the
+        next call (and by `check_fence`), marked not ready and rebuilt by the sync."""
         self._redis = client
-        self._scripts = ScriptRunner(client if scripts is None else scripts)
+        self._scripts = ScriptRunner(client if scripts is None else scripts, fence=WriteFence() if fenced else None)
         self._reads = client if reads is None else reads
         self._owns_client = owns_client
         self._confirms = ConfirmBatcher(self._scripts.run)
@@ -290,22 +297,27 @@ class Ledger:
     # -- the apiserver's truth -------------------------------------------------------------------------------
 
     async def bind(self, *, uid: str, pod: str, node: str, request: Mapping[str, int]) -> None:
-        """Record that `uid` runs on `node` (spec.nodeName is set): its entry becomes bound there, unchecked."""
+        """Record that `uid` runs on `node` (spec.nodeName is set): its entry becomes bound there, unchecked (a
+        Reservation entering the ledger is checked: see `bind_many`)."""
         placement = Placement(uid=uid, pod=pod, node=node, request=request)
         reply = ready_or_raise(await self._scripts.run("bind", placement_args(placement)))
+        if as_text(reply[0]) == "refused":
+            logger.warning("%s holds no room on %s: %s %s wanted, %s free", pod, node, *as_texts(reply[1:4]))
+            return
         previous_node, previous_state = as_text(reply[1]), as_text(reply[2])
         if not previous_node:
             logger.info("bound %s to %s without a reservation", pod, node)
         elif previous_node != node:
             logger.warning("bound %s to %s, moved from its %s entry on %s", pod, node, previous_state, previous_node)
 
-    async def bind_many(self, placements: Sequence[Placement]) -> list[Overcommit]:
+    async def bind_many(self, placements: Sequence[Placement]) -> list[Overcommit | ReservationRefused]:
         """`bind` for many pods in one call (a uid listed twice ends on its last placement). Returns the
-        placements that overcommitted their node (counted in ``{hoss}:stats`` too)."""
+        placements that overcommitted their node (counted in ``{hoss}:stats`` too), and the Reservations refused
+        room: one entering the ledger (no entry of it on its node yet) holds room only if it fits there."""
         if not placements:
             return []
         reply = await self._scripts.run("bind_many", [len(placements), *placements_args(placements)])
-        return decode_overcommits(ready_or_raise(reply))
+        return decode_bind_reply(ready_or_raise(reply))
 
     async def release_many(self, uids: Sequence[str]) -> int:
         """`release` for many uids in one call; returns how many had an entry."""
@@ -405,17 +417,18 @@ class Ledger:
         *,
         nodes: Iterable[NodeRow],
         bound: Iterable[BoundPod],
-    ) -> str:
+    ) -> Rebuilt:
         """Replace nodes and bound entries with the apiserver's truth in one step and mark the ledger ready.
 
         Assumed entries survive when their node is still listed and their uid is not in `bound`; every used total
-        is recomputed. Returns the new epoch.
+        is recomputed. A Reservation in `bound` whose entry was not on its node before enters the ledger only if it
+        fits (as in `bind_many`). Returns the new epoch and the Reservations refused.
         """
         epoch = secrets.token_hex(8)
         node_list, bound_list = list(nodes), list(bound)
-        await self._scripts.run("rebuild", rebuild_args(epoch, node_list, bound_list))
+        reply = await self._scripts.run("rebuild", rebuild_args(epoch, node_list, bound_list))
         logger.info("rebuilt the ledger: %d nodes, %d bound pods, epoch %s", len(node_list), len(bound_list), epoch)
-        return epoch
+        return Rebuilt(epoch=epoch, refused=tuple(decode_refusals(as_texts(reply[2:]))))
 
     async def set_quotas(self, quotas: Iterable[ElasticQuota], *, deleted: Iterable[str] = (),
                          replace: bool = False) -> int:
@@ -433,6 +446,16 @@ class Ledger:
         """Where, at one instant, a quota namespace's used total (or the quota namespaces' sum) differs from the
         sum of its entries: '<ns>/<resource>: kept K, entries S' ('sum/<resource>' for the sum); [] when none."""
         return decode_quota_drift(await self._scripts.run("quota_audit", []))
+
+    async def used_drift(self) -> list[str]:
+        """Where, at one instant, a node's used total of a resource differs from the sum of its entries' requests:
+        'node <n> <resource>: used K, entries S'; [] when none."""
+        return decode_used_drift(await self._scripts.run("used_audit", []))
+
+    async def check_fence(self) -> bool:
+        """The write fence's check alone (a fenced ledger: Redis lost none of its writes, else the ledger is marked
+        not ready, see `hoss.ledger.fence`); whether the ledger is ready."""
+        return int(as_text((await self._scripts.run("fence", []))[1])) == 1
 
     async def mark_not_ready(self) -> None:
         """Make every write but rebuild refuse until the next rebuild (e.g. while the sync re-lists)."""

@@ -30,6 +30,8 @@ Key layout (one hash tag, so every script's keys are in one slot and it runs on 
                                    audit_drift (entries the audit repaired), stale_ledger (stale copies of
                                    the ledger detected), each with last_<counter>
     {hoss}:stamp                   counter the syncing replica increments on every watchdog tick (see tick)
+    {hoss}:fence:<id>              a fenced ledger client's write fence: every script it runs increments it
+                                   (hoss/ledger/fence.py); expires a day after its last check
     {hoss}:node:<name>:spec        the node's compact description (JSON, `hoss.model.compact.compact_node`)
     {hoss}:changes                 stream of changes (used totals, pods placed and removed, node descriptions,
                                    removals, rebuilds) that workers follow instead of re-reading nodes; see

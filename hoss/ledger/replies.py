@@ -39,6 +39,7 @@ from hoss.ledger.results import (
     QuotaReport,
     QuotaUse,
     ReservationOwner,
+    ReservationRefused,
     ReservationShares,
     Reserved,
     Stale,
@@ -221,10 +222,21 @@ def decode_reservation_owners(uids: Sequence[str], reply: Sequence[object]) -> d
     return found
 
 
-def decode_overcommits(reply: Sequence[object]) -> list[Overcommit]:
-    """The reply of bind_many.lua: after its status pair, pod/node/what triples of the overcommitting bindings."""
-    flat = as_texts(reply[2:])
-    return [Overcommit(pod=flat[i], node=flat[i + 1], what=flat[i + 2]) for i in range(0, len(flat), 3)]
+def decode_refusals(flat: Sequence[str]) -> list[ReservationRefused]:
+    """uid, pod, node, resource, wanted, free sextuples of Reservations refused room (bind_many.lua, rebuild.lua)."""
+    return [ReservationRefused(uid=flat[i], pod=flat[i + 1], node=flat[i + 2], resource=flat[i + 3],
+                               wanted=int(flat[i + 4]), free=int(flat[i + 5])) for i in range(0, len(flat), 6)]
+
+
+def decode_bind_reply(reply: Sequence[object]) -> list[Overcommit | ReservationRefused]:
+    """The reply of bind_many.lua: after its status pair, the count of overcommitting bindings, their pod/node/what
+    triples, then the Reservations refused room."""
+    overcommitted = int(as_text(reply[2]))
+    flat = as_texts(reply[3:])
+    split = 3 * overcommitted
+    overcommits: list[Overcommit | ReservationRefused] = [
+        Overcommit(pod=flat[i], node=flat[i + 1], what=flat[i + 2]) for i in range(0, split, 3)]
+    return [*overcommits, *decode_refusals(flat[split:])]
 
 
 def decode_verify_batch(reply: Sequence[object]) -> VerifyBatch:
@@ -296,6 +308,12 @@ def decode_quotas_reply(reply: Sequence[object]) -> QuotaReport:
         quota = ElasticQuota(namespace=namespace, min=cursor.vector(), max=cursor.vector())
         quotas.append(QuotaUse(quota=quota, used=cursor.vector()))
     return QuotaReport(quotas=quotas, sum_min=cursor.vector(), sum_used=cursor.vector())
+
+
+def decode_used_drift(reply: Sequence[object]) -> list[str]:
+    """The reply of used_audit.lua: node, resource, kept and summed quadruples, as messages."""
+    flat = as_texts(reply)
+    return [f"node {flat[i]} {flat[i + 1]}: used {flat[i + 2]}, entries {flat[i + 3]}" for i in range(0, len(flat), 4)]
 
 
 def decode_quota_drift(reply: Sequence[object]) -> list[str]:

@@ -69,6 +69,29 @@ class Overcommit:
 
 
 @dataclass(frozen=True)
+class ReservationRefused:
+    """A Reservation marked Available on a node without room for it: the ledger holds nothing for it, so its owners
+    cannot take room from it (its status is a claim; see reservation_refusal in hoss/ledger/lua/common.lua)."""
+
+    uid: str
+    pod: str
+    """'Reservation/<name>'"""
+    node: str
+    resource: str
+    """the first resource that does not fit"""
+    wanted: int
+    free: int
+
+
+@dataclass(frozen=True)
+class Rebuilt:
+    """A rebuild's outcome: the new epoch, and the Reservations it did not let hold room."""
+
+    epoch: str
+    refused: tuple[ReservationRefused, ...] = ()
+
+
+@dataclass(frozen=True)
 class AdmittedEntry:
     """An admitted entry the sync should check: does the pod run on the node, or did the admitted write fail?"""
 

@@ -18,12 +18,13 @@ from redis.exceptions import NoScriptError, ResponseError
 
 from hoss.errors import LedgerUnavailable
 from hoss.ledger.connection import LedgerScript, ScriptClient, redis_call
+from hoss.ledger.fence import LOST_WRITES, WriteFence
 from hoss.ledger.keys import KEY_PREFIX, READY_KEY
 
 logger = logging.getLogger(__name__)
 
 READ_ONLY_SCRIPTS: Final = frozenset({"snapshot", "entries", "load", "nominations", "quotas", "quota_audit",
-                                      "reservation_owners"})
+                                      "reservation_owners", "used_audit"})
 """The scripts that only read; they run with EVALSHA_RO."""
 
 
@@ -67,9 +68,12 @@ class ReadOnlyScript:
 class ScriptRunner:
     """Runs the ledger's scripts by name on one client, each registered at its first call."""
 
-    def __init__(self, client: ScriptClient) -> None:
+    def __init__(self, client: ScriptClient, *, fence: WriteFence | None = None) -> None:
+        """``fence``: every script that may write carries it (its counter, declared second, and the count of calls
+        answered, the first argument after the prefix; see `hoss.ledger.fence`)."""
         self._client = client
         self._scripts: dict[str, LedgerScript] = {}
+        self._fence = fence
 
     async def run(self, name: str, args: Sequence[str | int]) -> list[Any]:
         """The flat reply of script `name` called with `args`; a Redis failure raises LedgerUnavailable."""
@@ -80,7 +84,35 @@ class ScriptRunner:
                 ReadOnlyScript(self._client, source) if name in READ_ONLY_SCRIPTS
                 else self._client.register_script(source)
             )
-        reply = await redis_call(script(keys=[READY_KEY], args=[KEY_PREFIX, *args]))
+        declared = READY_KEY
+        fence = None if name in READ_ONLY_SCRIPTS else self._fence
+        if fence is None:
+            reply = await redis_call(script(keys=[declared], args=[KEY_PREFIX, *args]))
+        else:
+            reply = await self._fenced(name, script, declared, fence, args)
         if not isinstance(reply, list):
             raise LedgerUnavailable(f"ledger script {name} replied {reply!r}, expected a list")
         return reply
+
+    @staticmethod
+    async def _fenced(name: str, script: LedgerScript, declared: str, fence: WriteFence,
+                      args: Sequence[str | int]) -> Any:
+        """Run a script under the fence. When it finds writes lost (it wrote nothing, and marked the ledger not
+        ready), the fence starts over on a fresh counter and the call runs once more: refused as not ready, or
+        run anyway (a rebuild)."""
+        for _ in range(2):
+            key = fence.key
+            reply = await redis_call(script(keys=[declared, key], args=[KEY_PREFIX, fence.answered, *args]))
+            fence.answer(key)
+            if not (isinstance(reply, list) and reply and _text(reply[0]) == LOST_WRITES):
+                return reply
+            if key == fence.key:
+                logger.warning("Redis lost the writes of at least %s ledger calls this process made (it came back "
+                               "from an older copy): the ledger is not ready until the sync rebuilds it (%s)",
+                               _text(reply[1]), name)
+                fence.renew()
+        raise LedgerUnavailable(f"ledger script {name}: writes lost again under a fresh fence")
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

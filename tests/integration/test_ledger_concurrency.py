@@ -279,13 +279,13 @@ async def test_rebuild_after_flushall_restores_exactly_the_given_truth(ledger: L
         LedgerNotReady,
     )
 
-    epoch = await ledger.rebuild(
+    rebuilt = await ledger.rebuild(
         nodes=[(name, alloc, {"rebuilt": "yes"}) for name, alloc in NODES.items()],
         bound=[BoundPod(uid=e.uid, pod=e.pod, node=e.node, request=e.request) for e in truth],
     )
 
     after = await ledger.snapshot()
-    assert after.ready and after.epoch == epoch != before.epoch
+    assert after.ready and after.epoch == rebuilt.epoch != before.epoch
     assert {name: (node.alloc, node.used, node.bound, node.assumed) for name, node in after.nodes.items()} == {
         name: (node.alloc, node.used, node.bound, node.assumed) for name, node in before.nodes.items()
     }

@@ -447,7 +447,7 @@ async def test_rebuild_replaces_bound_truth_and_keeps_live_reservations(ledger: 
     await ledger.bind(uid="stale", pod="ns/stale", node="n1", request=needs(400))
     old_epoch = await ledger.epoch()
 
-    epoch = await ledger.rebuild(
+    rebuilt = await ledger.rebuild(
         nodes=[("n1", N1, {"zone": "a"}), ("n3", {"cpu": 1000, "pods": 10}, {})],
         bound=[
             BoundPod(uid="now-bound", pod="ns/now-bound", node="n1", request=needs(200)),
@@ -455,8 +455,8 @@ async def test_rebuild_replaces_bound_truth_and_keeps_live_reservations(ledger: 
         ],
     )
 
-    assert epoch != old_epoch
-    assert await ledger.epoch() == epoch
+    assert rebuilt.epoch != old_epoch
+    assert await ledger.epoch() == rebuilt.epoch
     assert await ledger.is_ready()
     assert await placements(ledger) == {
         "kept": ("n1", "assumed"),

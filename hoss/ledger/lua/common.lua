@@ -9,6 +9,8 @@
 -- because Lua would otherwise print large numbers as '1e+15'.
 local PREFIX = ARGV[1]
 local READY = KEYS[1]
+-- A fenced writer's own counter (see 'The write fence' at the end of this file), or nil.
+local FENCE = KEYS[2]
 local NODES = PREFIX .. ':nodes'
 local ASSUMED = PREFIX .. ':assumed'
 local EPOCH = PREFIX .. ':epoch'
@@ -103,8 +105,8 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- A cursor over ARGV, after the prefix.
-local arg_index = 1
+-- A cursor over ARGV, after the prefix (and after a fenced call's answered count).
+local arg_index = FENCE and 2 or 1
 local function next_arg()
   arg_index = arg_index + 1
   return ARGV[arg_index]
@@ -581,28 +583,32 @@ end
 -- The room a Reservation entry holds: `total` minus its owners' shares (members whose entry no longer names it
 -- are forgotten). `attach`: uids of bound or placed owner pods the apiserver names in the Reservation's status
 -- (its currentOwners, after a rebuild or a missed share): each on the Reservation's node that holds no share
--- takes its share now, as it did when it was placed.
-local function reservation_room(uid, node, total, once, attach)
+-- takes its share now, as it did when it was placed. `dry`: the same room, and nothing written (the fit check of
+-- a Reservation entering the ledger, see reservation_refusal).
+local function reservation_room(uid, node, total, once, attach, dry)
   local key = owners_key(uid)
   local left = {}
   for _, item in ipairs(total) do
     left[item[1]] = tonumber(item[2])
   end
+  local members = {}
   for _, owner in ipairs(redis.call('SMEMBERS', key)) do
     local fields = redis.call('HMGET', pod_key(owner), 'resv', 'share')
     if fields[1] == uid then
+      members[owner] = true
       for _, item in ipairs(decode_amounts(fields[2])) do
         if left[item[1]] then
           left[item[1]] = math.max(0, left[item[1]] - tonumber(item[2]))
         end
       end
-    else
+    elseif not dry then
       redis.call('SREM', key, owner)
     end
   end
   for _, owner in ipairs(attach or {}) do
     local entry = read_entry(owner)
-    if entry and entry.node == node and not entry.resv and (once == '0' or redis.call('SCARD', key) == 0) then
+    if entry and entry.node == node and not entry.resv and not members[owner]
+        and (once == '0' or next(members) == nil) then
       local share = {}
       for _, item in ipairs(entry.request) do
         local have = left[item[1]]
@@ -614,8 +620,11 @@ local function reservation_room(uid, node, total, once, attach)
           end
         end
       end
-      redis.call('HSET', pod_key(owner), 'resv', uid, 'share', encode_amounts(share))
-      redis.call('SADD', key, owner)
+      members[owner] = true
+      if not dry then
+        redis.call('HSET', pod_key(owner), 'resv', uid, 'share', encode_amounts(share))
+        redis.call('SADD', key, owner)
+      end
     end
   end
   local room = {}
@@ -937,14 +946,40 @@ local function bind_in_place(previous, p)
   return true
 end
 
+-- A Reservation entering the ledger: marked Available by someone other than the worker that held its room on that
+-- node (Koordinator's scheduler, anyone with reservations/status), or met again by a rebuild after Redis lost its
+-- entry. Its status is a claim, not the apiserver's truth about a pod: it holds room only if its room (less what
+-- its owners hold already) fits beside the node's entries, as any reservation must. nil when it fits, else the
+-- first misfit: {resource, wanted, free}. A refused Reservation holds nothing, so no owner can take room from it.
+local function reservation_refusal(p)
+  local once, attach = reservation_settings(p.meta)
+  local conflict = check_fit({{node = p.node, request = reservation_room(p.uid, p.node, p.request, once, attach,
+                                                                        true)}})
+  if conflict then
+    return {conflict[3], conflict[4], conflict[5]}
+  end
+  return nil
+end
+
 -- The apiserver says p.uid runs on p.node: its entry becomes bound there with this request, whatever it was
 -- before and even if the node is overcommitted (a node not synced yet is registered without allocatable).
 -- Returns the entry it replaced (or nil) and the overcommit it caused ('' when the node had room): never silent,
--- every overcommit is counted in STATS and returned to the sync, which logs it. Used by bind and bind_many.
+-- every overcommit is counted in STATS and returned to the sync, which logs it.
+-- A Reservation entering the ledger is the exception (see reservation_refusal): when it does not fit, nothing is
+-- held (an entry of it elsewhere is dropped) and the refusal comes third. Used by bind and bind_many.
 local function bind_placement(p)
   local previous = read_entry(p.uid)
   if previous and bind_in_place(previous, p) then
     return previous, ''
+  end
+  if is_reservation(p.pod) and not (previous and previous.node == p.node) then
+    local refusal = reservation_refusal(p)
+    if refusal then
+      if previous then
+        drop(previous)
+      end
+      return previous, '', refusal
+    end
   end
   local owner = ''
   local before = nil
@@ -1166,4 +1201,29 @@ local function nominated_conflict(node, uid, meta, request, current, extra)
     end
   end
   return nil
+end
+
+-- The write fence (hoss/ledger/fence.py). A fenced writer declares its own counter as KEYS[2] and passes, as
+-- ARGV[2], how many of its calls Redis answered. Every call increments the counter in the same atomic call as its
+-- writes, so while Redis keeps every write the counter is at least that count, whatever other writers do. A
+-- counter below it means Redis came back without writes this writer made (an older copy that still says it is
+-- ready): the ledger is marked not ready, so that every write but a rebuild refuses until the sync has rebuilt it
+-- from the apiserver, the stale copy is counted, and this call writes nothing: {'lost_writes', at least how many
+-- calls' writes were lost}.
+if FENCE then
+  local counted = redis.call('INCR', FENCE)
+  if counted == 1 then
+    redis.call('PEXPIRE', FENCE, '86400000')
+  end
+  local answered = tonumber(ARGV[2]) or 0
+  if counted <= answered then
+    local lost = int_str(answered - counted + 1)
+    if is_ready() then
+      redis.call('DEL', READY)
+      redis.call('HINCRBY', STATS, 'stale_ledger', 1)
+      redis.call('HSET', STATS, 'last_stale_ledger', 'Redis lost the writes of at least ' .. lost
+                  .. ' calls of a resolver')
+    end
+    return {'lost_writes', lost}
+  end
 end

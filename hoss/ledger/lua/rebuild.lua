@@ -6,7 +6,7 @@
 -- (as bind's).
 -- Appends a 'r' entry to the change stream: readers load the whole ledger again.
 -- A bound pod on a node that is not listed registers that node without allocatable, as bind does.
--- Reply: {'rebuilt', epoch}
+-- Reply: {'rebuilt', epoch, then per Reservation refused: uid, pod, node, resource, wanted, free}
 local epoch = next_arg()
 local nodes = {}
 local listed = {}
@@ -22,6 +22,14 @@ for i = 1, next_number() do
   bound_uids[bound[i].uid] = true
 end
 
+-- A Reservation whose entry is on its node already was fit-checked when it entered the ledger; any other enters
+-- now, and holds room only if it fits (reservation_refusal in common.lua).
+local entered = {}
+for _, p in ipairs(bound) do
+  if is_reservation(p.pod) and redis.call('HGET', pod_key(p.uid), 'node') == p.node then
+    entered[p.uid] = true
+  end
+end
 local kept = {}
 for _, node in ipairs(redis.call('SMEMBERS', NODES)) do
   if listed[node] then
@@ -84,11 +92,19 @@ for _, entry in ipairs(kept) do
          entry.ports, entry.meta, extra)
   end
 end
+local reply = {'rebuilt', epoch}
 for _, uid in ipairs(reservations_bound) do
   local p = reservations_bound[uid]
-  local once, attach = reservation_settings(p.meta)
-  hold(p.uid, p.pod, p.node, reservation_room(p.uid, p.node, p.request, once, attach), 'bound', '', nil, p.ports,
-       p.meta, {'total', encode_amounts(p.request), 'once', once})
+  local refusal = not entered[uid] and reservation_refusal(p)
+  if refusal then
+    for _, item in ipairs({p.uid, p.pod, p.node, refusal[1], int_str(refusal[2]), int_str(refusal[3])}) do
+      table.insert(reply, item)
+    end
+  else
+    local once, attach = reservation_settings(p.meta)
+    hold(p.uid, p.pod, p.node, reservation_room(p.uid, p.node, p.request, once, attach), 'bound', '', nil,
+         p.ports, p.meta, {'total', encode_amounts(p.request), 'once', once})
+  end
 end
 redis.call('SET', EPOCH, epoch)
 redis.call('SET', READY, '1')
@@ -101,4 +117,4 @@ redis.call('DEL', IPA_LAST)
 for _, key in ipairs(redis.call('SMEMBERS', IPA_KEYS)) do
   redis.call('HSET', IPA_SINCE, key, rebuilt)
 end
-return {'rebuilt', epoch}
+return reply
