@@ -34,6 +34,7 @@ from hoss.kube.client import KubeError, request_json
 from hoss.kube.rest import STRATEGIC_MERGE_PATCH
 from hoss.ledger.client import Ledger
 from hoss.model.objects import Json
+from tests.e2e.proxy import FreezableProxy
 from tests.waiting import until
 
 NOBODY = "no-such-scheduler"
@@ -483,59 +484,6 @@ async def test_hole5_two_resolver_replicas_one_syncs_both_judge_and_the_survivor
 
 
 # -- hole 8: a binding without a uid ----------------------------------------------------------------------------
-
-
-class FreezableProxy:
-    """A TCP proxy to the apiserver whose connections open so far can be frozen: nothing the apiserver sends on them
-    reaches the client until `thaw`, while connections opened later pass freely. A resolver behind it keeps its
-    sync's watches (opened at start) and loses none of their events, only gets them late: a watch lag held open on
-    demand, without touching the resolver."""
-
-    def __init__(self, target_port: int) -> None:
-        self.target_port = target_port
-        self.gates: list[asyncio.Event] = []
-        self.server: asyncio.base_events.Server | None = None
-
-    async def start(self) -> int:
-        self.server = await asyncio.start_server(self._connection, "127.0.0.1", 0)
-        return int(self.server.sockets[0].getsockname()[1])
-
-    async def _connection(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
-        gate = asyncio.Event()
-        gate.set()
-        self.gates.append(gate)
-        try:
-            upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
-        except OSError:
-            client_writer.close()
-            return
-
-        async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, held: asyncio.Event | None) -> None:
-            try:
-                while data := await reader.read(65536):
-                    if held is not None:
-                        await held.wait()
-                    writer.write(data)
-                    await writer.drain()
-            except (OSError, asyncio.IncompleteReadError):
-                pass
-            finally:
-                writer.close()
-
-        await asyncio.gather(pipe(client_reader, upstream_writer, None), pipe(upstream_reader, client_writer, gate))
-
-    def freeze(self) -> None:
-        for gate in self.gates:
-            gate.clear()
-
-    def thaw(self) -> None:
-        for gate in self.gates:
-            gate.set()
-
-    async def close(self) -> None:
-        self.thaw()
-        if self.server is not None:
-            self.server.close()
 
 
 async def test_hole8_a_binding_without_uid_is_refused_even_while_the_sync_indexes_a_deleted_namesake(
