@@ -245,6 +245,7 @@ async def status(state: WebhookState) -> web.Response:
             },
             "recent_denials": [d.__dict__ for d in reversed(state.denials)],
             "routed": dict(state.routed),
+            "routing_file": None if state.routing_file is None else state.routing_file.status(),
             "quotas": [] if state.quota_report is None else [
                 {"namespace": use.quota.namespace, "min": use.quota.min, "max": use.quota.max, "used": use.used,
                  "borrowed": use.borrowed} for use in state.quota_report.quotas

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
+import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from typing import Any
 
 from kubernetes_asyncio import client
 from redis.asyncio import Redis
@@ -23,6 +26,7 @@ from redis.asyncio import Redis
 from hoss.errors import LedgerUnavailable
 from hoss.kube.access import TokenAccess
 from hoss.kube.client import InformerHandlers, api_client, run_crd_informer, run_informer
+from hoss.kube.events import EventTarget, post_event
 from hoss.kube.leader import KubeLeaseAPI, LeaderElector
 from hoss.kube.rest import KubeREST
 from hoss.ledger.client import Ledger
@@ -30,10 +34,11 @@ from hoss.ledger.connection import ledger_redis
 from hoss.ledger.redisclient import PipelinedRedis
 from hoss.logs import configure_logging
 from hoss.model.objects import Json
+from hoss.reload import ConfigFile, Reporter, follow
 from hoss.settings import SettingsError, load_settings, run_loop
 from resolver.app import build_server
 from resolver.judge import LEDGER_CALL_TIMEOUT_SECONDS, POD_READ_TIMEOUT_SECONDS
-from resolver.router import load_rules
+from resolver.router import Rule, rules_from_text
 from resolver.settings import ResolverSettings
 from resolver.state import WebhookState
 from resolver.stats import publish_stats
@@ -112,6 +117,18 @@ async def check_fences(ledgers: Sequence[Ledger], *, interval_seconds: float = F
                 log.debug("cannot check the write fence: %s", error)
 
 
+def follow_routing(state: WebhookState, file: ConfigFile[list[Rule]], rest: KubeREST) -> Coroutine[Any, Any, None]:
+    """Read the routing file every ``config_reload_seconds``; new rules route the pods created from then on (a
+    review reads `WebhookState.routing_rules` once), and each change is reported on this replica's Pod."""
+
+    def apply(rules: list[Rule]) -> None:
+        state.routing_rules = rules
+
+    reporter = Reporter(counter=state.config_reloads, target=EventTarget.from_env(os.environ),
+                        component=f"hoss-resolver/{state.settings.identity}", post=functools.partial(post_event, rest))
+    return follow(file, every=state.settings.config_reload_seconds, apply=apply, report=reporter.report)
+
+
 @contextlib.asynccontextmanager
 async def running_resolver(settings: ResolverSettings) -> AsyncIterator[list[asyncio.Task[None]]]:
     """Start the webhook server, the Lease election and the sync (while leading) and timers; stop them on exit.
@@ -152,9 +169,12 @@ async def running_resolver(settings: ResolverSettings) -> AsyncIterator[list[asy
         if settings.access == "kubernetes":
             access = TokenAccess(rest, resource="resolvers", namespace=settings.access_namespace,
                                  cache_seconds=settings.access_cache_seconds)
+        routing_file = ConfigFile(settings.routing_file, what="routing rules",
+                                  parse=functools.partial(rules_from_text, source=settings.routing_file)) \
+            if settings.routing_file else None
         state = WebhookState(settings=settings, ledger=review_ledger, get_pod=get_pod, elector=elector,
-                             access=access,
-                             routing_rules=load_rules(settings.routing_file) if settings.routing_file else [])
+                             access=access, routing_rules=routing_file.load() if routing_file is not None else [],
+                             routing_file=routing_file)
         context = tls_context(settings.tls_cert_file, settings.tls_key_file, settings.client_ca_file)
         if settings.client_ca_file is None:
             log.warning(
@@ -197,6 +217,9 @@ async def running_resolver(settings: ResolverSettings) -> AsyncIterator[list[asy
                 name="cert-reload",
             ),
         ]
+
+        if routing_file is not None and settings.config_reload_seconds > 0:
+            tasks.append(asyncio.create_task(follow_routing(state, routing_file, rest), name="routing-reload"))
 
         async def stop() -> None:
             # The sync stops first, then the Lease is handed back so another replica takes over at once.

@@ -112,8 +112,19 @@ class Rule:
 def load_rules(path: str | Path) -> list[Rule]:
     """The rules of a routing file (configs/routing.yaml shows the format); raises RoutingError naming the field."""
     try:
-        document: Any = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as error:
+        text = Path(path).read_text()
+    except OSError as error:
+        raise RoutingError(f"routing file {path}: {error}") from error
+    return rules_from_text(text, source=str(path))
+
+
+def rules_from_text(text: str, *, source: str) -> list[Rule]:
+    """The rules in the text of a routing file (`source` names it in errors: the resolver reloading its file
+    parses what it read); raises RoutingError naming the field."""
+    path = source
+    try:
+        document: Any = yaml.safe_load(text)
+    except yaml.YAMLError as error:
         raise RoutingError(f"routing file {path}: {error}") from error
     if document is None:
         return []

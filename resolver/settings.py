@@ -88,8 +88,13 @@ class ResolverSettings(AccessSettings):
     router (POST /mutate-pod) sets the first as spec.schedulerName of the pods it routes."""
     routing_file: str | None = None
     """Routing rules for the router (configs/routing.yaml: namespace selector and pod selector -> policy); pods of
-    namespaces labelled hoss.io/policy=<policy> are routed without it. Read at start-up; a bad rule stops it,
-    naming the field."""
+    namespaces labelled hoss.io/policy=<policy> are routed without it. Read at start-up (a bad rule stops it, naming
+    the field) and again whenever it changes (config_reload_seconds): new rules route the pods created from then on;
+    a file with a bad rule is refused and the rules in use are kept, and an Event, /status and
+    hoss_resolver_config_reloads_total{result="failure"} say why."""
+    config_reload_seconds: float = Field(default=5.0, ge=0)
+    """How often routing_file is read for a change (a ConfigMap's update reaches the mounted file within the
+    kubelet's sync period, about a minute). 0: read once, at start."""
 
     @model_validator(mode="after")
     def _client_names_need_a_ca(self) -> Self:

@@ -16,6 +16,7 @@ from hoss.ledger.results import QuotaReport
 from hoss.model import admission
 from hoss.model.dra import DeviceClasses
 from hoss.model.objects import Json
+from hoss.reload import ConfigFile, reload_counter
 from resolver.metrics import LatencyWindow, WebhookMetrics
 from resolver.mirror import PodIndex
 from resolver.router import NamespaceLabels, Rule
@@ -65,6 +66,9 @@ class WebhookState:
     namespaces: NamespaceLabels = field(default_factory=NamespaceLabels)
     """Namespace labels for the router (an informer keeps them while the resolver runs)."""
     routing_rules: list[Rule] = field(default_factory=list)
+    """The router's rules in use: replaced whole when the routing file is reloaded (`routing_file`)."""
+    routing_file: ConfigFile[list[Rule]] | None = None
+    """The routing file when one is set, for its entry in /status (`hoss.reload`)."""
     routed: collections.Counter[str] = field(default_factory=collections.Counter)
     """Router outcomes: policy name of each routed pod, or 'unchanged'."""
     quota_report: QuotaReport | None = None
@@ -79,6 +83,7 @@ class WebhookState:
         self.authenticate = self.settings.client_ca_file is not None
         self.client_names = frozenset(self.settings.client_names)
         self.metrics = WebhookMetrics(self)
+        self.config_reloads = reload_counter(self.registry, "resolver")
         self.body_budget = BodyBudget(self.settings.max_pending_body_bytes)
         """The review bodies being read at once (`resolver.server.BodyBudget`)."""
 

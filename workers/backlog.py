@@ -20,7 +20,7 @@ SOON_SECONDS = 0.2
 """When a pod that lost a race (a conflict, a ledger not ready) is tried again: no backoff, the truth is moments
 away."""
 ROOM_FREED_SECONDS = 0.05
-"""How soon waiting pods are tried again once the cluster gained room."""
+"""How soon waiting pods are tried again once the cluster gained room (or the policies changed)."""
 CONFLICT_ROUNDS = 3
 """Batches in a row a pod may lose to conflicts before it backs off like an unschedulable pod."""
 
@@ -102,8 +102,9 @@ class Backlog:
     def forget_conflicts(self, uid: str) -> None:
         self.conflict_rounds.pop(uid, None)
 
-    def room_freed(self) -> None:
-        """The cluster gained room: retry waiting pods now rather than at the end of their backoff."""
+    def retry_waiting_soon(self) -> None:
+        """Something that may let waiting pods fit changed (the cluster gained room, the policies were reloaded):
+        retry them now rather than at the end of their backoff."""
         now = time.monotonic()
         self.retries = [_Retry(min(r.due, now + ROOM_FREED_SECONDS), r.work) for r in self.retries]
         heapq.heapify(self.retries)

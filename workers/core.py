@@ -43,7 +43,7 @@ from hoss.framework.cycle import Profile, Unschedulable
 from hoss.framework.feed import NodeFeed
 from hoss.framework.nodes import NodeTable
 from hoss.framework.pod import PodView
-from hoss.kube.events import EventSink
+from hoss.kube.events import EventSink, EventTarget, post_event
 from hoss.kube.rest import KubeREST
 from hoss.ledger.client import Ledger
 from hoss.ledger.results import (
@@ -57,6 +57,7 @@ from hoss.ledger.results import (
     UnknownNode,
 )
 from hoss.queue import GONE, WorkerInfo, WorkQueue
+from hoss.reload import ConfigFile, Reporter, follow
 from hoss.supervise import Supervisor, first_of
 from workers import bindlimit
 from workers.acks import Acks, acked_uids
@@ -66,7 +67,7 @@ from workers.backlog import Backlog
 from workers.binding import Binder, Bindings, RestBinder, verdict
 from workers.bindlimit import BindLimit
 from workers.connections import Pipelined
-from workers.deciding import Decided, Decider, Shared, hold_in_batch, settle_batch
+from workers.deciding import Decided, Decider, Policies, Shared, hold_in_batch, parse_policies, settle_batch
 from workers.fetch import fetch
 from workers.gang import place_gang
 from workers.heartbeat import Heartbeat, Pace
@@ -110,10 +111,12 @@ class Worker:
     ``rest`` reaches the apiserver (bindings, events, pod conditions); ``binder`` replaces the binding call
     (the benchmark's in-process sink). Without ``rest`` no event or condition is written. ``pipelined`` carries
     the scripts and the blocking reads when given (its owner closes it); otherwise ``redis`` carries everything.
+    ``target`` is what the worker's events about itself (a reload of its policies) are about: its Pod.
     """
 
     def __init__(self, settings: WorkerSettings, *, redis: Redis, rest: KubeREST | None,
-                 binder: Binder | None = None, pipelined: Pipelined | None = None) -> None:
+                 binder: Binder | None = None, pipelined: Pipelined | None = None,
+                 target: EventTarget | None = None) -> None:
         self.settings = settings
         self.rest = rest
         if binder is None:
@@ -132,10 +135,16 @@ class Worker:
         self.backlog = Backlog(backoff_initial=settings.backoff_initial_seconds,
                                backoff_max=settings.backoff_max_seconds, jitter=random.Random(settings.seed))
         self.nodes = NodeTable()
-        self.feed = NodeFeed(self.ledger, self.nodes, on_room=self.backlog.room_freed,
+        self.feed = NodeFeed(self.ledger, self.nodes, on_room=self.backlog.retry_waiting_soon,
                              linger_ms=settings.feed_linger_ms, idle=self._idle,
                              pause_after_seconds=settings.feed_pause_after_idle_seconds)
-        self.decider = Decider(settings, self.nodes, self.feed, tally=self.tally)
+        self.policies_file = ConfigFile(settings.policies_file, what="policies", parse=functools.partial(
+            parse_policies, source=settings.policies_file, served=settings.policies))
+        """The policy file, read at start and every ``config_reload_seconds`` (`hoss.reload`)."""
+        self.decider = Decider(settings, self.policies_file.load(), self.nodes, self.feed, tally=self.tally)
+        self.reloads = Reporter(counter=self.tally.config_reloads, target=target or EventTarget(),
+                                component=self.notices.component,
+                                post=None if rest is None else functools.partial(post_event, rest))
         self.preemptor = None if rest is None else Preemptor(
             rest, self.ledger, record=self.notices.record, component=self.notices.component,
             hold_seconds=settings.preemption_hold_seconds, metrics=self.tally.scheduler)
@@ -210,6 +219,10 @@ class Worker:
                                ("schedule", self._schedule_loop),
                                ("ack", functools.partial(self.acks.send, self.stopping)))
         ]
+        # The policies' watch waits for nothing but its next poll: it is cancelled on stopping.
+        watch = asyncio.create_task(supervise("policies", functools.partial(
+            follow, self.policies_file, every=self.settings.config_reload_seconds, apply=self._policies_reloaded,
+            report=self.reloads.report)), name="policies") if self.settings.config_reload_seconds > 0 else None
         await first_of(self.stopping.wait(), self.supervisor.fatal.wait())
         if self.supervisor.fatal.is_set():
             log.critical("worker %s stopping: a loop is dead (%s)", self.settings.id, self.supervisor.health())
@@ -219,6 +232,9 @@ class Worker:
         self.acks.wake()
         self.heartbeat.soon()
         log.info("worker %s stopping: %d bindings in flight", self.settings.id, len(self._bind_tasks))
+        if watch is not None:
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
         await asyncio.gather(*loops[1:], return_exceptions=True)
         if self._bind_tasks:
             await asyncio.wait(self._bind_tasks, timeout=BIND_DRAIN_SECONDS)
@@ -242,6 +258,7 @@ class Worker:
             if await self.stream.lost_while_away():
                 continue
             batch = self.backlog.take(self.settings.decide_batch)
+            self._adopt_policies()
             self.attempts.begin(batch)
             self.pace.batch(sum(len(work.item.members) or 1 for work in batch))
             await self.feed.ready()  # a feed paused while this worker was idle catches up first
@@ -274,6 +291,18 @@ class Worker:
                 self._retry_later(work, soon=True)
             except Exception as single:
                 self._failed(work, single)
+
+    def _policies_reloaded(self, policies: Policies) -> None:
+        """The policy file changed and parsed: its profiles decide from the next batch on, and the pods that wait
+        are tried again soon, since the new profiles may place them."""
+        self.decider.stage(policies)
+        self.backlog.retry_waiting_soon()
+
+    def _adopt_policies(self) -> None:
+        """Before a batch: the policies reloaded since the last one go in use, for the whole batch."""
+        adopted = self.decider.adopt()
+        if adopted is not None:
+            self.bindings.default_policy = adopted.default
 
     # --- one batch: decide, reserve, bind ----------------------------------------------------------------
 

@@ -8,24 +8,28 @@ Each pod is filtered and scored on every node with its policy's profile, in turn
   share one filter and score pass while its best node is untouched by earlier pods of the batch.
 Every placement is counted in the node table at once (`hold_in_batch`), so later pods of the batch see it, and
 undone when the ledger has answered (`settle_batch`): its change stream then brings the truth.
+
+The profiles in use (`Policies`) change only between two batches: a reloaded policy file is staged and adopted
+before the next batch (`Decider.stage`, `Decider.adopt`), so no batch is decided half with the old profiles.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import aiohttp
 import numpy as np
 
 from hoss.framework.cycle import Evaluation, Placement, Profile, Unschedulable, choose, evaluate
+from hoss.framework.errors import ProfileError
 from hoss.framework.feed import NodeFeed
 from hoss.framework.nodes import NodeTable
 from hoss.framework.pod import PodView, placed_view
-from hoss.framework.profiles import load_profiles
+from hoss.framework.profiles import profiles_from_text
 from hoss.ledger.results import BatchResult, LedgerNotReady, Reserved
 from hoss.model import compact
-from hoss.settings import SettingsError
 from workers.extender import decide_with_extenders
 from workers.intake import Work, signature
 from workers.metrics import Tally
@@ -38,17 +42,24 @@ Shared = dict[bytes, tuple[Evaluation, set[str]]]
 Decided = tuple[Work, PodView, Placement]
 
 
-def worker_profiles(settings: WorkerSettings) -> tuple[dict[str, Profile], str]:
-    """The profiles of the policy file and the default's name; raises `SettingsError` when the worker serves a
-    policy the file lacks."""
-    profiles, default = load_profiles(settings.policies_file)
-    missing = [p for p in settings.policies if p not in profiles]
+@dataclass(frozen=True)
+class Policies:
+    """One reading of the policy file: the profiles by name and the default profile's name."""
+
+    profiles: Mapping[str, Profile]
+    default: str
+
+
+def parse_policies(text: str, *, source: str, served: Sequence[str]) -> Policies:
+    """The policy file's profiles (`profiles_from_text`); a file without a profile this worker serves (``policies``)
+    is refused, naming them, as at start as on a reload: the dispatcher keeps sending this worker those pods."""
+    profiles, default = profiles_from_text(text, source=source)
+    missing = [name for name in served if name not in profiles]
     if missing:
-        raise SettingsError(
-            f"hoss-worker: policies {missing} are not in {settings.policies_file} "
-            f"(profiles there: {sorted(profiles)})"
-        )
-    return profiles, default
+        raise ProfileError(field="profiles", source=source,
+                           reason=f"this worker serves {', '.join(missing)} (--policies), which the file does not "
+                                  f"define; profiles there: {', '.join(sorted(profiles))}")
+    return Policies(profiles, default)
 
 
 def decide_held(profile: Profile, pod: PodView, nodes: NodeTable, held: Sequence[str], *, rng: np.random.Generator,
@@ -126,8 +137,11 @@ def settle_batch(nodes: NodeTable, decided: Sequence[Decided], results: list[Bat
 class Decider:
     """Decides one pod at a time over `nodes` (the worker's table, which `feed` keeps current)."""
 
-    def __init__(self, settings: WorkerSettings, nodes: NodeTable, feed: NodeFeed, *, tally: Tally) -> None:
-        self.profiles, self.default_profile = worker_profiles(settings)
+    def __init__(self, settings: WorkerSettings, policies: Policies, nodes: NodeTable, feed: NodeFeed, *,
+                 tally: Tally) -> None:
+        self.policies = policies
+        """The profiles in use: replaced only by `adopt`, between two batches."""
+        self._staged: Policies | None = None
         self.nodes = nodes
         self.feed = feed
         self.tally = tally
@@ -138,9 +152,26 @@ class Decider:
         self.http: aiohttp.ClientSession | None = None
         """For the extenders, opened at the first pod that needs one."""
 
+    @property
+    def default_profile(self) -> str:
+        return self.policies.default
+
+    def stage(self, policies: Policies) -> None:
+        """Policies reloaded from the file: in use from the next `adopt`, never halfway through a batch."""
+        self._staged = policies
+
+    def adopt(self) -> Policies | None:
+        """Put the staged policies in use (before a batch is decided); the new policies, or None when none were
+        staged. Pods decided before keep their decisions."""
+        staged, self._staged = self._staged, None
+        if staged is not None:
+            self.policies = staged
+        return staged
+
     def profile_of(self, policy: str) -> Profile:
         """The policy's profile; the default for a policy this worker does not know."""
-        return self.profiles.get(policy) or self.profiles[self.default_profile]
+        profiles = self.policies.profiles
+        return profiles.get(policy) or profiles[self.policies.default]
 
     async def decide(self, profile: Profile, work: Work, shared: Shared) -> Placement | Unschedulable:
         """Candidates for the item's pod, or why it fits nowhere (see the module docstring)."""

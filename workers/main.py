@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -10,6 +11,7 @@ from collections.abc import Sequence
 from aiohttp import web
 
 from hoss.kube.access import TokenAccess
+from hoss.kube.events import EventTarget
 from hoss.kube.rest import KubeREST
 from hoss.settings import run_service
 from workers.connections import Pipelined, connect_redis
@@ -23,7 +25,7 @@ async def serve(settings: WorkerSettings) -> int:
     rest = await KubeREST.connect(settings.kubeconfig, limit=apiserver_requests_in_flight(settings))
     redis = connect_redis(settings.redis_url)
     pipelined = Pipelined.connect(settings.redis_url)
-    worker = Worker(settings, redis=redis, rest=rest, pipelined=pipelined)
+    worker = Worker(settings, redis=redis, rest=rest, pipelined=pipelined, target=EventTarget.from_env(os.environ))
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, worker.stopping.set)

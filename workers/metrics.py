@@ -16,6 +16,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from hoss.reload import reload_counter
+
 COUNTERS = ("bound", "conflicts", "denied", "unschedulable", "malformed", "retries", "gone", "stale", "errors")
 """The outcomes every worker reports, even at 0; others (``reserved``, ``bound:<policy>``) appear when they occur."""
 
@@ -154,6 +156,7 @@ class Tally:
             "(Unix time; 0 before the first): the dispatcher routes only to workers whose heartbeat lives",
             registry=self.registry)
         self.scheduler = SchedulerMetrics(self.registry)
+        self.config_reloads = reload_counter(self.registry, "worker")
 
     def count(self, outcome: str, n: int = 1) -> None:
         self.counters[outcome] = self.counters.get(outcome, 0) + n

@@ -34,6 +34,7 @@ def build_app(worker: Worker, *, access: TokenAccess | None = None) -> web.Appli
                                   "feed": {"position": worker.feed.position, "epoch": worker.feed.epoch,
                                            "applied": worker.feed.applied, "reads": worker.feed.reads,
                                            "reloads": worker.feed.reloads},
+                                  "policies_file": worker.policies_file.status(),
                                   "events": None if events is None else {
                                       "posted": events.posted, "failed": events.failed,
                                       "dropped": events.dropped, "queued": events.queued}})

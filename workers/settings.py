@@ -19,7 +19,13 @@ class WorkerSettings(AccessSettings):
     policies: list[str] = Field(default_factory=lambda: ["default"], min_length=1)
     """Policy profiles this worker serves (comma-separated in env and flags)."""
     policies_file: str = "configs/policies.yaml"
-    """YAML file with the policy profiles."""
+    """YAML file with the policy profiles. Read at start (a bad file stops the worker, naming the field) and again
+    whenever it changes (config_reload_seconds): a file that parses, and still defines every profile in policies,
+    decides from the next batch on; another is refused, the profiles in use are kept, and an Event, /status and
+    hoss_worker_config_reloads_total{result="failure"} say why."""
+    config_reload_seconds: float = Field(default=5.0, ge=0)
+    """How often policies_file is read for a change (a ConfigMap's update reaches the mounted file within the
+    kubelet's sync period, about a minute). 0: read once, at start."""
     kubeconfig: str | None = None
     """Kubeconfig to reach the apiserver; unset means the in-cluster service account."""
     redis_url: RedisURL = "redis://127.0.0.1:6379/0"

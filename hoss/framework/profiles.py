@@ -111,6 +111,12 @@ def load_profiles(path: str | Path) -> tuple[dict[str, Profile], str]:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as error:
         raise ProfileError(reason=f"cannot read the policy file: {error}", source=source) from error
+    return profiles_from_text(text, source=source)
+
+
+def profiles_from_text(text: str, *, source: str = "policies.yaml") -> tuple[dict[str, Profile], str]:
+    """The profiles in the text of a policy file, by name, and the default profile's name (a worker reloading its
+    file parses what it read)."""
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as error:

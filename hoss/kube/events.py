@@ -14,7 +14,8 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
@@ -71,6 +72,33 @@ def node_event(*, name: str, uid: str, reason: str, message: str, component: str
                       component=component, warning=warning)
     event["involvedObject"] = {"apiVersion": "v1", "kind": "Node", "name": name, "uid": uid}
     return event
+
+
+@dataclass(frozen=True)
+class EventTarget:
+    """What a component's events about itself are about: its own Pod, when the downward API names it (env
+    ``POD_NAME``, ``POD_NAMESPACE``, ``POD_UID``, set in deploy/), else its namespace (``POD_NAMESPACE``, or
+    ``default``), as a process outside a Pod has no object of its own."""
+
+    namespace: str = "default"
+    pod: str | None = None
+    uid: str = ""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> EventTarget:
+        return cls(namespace=env.get("POD_NAMESPACE") or "default", pod=env.get("POD_NAME") or None,
+                   uid=env.get("POD_UID", ""))
+
+    def event(self, *, reason: str, message: str, component: str, warning: bool) -> Json:
+        """A core/v1 Event about the target: its Pod, or its Namespace (recorded in that namespace)."""
+        if self.pod is not None:
+            return pod_event(namespace=self.namespace, name=self.pod, uid=self.uid, reason=reason, message=message,
+                             component=component, warning=warning)
+        body = pod_event(namespace=self.namespace, name=self.namespace, uid="", reason=reason, message=message,
+                         component=component, warning=warning)
+        body["involvedObject"] = {"apiVersion": "v1", "kind": "Namespace", "namespace": self.namespace,
+                                  "name": self.namespace}
+        return body
 
 
 def scheduled_event(*, namespace: str, name: str, uid: str, node: str, component: str) -> Json:
