@@ -64,7 +64,8 @@ tolerations:
 {{/*
 The settings and the Redis URL of a component's container (envFrom and env); call with
 (dict "root" $ "user" "hoss-worker" "identity" "HOSS_ID"). Each component's URL carries its own ACL user: from
-its key of redis.urlsSecret, or composed from redis.external and its password.
+its key of redis.urlsSecret, or composed from redis.external and its password. "ownPod" true gives it its Pod's
+name, namespace and uid (POD_NAME, POD_NAMESPACE, POD_UID), on which it records events about itself (a reload).
 */}}
 {{- define "hoss.environment" -}}
 {{- $redis := .root.Values.redis -}}
@@ -93,6 +94,15 @@ env:
     fieldRef:
       apiVersion: v1
       fieldPath: metadata.name
+{{- end }}
+{{- if .ownPod }}
+{{- range $name, $field := dict "POD_NAME" "metadata.name" "POD_NAMESPACE" "metadata.namespace" "POD_UID" "metadata.uid" }}
+- name: {{ $name }}
+  valueFrom:
+    fieldRef:
+      apiVersion: v1
+      fieldPath: {{ $field }}
+{{- end }}
 {{- end }}
 {{- end -}}
 
