@@ -8,14 +8,15 @@ STAMP := $(VENV)/.stamp-install
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 
-.PHONY: test demo deps venv binaries lint unit integration e2e chaos fuzz settings-doc down clean clean-all
+.PHONY: test demo deps venv binaries image image-test lint unit integration e2e chaos fuzz settings-doc down clean clean-all
 
-# The long chaos scenarios (marker `chaos`) are left out here; `make chaos` runs every scenario.
+# The long chaos scenarios (marker `chaos`) are left out here; `make chaos` runs every scenario. The container
+# image's tests (marker `image`) run in `make image-test`.
 # Two pytest-xdist workers, a test module each at a time (--dist loadfile): each worker starts its own local plane,
 # and e2e tests spend most of their time waiting on the apiserver, so two share the machine's cores well.
 TEST_WORKERS ?= 2
 test: deps binaries lint
-	$(BIN)/pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile -m "not chaos" tests/unit tests/integration tests/e2e $(PYTEST_ARGS)
+	$(BIN)/pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile -m "not chaos and not image" tests/unit tests/integration tests/e2e $(PYTEST_ARGS)
 
 demo: deps binaries
 	$(BIN)/python -m dev demo
@@ -25,7 +26,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check --upgrade pip
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test,bench]'
 	touch $@
 
 # System packages the project needs; installed only when missing.
@@ -46,6 +47,23 @@ deps: venv
 binaries: venv
 	$(BIN)/python -m dev local build
 
+# The container image (deploy/Containerfile), built for real with Debian's buildah from a Debian bookworm root
+# filesystem that mmdebstrap makes from Debian's packages: no base image is pulled. Installs both when missing.
+# IMAGE=name:tag names it (default ghcr.io/hoss-sched/hoss:<version>); `python -m dev image --help` for more.
+IMAGE ?=
+image: venv
+	@missing=""; for tool in buildah mmdebstrap; do command -v $$tool >/dev/null || missing="$$missing $$tool"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing$$missing (Debian packages)"; \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; fi
+	$(BIN)/python -m dev image build $(if $(IMAGE),--image $(IMAGE))
+
+# Every console script of the built image answers --help, and each service starts inside it against a local
+# plane (tests/e2e/test_image.py; minutes, hence apart from `make test`).
+image-test: image deps binaries
+	$(BIN)/pytest -p no:cacheprovider -m image tests/e2e/test_image.py $(PYTEST_ARGS)
+
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/mypy
@@ -58,7 +76,7 @@ integration: deps venv
 	$(BIN)/pytest -p no:cacheprovider tests/integration $(PYTEST_ARGS)
 
 e2e: deps binaries
-	$(BIN)/pytest -p no:cacheprovider -m "not chaos" tests/e2e $(PYTEST_ARGS)
+	$(BIN)/pytest -p no:cacheprovider -m "not chaos and not image" tests/e2e $(PYTEST_ARGS)
 
 chaos: deps binaries
 	$(BIN)/pytest -p no:cacheprovider -s tests/e2e/test_chaos.py $(PYTEST_ARGS)
@@ -78,8 +96,8 @@ clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
 
 # Everything the two commands left on the machine: the local plane (stopped) and its state directory, the
-# control-plane binaries hoss built, Go's build and module caches (`go clean -cache -modcache`: shared with any
-# other Go work of this user), then what `make clean` removes.
+# control-plane binaries hoss built, the wheel test's wheel cache, Go's build and module caches (`go clean -cache
+# -modcache`: shared with any other Go work of this user), then what `make clean` removes.
 clean-all:
 	if [ -x $(BIN)/python ]; then $(BIN)/python -m dev local clean --go-cache; else echo "no $(BIN)/python: local plane and caches left as they are"; fi
 	$(MAKE) clean

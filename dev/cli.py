@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from deploy.argtypes import at_least
+from dev import image
 from dev.local import binaries
 from dev.local.clean import clean
 from dev.local.errors import PlaneError
@@ -148,6 +149,11 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _image_build(args: argparse.Namespace) -> int:
+    image.build(args.image or image.default_image(), refresh_base=args.refresh_base, progress=_say)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m dev",
                                      description="hoss development tools: local plane, demo, benchmark")
@@ -204,6 +210,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--what-if FILE, go to it)"))
     explain.set_defaults(run=_why)
 
+    image_command = commands.add_parser(
+        "image", help="hoss's container image, built with buildah from a Debian root filesystem (no base image pulled)")
+    image_commands = image_command.add_subparsers(dest="image_command", required=True)
+    image_build = image_commands.add_parser("build", help="build deploy/Containerfile into buildah's storage")
+    image_build.add_argument("--image", help="name:tag of the image (default ghcr.io/hoss-sched/hoss:<version>)")
+    image_build.add_argument("--refresh-base", action="store_true",
+                             help=f"make the Debian base again even when it is younger than "
+                             f"{image.BASE_MAX_AGE_DAYS:.0f} days")
+    image_build.set_defaults(run=_image_build)
+
     bench = with_dir(commands.add_parser("bench", help="benchmark hoss against kube-scheduler on the local plane"))
     bench.add_argument("--quick", action="store_true", help="a small version of every scenario (a few minutes)")
     bench.add_argument("--json", default="bench/results/latest.json", help="where to write the figures (JSON)")
@@ -222,7 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.rest = rest
     try:
         return int(args.run(args))
-    except (PlaneError, binaries.BinaryError) as error:
+    except (PlaneError, binaries.BinaryError, image.ImageError) as error:
         _say(f"error: {error}")
         return 2
     except KeyboardInterrupt:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import shutil
 import subprocess
 from collections.abc import Callable, Sequence
@@ -44,6 +45,20 @@ def remove_binaries() -> str | None:
     return f"binaries {', '.join(removed)} from {directory}" if removed else None
 
 
+def wheel_cache() -> Path:
+    """The wheels of hoss's dependencies that the wheel test (tests/e2e/test_wheel.py) installs from: it fills the
+    directory from PyPI with what is missing, so that a warm run installs offline."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hoss" / "wheels"
+
+
+def remove_wheel_cache() -> str | None:
+    directory = wheel_cache()
+    if not directory.is_dir():
+        return None
+    shutil.rmtree(directory)
+    return f"wheel cache {directory}"
+
+
 def remove_go_caches() -> str | None:
     """``go clean -cache -modcache``: Go's build cache and module cache, which the binaries' build filled. They
     are shared with every other Go build of this user, hence only on request."""
@@ -57,9 +72,10 @@ def remove_go_caches() -> str | None:
 
 
 def clean(planes: Sequence[LocalPlane], *, go_caches: bool, progress: Callable[[str], None]) -> list[str]:
-    """Everything removed, in order: each plane's state, the built binaries, and (``go_caches``) Go's caches."""
+    """Everything removed, in order: each plane's state, the built binaries, the wheel cache, and (``go_caches``)
+    Go's caches."""
     steps: list[Callable[[], str | None]] = [functools.partial(remove_plane_state, plane) for plane in planes]
-    steps.append(remove_binaries)
+    steps += [remove_binaries, remove_wheel_cache]
     if go_caches:
         steps.append(remove_go_caches)
     removed = []

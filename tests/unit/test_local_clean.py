@@ -1,5 +1,5 @@
-"""`python -m dev local clean` removes the plane's state, the binaries hoss built and, on request, Go's caches; and
-nothing that is not its own."""
+"""`python -m dev local clean` removes the plane's state, the binaries hoss built, the wheel test's wheel cache and,
+on request, Go's caches; and nothing that is not its own."""
 
 from __future__ import annotations
 
@@ -32,13 +32,18 @@ def places(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
     monkeypatch.setenv("GOCACHE", str(gocache))
     monkeypatch.setenv("GOMODCACHE", str(modcache))
     monkeypatch.setenv("GOFLAGS", "-modcacherw")
-    return {"plane": plane, "bin": bins, "gocache": gocache, "modcache": modcache}
+    wheels = tmp_path / "cache" / "hoss" / "wheels"
+    wheels.mkdir(parents=True)
+    (wheels / "example-1.0-py3-none-any.whl").write_text("wheel")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return {"plane": plane, "bin": bins, "gocache": gocache, "modcache": modcache, "wheels": wheels}
 
 
 def test_clean_removes_state_and_binaries_and_keeps_go_caches_unless_asked(places: dict[str, Path]) -> None:
     assert main(["local", "clean", "--dir", str(places["plane"])]) == 0
     assert not places["plane"].exists()
     assert not places["bin"].exists()
+    assert not places["wheels"].exists()
     assert places["modcache"].exists()
 
 
