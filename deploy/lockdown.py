@@ -48,6 +48,17 @@ _CONNECTION_COMMANDS = "+ping +hello +client|setname +select +evalsha +evalsha_r
 _LEDGER_KEYS = ("ready", "epoch", "nodes", "node:*", "pod:*", "assumed", "changes", "ipa:*", "nominated", "stats",
                 "verify", "quotas", "quota:*", "nsused", "resv:*", "grown:*")
 """The ledger's keys under {hoss}: (tests/unit/test_redis_acl.py checks that the Lua scripts use no other)."""
+_NODE_ENTRY_PARTS = ("used", "assumed", "admitted", "bound", "ports", "nominated")
+"""The parts of a node's keys that its entries change (``{hoss}:node:<name>:<part>``); the rest (alloc, labels, spec)
+describe the node and only the sync writes them."""
+_WORKER_LEDGER_KEYS = (*(f"node:*:{part}" for part in _NODE_ENTRY_PARTS), "pod:*", "assumed", "changes", "ipa:*",
+                       "nominated", "verify", "quota:sum:used", "nsused", "resv:*")
+"""What the workers' scripts (reserve, reserve_batch, release, release_owner, nominate, unnominate) may write: the
+ledger's entries and what follows them, never the ready flag, the epoch, the node set, the counters, the quotas'
+definitions or a node's allocatable, labels or description."""
+_RESCHEDULER_LEDGER_KEYS = ("nominated", "node:*:nominated", "changes")
+"""What the rescheduler's scripts (hold_moves, unnominate) may write: its holds, their per-node sets and their
+announcements on the change stream."""
 _QUEUE_KEYS = ("queue:*", "worker:*", "workers", "binding", "dispatched", "podver")
 
 
@@ -67,7 +78,7 @@ REDIS_ACL: dict[str, str] = {
     ]),
     # Its queue and heartbeat, the dispatched map (acknowledgements) and the ledger (reservations, change stream).
     "hoss-worker": " ".join([
-        "resetkeys %R~{hoss}:*", *_writes((*_LEDGER_KEYS, *_QUEUE_KEYS)), "resetchannels -@all",
+        "resetkeys %R~{hoss}:*", *_writes((*_WORKER_LEDGER_KEYS, *_QUEUE_KEYS)), "resetchannels -@all",
         _CONNECTION_COMMANDS, *(f"+{c}" for c in _LEDGER_SCRIPT_COMMANDS.split()),
         "+xread +xrange +xreadgroup +xinfo|groups +xgroup|create +xack +xdel +hmget +pexpire +zremrangebyscore +zcard",
     ]),
@@ -79,16 +90,20 @@ REDIS_ACL: dict[str, str] = {
         "+xread +xrange +hmget +expire +incr +incrby",
     ]),
     # The rescheduler reads the ledger, holds and drops rooms ({hoss}:nominated, the per-node sets, the change
-    # stream's 'h' entries) through the ledger's scripts, and publishes its status for the dispatcher.
+    # stream's 'h' entries) through the ledger's scripts, and publishes its status for the dispatcher; it cannot
+    # change a node's totals, an entry or the ready flag.
     "hoss-rescheduler": " ".join([
-        "resetkeys %R~{hoss}:*", *_writes(("ready", "nominated", "node:*", "changes", "resched:*")),
+        "resetkeys %R~{hoss}:*", *_writes((*_RESCHEDULER_LEDGER_KEYS, "resched:*")),
         "resetchannels -@all", _CONNECTION_COMMANDS, *(f"+{c}" for c in _LEDGER_SCRIPT_COMMANDS.split()),
         "+hmget",
     ]),
 }
-"""Each hoss component's Redis ACL rules (after ``on`` and its password). Besides the workers, only the resolver
-may write the ledger; the dispatcher reads it. Every key is under the hash tag ``{hoss}``; no component may run a
-dangerous command (FLUSHALL, CONFIG, KEYS, ...)."""
+"""Each hoss component's Redis ACL rules (after ``on`` and its password). Only the resolver may write the whole ledger
+(its ready flag, nodes and counters); the workers write its entries, the rescheduler its holds, and the dispatcher
+reads it. A user with EVALSHA may run any script, but Redis checks every command a script runs, and every key it
+touches, against the caller's ACL: the keys are the boundary. The ledger's writing scripts declare
+``{hoss}:changes`` (which every ledger writer may write), not the ready flag (`hoss.ledger.scripts`). Every key is
+under the hash tag ``{hoss}``; no component may run a dangerous command (FLUSHALL, CONFIG, KEYS, ...)."""
 
 
 def redis_acl(passwords: Mapping[str, str], *, client_setinfo: bool = False, admin: bool = False,

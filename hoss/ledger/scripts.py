@@ -1,8 +1,11 @@
 """Running the ledger's Lua scripts: their sources, EVALSHA (EVALSHA_RO for those that only read), and the reply.
 
 Every ledger operation is one script, ``hoss/ledger/lua/<operation>.lua`` with ``common.lua`` prepended, so it is
-atomic. Each call passes ``{hoss}:ready`` as its one declared key and the key prefix as its first argument; the
-script refuses to write while the ledger is not ready (see `hoss.ledger.client`).
+atomic. Each call declares one key, which routes it to the hash tag's slot on a Redis Cluster, and passes the key
+prefix as its first argument; the script refuses to write while the ledger is not ready (see `hoss.ledger.client`).
+The declared key is ``{hoss}:ready`` for the scripts that only read (EVALSHA_RO counts it as read) and
+``{hoss}:changes`` for those that write: plain EVALSHA counts a declared key as written, and every ledger writer
+may write the change stream, while only the resolver may write the ready flag (deploy/lockdown.py).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from redis.exceptions import NoScriptError, ResponseError
 from hoss.errors import LedgerUnavailable
 from hoss.ledger.connection import LedgerScript, ScriptClient, redis_call
 from hoss.ledger.fence import LOST_WRITES, WriteFence
-from hoss.ledger.keys import KEY_PREFIX, READY_KEY
+from hoss.ledger.keys import CHANGES_KEY, KEY_PREFIX, READY_KEY
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +87,7 @@ class ScriptRunner:
                 ReadOnlyScript(self._client, source) if name in READ_ONLY_SCRIPTS
                 else self._client.register_script(source)
             )
-        declared = READY_KEY
+        declared = READY_KEY if name in READ_ONLY_SCRIPTS else CHANGES_KEY
         fence = None if name in READ_ONLY_SCRIPTS else self._fence
         if fence is None:
             reply = await redis_call(script(keys=[declared], args=[KEY_PREFIX, *args]))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import importlib.resources
 import urllib.parse
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,14 +21,17 @@ from redis.exceptions import AuthenticationError, ConnectionError, NoPermissionE
 from deploy import lockdown, pki
 from dev.local.ports import free_port
 from dev.local.redis_server import redis_version
+from hoss.ledger.arguments import MoveHold, Placement
 from hoss.ledger.client import Ledger
 from hoss.ledger.connection import HiredisConnection, HiredisSSLConnection, ledger_redis
-from hoss.ledger.keys import KEY_PREFIX, READY_KEY
+from hoss.ledger.keys import CHANGES_KEY, EPOCH_KEY, KEY_PREFIX, READY_KEY, STATS_KEY
 from hoss.ledger.redisclient import PipelinedRedis
+from hoss.ledger.results import Reserved
 from hoss.queue import WorkerInfo, WorkItem, WorkQueue
 from hoss.settings import SettingsError, load_settings
 from resolver.settings import ResolverSettings
 from tests.integration.redis_server import redis_server_binary, start_redis_server, stop_redis_server
+from tests.kube_objects import node_row
 
 PASSWORD = "s3cret-for-the-test"
 
@@ -260,3 +263,97 @@ async def test_the_work_queue_calls_run_under_each_components_user(hoss_acl_redi
     finally:
         await worker_client.aclose()
         await dispatcher_client.aclose()
+
+
+LEDGER_WRITES_ONLY_THE_RESOLVER_MAKES = (
+    ("DEL", READY_KEY), ("SET", EPOCH_KEY, "forged"), ("HSET", f"{KEY_PREFIX}:node:n1:alloc", "cpu", "999999"),
+    ("HSET", f"{KEY_PREFIX}:node:n1:labels", "zone", "b"), ("SADD", f"{KEY_PREFIX}:nodes", "ghost"),
+    ("HINCRBY", STATS_KEY, "overcommits", "-1"), ("HSET", f"{KEY_PREFIX}:quota:ns:team", "max:cpu", "1"),
+)
+"""Writes that would make the webhook admit what does not fit, or deny everything: the ready flag, the epoch, a node's
+allocatable and labels, the node set, the counters, a quota's definition."""
+ENTRY_WRITES = (("HSET", f"{KEY_PREFIX}:node:n1:used", "cpu", "0"), ("DEL", f"{KEY_PREFIX}:pod:u1"),
+                ("SREM", f"{KEY_PREFIX}:node:n1:bound", "u1"))
+"""Writes that free a node's room in the ledger: its used total, an entry, the set of its bound pods."""
+QUEUE_WRITES = (("XADD", f"{KEY_PREFIX}:queue:w1", "*", "i", "{}"), ("HSET", f"{KEY_PREFIX}:dispatched", "u9", "w1"),
+                ("DEL", f"{KEY_PREFIX}:workers"))
+
+
+async def denied_everything(url: str, writes: Sequence[tuple[str, ...]]) -> list[str]:
+    """Each of ``writes`` tried under the user of ``url``, as a command and from inside a script (declaring the change
+    stream, which every ledger writer may write): those Redis let through."""
+    allowed = []
+    async with redis.asyncio.Redis.from_url(url, decode_responses=True) as client:
+        sha = await client.script_load("return redis.call(unpack(ARGV))")
+        command: Any = client.execute_command  # redis-py leaves it untyped
+        for write in writes:
+            for how in ("command", "script"):
+                try:
+                    if how == "command":
+                        await command(*write)
+                    else:
+                        await client.evalsha(sha, 1, CHANGES_KEY, *write)
+                except NoPermissionError:
+                    continue
+                except ResponseError as error:  # a script's refusal: "The user executing the script can't access"
+                    if "can't access" in str(error) or "no permissions" in str(error):
+                        continue
+                    raise
+                allowed.append(f"{' '.join(write[:2])} ({how})")
+    return allowed
+
+
+async def ledger_with_a_bound_pod(urls: dict[str, str]) -> None:
+    async with redis.asyncio.Redis.from_url(urls["admin"]) as admin:
+        await admin.flushdb()
+    async with Ledger.from_url(urls["hoss-resolver"]) as resolver:
+        await resolver.rebuild(nodes=[node_row("n1", {"cpu": 4000, "pods": 10}, labels={"zone": "a"})],
+                               bound=[Placement(uid="u1", pod="ns/bound", node="n1", request={"cpu": 1000, "pods": 1})])
+
+
+async def test_the_rescheduler_holds_room_but_cannot_free_a_node_or_stop_the_webhook(
+    hoss_acl_redis: dict[str, str]
+) -> None:
+    """The rescheduler's user runs its own calls (the node usage, holds, nominations, their end) and nothing more:
+    it cannot zero a node's used total, drop an entry, touch the ready flag or a node's description, or write the
+    work queues, neither by a command nor from a script."""
+    await ledger_with_a_bound_pod(hoss_acl_redis)
+    async with Ledger.from_url(hoss_acl_redis["hoss-rescheduler"]) as rescheduler:
+        assert (await rescheduler.node_usage(["n1"]))["n1"][1]["cpu"] == 1000
+        assert await rescheduler.hold_moves([MoveHold(key="pending-1", node="n1", request={"cpu": 2000})],
+                                            ttl_seconds=30) is None
+        assert set(await rescheduler.nominations()) == {"pending-1"}
+        assert await rescheduler.unnominate("pending-1")
+    allowed = await denied_everything(hoss_acl_redis["hoss-rescheduler"],
+                                      (*LEDGER_WRITES_ONLY_THE_RESOLVER_MAKES, *ENTRY_WRITES, *QUEUE_WRITES))
+    assert allowed == [], f"the rescheduler's user may {allowed}"
+    async with Ledger.from_url(hoss_acl_redis["admin"]) as admin:
+        assert await admin.is_ready()
+        assert (await admin.node_usage(["n1"]))["n1"][1]["cpu"] == 1000
+
+
+async def test_a_worker_writes_entries_but_not_the_ready_flag_a_nodes_description_or_the_counters(
+    hoss_acl_redis: dict[str, str]
+) -> None:
+    """The workers' user reserves and releases (its scripts declare the change stream, not the ready flag), and may
+    not write what only the sync writes."""
+    await ledger_with_a_bound_pod(hoss_acl_redis)
+    async with Ledger.from_url(hoss_acl_redis["hoss-worker"]) as worker:
+        assert isinstance(await worker.reserve(uid="u2", pod="ns/p2", node="n1", request={"cpu": 1000, "pods": 1},
+                                               owner="w1", ttl_seconds=30), Reserved)
+        assert await worker.nominate(uid="u3", node="n1", priority=10, request={"cpu": 500},
+                                     ttl_seconds=30) == "nominated"
+        assert await worker.unnominate("u3")
+        assert await worker.release_assumed(uid="u2", node="n1")
+        assert await worker.release_owner("w1") == 0
+    allowed = await denied_everything(hoss_acl_redis["hoss-worker"], LEDGER_WRITES_ONLY_THE_RESOLVER_MAKES)
+    assert allowed == [], f"the workers' user may {allowed}"
+
+
+async def test_the_resolver_and_the_dispatcher_write_only_their_side(hoss_acl_redis: dict[str, str]) -> None:
+    """The resolver's user writes no work queue; the dispatcher's writes no ledger entry or total."""
+    await ledger_with_a_bound_pod(hoss_acl_redis)
+    assert await denied_everything(hoss_acl_redis["hoss-resolver"], QUEUE_WRITES) == []
+    allowed = await denied_everything(hoss_acl_redis["hoss-dispatcher"],
+                                      (*LEDGER_WRITES_ONLY_THE_RESOLVER_MAKES, *ENTRY_WRITES))
+    assert allowed == [], f"the dispatcher's user may {allowed}"

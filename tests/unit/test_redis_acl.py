@@ -40,17 +40,39 @@ def test_every_script_command_is_granted_to_the_ledger_writers() -> None:
         assert commands <= granted, f"{component} lacks {sorted(commands - granted)}"
 
 
+SYNC_ONLY_KEYS = {":ready", ":epoch", ":nodes", ":stats", ":quotas", ":quota:ns:", ":quota:sum:min"}
+"""Keys only the resolver's sync writes (rebuild, sync_node, remove_node, set_quotas, the overcommit count)."""
+
+
+def written_patterns(component: str) -> list[str]:
+    return [p.replace("*", "") for p in re.findall(r"%RW~\{hoss\}(\S+)", lockdown.REDIS_ACL[component])]
+
+
 def test_every_script_key_is_writable_by_the_ledger_writers() -> None:
     keys = lua_keys()
     assert {":nodes", ":node:", ":pod:"} <= keys, "the scan found the scripts' keys"
     # The resolver runs every script but reserve_batch and reserve, whose only other key, podver, they only read.
-    read_only = {"hoss-worker": set(), "hoss-resolver": {":podver"}}
+    # The workers write the entries and what follows them, not what only the sync writes, nor what only the
+    # webhook's resize writes (grown); a node's keys they write are its entry parts
+    # (test_a_worker_writes_the_node_keys_its_entries_change).
+    read_only = {"hoss-worker": SYNC_ONLY_KEYS | {":node:", ":grown:"}, "hoss-resolver": {":podver"}}
     for component, exempt in read_only.items():
-        patterns = [p.replace("*", "") for p in re.findall(r"%RW~\{hoss\}(\S+)", lockdown.REDIS_ACL[component])]
+        patterns = written_patterns(component)
         for key in keys - exempt:
             assert any(key == p or (p.endswith(":") and key.startswith(p)) for p in patterns), (
                 f"{component} may not write {{hoss}}{key}"
             )
+
+
+def test_a_worker_writes_the_node_keys_its_entries_change_and_nothing_only_the_sync_writes() -> None:
+    patterns = written_patterns("hoss-worker")
+    assert {":node::used", ":node::assumed", ":node::ports", ":node::nominated"} <= set(patterns)
+    assert not [p for p in patterns if p in SYNC_ONLY_KEYS or p in (":node:", ":node::alloc", ":node::labels")]
+
+
+def test_the_rescheduler_writes_only_its_holds_and_its_status() -> None:
+    assert sorted(written_patterns("hoss-rescheduler")) == [":changes", ":node::nominated", ":nominated",
+                                                            ":resched:"]
 
 
 def test_the_acl_file_disables_the_default_user_and_gives_each_component_its_rules() -> None:

@@ -1,14 +1,15 @@
 -- Shared helpers; ledger.py prepends this file to every ledger script, so each script stays one atomic call.
 --
--- Calling convention: KEYS[1] is the ready flag '<prefix>:ready' (declared so a cluster client routes the call
--- to the slot of the hash tag); ARGV[1] is the key prefix with its hash tag, e.g. '{hoss}'. Every other key is
--- derived from the prefix below, so all keys of a script share one slot.
+-- Calling convention: KEYS[1] is one key under the prefix (declared so a cluster client routes the call to the
+-- slot of the hash tag: the ready flag for the read-only scripts, the change stream for the others, see
+-- hoss/ledger/scripts.py); ARGV[1] is the key prefix with its hash tag, e.g. '{hoss}'. Every key is derived from
+-- the prefix below, so all keys of a script share one slot.
 --
 -- Numbers: Lua numbers are doubles, exact up to 2^53. Amounts arrive as decimal strings; totals change only
 -- through HINCRBY (64-bit integers in Redis) and every computed number written to Redis goes through int_str,
 -- because Lua would otherwise print large numbers as '1e+15'.
 local PREFIX = ARGV[1]
-local READY = KEYS[1]
+local READY = PREFIX .. ':ready'
 -- A fenced writer's own counter (see 'The write fence' at the end of this file), or nil.
 local FENCE = KEYS[2]
 local NODES = PREFIX .. ':nodes'
