@@ -65,7 +65,8 @@ async def serve(settings: ReschedulerSettings) -> int:
         guards = []
         if settings.access == "kubernetes":
             access = TokenAccess(rest, resource="reschedulers", namespace=settings.access_namespace,
-                                 cache_seconds=settings.access_cache_seconds, paths=STATUS_PATHS)
+                                 cache_seconds=settings.access_cache_seconds,
+                                 reviews_per_second=settings.access_reviews_per_second, paths=STATUS_PATHS)
             guards.append(middleware(access))
         app = web.Application(middlewares=guards)
         app.router.add_get("/healthz", healthz)

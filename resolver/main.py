@@ -167,8 +167,12 @@ async def running_resolver(settings: ResolverSettings) -> AsyncIterator[list[asy
 
         access = None
         if settings.access == "kubernetes":
-            access = TokenAccess(rest, resource="resolvers", namespace=settings.access_namespace,
-                                 cache_seconds=settings.access_cache_seconds)
+            # Reviews of tokens over a client of their own: a flood of them never delays the webhook's pod reads.
+            access_rest = await KubeREST.connect(settings.kubeconfig)
+            stack.push_async_callback(access_rest.close)
+            access = TokenAccess(access_rest, resource="resolvers", namespace=settings.access_namespace,
+                                 cache_seconds=settings.access_cache_seconds,
+                                 reviews_per_second=settings.access_reviews_per_second)
         routing_file = ConfigFile(settings.routing_file, what="routing rules",
                                   parse=functools.partial(rules_from_text, source=settings.routing_file)) \
             if settings.routing_file else None
