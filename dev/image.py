@@ -71,10 +71,11 @@ def mmdebstrap_argv(tarball: Path) -> list[str]:
 
 def build_argv(image: str, *, base: str, pip_ca: Path | None = None) -> list[str]:
     """buildah building deploy/Containerfile from the repository root on ``base``, as ``image``. Intermediate
-    layers are kept, so a rebuild redoes only what changed; ``--pull=never``: the base is local. ``pip_ca``, the CA
-    bundle pip trusts, goes in as the secret ``pip-ca`` (see the Containerfile)."""
+    layers are kept, so a rebuild redoes only what changed, and no container is left behind when it fails;
+    ``--pull=never``: the base is local. ``pip_ca``, the CA bundle pip trusts, goes in as the secret ``pip-ca``
+    (see the Containerfile)."""
     return [
-        "buildah", "build", *ISOLATION, "--network", "host", "--layers", "--pull=never",
+        "buildah", "build", *ISOLATION, "--network", "host", "--layers", "--force-rm", "--pull=never",
         *([f"--secret=id=pip-ca,src={pip_ca}"] if pip_ca else []),
         "--build-arg", f"BASE={base}", "--file", str(CONTAINERFILE), "--tag", image, str(REPO),
     ]
