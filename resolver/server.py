@@ -7,14 +7,15 @@ the apiserver's client keeps an idle connection, so the client closes first), an
 once while a request being handled gets ``grace_seconds`` to be answered. The counts /status shows are read from
 the server and the TLS context, not kept per request.
 
-What it bounds (aiohttp has no connection limit of its own, and every TLS connection costs the process a quarter
-MiB of buffers for as long as it stays open, whatever it sends): the port accepts every TCP connection, counts it,
-and only then starts its TLS handshake (`ConnectionLimits`). A connection whose client certificate the client CA
-verified (the apiserver's) is a client: at most ``clients`` of them, a new one beyond that is closed after its
-handshake. Every other connection (in its handshake, or without a verified certificate: the kubelet's probes, a
-reader of /status; every connection when reviews are not authenticated) is anonymous: at most ``anonymous`` of
-them, and one more closes the oldest. So a flood of connections that park (a handshake that never ends, a request
-that never does) holds a bounded amount of memory and never the apiserver's connections, which it cannot push out.
+What it bounds (aiohttp has no connection limit of its own, and a TLS connection costs the process up to a quarter
+MiB of buffers for as long as it stays open, whatever it sends): the port accepts every TCP connection, counts it
+until its socket is closed, and only then starts its TLS handshake (`ConnectionLimits`). A connection whose client
+certificate the client CA verified (the apiserver's) is a client: at most ``clients`` of them, a new one beyond that
+is closed after its handshake. Every other connection (in its handshake, or without a verified certificate: the
+kubelet's probes, a reader of /status; every connection when reviews are not authenticated) is anonymous: at most
+``anonymous`` of them, and one more closes the oldest. So a flood of connections that park (a handshake that never
+ends, a request that never does) holds a bounded amount of memory and never the apiserver's connections, which it
+cannot push out.
 """
 
 from __future__ import annotations
