@@ -100,9 +100,17 @@ async def running(plane: LocalPlane, services: Sequence[Service], *, launcher: L
         yield started
     finally:
         for each in started:
-            if each.popen.poll() is None:
-                os.killpg(each.popen.pid, signal.SIGKILL)
-                each.popen.wait(timeout=10)
+            kill_session(each.popen.pid)
+            each.popen.wait(timeout=10)
+
+
+def kill_session(session: int) -> None:
+    """SIGKILL to every process of ``session`` (each started one leads its own): a process group is not enough,
+    since tini puts the service in a group of its own."""
+    for proc in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError):
+            if os.getsid(int(proc.name)) == session:
+                os.kill(int(proc.name), signal.SIGKILL)
 
 
 def _launch(one: Service, *, launcher: Launcher, log_dir: Path, name: str) -> Started:
