@@ -226,7 +226,8 @@ class Dispatcher(ClusterView):
 
     async def _resend_changed(self) -> None:
         """Queue the new version of every dispatched pod that changed, behind the old one on the same worker
-        (the old one then reserves nothing: the ledger calls it stale). Gang members are left to their item:
+        (the worker drops the old one it holds, and one it is deciding reserves nothing: the ledger calls it
+        stale). Gang members are left to their item:
         their bindings carry the uid, and the gang is re-sent whole if it fails."""
         for uid in self.book.take_changed():
             pod, worker = self.pending.get(uid), self.dispatched.get(uid)

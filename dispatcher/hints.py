@@ -37,7 +37,6 @@ def with_hints(item: WorkItem, pod: PendingPod, available: Iterable[Reservation]
         return item
     form = orjson.loads(item.pod)
     form[reservations.HINTS] = reservations.hints(owning)
-    encoded = compact.encode(form)
     # A version of its own: sent again when a Reservation becomes Available, it makes the worker's older copy
     # stale, as a changed pod does.
-    return dataclasses.replace(item, pod=encoded.decode(), digest=compact.digest(encoded))
+    return dataclasses.replace(item, pod=compact.encode(form).decode(), digest=compact.digest(form))

@@ -41,7 +41,8 @@ class PendingPod:
     compact: str = ""
     """The pod's compact form (JSON, `hoss.model.compact`): what its work item carries to the worker."""
     digest: str = ""
-    """The version of `compact`; a change while the pod is queued sends the new version after the old."""
+    """The version of `compact` (blind to its resourceVersion: a status write makes none); a change while the pod
+    is queued sends the new version after the old."""
     priority: int = 0
     """spec.priority: higher is dispatched first (then the oldest), as kube-scheduler's PrioritySort orders."""
     owner_references: tuple[Json, ...] = ()
@@ -122,7 +123,7 @@ def parse_pending_pod(
     unschedulable = _unschedulable(status)
     default_spread = sources.default_selector(raw) if sources is not None \
         and not spec.get("topologySpreadConstraints") else None
-    encoded = compact.encode(compact.compact_pod(raw, namespaces=namespaces, default_spread=default_spread))
+    form = compact.compact_pod(raw, namespaces=namespaces, default_spread=default_spread)
     priority = spec.get("priority")
     return PendingPod(
         uid=uid,
@@ -136,8 +137,8 @@ def parse_pending_pod(
         created_unix=_created_unix(metadata),
         unschedulable_reason=unschedulable[0],
         unschedulable_message=unschedulable[1],
-        compact=encoded.decode(),
-        digest=compact.digest(encoded),
+        compact=compact.encode(form).decode(),
+        digest=compact.digest(form),
         priority=priority if isinstance(priority, int) and not isinstance(priority, bool) else 0,
         gated=bool(spec.get("schedulingGates")),
         owner_references=tuple(r for r in references if isinstance(r, dict) and r.get("controller"))
@@ -150,11 +151,10 @@ def with_namespaces(pod: PendingPod, namespaces: Mapping[str, Mapping[str, str]]
     change)."""
     form = compact.decode(pod.compact)
     form[compact.NAMESPACES] = compact.namespace_context(form, namespaces)
-    encoded = compact.encode(form)
-    updated = compact.digest(encoded)
+    updated = compact.digest(form)
     if updated == pod.digest:
         return pod
-    return dataclasses.replace(pod, compact=encoded.decode(), digest=updated)
+    return dataclasses.replace(pod, compact=compact.encode(form).decode(), digest=updated)
 
 
 def namespace_labels(raw: Json) -> tuple[str, dict[str, str]] | None:

@@ -8,6 +8,8 @@ Invariants:
   map names no live worker or the pod has not been pending for a while, or acknowledged by its worker while still
   pending (then it waits `handback_delay` first).
 - `attempts` counts how often a pod was taken back or handed back; its work items carry the count.
+- A dispatched pod is sent again, behind its old version, only when its digest changed (`hoss.model.compact`): a
+  write to its status alone makes no new version.
 """
 
 from __future__ import annotations
@@ -80,7 +82,10 @@ class PendingBook:
             self.fresh[uid] = None  # its last scheduling gate was removed: dispatch it now
             due = True
         if updated.digest != known.digest and uid in self.dispatched:
-            self.changed[uid] = None  # the worker holds an older version: send the new one behind it
+            # The worker holds an older version: send the new one behind it. A change the digest does not see (a
+            # status write, as the worker's own PodScheduled=False; `hoss.model.compact`) sends nothing: the form
+            # kept here carries the new resourceVersion to later sends, and the worker's binding finds it itself.
+            self.changed[uid] = None
             due = True
         return False, due
 

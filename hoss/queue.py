@@ -10,7 +10,10 @@ Keys (all under the ``{hoss}`` hash tag, so they share a slot with the ledger):
 - ``{hoss}:dispatched``   hash pod uid -> worker id, so a new dispatcher leader knows what is already assigned.
 - ``{hoss}:podver``       hash pod uid -> digest | "gone", written only when a queued pod changed (the new
   version follows in the same stream) or left the pending set; the ledger's batch reservation answers "stale"
-  for any other version, and the worker's acknowledgement removes the entry.
+  for any other version, and the worker's acknowledgement removes the entry. A worker holds one item per pod: a
+  newer version it reads takes the place of the older one it holds (its backoff, its attempts), and the older is
+  acknowledged without its uid, which stays dispatched (`workers.backlog`). A digest leaves the pod's
+  resourceVersion out (`hoss.model.compact`), so a write to a queued pod's status sends no new version.
 - ``{hoss}:term:<lease>`` the highest term a dispatcher leader of the Lease ``<namespace>/<name>`` wrote with (its
   leaseTransitions when it took the Lease over).
 

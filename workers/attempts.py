@@ -75,15 +75,10 @@ class Attempts:
 
     def queues(self, ready: Iterable[Work], waiting: Iterable[Work]) -> Mapping[str, int]:
         """Pods per kube-scheduler queue: `ready` ones are active; `waiting` ones (for a retry) are unschedulable
-        when their last attempt found no node, else in backoff. A pod counts once, however many versions of its work
-        item the worker holds (a new version follows the old one, which stays until the ledger calls it stale)."""
-        counts = {"active": 0, "backoff": 0, UNSCHEDULABLE: 0}
-        seen: set[str] = set()
-        placed = [(work, "active") for work in ready]
-        placed += [(work, UNSCHEDULABLE if self.last.get(work.item.uid) == UNSCHEDULABLE else "backoff")
-                   for work in waiting]
-        for work, queue in placed:
-            if work.item.uid not in seen:
-                seen.add(work.item.uid)
-                counts[queue] += pods_of(work)
+        when their last attempt found no node, else in backoff. The backlog holds one item per pod (a newer version
+        takes the older's place, `workers.backlog`), so each item counts its pods."""
+        counts = {"active": sum(pods_of(work) for work in ready), "backoff": 0, UNSCHEDULABLE: 0}
+        for work in waiting:
+            queue = UNSCHEDULABLE if self.last.get(work.item.uid) == UNSCHEDULABLE else "backoff"
+            counts[queue] += pods_of(work)
         return counts

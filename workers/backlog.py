@@ -1,7 +1,15 @@
 """The work a worker holds and has not placed yet: the ready queue, decided in order, and the retries, each due at
 the end of its backoff (sooner when the cluster gains room).
 
-Invariant: a work item is in at most one of the two; an item being decided or bound is in neither.
+Invariants: a work item is in at most one of the two; an item being decided or bound is in neither. The worker holds
+at most one item per pod (``held``): when the dispatcher queues a changed pod's new version behind the old one, the
+newer version (the later stream entry) takes the place of the older one held, which goes to ``superseded`` to be
+acknowledged as stale. As kube-scheduler's queue updates a queued pod in place (PriorityQueue.Update: in the active
+or backoff queue where it stands; from the unschedulable pods to the backoff queue while it still backs off), the
+newer version keeps the older's place: ready, or waiting until the same due time; and the backoff and the attempts
+are the pod's (by uid), so an update neither resets nor doubles its retries. An older version that was being decided
+and comes back to be tried again gives the newer one its place: the pod waits as that attempt's outcome says, in its
+newest version (kube-scheduler requeues a pod rejected in flight as its informer has it now).
 """
 
 from __future__ import annotations
@@ -11,6 +19,7 @@ import collections
 import heapq
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from workers.idle import nap
@@ -25,6 +34,11 @@ CONFLICT_ROUNDS = 3
 """Batches in a row a pod may lose to conflicts before it backs off like an unschedulable pod."""
 
 
+def stream_order(message_id: str) -> tuple[int, ...]:
+    """A stream entry id ('<milliseconds>-<sequence>') as numbers: a later entry of a stream compares greater."""
+    return tuple(int(part) for part in message_id.split("-"))
+
+
 def backoff_delay(previous: float, *, initial: float, maximum: float) -> float:
     """The next backoff after `previous` (0 for a first failure): doubled, within [initial, maximum]."""
     return min(max(previous * 2, initial), maximum)
@@ -36,15 +50,24 @@ class _Retry:
     work: Work = field(compare=False)
 
 
-class Backlog:
-    """The ready queue and the retries of one worker; ``jitter`` spreads the retries' due times (±20 %)."""
+def _keep(_work: Work) -> None:
+    """No acknowledgement for a superseded item (a backlog of its own, in tests)."""
 
-    def __init__(self, *, backoff_initial: float, backoff_max: float, jitter: random.Random) -> None:
+
+class Backlog:
+    """The ready queue and the retries of one worker; ``jitter`` spreads the retries' due times (±20 %);
+    ``superseded`` takes each item a newer version of its pod replaced (see the module docstring)."""
+
+    def __init__(self, *, backoff_initial: float, backoff_max: float, jitter: random.Random,
+                 superseded: Callable[[Work], None] = _keep) -> None:
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max
         self.jitter = jitter
+        self.superseded = superseded
         self.ready: collections.deque[Work] = collections.deque()
         self.retries: list[_Retry] = []
+        self.held: dict[str, Work] = {}
+        """work item uid -> the one item held for it, ready or waiting for its retry"""
         self.backoff: dict[str, float] = {}
         """work item uid -> its last backoff, until it is placed"""
         self.conflict_rounds: dict[str, int] = {}
@@ -61,12 +84,66 @@ class Backlog:
         return bool(self.ready or self.retries)
 
     def push(self, work: Work) -> None:
+        """Add an item to the ready queue: one read from the stream, or one to decide again at once. With another
+        version of its pod held, the newer one is kept (see the module docstring)."""
+        kept = self._one_per_pod(work)
+        if kept is not None:
+            self._append(kept)
+
+    def _append(self, work: Work) -> None:
         self.ready.append(work)
+        self.held[work.item.uid] = work
         self._ready_event.set()
 
     def take(self, most: int) -> list[Work]:
         """Up to `most` ready items, in order."""
-        return [self.ready.popleft() for _ in range(min(len(self.ready), most))]
+        taken = [self.ready.popleft() for _ in range(min(len(self.ready), most))]
+        for work in taken:
+            if self.held.get(work.item.uid) is work:
+                del self.held[work.item.uid]
+        return taken
+
+    def holds(self, uid: str) -> bool:
+        """Whether an item of pod (or gang) `uid` is ready or waiting for its retry."""
+        return uid in self.held
+
+    def _one_per_pod(self, work: Work) -> Work | None:
+        """`work` is added while another version of its pod may be held. The older of the two is superseded. A
+        newer `work` (read from the stream) takes the held one's place: None, it is placed. An older `work` (a
+        version that was being decided comes back) gives its place to the held one: that one, taken from where it
+        was, is returned for the caller to put where `work` was going."""
+        held = self.held.get(work.item.uid)
+        if held is None or held is work:
+            return work
+        if stream_order(work.message_id) > stream_order(held.message_id):
+            self._replace(held, work)
+            self.superseded(held)
+            return None
+        self._remove(held)
+        self.superseded(work)
+        return held
+
+    def _replace(self, old: Work, new: Work) -> None:
+        """Put `new` where `old` is (ready, or waiting for the same due time)."""
+        self.held[new.item.uid] = new
+        for index, queued in enumerate(self.ready):
+            if queued is old:
+                self.ready[index] = new
+                return
+        for retry in self.retries:
+            if retry.work is old:
+                retry.work = new
+                return
+
+    def _remove(self, old: Work) -> None:
+        """Take `old` from where it is (ready, or waiting for its retry)."""
+        del self.held[old.item.uid]
+        for index, queued in enumerate(self.ready):
+            if queued is old:
+                del self.ready[index]
+                return
+        self.retries = [retry for retry in self.retries if retry.work is not old]
+        heapq.heapify(self.retries)
 
     async def wait_ready(self) -> None:
         """Until an item is pushed (or the safety timeout passed, or `wake` was called)."""
@@ -82,7 +159,11 @@ class Backlog:
             delay = self.backoff[uid] = backoff_delay(self.backoff.get(uid, 0.0), initial=self.backoff_initial,
                                                       maximum=self.backoff_max)
         delay *= 0.8 + 0.4 * self.jitter.random()
-        heapq.heappush(self.retries, _Retry(time.monotonic() + delay, work))
+        kept = self._one_per_pod(work)
+        if kept is None:
+            return
+        heapq.heappush(self.retries, _Retry(time.monotonic() + delay, kept))
+        self.held[uid] = kept
         self._retry_added.set()
 
     def placed(self, uid: str) -> None:
@@ -115,6 +196,7 @@ class Backlog:
         dropped = self.depth
         self.ready.clear()
         self.retries.clear()
+        self.held.clear()
         return dropped
 
     def wake(self) -> None:
@@ -128,6 +210,6 @@ class Backlog:
         while not stopping.is_set():
             now = time.monotonic()
             while self.retries and self.retries[0].due <= now:
-                self.push(heapq.heappop(self.retries).work)
+                self._append(heapq.heappop(self.retries).work)
             self._retry_added.clear()
             await nap(self._retry_added, at_most=self.retries[0].due - now if self.retries else None)

@@ -7,10 +7,18 @@ webhook checks it against the pod's reservation. At most ``BindLimit.limit`` bin
 one the webhook admitted stays (the binding may have happened after all); the resolver's sync checks it at once
 only when the answer proves the write failed (a 4xx), else once the write is surely over. A success records
 kube-scheduler's Normal ``Scheduled`` event off the binding path.
+
+The dispatcher sends no new version of a pod whose status alone changed (`hoss.model.compact`: the PodScheduled=False
+condition this worker wrote, a nomination), so a work item may name a resourceVersion the pod has moved on from. A
+binding refused for that precondition reads the pod once and, when it is the pod the item describes but for its
+resourceVersion (`compact.same_but_version`: the requests the reservation holds among the rest), is posted again,
+once, at the version read. A pod that changed in what scheduling reads is out of date: its new version comes from
+the dispatcher.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from typing import Literal, NamedTuple, Protocol
@@ -22,7 +30,9 @@ from hoss.framework.pod import PodView
 from hoss.kube.client import KubeError
 from hoss.kube.rest import KubeREST
 from hoss.ledger.client import Ledger
+from hoss.model import compact
 from hoss.model.admission import lane_of
+from hoss.model.objects import Json
 from workers.bindlimit import BindLimit
 from workers.metrics import Tally
 from workers.notices import Notices
@@ -79,6 +89,12 @@ class Binder(Protocol):
     async def bind(self, pod: PodView, node: str) -> None: ...
 
 
+class PodReader(Protocol):
+    """Reads one pod as the apiserver has it (`KubeREST.get_pod`); raises `KubeError` when it answers an error."""
+
+    async def get_pod(self, namespace: str, name: str) -> Json: ...
+
+
 class RestBinder:
     """Bindings through the lean client: one keep-alive session, protobuf bodies, metadata.uid and
     metadata.resourceVersion set (the apiserver binds the pod only at the version its work item carried, so with
@@ -96,12 +112,14 @@ class RestBinder:
 
 class Bindings:
     """One worker's bindings: posted through `binder` within `limit`, counted in `tally`, told through `notices`
-    (``Scheduled`` events only when `scheduled_events`); `default_policy` counts pods that name none."""
+    (``Scheduled`` events only when `scheduled_events`); `default_policy` counts pods that name none; `reader`
+    reads a pod whose binding named a resourceVersion it moved on from (None: such a binding is out of date)."""
 
     def __init__(self, binder: Binder, ledger: Ledger, *, limit: BindLimit, tally: Tally, notices: Notices,
-                 scheduled_events: bool, default_policy: str) -> None:
+                 scheduled_events: bool, default_policy: str, reader: PodReader | None = None) -> None:
         self.binder = binder
         self.ledger = ledger
+        self.reader = reader
         self.limit = limit
         self.tally = tally
         self.notices = notices
@@ -109,12 +127,14 @@ class Bindings:
         self.default_policy = default_policy
         self.in_flight = 0
 
-    async def bind(self, pod: PodView, node: str) -> Outcome:
-        """Post one binding; on refusal release the reservation (only while it is still assumed)."""
+    async def bind(self, pod: PodView, node: str, *, form: Json | None = None) -> Outcome:
+        """Post one binding; on refusal release the reservation (only while it is still assumed). `form` is the
+        pod's compact form in the work item, against which a pod that moved on from the binding's version is read
+        (see the module docstring)."""
         async with self.limit:
             self.in_flight += 1
             try:
-                return await self._post(pod, node)
+                return await self._post(pod, node, form)
             except Exception:  # whatever a binder raises, the pod is tried again, not lost
                 self.tally.count("errors")
                 log.exception("binding %s to %s failed unexpectedly", pod.key, node)
@@ -123,30 +143,84 @@ class Bindings:
             finally:
                 self.in_flight -= 1
 
-    async def _post(self, pod: PodView, node: str) -> Outcome:
+    async def _post(self, pod: PodView, node: str, form: Json | None) -> Outcome:
         try:
             await self.binder.bind(pod, node)
         except KubeError as error:
-            await self.unreserve(pod, node, answered=proves_failure(error.status))
-            if version_changed(error):
-                # Not a refusal the pod's owner needs to hear of: the pod changed since its work item was made (a
-                # status written, a label, a resize), and the dispatcher sends it as it is now.
+            if version_changed(error) and form is not None and self.reader is not None:
+                return await self._rebind(pod, node, form)
+            return await self._refused(pod, node, error, changed=True)
+        except (aiohttp.ClientError, OSError, TimeoutError) as error:
+            return await self._unanswered(pod, node, error)
+        return self._bound(pod, node)
+
+    async def _rebind(self, pod: PodView, node: str, form: Json) -> Outcome:
+        """The pod moved on from the version the binding named: read it once. The same pod but for its version is
+        posted again, once, at the version read; else the item is out of date, the pod gone, or (not read) tried
+        again. The room stays reserved meanwhile (the webhook admits the pod again on the node of its entry)."""
+        found = await self._current(pod, form)
+        if isinstance(found, Outcome):
+            await self.unreserve(pod, node, answered=True)  # the 409 proved that the binding was not written
+            if found.changed:
                 self.tally.count("stale")
                 log.info("binding %s to %s: the pod changed since its work item was made", pod.key, node)
-                return Outcome(False, error.status, changed=True)
-            self.tally.count("denied")
-            log.info("binding %s to %s refused (%s): %s", pod.key, node, error.status, error)
-            self.notices.refused(pod, node, error)
-            return Outcome(False, error.status)
+            return found
+        try:
+            await self.binder.bind(found, node)
+        except KubeError as error:
+            # Refused for its version again: the pod is being written, its item is good (tried again soon).
+            return await self._refused(found, node, error, changed=False)
         except (aiohttp.ClientError, OSError, TimeoutError) as error:
-            log.warning("binding %s to %s failed: %s", pod.key, node, error)
-            await self.unreserve(pod, node)
-            return Outcome(False, None)
+            return await self._unanswered(found, node, error)
+        return self._bound(found, node)
+
+    async def _refused(self, pod: PodView, node: str, error: KubeError, *, changed: bool) -> Outcome:
+        """The apiserver refused the binding: release the room, and say so unless the pod's version was the cause
+        (`changed`: its item is out of date)."""
+        await self.unreserve(pod, node, answered=proves_failure(error.status))
+        if version_changed(error):
+            # Not a refusal the pod's owner needs to hear of: the pod changed since its work item was made (a
+            # label, a resize), and the dispatcher sends it as it is now.
+            self.tally.count("stale")
+            log.info("binding %s to %s: the pod changed since its work item was made", pod.key, node)
+            return Outcome(False, error.status, changed=changed)
+        self.tally.count("denied")
+        log.info("binding %s to %s refused (%s): %s", pod.key, node, error.status, error)
+        self.notices.refused(pod, node, error)
+        return Outcome(False, error.status)
+
+    async def _unanswered(self, pod: PodView, node: str, error: Exception) -> Outcome:
+        log.warning("binding %s to %s failed: %s", pod.key, node, error)
+        await self.unreserve(pod, node)
+        return Outcome(False, None)
+
+    def _bound(self, pod: PodView, node: str) -> Outcome:
         self.tally.count("bound")
         self.tally.bound_by(pod.policy or self.default_policy)
         if self.scheduled_events:
             self.notices.scheduled(pod, node)
         return Outcome(True, 200)
+
+    async def _current(self, pod: PodView, form: Json) -> PodView | Outcome:
+        """The pod's view at the resourceVersion it has now, when it is the pod `form` describes but for that
+        version; else the binding's outcome: out of date (it changed), gone (404), or tried again (no answer)."""
+        assert self.reader is not None
+        try:
+            raw = await self.reader.get_pod(pod.namespace, pod.name)
+        except KubeError as error:
+            if error.status == 404:
+                return Outcome(False, 404)
+            log.warning("binding %s: cannot read the pod again: %s", pod.key, error)
+            return Outcome(False, None)
+        except (aiohttp.ClientError, OSError, TimeoutError) as error:
+            log.warning("binding %s: cannot read the pod again: %s", pod.key, error)
+            return Outcome(False, None)
+        version = (raw.get("metadata") or {}).get("resourceVersion")
+        if not compact.same_but_version(form, raw) or not isinstance(version, str) or not version:
+            return Outcome(False, 409, changed=True)
+        log.info("binding %s: only its resourceVersion moved on (%s -> %s): binding it at that one", pod.key,
+                 pod.resource_version, version)
+        return dataclasses.replace(pod, resource_version=version)
 
     async def unreserve(self, pod: PodView, node: str, *, answered: bool = False) -> None:
         """Drop the reservation of a binding that failed. One the webhook admitted stays (the binding may have

@@ -20,8 +20,9 @@ apiserver sees a worker only when it binds a pod and records events. Per batch o
    gaining room (`workers.backlog`).
 
 Invariants: a work item is acknowledged only when its pod is bound, gone, stale or cannot be parsed (it then
-carries an event saying why); a failed binding releases only a reservation that is still assumed, never a bound
-entry. On SIGTERM the worker stops reading, lets bindings in flight finish, releases its reservations and drops
+carries an event saying why); the worker holds one item per pod, a newer version read taking the older's place
+(`workers.backlog`: the older is stale); a failed binding releases only a reservation that is still assumed, never
+a bound entry. On SIGTERM the worker stops reading, lets bindings in flight finish, releases its reservations and drops
 its heartbeat, so the dispatcher hands its unfinished items to other workers.
 """
 
@@ -133,7 +134,8 @@ class Worker:
         self.ledger = Ledger(redis, scripts=scripts, reads=None if pipelined is None else pipelined.changes)
         self.attempts = Attempts(self.tally.scheduler)
         self.backlog = Backlog(backoff_initial=settings.backoff_initial_seconds,
-                               backoff_max=settings.backoff_max_seconds, jitter=random.Random(settings.seed))
+                               backoff_max=settings.backoff_max_seconds, jitter=random.Random(settings.seed),
+                               superseded=self._superseded)
         self.nodes = NodeTable()
         self.feed = NodeFeed(self.ledger, self.nodes, on_room=self.backlog.retry_waiting_soon,
                              linger_ms=settings.feed_linger_ms, idle=self._idle,
@@ -153,7 +155,7 @@ class Worker:
         self.binds = BindLimit(bindlimit.share(settings.binds_in_flight_budget, 1, settings.max_binds_in_flight))
         self.bindings = Bindings(binder, self.ledger, limit=self.binds, tally=self.tally, notices=self.notices,
                                  scheduled_events=settings.scheduled_events,
-                                 default_policy=self.decider.default_profile)
+                                 default_policy=self.decider.default_profile, reader=rest)
         self.acks = Acks(self.queue, settings.id)
         self.pace = Pace()
         self.heartbeat = Heartbeat(self.queue, settings, binds=self.binds, pace=self.pace, info=self.info)
@@ -492,7 +494,9 @@ class Worker:
     async def _bind_item(self, work: Work, placements: list[tuple[PodView, str]]) -> None:
         """Bind every placement of the item; acknowledge when all are bound, else try the item again."""
         item = work.item
-        outcomes = await asyncio.gather(*(self.bindings.bind(pod, node) for pod, node in placements))
+        forms = {view.uid: raw for view, raw in work.members} or {item.uid: work.raw}
+        outcomes = await asyncio.gather(*(self.bindings.bind(pod, node, form=forms.get(pod.uid))
+                                          for pod, node in placements))
         for (pod, node), outcome in zip(placements, outcomes, strict=True):
             # A failed binding released its entry, and with it the share it took of a Reservation's room.
             taken = self._taken.pop(pod.uid, None)
@@ -545,11 +549,20 @@ class Worker:
         item = work.item
         if bound:
             self._end_attempt(work, SCHEDULED)
-        self.attempts.forget(item.uid)
-        if self.preemptor is not None:
-            self.preemptor.forget(item.uid)
-        self.backlog.forget_conflicts(item.uid)
+        if not self.backlog.holds(item.uid):  # else its attempts and preemption go on with the newer version
+            self.attempts.forget(item.uid)
+            if self.preemptor is not None:
+                self.preemptor.forget(item.uid)
+            self.backlog.forget_conflicts(item.uid)
         self.acks.add(work.message_id, acked_uids(item, forget=forget, bound=bound))
+
+    def _superseded(self, work: Work) -> None:
+        """A newer version of the item's pod took its place in the backlog (`workers.backlog`): acknowledge this
+        one as stale, its uid staying dispatched, and tell nobody (the pod's owner hears of the pod, not of its
+        versions)."""
+        self.tally.count("stale")
+        log.debug("pod %s: a newer version of its work item replaces %s", work.item.key, work.message_id)
+        self.acks.add(work.message_id, acked_uids(work.item, forget=False, bound=False))
 
     def _retry_later(self, work: Work, *, soon: bool = False, result: str = ERROR) -> None:
         """Try the item again later; its attempt ended with `result`."""

@@ -37,9 +37,9 @@ async def fetch_pods(rest: KubeREST, item: WorkItem) -> list[GangMember] | None:
             return None
         if (raw.get("metadata") or {}).get("uid") != member.uid or (raw.get("spec") or {}).get("nodeName"):
             continue  # replaced or bound meanwhile
-        encoded = compact.encode(compact.compact_pod(raw))
+        form = compact.compact_pod(raw)
         fetched.append(GangMember(uid=member.uid, namespace=member.namespace, name=member.name,
-                                  pod=encoded.decode(), digest=compact.digest(encoded)))
+                                  pod=compact.encode(form).decode(), digest=compact.digest(form)))
     return fetched
 
 

@@ -7,10 +7,14 @@ so workers learn nodes from Redis instead of watching the apiserver. Both forms 
 never reads (status of a pending pod, managed fields, volumes not backed by storage, images, heartbeat times)
 are left out.
 
-``digest`` names a version: two compact forms with the same digest schedule the same way. A pod's form keeps its
-metadata.resourceVersion, so each version the apiserver stores has a digest of its own: the worker binds the pod at
-the version it reserved it for (the Binding's resourceVersion, which the apiserver checks), and a pod whose digest
-changed while it was queued is caught before it is reserved (see `hoss.queue`).
+``digest`` names a version: two compact pods with the same digest schedule the same way. A pod's form keeps its
+metadata.resourceVersion, which the worker's Binding names (the apiserver binds the pod only at that version, so
+with the requests its reservation holds), but the digest leaves it out, as kube-scheduler's queue ignores an update
+that changes only the pod's resourceVersion, status, managedFields or finalizers: a write to the pod's status (the
+PodScheduled=False condition a worker writes, above all) makes no new version, so the dispatcher sends none. A
+pod whose digest changed while it was queued is caught before it is reserved (see `hoss.queue`); a Binding refused
+because only the resourceVersion moved on is posted again at the current one (`same_but_version`,
+`workers.binding`).
 """
 
 from __future__ import annotations
@@ -235,9 +239,36 @@ def encode(compact: Json) -> bytes:
     return orjson.dumps(compact, option=orjson.OPT_SORT_KEYS)
 
 
-def digest(encoded: bytes) -> str:
-    """A short name of one version of a compact form."""
-    return hashlib.blake2b(encoded, digest_size=8).hexdigest()
+VERSION_FIELD = "resourceVersion"
+"""The metadata field a compact pod keeps for the Binding's precondition and leaves out of its digest."""
+
+
+def _unversioned(metadata: object) -> object:
+    """A compact pod's metadata without its resourceVersion (anything else as it is)."""
+    if isinstance(metadata, dict) and VERSION_FIELD in metadata:
+        return {key: value for key, value in metadata.items() if key != VERSION_FIELD}
+    return metadata
+
+
+def digest(form: Json) -> str:
+    """A short name of one version of a compact pod: of its canonical bytes without metadata.resourceVersion (see
+    the module docstring)."""
+    if isinstance(form.get("metadata"), dict) and VERSION_FIELD in form["metadata"]:
+        form = {**form, "metadata": _unversioned(form["metadata"])}
+    return hashlib.blake2b(encode(form), digest_size=8).hexdigest()
+
+
+def same_but_version(form: Mapping[str, Any], raw: Mapping[str, Any]) -> bool:
+    """Whether pod `raw`, as the apiserver has it now, is the pod compact `form` describes but for its
+    resourceVersion: the same metadata and spec as a compact form keeps them (so the same uid, requests, labels
+    and constraints), and not being deleted. What the dispatcher adds to a form (namespace context, the default
+    spread, Reservation hints) is not the pod's and not compared."""
+    metadata = raw.get("metadata")
+    if not isinstance(metadata, dict) or metadata.get("deletionTimestamp"):
+        return False
+    now = compact_pod(raw)
+    return _unversioned(now.get("metadata")) == _unversioned(form.get("metadata")) \
+        and now.get("spec") == form.get("spec")
 
 
 def decode(encoded: bytes | str) -> Json:

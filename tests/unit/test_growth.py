@@ -59,9 +59,21 @@ def test_a_workers_view_of_a_pod_carries_the_version_its_work_item_was_made_from
     raw["metadata"]["resourceVersion"] = "1234"
     form = compact.compact_pod(raw)
     assert parse_pod(form).resource_version == "1234"
-    # each version the apiserver stores is a version of its own for the dispatcher, so a changed pod is re-sent
-    later = {**raw, "metadata": {**raw["metadata"], "resourceVersion": "1235"}}
-    assert compact.digest(compact.encode(form)) != compact.digest(compact.encode(compact.compact_pod(later)))
+    # a write to the pod's status alone (a worker's PodScheduled=False) moves its resourceVersion but schedules it
+    # the same way: no new version for the dispatcher to send; a label is one
+    written = {**raw, "metadata": {**raw["metadata"], "resourceVersion": "1235"},
+               "status": {"conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}}
+    assert compact.compact_pod(written)["metadata"]["resourceVersion"] == "1235"
+    assert compact.digest(compact.compact_pod(written)) == compact.digest(form)
+    assert compact.same_but_version(form, written)
+    labelled = {**written, "metadata": {**written["metadata"], "labels": {"app": "other"}}}
+    assert compact.digest(compact.compact_pod(labelled)) != compact.digest(form)
+    assert not compact.same_but_version(form, labelled)
+    resized = {**written, "spec": {**raw["spec"], "containers": [
+        {**raw["spec"]["containers"][0], "resources": {"requests": {"cpu": "2"}}}]}}
+    assert not compact.same_but_version(form, resized)
+    deleting = {**written, "metadata": {**written["metadata"], "deletionTimestamp": "2026-11-27T20:00:00Z"}}
+    assert not compact.same_but_version(form, deleting)
 
 
 # -- the ledger's scripts -----------------------------------------------------------------------------------------

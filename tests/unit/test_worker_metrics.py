@@ -150,9 +150,7 @@ def test_pending_pods_are_counted_by_kube_schedulers_queues(
     for item, result in ((fits_nowhere, UNSCHEDULABLE), (lost_a_race, ERROR)):
         attempts.begin([item])
         attempts.end(item, result, "default")
-    # A newer version of a pod's item follows the old one: the pod counts once.
-    newer = work("u")
-    waiting = [fits_nowhere, lost_a_race, never_tried, newer]
+    waiting = [fits_nowhere, lost_a_race, never_tried]
     registry.register(PendingCollector(lambda: attempts.queues(ready, waiting)))
     assert {queue: value(registry, "scheduler_pending_pods", queue=queue)
             for queue in ("active", "backoff", "unschedulable")} == {"active": 5, "backoff": 2, "unschedulable": 1}
