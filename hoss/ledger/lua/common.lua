@@ -921,6 +921,14 @@ end
 -- leave every total, count, port and domain as it was; so the entry only changes state in place, and the call
 -- appends nothing to the change stream for it (the workers already hold it where it is). Returns false when the
 -- entry is not such a one.
+-- The node joins the node set unless it is there: a read when it is, so a caller whose ACL may not write the set
+-- (a hoss worker binding its own Reservation in place) runs this as long as the node is known.
+local function register_node(node)
+  if redis.call('SISMEMBER', NODES, node) == 0 then
+    redis.call('SADD', NODES, node)
+  end
+end
+
 local function bind_in_place(previous, p)
   if previous.node ~= p.node or is_reservation(p.pod) or is_reservation(previous.pod)
       or (previous.ports or '') ~= (p.ports or '') or (previous.meta or '') ~= (p.meta or '')
@@ -943,7 +951,7 @@ local function bind_in_place(previous, p)
   end
   redis.call('ZREM', ASSUMED, p.uid)
   redis.call('ZREM', VERIFY, p.uid)
-  redis.call('SADD', NODES, p.node)
+  register_node(p.node)
   return true
 end
 
@@ -999,7 +1007,7 @@ local function bind_placement(p)
     end
     drop(previous)
   end
-  redis.call('SADD', NODES, p.node)
+  register_node(p.node)
   if is_reservation(p.pod) then
     -- the Reservation's room: the reserved amounts less what its owners hold (see 'Reservations' shares')
     local once, attach = reservation_settings(p.meta)
