@@ -9,10 +9,12 @@ from typing import Any
 
 import pytest
 import redis
+import redis.asyncio as aioredis
 
 from dev.local.cluster import Cluster, oversold_nodes
 from dev.local.plane import LocalPlane
 from dev.local.state import Process
+from hoss.ledger.client import Ledger
 from tests.e2e.browser import CHROMIUM, MISSING, Page, chromium
 
 _namespaces = itertools.count()
@@ -123,3 +125,11 @@ async def browser(tmp_path: Path) -> AsyncIterator[Page]:
         pytest.fail(MISSING)
     async with chromium(tmp_path) as page:
         yield page
+
+
+@pytest.fixture
+async def ledger(plane: LocalPlane) -> AsyncIterator[Ledger]:
+    """The plane's ledger, read (and in some tests written) as its components do."""
+    client = aioredis.Redis.from_url(plane.state().redis_url, decode_responses=True)
+    yield Ledger(client)
+    await client.aclose()

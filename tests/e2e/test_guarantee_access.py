@@ -33,24 +33,10 @@ from hoss.ledger.client import Ledger
 from hoss.ledger.keys import KEY_PREFIX, READY_KEY
 from hoss.model.objects import Json
 from hoss.queue import WorkerInfo, WorkItem, WorkQueue, queue_key, worker_key
+from tests.e2e.guard import one_node, pod_on
 from tests.e2e.hoss import metric_total, metrics_text
 from tests.e2e.proxy import FreezableProxy
 from tests.waiting import until
-
-NOBODY = "no-such-scheduler"
-"""schedulerName of pods nobody schedules: the test creates them on their node itself."""
-
-
-async def one_node(cluster: Cluster, prefix: str, cpu: str) -> str:
-    (node,) = await cluster.create_nodes(1, prefix=prefix, capacity={"cpu": cpu, "memory": "8Gi", "pods": "110"})
-    await cluster.wait_nodes_ready([node])
-    return node
-
-
-def pod_on(name: str, node: str, cpu: str) -> Json:
-    pod = pod_manifest(name, requests={"cpu": cpu, "memory": "64Mi"}, scheduler_name=NOBODY)
-    pod["spec"]["nodeName"] = node
-    return pod
 
 
 async def ledger_knows(ledger: Ledger, node: str) -> None:

@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import pytest
 import redis.asyncio as aioredis
 from aiohttp import web
 from kubernetes_asyncio import client
@@ -37,52 +36,28 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
 from deploy import pki
-from dev.local.cluster import Cluster, pod_manifest
+from dev.local.cluster import Cluster
 from dev.local.plane import LocalPlane
 from dev.local.state import Process
-from hoss.kube.client import KubeError, request_json
+from hoss.kube.client import request_json
 from hoss.kube.rest import STRATEGIC_MERGE_PATCH
 from hoss.ledger.client import Ledger
 from hoss.model.objects import Json
+from tests.e2e.guard import apiserver_cpu, create, ledger_agrees, one_node, pod_on, refused
 from tests.waiting import until
 
-NOBODY = "no-such-scheduler"
-"""schedulerName of pods nobody schedules: the test binds them itself."""
 GATE = "hoss.io/test-hold"
 MERGE_PATCH = "application/merge-patch+json"
 
 
-@pytest.fixture
-async def ledger(plane: LocalPlane) -> AsyncIterator[Ledger]:
-    raw = aioredis.Redis.from_url(plane.state().redis_url, decode_responses=True)
-    yield Ledger(raw)
-    await raw.aclose()
 
 
-async def one_node(cluster: Cluster, prefix: str, cpu: str, *, labels: dict[str, str] | None = None) -> str:
-    (node,) = await cluster.create_nodes(1, prefix=prefix, capacity={"cpu": cpu, "memory": "8Gi", "pods": "110"},
-                                         labels=labels)
-    await cluster.wait_nodes_ready([node])
-    return node
 
 
-def pod_on(name: str, node: str | None, cpu: str, *, scheduler: str = NOBODY) -> Json:
-    pod = pod_manifest(name, requests={"cpu": cpu, "memory": "64Mi"}, scheduler_name=scheduler)
-    if node is not None:
-        pod["spec"]["nodeName"] = node
-    return pod
 
 
-async def create(cluster: Cluster, namespace: str, pod: Json) -> Json:
-    created: Json = await request_json(cluster.core.create_namespaced_pod, namespace, pod)
-    return created
 
 
-async def refused(call: Awaitable[Any]) -> KubeError:
-    """The apiserver's refusal of `call` (its status and message)."""
-    with pytest.raises(KubeError) as caught:
-        await call
-    return caught.value
 
 
 async def binding(cluster: Cluster, namespace: str, pod: Json, node: str) -> None:
@@ -92,29 +67,10 @@ async def binding(cluster: Cluster, namespace: str, pod: Json, node: str) -> Non
     await request_json(cluster.core.create_namespaced_pod_binding, pod["metadata"]["name"], namespace, body)
 
 
-async def ledger_cpu(ledger: Ledger, node: str) -> int:
-    usage = await ledger.node_usage([node])
-    return usage[node][1].get("cpu", 0) if node in usage else -1
 
 
-async def apiserver_cpu(cluster: Cluster, node: str) -> int:
-    pods = await cluster.raw_list("list_pod_for_all_namespaces", field_selector=f"spec.nodeName={node}")
-    total = 0
-    for pod in pods:
-        for container in pod["spec"]["containers"]:
-            cpu = ((container.get("resources") or {}).get("requests") or {}).get("cpu", "0")
-            total += int(cpu[:-1]) if cpu.endswith("m") else int(float(cpu) * 1000)
-    return total
 
 
-async def ledger_agrees(cluster: Cluster, ledger: Ledger, node: str) -> None:
-    """Wait until the ledger holds on `node` what the apiserver's pods there ask (and has the node at all)."""
-
-    async def agree() -> tuple[bool, str]:
-        held, truth = await ledger_cpu(ledger, node), await apiserver_cpu(cluster, node)
-        return held == truth, f"ledger {held}m, apiserver {truth}m"
-
-    await until(agree, timeout=60, what=f"the ledger to count node {node}'s pods")
 
 
 # -- item 1: a pod that grows between admission and binding ------------------------------------------------------

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import ssl
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
@@ -28,20 +28,13 @@ from hoss.kube.client import KubeError, request_json
 from hoss.ledger.client import Ledger
 from hoss.model import reservations
 from hoss.model.objects import Json
-from hoss.model.resources import pod_requests
+from tests.e2e.guard import create, ledger_agrees, one_node, pod_on
 from tests.waiting import until
 
-NOBODY = "no-such-scheduler"
-"""schedulerName of pods nobody schedules: the test puts them on a node itself (spec.nodeName)."""
 KOORDINATOR = "koord-scheduler"
 """schedulerName of a Reservation's template that hoss does not place: Koordinator's scheduler marks it Available."""
 
 
-@pytest.fixture
-async def ledger(plane: LocalPlane) -> AsyncIterator[Ledger]:
-    raw = aioredis.Redis.from_url(plane.state().redis_url, decode_responses=True)
-    yield Ledger(raw)
-    await raw.aclose()
 
 
 @pytest.fixture(scope="module")
@@ -53,22 +46,10 @@ def hoss_worker(plane: LocalPlane, dispatcher: Process) -> Iterator[Process]:
         plane.stop_process(process.name)
 
 
-async def one_node(cluster: Cluster, prefix: str, cpu: str, *, labels: dict[str, str] | None = None) -> str:
-    (node,) = await cluster.create_nodes(1, prefix=prefix, capacity={"cpu": cpu, "memory": "8Gi", "pods": "110"},
-                                         labels=labels)
-    await cluster.wait_nodes_ready([node])
-    return node
 
 
-def pod_on(name: str, node: str, cpu: str) -> Json:
-    pod = pod_manifest(name, requests={"cpu": cpu, "memory": "64Mi"}, scheduler_name=NOBODY)
-    pod["spec"]["nodeName"] = node
-    return pod
 
 
-async def create(cluster: Cluster, namespace: str, pod: Json) -> Json:
-    created: Json = await request_json(cluster.core.create_namespaced_pod, namespace, pod)
-    return created
 
 
 async def refused(cluster: Cluster, namespace: str, pod: Json) -> str:
@@ -78,17 +59,6 @@ async def refused(cluster: Cluster, namespace: str, pod: Json) -> str:
     return str(caught.value)
 
 
-async def ledger_agrees(cluster: Cluster, ledger: Ledger, node: str) -> None:
-    """Wait until the ledger's used cpu on `node` is what the apiserver's pods there request."""
-
-    async def agree() -> tuple[bool, str]:
-        usage = await ledger.node_usage([node])
-        held = usage[node][1].get("cpu", 0) if node in usage else -1
-        pods = await cluster.raw_list("list_pod_for_all_namespaces", field_selector=f"spec.nodeName={node}")
-        truth = sum(pod_requests(pod).get("cpu", 0) for pod in pods)
-        return held == truth, f"ledger {held}m, apiserver {truth}m"
-
-    await until(agree, timeout=60, what=f"the ledger to count node {node}'s pods")
 
 
 async def ledger_counter(plane: LocalPlane, name: str) -> int:

@@ -16,12 +16,10 @@ from kubernetes_asyncio import client
 
 from dev.local.cluster import Cluster, pod_manifest
 from dev.local.plane import LocalPlane
-from hoss.kube.client import KubeError, request_json
-from hoss.model.objects import Json
+from hoss.kube.client import request_json
+from tests.e2e.guard import create, pod_on, refused
 from tests.waiting import until
 
-NOBODY = "no-such-scheduler"
-"""schedulerName of pods nobody schedules."""
 MIRROR = {"kubernetes.io/config.mirror": "forged"}
 NODES_GROUP = "system:nodes"
 
@@ -34,25 +32,10 @@ async def nodes(cluster: Cluster, prefix: str, cpu: str, *, count: int = 1,
     return names
 
 
-def pod_on(name: str, node: str | None, cpu: str, *, scheduler: str = NOBODY,
-           annotations: dict[str, str] | None = None) -> Json:
-    pod = pod_manifest(name, requests={"cpu": cpu, "memory": "64Mi"}, scheduler_name=scheduler)
-    if node is not None:
-        pod["spec"]["nodeName"] = node
-    if annotations:
-        pod["metadata"]["annotations"] = dict(annotations)
-    return pod
 
 
-async def create(cluster: Cluster, namespace: str, pod: Json) -> Json:
-    return await request_json(cluster.core.create_namespaced_pod, namespace, pod)
 
 
-async def refused(call: Any) -> KubeError:
-    """The apiserver's refusal of `call` (its status and message)."""
-    with pytest.raises(KubeError) as caught:
-        await call
-    return caught.value
 
 
 async def cleanup(cluster: Cluster, namespace: str, node_names: list[str]) -> None:

@@ -20,7 +20,6 @@ import json
 import os
 import signal
 import ssl
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -28,72 +27,15 @@ import aiohttp
 import pytest
 import redis.asyncio as aioredis
 
-from dev.local.cluster import Cluster, node_manifest, pod_manifest
+from dev.local.cluster import Cluster, node_manifest
 from dev.local.plane import LocalPlane
 from hoss.kube.client import KubeError, request_json
 from hoss.kube.rest import STRATEGIC_MERGE_PATCH
 from hoss.ledger.client import Ledger
 from hoss.model.objects import Json
+from tests.e2e.guard import apiserver_cpu, create, ledger_agrees, ledger_cpu, one_node, pod_on, refused
 from tests.e2e.proxy import FreezableProxy
 from tests.waiting import until
-
-NOBODY = "no-such-scheduler"
-"""schedulerName of pods nobody schedules: the test binds them itself."""
-
-
-@pytest.fixture
-async def ledger(plane: LocalPlane) -> AsyncIterator[Ledger]:
-    client = aioredis.Redis.from_url(plane.state().redis_url, decode_responses=True)
-    yield Ledger(client)
-    await client.aclose()
-
-
-async def one_node(cluster: Cluster, prefix: str, cpu: str) -> str:
-    (node,) = await cluster.create_nodes(1, prefix=prefix, capacity={"cpu": cpu, "memory": "8Gi", "pods": "110"})
-    await cluster.wait_nodes_ready([node])
-    return node
-
-
-def pod_on(name: str, node: str | None, cpu: str, *, scheduler: str = NOBODY) -> Json:
-    pod = pod_manifest(name, requests={"cpu": cpu, "memory": "64Mi"}, scheduler_name=scheduler)
-    if node is not None:
-        pod["spec"]["nodeName"] = node
-    return pod
-
-
-async def create(cluster: Cluster, namespace: str, pod: Json, **kwargs: Any) -> Json:
-    created = await request_json(cluster.core.create_namespaced_pod, namespace, pod, **kwargs)
-    return created
-
-
-async def refused(call: Any) -> KubeError:
-    """The apiserver's refusal of `call` (its status and message)."""
-    with pytest.raises(KubeError) as caught:
-        await call
-    return caught.value
-
-
-async def ledger_cpu(ledger: Ledger, node: str) -> int:
-    usage = await ledger.node_usage([node])
-    return usage[node][1].get("cpu", 0) if node in usage else -1
-
-
-async def apiserver_cpu(cluster: Cluster, node: str) -> int:
-    pods = await cluster.raw_list("list_pod_for_all_namespaces", field_selector=f"spec.nodeName={node}")
-    total = 0
-    for pod in pods:
-        for container in pod["spec"]["containers"]:
-            cpu = ((container.get("resources") or {}).get("requests") or {}).get("cpu", "0")
-            total += int(cpu[:-1]) if cpu.endswith("m") else int(float(cpu) * 1000)
-    return total
-
-
-async def ledger_agrees(cluster: Cluster, ledger: Ledger, node: str, *, timeout: float = 60) -> None:
-    async def agree() -> tuple[bool, str]:
-        held, truth = await ledger_cpu(ledger, node), await apiserver_cpu(cluster, node)
-        return held == truth, f"ledger {held}m, apiserver {truth}m"
-
-    await until(agree, timeout=timeout, what=f"the ledger to count node {node}'s pods")
 
 
 async def resolver_get(plane: LocalPlane, path: str) -> str:
