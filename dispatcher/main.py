@@ -18,7 +18,6 @@ from redis.asyncio import Redis
 from dispatcher.core import Dispatcher
 from dispatcher.intake import pending_pods_selector
 from dispatcher.jobs import watch_jobs
-from dispatcher.leader import KubeLeaseAPI, LeaderElector
 from dispatcher.notices import KubeNotifier
 from dispatcher.podgroups import track_gangs, watch_podgroups
 from dispatcher.reservations import end_reservations, watch_reservations
@@ -27,6 +26,7 @@ from dispatcher.server import ServiceState, build_app
 from dispatcher.settings import DispatcherSettings
 from hoss.kube.access import STATUS_PATHS, TokenAccess
 from hoss.kube.client import api_client, run_informer
+from hoss.kube.leader import lease_elector
 from hoss.kube.rest import KubeREST
 from hoss.ledger.client import Ledger
 from hoss.ledger.redisclient import PipelinedRedis
@@ -61,16 +61,7 @@ async def running_dispatcher(settings: DispatcherSettings) -> AsyncIterator[Runn
         api = await api_client(settings.kubeconfig)
         stack.push_async_callback(api.close)
         core = client.CoreV1Api(api)
-        elector = LeaderElector(
-            KubeLeaseAPI(
-                api, name=settings.lease_name, namespace=settings.lease_namespace,
-                request_timeout=settings.renew_deadline_seconds,
-            ),
-            identity=settings.identity,
-            lease_duration_seconds=settings.lease_duration_seconds,
-            renew_deadline_seconds=settings.renew_deadline_seconds,
-            renew_interval_seconds=settings.renew_interval_seconds,
-        )
+        elector = lease_elector(api, settings)
         sends = PipelinedRedis(settings.redis_url)  # the dispatch transactions, one write each
         stack.push_async_callback(sends.aclose)
         # Every write of the leader's carries its term, the Lease's leaseTransitions (hoss.queue, Fencing).

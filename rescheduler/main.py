@@ -18,7 +18,7 @@ from redis.asyncio import Redis
 from hoss.errors import HossError
 from hoss.kube.access import STATUS_PATHS, TokenAccess, middleware
 from hoss.kube.client import KubeError, api_client
-from hoss.kube.leader import KubeLeaseAPI, LeaderElector
+from hoss.kube.leader import lease_elector
 from hoss.kube.rest import KubeREST
 from hoss.ledger.client import Ledger
 from hoss.settings import run_service
@@ -41,13 +41,7 @@ async def serve(settings: ReschedulerSettings) -> int:
         stack.push_async_callback(api.close)
         rest = await KubeREST.connect(settings.kubeconfig)
         stack.push_async_callback(rest.close)
-        elector = LeaderElector(
-            KubeLeaseAPI(api, name=settings.lease_name, namespace=settings.lease_namespace,
-                         request_timeout=settings.renew_deadline_seconds),
-            identity=settings.identity, lease_duration_seconds=settings.lease_duration_seconds,
-            renew_deadline_seconds=settings.renew_deadline_seconds,
-            renew_interval_seconds=settings.renew_interval_seconds,
-        )
+        elector = lease_elector(api, settings)
         rescheduler = Rescheduler(settings, rest=rest, ledger=Ledger(redis), redis=redis)
         rescheduler.metrics.leader.set_function(lambda: float(elector.is_leader))
 

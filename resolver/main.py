@@ -27,7 +27,7 @@ from hoss.errors import LedgerUnavailable
 from hoss.kube.access import TokenAccess
 from hoss.kube.client import InformerHandlers, api_client, run_crd_informer, run_informer
 from hoss.kube.events import EventTarget, post_event
-from hoss.kube.leader import KubeLeaseAPI, LeaderElector
+from hoss.kube.leader import LeaderElector, lease_elector
 from hoss.kube.rest import KubeREST
 from hoss.ledger.client import Ledger
 from hoss.ledger.connection import ledger_redis
@@ -151,16 +151,7 @@ async def running_resolver(settings: ResolverSettings) -> AsyncIterator[list[asy
         # queue behind the sync's watches or the Lease renewals.
         rest = await KubeREST.connect(settings.kubeconfig)
         stack.push_async_callback(rest.close)
-        elector = LeaderElector(
-            KubeLeaseAPI(
-                api, name=settings.lease_name, namespace=settings.lease_namespace,
-                request_timeout=settings.renew_deadline_seconds,
-            ),
-            identity=settings.identity,
-            lease_duration_seconds=settings.lease_duration_seconds,
-            renew_deadline_seconds=settings.renew_deadline_seconds,
-            renew_interval_seconds=settings.renew_interval_seconds,
-        )
+        elector = lease_elector(api, settings)
 
         async def get_pod(namespace: str, name: str) -> Json:
             return await rest.get_pod(namespace, name, timeout=POD_READ_TIMEOUT_SECONDS)

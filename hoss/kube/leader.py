@@ -456,3 +456,33 @@ class LeaderElector:
         self.leading.clear()
         self.following.set()
 
+
+
+class LeaseSettings(Protocol):
+    """The Lease settings every leader-elected service has (fields of its settings model)."""
+
+    @property
+    def lease_name(self) -> str: ...
+    @property
+    def lease_namespace(self) -> str: ...
+    @property
+    def identity(self) -> str: ...
+    @property
+    def lease_duration_seconds(self) -> int: ...
+    @property
+    def renew_deadline_seconds(self) -> float: ...
+    @property
+    def renew_interval_seconds(self) -> float: ...
+
+
+def lease_elector(api: client.ApiClient, settings: LeaseSettings) -> LeaderElector:
+    """The elector of a service on the Lease its settings name; a Lease request is given up after the renew
+    deadline, since a leader that cannot renew by then stops leading anyway."""
+    return LeaderElector(
+        KubeLeaseAPI(api, name=settings.lease_name, namespace=settings.lease_namespace,
+                     request_timeout=settings.renew_deadline_seconds),
+        identity=settings.identity,
+        lease_duration_seconds=settings.lease_duration_seconds,
+        renew_deadline_seconds=settings.renew_deadline_seconds,
+        renew_interval_seconds=settings.renew_interval_seconds,
+    )
