@@ -3,12 +3,16 @@ the ledger's count of a node held against the apiserver's."""
 
 from __future__ import annotations
 
+import json
+import ssl
 from collections.abc import Awaitable
 from typing import Any
 
+import aiohttp
 import pytest
 
 from dev.local.cluster import Cluster, pod_manifest
+from dev.local.plane import LocalPlane
 from hoss.kube.client import KubeError, request_json
 from hoss.ledger.client import Ledger
 from hoss.model.objects import Json
@@ -69,3 +73,21 @@ async def ledger_agrees(cluster: Cluster, ledger: Ledger, node: str, *, timeout:
         return held == truth, f"ledger {held}m, apiserver {truth}m"
 
     await until(agree, timeout=timeout, what=f"the ledger to count node {node}'s pods")
+
+
+async def resolver_get(plane: LocalPlane, path: str) -> str:
+    """The body of the plane's resolver's answer to GET ``path`` over its serving TLS."""
+    resolver = plane.running("hoss-resolver")
+    assert resolver is not None and resolver.port is not None
+    context = ssl.create_default_context(cafile=str(plane.pki_dir / "ca.crt"))
+    async with aiohttp.ClientSession() as session, session.get(
+        f"https://127.0.0.1:{resolver.port}{path}", ssl=context
+    ) as response:
+        response.raise_for_status()
+        return await response.text()
+
+
+async def ledger_counter(plane: LocalPlane, name: str) -> int:
+    """A ledger counter as the resolver's /status shows it (it reads them every 2 s)."""
+    status = json.loads(await resolver_get(plane, "/status"))
+    return int(status["ledger_counters"][name])

@@ -11,12 +11,9 @@ independent oversell check (conftest's no_node_oversold).
 
 from __future__ import annotations
 
-import json
-import ssl
 from collections.abc import Iterator
 from typing import Any
 
-import aiohttp
 import pytest
 import redis.asyncio as aioredis
 from kubernetes_asyncio import client
@@ -28,7 +25,7 @@ from hoss.kube.client import KubeError, request_json
 from hoss.ledger.client import Ledger
 from hoss.model import reservations
 from hoss.model.objects import Json
-from tests.e2e.guard import create, ledger_agrees, one_node, pod_on
+from tests.e2e.guard import create, ledger_agrees, ledger_counter, one_node, pod_on
 from tests.waiting import until
 
 KOORDINATOR = "koord-scheduler"
@@ -61,17 +58,6 @@ async def refused(cluster: Cluster, namespace: str, pod: Json) -> str:
 
 
 
-async def ledger_counter(plane: LocalPlane, name: str) -> int:
-    """A ledger counter as the resolver's /status shows it (it reads them every 2 s)."""
-    resolver = plane.running("hoss-resolver")
-    assert resolver is not None and resolver.port is not None
-    context = ssl.create_default_context(cafile=str(plane.pki_dir / "ca.crt"))
-    async with aiohttp.ClientSession() as session, session.get(
-        f"https://127.0.0.1:{resolver.port}/status", ssl=context
-    ) as response:
-        response.raise_for_status()
-        status = json.loads(await response.text())
-    return int(status["ledger_counters"][name])
 
 
 # -- item 2: a Reservation's status is a claim, the ledger decides -----------------------------------------------

@@ -33,32 +33,26 @@ from hoss.kube.client import KubeError, request_json
 from hoss.kube.rest import STRATEGIC_MERGE_PATCH
 from hoss.ledger.client import Ledger
 from hoss.model.objects import Json
-from tests.e2e.guard import apiserver_cpu, create, ledger_agrees, ledger_cpu, one_node, pod_on, refused
+from tests.e2e.guard import (
+    apiserver_cpu,
+    create,
+    ledger_agrees,
+    ledger_counter,
+    ledger_cpu,
+    one_node,
+    pod_on,
+    refused,
+    resolver_get,
+)
 from tests.e2e.proxy import FreezableProxy
 from tests.waiting import until
-
-
-async def resolver_get(plane: LocalPlane, path: str) -> str:
-    resolver = plane.running("hoss-resolver")
-    assert resolver is not None and resolver.port is not None
-    context = ssl.create_default_context(cafile=str(plane.pki_dir / "ca.crt"))
-    async with aiohttp.ClientSession() as session, session.get(
-        f"https://127.0.0.1:{resolver.port}{path}", ssl=context
-    ) as response:
-        response.raise_for_status()
-        return await response.text()
-
-
-async def counter(plane: LocalPlane, name: str) -> int:
-    status = json.loads(await resolver_get(plane, "/status"))
-    return int(status["ledger_counters"][name])
 
 
 async def counter_grows(plane: LocalPlane, name: str, before: int) -> None:
     """Wait until the resolver's /status shows `name` above `before` (it reads the counters every 2 s)."""
 
     async def grown() -> tuple[bool, str]:
-        now = await counter(plane, name)
+        now = await ledger_counter(plane, name)
         return now > before, f"{name} {now} (before {before})"
 
     await until(grown, timeout=30, what=f"the resolver to count {name}")
@@ -106,7 +100,7 @@ async def test_hole1_an_overcommit_the_sync_learns_is_counted_and_shown(
     plane: LocalPlane, cluster: Cluster, namespace: str, ledger: Ledger
 ) -> None:
     node = await one_node(cluster, "h1-over", "1")
-    before = await counter(plane, "overcommits")
+    before = await ledger_counter(plane, "overcommits")
     plane.unregister_webhook()  # what a deployment without the pod rules let through
     try:
         for name in ("a", "b"):
@@ -256,7 +250,7 @@ async def test_hole5_a_redis_back_from_an_older_copy_is_detected_and_rebuilt(
     try:
         await create(cluster, namespace, pod_on("early", node, "1"))
         await ledger_agrees(cluster, ledger, node)
-        before = await counter(plane, "stale_ledger")
+        before = await ledger_counter(plane, "stale_ledger")
         # The copy a restart from an older snapshot, or a failover to a lagging replica, would bring back.
         keys = [key async for key in raw.scan_iter(match="{hoss}:*", count=1000)]
         dumps = {key: await raw.dump(key) for key in keys}
@@ -297,7 +291,7 @@ async def test_hole5_the_audit_finds_repairs_and_reports_drift(
             return states == ["bound"], f"entry {states}"
 
         await until(bound, timeout=60, what="the sync to record the pod bound")
-        before = await counter(plane, "audit_drift")
+        before = await ledger_counter(plane, "audit_drift")
         assert await ledger.release(uid)  # drift: a bound pod's entry lost
         await ledger_agrees(cluster, ledger, node)
         await counter_grows(plane, "audit_drift", before)
