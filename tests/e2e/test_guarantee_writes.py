@@ -32,12 +32,6 @@ async def nodes(cluster: Cluster, prefix: str, cpu: str, *, count: int = 1,
     return names
 
 
-
-
-
-
-
-
 async def cleanup(cluster: Cluster, namespace: str, node_names: list[str]) -> None:
     await cluster.delete_pods(namespace)
     await cluster.delete_nodes(node_names)
@@ -129,8 +123,11 @@ async def test_one_users_creates_refused_after_the_webhook_pin_at_most_one_nodes
         # The same user's next such create is refused by the resolver: its unconfirmed creates hold a node's room.
         error = await refused(create(cluster, quota_namespace, pod_on("over-1", spare, "2")))
         assert error.status == 429 and "not yet confirmed hold 2 cpu" in str(error), error
+        # The victim may go only to the spare node: were the pinned node a candidate too, kube-scheduler would pick
+        # between two equal nodes at random and back off after each refused binding to the pinned one.
         victim = pod_on("victim", None, "2", scheduler="default-scheduler")
-        victim["spec"]["nodeSelector"] = label
+        victim["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [spare]}]}]}}}
         await create(cluster, namespace, victim)
         await bound_to(cluster, namespace, "victim", spare, what="kube-scheduler to bind the victim to the spare node")
     finally:
