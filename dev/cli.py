@@ -34,6 +34,7 @@ def _local_up(args: argparse.Namespace) -> int:
         redis_port=args.redis_port,
         scheduler=not args.no_scheduler,
         webhook=not args.no_webhook,
+        client_auth=not args.no_client_auth,
         progress=_say,
     )
     if args.rescheduler and plane.running("hoss-rescheduler") is None:
@@ -172,6 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--redis-port", type=int, help="fixed redis-server port (default: a free one)")
     up.add_argument("--no-scheduler", action="store_true", help="do not start the default kube-scheduler")
     up.add_argument("--no-webhook", action="store_true", help="do not start hoss-resolver nor register its webhook")
+    up.add_argument("--no-client-auth", action="store_true",
+                    help="as a managed control plane: the apiserver takes no admission configuration, so it presents "
+                         "no client certificate to webhooks, and hoss-resolver authenticates no review")
     up.add_argument("--rescheduler", action="store_true",
                     help="also start hoss-rescheduler (GPU defragmentation) with its default settings")
     up.set_defaults(run=_local_up)

@@ -173,8 +173,10 @@ async def running_resolver(settings: ResolverSettings) -> AsyncIterator[list[asy
         context = tls_context(settings.tls_cert_file, settings.tls_key_file, settings.client_ca_file)
         if settings.client_ca_file is None:
             log.warning(
-                "client_ca_file is not set: anyone who reaches this port can post reviews (set --client-ca-file to the"
-                " CA of the apiserver's webhook client certificate)"
+                "client_ca_file is not set: anyone who reaches this port can post reviews, and what a review admits "
+                "is held %.0f s at most unless the apiserver shows its write (set --client-ca-file to the CA of the "
+                "apiserver's webhook client certificate where the control plane presents one)",
+                settings.held_write_timeout_seconds,
             )
         server = build_server(state)
         await server.start(settings.host, settings.port, ssl_context=context)
@@ -184,7 +186,7 @@ async def running_resolver(settings: ResolverSettings) -> AsyncIterator[list[asy
 
         def make_sync() -> LedgerSync:
             return LedgerSync(ledger=ledger, api=api, expire_interval_seconds=settings.expire_interval_seconds,
-                              write_timeout_seconds=settings.write_timeout_seconds,
+                              write_timeout_seconds=settings.held_write_timeout_seconds,
                               audit_interval_seconds=settings.audit_interval_seconds,
                               hoss_scheduler_names=settings.hoss_scheduler_names,
                               device_classes=state.device_classes)

@@ -52,6 +52,12 @@ class ResolverSettings(AccessSettings):
     write_timeout_seconds: float = Field(default=60.0, gt=0)
     """How long after its admission a write is surely over when nobody saw its answer: the apiserver's
     --request-timeout (default 1m). An admitted entry whose pod is still unbound this long after is dropped."""
+    unauthenticated_write_timeout_seconds: float = Field(default=10.0, gt=0)
+    """write_timeout_seconds when reviews are not authenticated (client_ca_file unset, as on a managed control
+    plane), if shorter: anyone who reaches the port may then post a review, and what a forged one admits is held
+    this long at most (plus one verify retry), not the apiserver's whole request timeout. A real write the apiserver
+    commits later than this after its review (etcd stalled that long) is counted when the sync sees it, possibly
+    past the node's room: docs/architecture.md, "Reviews nobody authenticated"."""
     audit_interval_seconds: float = Field(default=60.0, gt=0)
     """How often the syncing replica compares the ledger's bound entries with the apiserver's pods, repairs drift
     (a rebuild) and counts it (hoss_ledger_audit_drift in /metrics, /status, a warning in the log)."""
@@ -101,6 +107,14 @@ class ResolverSettings(AccessSettings):
         if self.client_names and self.client_ca_file is None:
             raise ValueError("client_names needs client_ca_file (the CA whose certificates carry those names)")
         return self
+
+    @property
+    def held_write_timeout_seconds(self) -> float:
+        """How long after its admission an unproven write's room is held: write_timeout_seconds, or
+        unauthenticated_write_timeout_seconds when reviews are not authenticated and that is shorter."""
+        if self.client_ca_file is not None:
+            return self.write_timeout_seconds
+        return min(self.write_timeout_seconds, self.unauthenticated_write_timeout_seconds)
 
     def file_problems(self) -> list[str]:
         """Each file setting that names no readable file, as 'name (flag, env): path: why'; checked at start-up."""

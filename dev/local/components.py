@@ -64,7 +64,7 @@ def apiserver_argv(apiserver: Path, state: PlaneState, files: PlaneFiles) -> lis
         f"--service-account-signing-key-file={pki_dir / 'service-account.key'}",
         "--service-cluster-ip-range=10.96.0.0/16",
         "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
-        f"--admission-control-config-file={files.admission_config}",
+        *([f"--admission-control-config-file={files.admission_config}"] if state.client_auth else []),
         *(audit if state.audit else []),
         "--endpoint-reconciler-type=none",
         "--max-requests-inflight=1000",
@@ -148,9 +148,10 @@ RESOLVER_MODULE = "resolver.main"
 
 
 def resolver_argv(files: PlaneFiles, *, hosts: Sequence[str], port: int, serving: pki.KeyPair, enforce: str,
-                  routing_file: Path, extra_args: Sequence[str]) -> list[str]:
+                  routing_file: Path, extra_args: Sequence[str], client_auth: bool = True) -> list[str]:
     """hoss-resolver listening on each of ``hosts``, serving ``serving``, taking reviews only from the apiserver's
-    webhook client certificate."""
+    webhook client certificate (without ``client_auth``: from anyone)."""
+    clients = [f"--client-ca-file={files.webhook_client_ca}", f"--client-names={WEBHOOK_CLIENT_NAME}"]
     return [
         sys.executable, "-m", RESOLVER_MODULE,
         f"--kubeconfig={files.kubeconfig('hoss-resolver')}",
@@ -158,8 +159,7 @@ def resolver_argv(files: PlaneFiles, *, hosts: Sequence[str], port: int, serving
         f"--port={port}",
         f"--tls-cert-file={serving.cert}",
         f"--tls-key-file={serving.key}",
-        f"--client-ca-file={files.webhook_client_ca}",
-        f"--client-names={WEBHOOK_CLIENT_NAME}",
+        *(clients if client_auth else []),
         f"--enforce={enforce}",
         f"--routing-file={routing_file}",
         *extra_args,

@@ -115,10 +115,13 @@ class LocalPlane:
         scheduler: bool = True,
         webhook: bool = True,
         audit: bool = False,
+        client_auth: bool = True,
         progress: Callable[[str], None] = lambda _message: None,
     ) -> PlaneState:
         """Start every component not yet running; a plane that is already up is left as it is. ``audit`` turns on
-        the apiserver's audit log of the hoss components' requests (``audit_log``)."""
+        the apiserver's audit log of the hoss components' requests (``audit_log``). Without ``client_auth`` the plane
+        is as a managed control plane: no admission configuration, so webhooks get no client certificate, and the
+        resolver authenticates no review."""
         existing = self.load_state()
         if existing is not None and self.is_up():
             progress(f"local plane already up in {self.directory}")
@@ -126,7 +129,7 @@ class LocalPlane:
         if existing is not None:
             progress("a previous plane is partly running; stopping what is left before starting afresh")
             self.down()
-        state = PlaneState(directory=str(self.directory), audit=audit)
+        state = PlaneState(directory=str(self.directory), audit=audit, client_auth=client_auth)
         state.apiserver_port = (
             _check_port_free(apiserver_port, "kube-apiserver") if apiserver_port else free_port()
         )
@@ -272,7 +275,8 @@ class LocalPlane:
         serving = serving or credentials.resolver_serving_pair(self.files, ip_addresses=LANE_HOSTS)
         port = free_port()
         argv = components.resolver_argv(self.files, hosts=LANE_HOSTS, port=port, serving=serving, enforce=enforce,
-                                        routing_file=ROUTING_FILE, extra_args=extra_args)
+                                        routing_file=ROUTING_FILE, extra_args=extra_args,
+                                        client_auth=state.client_auth)
         return self._spawn(state, name, argv, port=port, binary=components.RESOLVER_MODULE, wait=wait,
                            env={"HOSS_REDIS_URL": state.redis_url_for("hoss-resolver")})
 

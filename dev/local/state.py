@@ -100,6 +100,9 @@ class PlaneState:
     redis_port: int = 0
     etcd_data: str = ""
     audit: bool = False
+    client_auth: bool = True
+    """The apiserver presents its webhook client certificate (an admission configuration) and hoss-resolver takes
+    reviews only from it. False: as on a managed control plane, neither."""
     redis_passwords: dict[str, str] = field(default_factory=dict)
     """Password of each Redis ACL user (admin and the hoss components); state.json is written 0600."""
     processes: list[Process] = field(default_factory=list)

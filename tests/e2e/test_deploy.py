@@ -220,8 +220,25 @@ def test_every_service_reads_the_shared_settings_and_its_own_redis_user(base: li
         assert "optional" not in reference, f"{name} must not start without its Redis user"
 
 
-def test_the_resolver_of_the_base_answers_only_the_apiserver(base: list[Json]) -> None:
+def test_the_resolver_of_the_base_needs_nothing_from_the_control_plane(base: list[Json]) -> None:
+    """As shipped, the resolver mounts no client CA: a managed apiserver, which presents no client certificate to
+    webhooks, can reach it (what an unauthenticated review may hold is the resolver's to bound)."""
     deployment = named(base, "Deployment")["hoss-resolver"]["spec"]["template"]["spec"]
+    (resolver,) = deployment["containers"]
+    assert not {"client-ca-file", "client-names"} & set(flags(resolver))
+    mounted = {v.get("configMap", {}).get("name") for v in deployment["volumes"]}
+    assert lockdown.WEBHOOK_CLIENT_CA_CONFIGMAP not in mounted
+
+
+def test_the_client_auth_component_makes_the_resolver_answer_only_the_apiserver(plane: LocalPlane,
+                                                                                 tmp_path: Path) -> None:
+    own = tmp_path / "cluster"
+    own.mkdir()
+    (own / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [os.path.relpath(DEPLOY_DIR, own)],
+        "components": [os.path.relpath(DEPLOY_DIR / "overlays" / "client-auth", own)]}))
+    deployment = named(render(plane, own), "Deployment")["hoss-resolver"]["spec"]["template"]["spec"]
     (resolver,) = deployment["containers"]
     given = flags(resolver)
     assert given["client-names"] == lockdown.WEBHOOK_CLIENT_NAME

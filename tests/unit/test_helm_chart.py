@@ -289,6 +289,13 @@ def test_cert_manager_mode_renders_what_the_cert_manager_component_does(tmp_path
     assert_same_objects(base, chart, only_in_chart=set())
 
 
+def test_client_ca_value_renders_what_the_client_auth_component_does(tmp_path: Path) -> None:
+    component = os.path.relpath(DEPLOY / "overlays" / "client-auth", tmp_path)
+    base = kustomize(kustomization(tmp_path, components=[component]))
+    chart = template("--set", "resolver.clientCAConfigMap=hoss-webhook-client-ca")
+    assert_same_objects(base, chart, only_in_chart=CERTIFICATE_HOOK)
+
+
 def test_replicas_of_each_component(tmp_path: Path) -> None:
     values = tmp_path / "values.yaml"
     values.write_text(yaml.safe_dump({
