@@ -46,7 +46,7 @@ _LEDGER_SCRIPT_COMMANDS = (
 _CONNECTION_COMMANDS = "+ping +hello +client|setname +select +evalsha +evalsha_ro +script|load +multi +exec +discard"
 """Every component's connection set-up and script calls (redis-py also sends CLIENT SETINFO, on Redis >= 7.2)."""
 _LEDGER_KEYS = ("ready", "epoch", "nodes", "node:*", "pod:*", "assumed", "changes", "ipa:*", "nominated", "stats",
-                "verify", "quotas", "quota:*", "nsused", "resv:*", "grown:*")
+                "verify", "resized", "quotas", "quota:*", "nsused", "resv:*", "grown:*")
 """The ledger's keys under {hoss}: (tests/unit/test_redis_acl.py checks that the Lua scripts use no other)."""
 _NODE_ENTRY_PARTS = ("used", "assumed", "admitted", "bound", "ports", "nominated")
 """The parts of a node's keys that its entries change (``{hoss}:node:<name>:<part>``); the rest (alloc, labels, spec)

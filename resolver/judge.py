@@ -319,6 +319,7 @@ async def judge_pod_write(state: WebhookState, write: admission.PodWriteRequest)
                 result = await state.ledger.resize(
                     uid=info.uid, pod=info.key, node=write.node, request=request, owner=owner,
                     verify_after_seconds=state.settings.verify_after_seconds, dry_run=write.dry_run,
+                    check_after_seconds=0.0 if state.authenticate else state.settings.held_write_timeout_seconds,
                 )
     except (LedgerUnavailable, TimeoutError) as error:
         return unavailable(error)

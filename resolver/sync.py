@@ -116,6 +116,7 @@ class SyncStats:
     """bound pods the sync recorded on a node without room for them (each logged as a warning)"""
     admitted_checked: int = 0
     admitted_dropped: int = 0
+    resizes_checked: int = 0
     """admitted entries dropped on proof that their write failed or the pod is gone"""
     audits: int = 0
     audit_drift: int = 0
@@ -599,6 +600,7 @@ class LedgerSync:
             await asyncio.sleep(self._verify_interval)
             try:
                 await self.verify_admitted()
+                await self.verify_resized()
             except (LedgerUnavailable, LedgerNotReadyError) as error:
                 log.debug("cannot check admitted entries: %s", error)
 
@@ -627,6 +629,25 @@ class LedgerSync:
                 self.stats.admitted_dropped += 1
                 log.info("admitted %s of %s on %s dropped: %s", entry.via, entry.pod, entry.node, verdict)
         return dropped
+
+    async def verify_resized(self) -> int:
+        """Set back the entries a resize grew from a review nobody authenticated, once their check is due: each bound
+        pod's entry takes its request as this sync's mirror of the apiserver has it, so a resize the apiserver never
+        made holds nothing after that (a resize it made is in the mirror by then, and stays). Returns how many were
+        checked."""
+        due = set(await self.ledger.resized_due(limit=VERIFY_BATCH))
+        if not due:
+            return 0
+        async with self._lock:
+            if not self.synced.is_set() or self._ledger_stale:
+                return 0  # the rebuild writes every entry from the mirror
+            pods = [pod for pod in self.pods.bound() if pod.uid in due]
+            if pods:
+                await self._apply_pods(self._bind(pods))
+        self.stats.resizes_checked += len(pods)
+        log.info("entries grown by unauthenticated resizes set to their pods' requests: %s",
+                 ", ".join(pod.pod for pod in pods[:5]) or "none bound")
+        return len(pods)
 
     async def _audit_loop(self) -> None:
         while True:

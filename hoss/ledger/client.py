@@ -282,16 +282,20 @@ class Ledger:
     async def resize(
         self, *, uid: str, pod: str, node: str, request: Mapping[str, int], owner: str,
         verify_after_seconds: float, grown_ttl_seconds: float = GROWTH_MEMORY_SECONDS, dry_run: bool = False,
+        check_after_seconds: float = 0.0,
     ) -> ConfirmResult:
         """Judge an in-place resize of `uid` on `node` to `request`: its entry takes the new request when the
         growth fits (an entry that did not exist yet is held as admitted). A pod not bound yet (`node` ""): judged
         on the node of its entry when it has one (which grows to the larger of both requests), and the growth
         remembered for `grown_ttl_seconds`, so a binding judged from an older view of the pod counts it
-        (`Confirmed` with node "" when it has no entry). `dry_run`: the answer only."""
+        (`Confirmed` with node "" when it has no entry). `dry_run`: the answer only. `check_after_seconds` > 0 (a
+        review nobody authenticated): an entry grown is due for `resized_due` that much later."""
         placement = Placement(uid=uid, pod=pod, node=node, request=request)
         return decode_confirm_reply(
             await self._scripts.run("resize", [owner, ttl_ms(verify_after_seconds), int(dry_run),
-                                               ttl_ms(grown_ttl_seconds), *placement_args(placement)])
+                                               ttl_ms(grown_ttl_seconds),
+                                               ttl_ms(check_after_seconds) if check_after_seconds > 0 else 0,
+                                               *placement_args(placement)])
         )
 
     # -- the apiserver's truth -------------------------------------------------------------------------------
@@ -361,6 +365,11 @@ class Ledger:
         later unless `drop_admitted` or a bind settles it first."""
         return decode_verify_batch(
             ready_or_raise(await self._scripts.run("verify_due", [limit, ttl_ms(retry_seconds)])))
+
+    async def resized_due(self, *, limit: int = 256) -> list[str]:
+        """The uids of entries an unauthenticated resize grew whose check is due, at most `limit`, taken out of line
+        (see `resize`): the sync sets each back to its pod's request as the apiserver has it."""
+        return [as_text(uid) for uid in ready_or_raise(await self._scripts.run("resized_due", [limit]))[1:]]
 
     async def drop_admitted(self, entry: AdmittedEntry) -> bool:
         """Drop `entry` on proof that its write failed or its pod is gone, if it is still that admitted entry."""

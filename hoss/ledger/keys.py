@@ -23,6 +23,8 @@ Key layout (one hash tag, so every script's keys are in one slot and it runs on 
                                    the node hold that host port; reserve and reserve_batch refuse a conflict
     {hoss}:assumed                 zset uid by deadline (ms)
     {hoss}:verify                  zset uid of admitted entries by when the sync looks at them again (ms)
+    {hoss}:resized                 zset uid of entries a resize grew from a review nobody authenticated, by when
+                                   the sync sets them back to their pod's request unless the apiserver shows it (ms)
     {hoss}:grown:<uid>             the largest request a resize allowed the pod while it had no node
                                    ('cpu=4000,pods=1'), expiring: a binding judged from an older view of the pod
                                    counts it (see 'Growth' in common.lua)

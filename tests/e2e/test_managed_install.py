@@ -12,6 +12,7 @@ pod is bound once that room is released. This module checks oversell itself (its
 from __future__ import annotations
 
 import asyncio
+import copy
 import ssl
 import time
 import uuid
@@ -194,6 +195,58 @@ async def test_forged_reviews_on_a_managed_plane_delay_for_seconds_and_oversell_
     placed = await bound_pods(cluster)
     assert {name for name, node in placed.items() if node} == {
         *(f"kube-{i}" for i in range(PODS_PER_SCHEDULER)), *(f"hoss-{i}" for i in range(PODS_PER_SCHEDULER))}
+
+
+def resize_review(old: dict[str, Any], cpu: str, *, user: str) -> dict[str, Any]:
+    new = copy.deepcopy(old)
+    new["spec"]["containers"][0]["resources"]["requests"]["cpu"] = cpu
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": str(uuid.uuid4()), "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"}, "subResource": "resize",
+        "name": old["metadata"]["name"], "namespace": old["metadata"]["namespace"], "operation": "UPDATE",
+        "userInfo": {"username": user}, "object": new, "oldObject": old}}
+
+
+async def test_a_forged_resize_of_a_bound_pod_holds_its_growth_only_until_the_check(
+    managed: LocalPlane, cluster: Cluster, ledger: Ledger,
+) -> None:
+    await cluster.ensure_namespace(NAMESPACE)
+    (node,) = await cluster.create_nodes(1, prefix="resized", capacity={"cpu": NODE_CPU, "memory": "8Gi",
+                                                                         "pods": "110"})
+    await cluster.wait_nodes_ready([node])
+    small = pod_manifest("resized-small", requests={"cpu": "1", "memory": "64Mi"})
+    small["spec"]["nodeName"] = node
+    small = await request_json(cluster.core.create_namespaced_pod, NAMESPACE, small)
+
+    async def ledger_cpu(want: int) -> tuple[bool, str]:
+        held = (await ledger.node_usage([node])).get(node, ({}, {}))[1].get("cpu", -1)
+        return held == want, f"ledger holds {held}m on {node}"
+
+    async def counted_bound() -> tuple[bool, str]:
+        held = [(entry.state, entry.request.get("cpu")) for entry in await ledger.entries() if entry.node == node]
+        return held == [("bound", 1000)], f"ledger entries on {node}: {held}"
+
+    # The sync has turned the create's admitted entry into a bound one (which takes its pod's request as the
+    # apiserver has it): from then on, only the resolver's check sets a forged growth back.
+    await until(counted_bound, timeout=60, what="the ledger to count the pod as bound")
+    (answer,) = await Forger(managed).post([resize_review(small, NODE_CPU, user="forger")])
+    assert answer["allowed"], answer
+    assert (await ledger_cpu(4000))[0], "the growth is held while the resize may still be written"
+    started = time.monotonic()
+    await until(lambda: ledger_cpu(1000), timeout=held_bound_seconds() * 2,
+                what=f"the forged growth to be set back (documented bound {held_bound_seconds():.0f} s)")
+    print(f"forged resize held its growth {time.monotonic() - started:.1f} s")
+    after = pod_manifest("resized-after", requests={"cpu": "3", "memory": "64Mi"})
+    after["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+    await request_json(cluster.core.create_namespaced_pod, NAMESPACE, after)
+
+    async def after_bound() -> tuple[bool, str]:
+        placed = (await bound_pods(cluster)).get("resized-after")
+        return placed == node, f"resized-after on {placed!r}"
+
+    await until(after_bound, timeout=60, what="kube-scheduler to bind a pod into the room the forgery named")
+    pods = await cluster.raw_list("list_pod_for_all_namespaces")
+    assert oversold_nodes(await cluster.raw_list("list_node"), pods) == {}, "a node is oversold"
 
 
 def command_line(plane: LocalPlane, name: str) -> list[str]:

@@ -176,6 +176,26 @@ async def test_the_remembered_growth_expires(ledger: Ledger, fake_redis: Any) ->
     assert 0 < ttl <= 600_000
 
 
+async def test_an_unauthenticated_resize_that_grows_an_entry_is_due_for_a_check(
+    ledger: Ledger, fake_redis: Any,
+) -> None:
+    await ledger.bind(uid="p", pod="team/p", node="n1", request=SMALL)
+    assert await ledger.resize(uid="p", pod="team/p", node="n1", request={"cpu": 2000, "pods": 1}, owner="x",
+                               verify_after_seconds=60, check_after_seconds=600) == Confirmed("n1", False)
+    assert await fake_redis.zscore("{hoss}:resized", "p") > 0
+    assert await ledger.resized_due() == [], "not due for ten minutes"
+    await fake_redis.zadd("{hoss}:resized", {"p": 0})  # its time has come
+    assert await ledger.resized_due() == ["p"]
+    assert await ledger.resized_due() == [], "taken out of line: checked once"
+
+
+async def test_an_authenticated_resize_needs_no_check(ledger: Ledger, fake_redis: Any) -> None:
+    await ledger.bind(uid="p", pod="team/p", node="n1", request=SMALL)
+    await ledger.resize(uid="p", pod="team/p", node="n1", request={"cpu": 2000, "pods": 1}, owner="x",
+                        verify_after_seconds=60)
+    assert await fake_redis.zcard("{hoss}:resized") == 0
+
+
 # -- the webhook ----------------------------------------------------------------------------------------------------
 
 

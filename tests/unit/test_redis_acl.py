@@ -53,9 +53,9 @@ def test_every_script_key_is_writable_by_the_ledger_writers() -> None:
     assert {":nodes", ":node:", ":pod:"} <= keys, "the scan found the scripts' keys"
     # The resolver runs every script but reserve_batch and reserve, whose only other key, podver, they only read.
     # The workers write the entries and what follows them, not what only the sync writes, nor what only the
-    # webhook's resize writes (grown); a node's keys they write are its entry parts
+    # webhook's resize writes (grown, resized); a node's keys they write are its entry parts
     # (test_a_worker_writes_the_node_keys_its_entries_change).
-    read_only = {"hoss-worker": SYNC_ONLY_KEYS | {":node:", ":grown:"}, "hoss-resolver": {":podver"}}
+    read_only = {"hoss-worker": SYNC_ONLY_KEYS | {":node:", ":grown:", ":resized"}, "hoss-resolver": {":podver"}}
     for component, exempt in read_only.items():
         patterns = written_patterns(component)
         for key in keys - exempt:

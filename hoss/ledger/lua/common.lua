@@ -21,6 +21,7 @@ local PODVER = PREFIX .. ':podver'
 -- the sync should look at them again: it GETs the pod and drops the entry only on proof that the write the
 -- webhook admitted failed or the pod is gone (see verify_due and drop_admitted).
 local VERIFY = PREFIX .. ':verify'
+local RESIZED = PREFIX .. ':resized'
 -- Counters every replica reports (/status, /metrics): overcommits = bound entries the apiserver's truth put on a
 -- node that had no room for them (see bind_placement).
 local STATS = PREFIX .. ':stats'
