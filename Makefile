@@ -8,7 +8,7 @@ STAMP := $(VENV)/.stamp-install
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 
-.PHONY: test demo deps venv binaries image image-test lint unit integration e2e chaos fuzz settings-doc down clean clean-all
+.PHONY: test demo deps venv binaries image image-test lint unit integration e2e chaos fuzz bench-large settings-doc down clean clean-all
 
 # The long chaos scenarios (marker `chaos`) are left out here; `make chaos` runs every scenario. The container
 # image's tests (marker `image`) run in `make image-test`.
@@ -17,6 +17,11 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 test: deps binaries lint
 	$(BIN)/pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile -m "not chaos and not image" tests/unit tests/integration tests/e2e $(PYTEST_ARGS)
+
+# hoss and kube-scheduler end to end at 5,000 and 20,000 kwok nodes, each alone (about an hour; run it on an otherwise
+# idle machine): bench/results/large.json and docs/benchmarks-large.md.
+bench-large: deps binaries
+	$(BIN)/python -m dev bench --large
 
 demo: deps binaries
 	$(BIN)/python -m dev demo

@@ -30,14 +30,14 @@ COMMAND = "python -m bench.page"
 VERDICTS = {True: "met", False: "**not met**", None: "not measured"}
 
 
-def _cell(value: Any, digits: int = 1) -> str:
+def cell(value: Any, digits: int = 1) -> str:
     """A number with ``digits`` decimals, ``-`` for a missing one."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return "-"
     return f"{value:,.{digits}f}"
 
 
-def _table(head: Sequence[str], rows: Sequence[Sequence[str]], *, right_from: int = 1) -> list[str]:
+def md_table(head: Sequence[str], rows: Sequence[Sequence[str]], *, right_from: int = 1) -> list[str]:
     """A Markdown table; columns from ``right_from`` on are right-aligned."""
     align = ["---" if index < right_from else "---:" for index in range(len(head))]
     lines = ["| " + " | ".join(head) + " |", "| " + " | ".join(align) + " |"]
@@ -64,7 +64,7 @@ def _targets(results: Mapping[str, Any]) -> list[str]:
     found = results.get("targets") or report.targets(dict(results))
     met = sum(1 for t in found if t["met"] is True)
     lines = [f"{met} of {len(found)} targets met. Each is judged from this run's figures by `bench/report.py`.", ""]
-    lines += _table(("target", "verdict", "measured"),
+    lines += md_table(("target", "verdict", "measured"),
                     [(t["target"], VERDICTS[t["met"]], t["value"]) for t in found], right_from=3)
     return lines
 
@@ -76,10 +76,10 @@ def _throughput(tput: Mapping[str, Any]) -> list[str]:
     rows = []
     for system, row in tput.items():
         cpu = row.get("cpu_per_1000_pods", {})
-        rows.append((f"`{system}`", _cell(row.get("pods_per_second")), report.ratio(row["pods_per_second"], base),
-                     f"{row.get('bound', 0):,}", _cell(row.get("p50_ms")), _cell(row.get("p90_ms")),
-                     _cell(row.get("p99_ms")), *(_cell(cpu.get(key), 2) for key, _label in report.CPU_COLUMNS)))
-    lines = _table(head, rows)
+        rows.append((f"`{system}`", cell(row.get("pods_per_second")), report.ratio(row["pods_per_second"], base),
+                     f"{row.get('bound', 0):,}", cell(row.get("p50_ms")), cell(row.get("p90_ms")),
+                     cell(row.get("p99_ms")), *(cell(cpu.get(key), 2) for key, _label in report.CPU_COLUMNS)))
+    lines = md_table(head, rows)
     lines += ["", "hoss* is the dispatcher, the workers and redis-server; total is every process of the plane (etcd, "
               "kwok and the benchmark's load generator too). `pipeline-*` rows have no apiserver: the binding goes "
               "into a sink (`bench/pipeline.py`). Every process's and every worker's CPU is in the JSON."]
@@ -89,10 +89,10 @@ def _throughput(tput: Mapping[str, Any]) -> list[str]:
                   "every run in order:", ""]
         rows = []
         for system, row in repeated.items():
-            rows.append((f"`{system}`", " / ".join(_cell(v) for v in row["runs_pods_per_second"]),
-                         " / ".join(_cell(v, 0) for v in row.get("runs_p50_ms") or []) or "-",
-                         " / ".join(_cell(v, 0) for v in row.get("runs_p99_ms") or []) or "-"))
-        lines += _table(("system", "pods/s", "p50 ms", "p99 ms"), rows)
+            rows.append((f"`{system}`", " / ".join(cell(v) for v in row["runs_pods_per_second"]),
+                         " / ".join(cell(v, 0) for v in row.get("runs_p50_ms") or []) or "-",
+                         " / ".join(cell(v, 0) for v in row.get("runs_p99_ms") or []) or "-"))
+        lines += md_table(("system", "pods/s", "p50 ms", "p99 ms"), rows)
         ratios = []
         for top, bottom in report.COMPARED:
             rounds = report.per_round(dict(tput), top, bottom)
@@ -101,7 +101,7 @@ def _throughput(tput: Mapping[str, Any]) -> list[str]:
                                f"{statistics.median(rounds):.2f}x"))
         if ratios:
             lines += ["", "The ratio targets read the median of the per-round ratios:", ""]
-            lines += _table(("ratio", "each round", "median"), ratios)
+            lines += md_table(("ratio", "each round", "median"), ratios)
     one, two = (tput.get(f"hoss-{n}w-pinned", {}).get("pods_per_second") for n in (1, 2))
     if one and two:
         lines += ["", f"Pinned-core scaling (worker i on core i, the rest of the plane unpinned): `hoss-2w-pinned` / "
@@ -112,7 +112,7 @@ def _throughput(tput: Mapping[str, Any]) -> list[str]:
 def _contention(cont: Mapping[str, Any]) -> list[str]:
     rows = [(system, str(r["placed"]), str(r["oversold_nodes"])) for system, r in cont.items() if isinstance(r, dict)]
     return [f"Demand {cont['demand_cpu']} cpu on {cont['capacity_cpu']} cpu of nodes.", "",
-            *_table(("system", "placed", "oversold nodes"), rows)]
+            *md_table(("system", "placed", "oversold nodes"), rows)]
 
 
 def _core(core: Mapping[str, Any]) -> list[str]:
@@ -121,15 +121,15 @@ def _core(core: Mapping[str, Any]) -> list[str]:
         kube = r.get("kube_scheduler") or {}
         measured = bool(kube.get("measured"))
         kube_p50 = kube.get("decision_p50_ms") if measured else None
-        rows.append((f"{int(nodes):,}", _cell(r["decision_p50_ms"], 3), _cell(r["decision_p99_ms"], 3),
-                     _cell(r.get("spread_decision_p50_ms"), 3), _cell(r.get("anti_affinity_decision_p50_ms"), 3),
-                     _cell(kube_p50, 3), _cell(kube.get("decision_mean_ms") if measured else None, 3),
+        rows.append((f"{int(nodes):,}", cell(r["decision_p50_ms"], 3), cell(r["decision_p99_ms"], 3),
+                     cell(r.get("spread_decision_p50_ms"), 3), cell(r.get("anti_affinity_decision_p50_ms"), 3),
+                     cell(kube_p50, 3), cell(kube.get("decision_mean_ms") if measured else None, 3),
                      report.ratio(kube_p50, r["decision_p50_ms"]) if kube_p50 else "-"))
         if measured:
             sought.append(f"{kube['feasible_nodes_sought']:,} of {int(nodes):,}")
         else:
             notes.append(f"At {int(nodes):,} nodes kube-scheduler {kube.get('reason', 'was not measured')}.")
-    lines = _table(("nodes", "hoss p50", "hoss p99", "hoss p50, zone spread", "hoss p50, anti-affinity",
+    lines = md_table(("nodes", "hoss p50", "hoss p99", "hoss p50, zone spread", "hoss p50, anti-affinity",
                     "kube-scheduler p50", "kube-scheduler mean", "kube / hoss p50"), rows)
     text = ("Milliseconds per decision. The spread and anti-affinity columns are pods with a DoNotSchedule zone spread "
             "constraint and with hostname anti-affinity, one placed pod of their group per 20 nodes. kube-scheduler's "
@@ -147,13 +147,13 @@ def _gpu(gpu: Mapping[str, Any]) -> list[str]:
     return [f"{gpu['gpus_requested']} GPUs of 1/2/4/8-GPU pods on {gpu['gpu_nodes']} 8-GPU nodes. kube-scheduler "
             "MostAllocated is NodeResourcesFit with scoringStrategy MostAllocated, cpu 1, memory 1, nvidia.com/gpu 3 "
             "(the upstream bin-packing example).", "",
-            *_table(("system", "placed", "whole free nodes", "partly used nodes", "stranded GPUs"), rows)]
+            *md_table(("system", "placed", "whole free nodes", "partly used nodes", "stranded GPUs"), rows)]
 
 
 def _churn(churn: Mapping[str, Any]) -> list[str]:
     rows = [(system, str(r["placed"]), str(r["fully_free_gpu_nodes"]), str(r["partly_used_gpu_nodes"]),
              str(r["stranded_gpus"])) for system, r in churn.items() if isinstance(r, dict)]
-    lines = _table(("system", "placed", "whole free nodes", "partly used nodes", "stranded GPUs"), rows)
+    lines = md_table(("system", "placed", "whole free nodes", "partly used nodes", "stranded GPUs"), rows)
     for system, r in churn.items():
         if isinstance(r, dict) and "plans" in r:
             lines += ["", f"{system}: {r['plans']} plans ({r['completed_plans']} completed), {r['pods_moved']} pods "

@@ -1,8 +1,10 @@
 """``python -m dev bench``: every scenario on one local plane, with a progress bar, a table, JSON, a chart and its page
-(docs/benchmarks.md for the default JSON, bench/page.py)."""
+(docs/benchmarks.md for the default JSON, bench/page.py). ``python -m dev bench --large``: the large-cluster scenario
+alone (docs/benchmarks-large.md, bench/large_page.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import os
 import sys
@@ -10,8 +12,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import churn, page, pipeline, report, scenarios
+from bench import churn, large_page, page, pipeline, report, scenarios
 from bench.progress import ProgressBar
+from bench.scenarios.large import LargeSize, large_clusters
 from dev.local import binaries
 from dev.local.cluster import Cluster
 from dev.local.errors import PlaneError
@@ -95,6 +98,39 @@ async def run_bench(*, plane: LocalPlane, quick: bool, json_path: Path, chart_pa
                churn_path=page.DEFAULT_CHURN if page_path == page.DEFAULT_PAGE else None)
     print(report.table(results))
     print(f"\nJSON: {json_path}\nchart: {chart_path}\npage: {page_path}\nbench took {results['seconds']:.0f} s")
+    return results
+
+
+async def run_large(*, plane: LocalPlane, size: LargeSize, json_path: Path, page_path: Path | None) -> dict[str, Any]:
+    """The large-cluster scenario alone (bench/scenarios/large.py); writes its JSON and, given ``page_path``, its
+    page. The plane is restored afterwards."""
+    progress = ProgressBar()
+    started = time.monotonic()
+    plane.up(progress=lambda message: progress(message, 0, 1))
+    results: dict[str, Any] = {
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": report.machine(),
+        "versions": {"kubernetes": binaries.KUBERNETES_VERSION, "etcd": binaries.ETCD_VERSION,
+                     "kwok": binaries.KWOK_VERSION, "hoss": "0.1.0"},
+        "size": {"nodes": list(size.nodes), "pods": size.pods},
+    }
+    async with await Cluster.connect(plane.kubeconfig("admin")) as cluster:
+        bench = scenarios.Bench(plane, cluster, progress=progress)
+        try:
+            results["sizes"] = await large_clusters(bench, size, policies_file=POLICIES_FILE)
+        finally:
+            progress.close()
+            try:
+                bench.restore()
+            except PlaneError as error:  # never hide the run's own error behind this one
+                print(f"[bench] could not restore the plane: {error}", file=sys.stderr)
+    results["seconds"] = round(time.monotonic() - started, 1)
+    report.write_json(results, json_path)
+    text = large_page.render(results)
+    if page_path is not None:
+        await asyncio.to_thread(page_path.write_text, text)
+    print(text)
+    print(f"\nJSON: {json_path}\nbench took {results['seconds']:.0f} s")
     return results
 
 

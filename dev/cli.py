@@ -51,6 +51,9 @@ def _local_down(args: argparse.Namespace) -> int:
     return 0
 
 
+BENCH_JSON = "bench/results/latest.json"
+
+
 def _bench_plane(args: argparse.Namespace) -> LocalPlane:
     # A plane of its own, so that a running demo's workers do not take the benchmark's pods.
     return LocalPlane(Path(args.dir) if args.dir else default_directory().parent / "bench")
@@ -136,12 +139,31 @@ def _why(args: argparse.Namespace) -> int:
                                    "--redis-url", plane.state().redis_url, "--policies-file", str(POLICIES_FILE)])
 
 
+def _node_counts(text: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"node counts must be integers separated by commas, got {text!r}") from None
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"node counts must be positive, got {text!r}")
+    return counts
+
+
 def _bench(args: argparse.Namespace) -> int:
-    from bench.run import run_bench  # noqa: PLC0415 -- see _demo
+    from bench.large_page import DEFAULT_JSON, DEFAULT_PAGE  # noqa: PLC0415 -- see _demo
+    from bench.run import run_bench, run_large  # noqa: PLC0415 -- see _demo
+    from bench.scenarios.large import LARGE, LargeSize  # noqa: PLC0415 -- see _demo
 
     binaries.build_missing()
     plane = _bench_plane(args)
     try:
+        if args.large:
+            custom = args.large_nodes is not None or args.large_pods is not None
+            size = LargeSize(nodes=args.large_nodes or LARGE.nodes, pods=args.large_pods or LARGE.pods)
+            json_path = Path(args.json) if args.json != BENCH_JSON else DEFAULT_JSON
+            asyncio.run(run_large(plane=plane, size=size, json_path=json_path,
+                                  page_path=None if custom else DEFAULT_PAGE))
+            return 0
         asyncio.run(run_bench(plane=plane, quick=args.quick, json_path=Path(args.json),
                               chart_path=Path(args.chart), plane_kept=args.keep))
     finally:
@@ -226,9 +248,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = with_dir(commands.add_parser("bench", help="benchmark hoss against kube-scheduler on the local plane"))
     bench.add_argument("--quick", action="store_true", help="a small version of every scenario (a few minutes)")
-    bench.add_argument("--json", default="bench/results/latest.json", help="where to write the figures (JSON)")
+    bench.add_argument("--json", default=BENCH_JSON, help="where to write the figures (JSON)")
     bench.add_argument("--chart", default="bench/results/latest.png", help="where to write the chart (PNG)")
     bench.add_argument("--keep", action="store_true", help="leave the benchmark's plane running afterwards")
+    bench.add_argument("--large", action="store_true",
+                       help="only the large-cluster scenario (5,000 and 20,000 kwok nodes; about an hour): "
+                            "bench/results/large.json and docs/benchmarks-large.md")
+    bench.add_argument("--large-nodes", type=_node_counts, default=None, metavar="N,N",
+                       help="with --large: these node counts instead (then the page is not written)")
+    bench.add_argument("--large-pods", type=int, default=None, metavar="N",
+                       help="with --large: pods per run instead of 5,000 (then the page is not written)")
     bench.set_defaults(run=_bench)
 
     return parser

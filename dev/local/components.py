@@ -116,12 +116,16 @@ def scheduler_process_name(scheduler_name: str) -> str:
 
 
 def scheduler_configuration(files: PlaneFiles, *, scheduler_name: str, qps: int,
-                            plugin_config: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+                            plugin_config: Sequence[Mapping[str, Any]],
+                            percentage_of_nodes_to_score: int | None = None) -> dict[str, Any]:
     """A KubeSchedulerConfiguration with one profile, ``scheduler_name``, and its ``pluginConfig``; no leader
-    election (several kube-schedulers may run, each under its own name)."""
+    election (several kube-schedulers may run, each under its own name). ``percentage_of_nodes_to_score``: the
+    profile's percentageOfNodesToScore (unset: kube-scheduler's adaptive default)."""
     profile: dict[str, Any] = {"schedulerName": scheduler_name}
     if plugin_config:
         profile["pluginConfig"] = [dict(entry) for entry in plugin_config]
+    if percentage_of_nodes_to_score is not None:
+        profile["percentageOfNodesToScore"] = percentage_of_nodes_to_score
     return {
         "apiVersion": "kubescheduler.config.k8s.io/v1",
         "kind": "KubeSchedulerConfiguration",

@@ -239,16 +239,19 @@ class LocalPlane:
         scheduler_name: str,
         qps: int = 5000,
         plugin_config: Sequence[Mapping[str, Any]] = (),
+        percentage_of_nodes_to_score: int | None = None,
     ) -> Process:
         """Start a real kube-scheduler serving ``scheduler_name`` (several may run under different names).
 
-        ``plugin_config`` is the profile's ``pluginConfig`` (e.g. NodeResourcesFit's scoring strategy). Its
+        ``plugin_config`` is the profile's ``pluginConfig`` (e.g. NodeResourcesFit's scoring strategy);
+        ``percentage_of_nodes_to_score`` its percentageOfNodesToScore (unset: the adaptive default). Its
         ``/metrics`` is readable over HTTPS on the Process's port with the admin identity (system:masters).
         """
         state = state or self.state()
         config = self.directory / f"kube-scheduler-{scheduler_name}.yaml"
-        configuration = components.scheduler_configuration(self.files, scheduler_name=scheduler_name, qps=qps,
-                                                           plugin_config=plugin_config)
+        configuration = components.scheduler_configuration(
+            self.files, scheduler_name=scheduler_name, qps=qps, plugin_config=plugin_config,
+            percentage_of_nodes_to_score=percentage_of_nodes_to_score)
         config.write_text(json.dumps(configuration, indent=2))
         port = free_port()
         argv = components.scheduler_argv(binaries.require("kube-scheduler"), self.files, config=config, port=port)

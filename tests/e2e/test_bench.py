@@ -176,3 +176,34 @@ def test_quick_bench_reports_every_scenario_and_figure(tmp_path: Path) -> None:
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     for heading in ("1. throughput", "2. contention", "3. worker core", "4. GPU mix", "targets"):
         assert heading in result.stdout
+
+
+LARGE_SYSTEMS = ("kube-scheduler", "kube-scheduler 100%", "hoss-1w", "hoss-2w")
+
+
+@pytest.mark.timeout(600)
+def test_large_cluster_bench_runs_each_system_alone_at_a_small_size(tmp_path: Path) -> None:
+    """`python -m dev bench --large` at a size that fits a test (80 nodes, 120 pods, all of which fit): every run's
+    figures, each system alone, nothing oversold, and the per-pod costs it reports beside the runs."""
+    result = subprocess.run(
+        [sys.executable, "-m", "dev", "bench", "--large", "--large-nodes", "80", "--large-pods", "120",
+         "--dir", str(tmp_path / "plane"), "--json", str(tmp_path / "large.json")],
+        capture_output=True, text=True, timeout=540, check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    figures = json.loads((tmp_path / "large.json").read_text())
+    row = figures["sizes"]["80"]
+    assert row["gpu_nodes"] == 10 and row["pods"] == 120
+    assert row["idle_cpu_per_second"]["kube-apiserver"] >= 0
+    for system in LARGE_SYSTEMS:
+        run = row[system]
+        assert run["bound"] == run["pods"] == 120, system
+        assert run["oversold_nodes"] == 0, system
+        assert _finite(run["pods_per_second"]) and 0 < run["p50_ms"] <= run["p99_ms"], system
+        cpu = run["cpu_per_1000_pods"]
+        hoss = cpu["dispatcher"] + cpu["workers"] + cpu["resolver"]
+        assert (cpu["kube-scheduler"] > 0 and hoss == 0) if system.startswith("kube") else \
+            (cpu["kube-scheduler"] == 0 and cpu["workers"] > 0), (system, cpu)
+    assert row["kube-scheduler"]["decision_mean_ms"] > 0 and row["kube-scheduler 100%"]["decision_mean_ms"] > 0
+    assert row["hoss_decision_mean_ms"] > 0
+    assert "| kube-scheduler 100% | 120/120 |" in result.stdout, "the page's table of runs"
