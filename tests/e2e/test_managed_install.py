@@ -176,7 +176,7 @@ async def test_forged_reviews_on_a_managed_plane_delay_for_seconds_and_oversell_
         left = forged & {entry.uid for entry in await ledger.entries()}
         return not left, f"{len(left)} forged entries still held"
 
-    await until(released, timeout=held_bound_seconds() * 2,
+    await until(released, timeout=held_bound_seconds() * 3,
                 what=f"the forged reviews' room to be released (documented bound {held_bound_seconds():.0f} s)")
     held_for = time.monotonic() - started
 
@@ -233,7 +233,7 @@ async def test_a_forged_resize_of_a_bound_pod_holds_its_growth_only_until_the_ch
     assert answer["allowed"], answer
     assert (await ledger_cpu(4000))[0], "the growth is held while the resize may still be written"
     started = time.monotonic()
-    await until(lambda: ledger_cpu(1000), timeout=held_bound_seconds() * 2,
+    await until(lambda: ledger_cpu(1000), timeout=held_bound_seconds() * 3,
                 what=f"the forged growth to be set back (documented bound {held_bound_seconds():.0f} s)")
     print(f"forged resize held its growth {time.monotonic() - started:.1f} s")
     after = pod_manifest("resized-after", requests={"cpu": "3", "memory": "64Mi"})
