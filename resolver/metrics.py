@@ -22,6 +22,18 @@ from resolver.settings import ResolverSettings
 from resolver.tls import certificate_expiry
 
 
+class SyncCounts(Protocol):
+    """The sync's counters the gauges read (resolver.sync.SyncStats has them)."""
+
+    admitted_dropped: int
+    resizes_checked: int
+
+
+class Syncing(Protocol):
+    @property
+    def stats(self) -> SyncCounts: ...
+
+
 class Scraped(Protocol):
     """What the gauges read from the webhook's state when scraped (resolver.state.WebhookState has it)."""
 
@@ -30,7 +42,7 @@ class Scraped(Protocol):
     @property
     def settings(self) -> ResolverSettings: ...
     @property
-    def sync(self) -> object | None: ...
+    def sync(self) -> Syncing | None: ...
     @property
     def review_latency(self) -> LatencyWindow: ...
     @property
@@ -162,6 +174,15 @@ class WebhookMetrics:
             "hoss_resolver_pod_reads", "Pods the webhook read from the apiserver to judge a binding (neither the"
             " index of bound pods nor that of other schedulers' pending pods held the pod)", registry=registry,
         ).set_function(lambda: float(state.pod_reads))
+        Gauge(
+            "hoss_resolver_admitted_dropped", "Admitted writes the sync dropped because the apiserver never showed"
+            " them (refused after the webhook, or, with reviews not authenticated, forged); the sync leader only",
+            registry=registry,
+        ).set_function(lambda: float(state.sync.stats.admitted_dropped) if state.sync is not None else 0.0)
+        Gauge(
+            "hoss_resolver_resizes_set_back", "Entries grown by a resize from a review nobody authenticated that the"
+            " sync set back to their pod's request when due; the sync leader only", registry=registry,
+        ).set_function(lambda: float(state.sync.stats.resizes_checked) if state.sync is not None else 0.0)
 
     def _latency_quantile(self, q: float) -> float:
         return self._state.review_latency.quantiles(q)[0]

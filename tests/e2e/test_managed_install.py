@@ -29,6 +29,7 @@ from dev.local.plane import LocalPlane
 from hoss.kube.client import request_json
 from hoss.ledger.client import Ledger
 from resolver.settings import ResolverSettings
+from tests.e2e.guard import resolver_get
 from tests.waiting import until
 
 NODES = 4
@@ -114,6 +115,14 @@ class Forger:
             return list(await asyncio.gather(*(one(review) for review in reviews)))
 
 
+async def metric(plane: LocalPlane, name: str) -> float:
+    """One unlabelled sample of the resolver's /metrics."""
+    for line in (await resolver_get(plane, "/metrics")).splitlines():
+        if line.startswith(f"{name} "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} is not in the resolver's /metrics")
+
+
 async def bound_pods(cluster: Cluster) -> dict[str, str]:
     return {pod["metadata"]["name"]: pod["spec"].get("nodeName") or ""
             for pod in await cluster.raw_list("list_namespaced_pod", NAMESPACE)}
@@ -179,6 +188,7 @@ async def test_forged_reviews_on_a_managed_plane_delay_for_seconds_and_oversell_
     await until(released, timeout=held_bound_seconds() * 3,
                 what=f"the forged reviews' room to be released (documented bound {held_bound_seconds():.0f} s)")
     held_for = time.monotonic() - started
+    assert await metric(managed, "hoss_resolver_admitted_dropped") >= len(pinned), "operators see the forgeries"
 
     async def all_bound() -> tuple[bool, str]:
         placed = await bound_pods(cluster)
@@ -236,6 +246,7 @@ async def test_a_forged_resize_of_a_bound_pod_holds_its_growth_only_until_the_ch
     await until(lambda: ledger_cpu(1000), timeout=held_bound_seconds() * 3,
                 what=f"the forged growth to be set back (documented bound {held_bound_seconds():.0f} s)")
     print(f"forged resize held its growth {time.monotonic() - started:.1f} s")
+    assert await metric(managed, "hoss_resolver_resizes_set_back") >= 1
     after = pod_manifest("resized-after", requests={"cpu": "3", "memory": "64Mi"})
     after["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
     await request_json(cluster.core.create_namespaced_pod, NAMESPACE, after)
