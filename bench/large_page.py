@@ -53,9 +53,10 @@ def _size_section(count: str, row: Mapping[str, Any]) -> list[str]:
             cpu = run.get("cpu_per_1000_pods") or {}
             cpu_rows.append([system, *(cell(cpu.get(group), 2) for group in CPU_GROUPS)])
     lines += md_table(["run", *CPU_GROUPS], cpu_rows)
-    idle = row.get("idle_cpu_per_second") or {}
-    lines += ["", "The idle plane at this size (nothing scheduled), CPU seconds per second: "
-              + ", ".join(f"{group} {cell(value, 3)}" for group, value in sorted(idle.items()) if value) + "."]
+    for system, idle in (row.get("idle_cpu_per_second") or {}).items():
+        lines += ["", f"The idle plane at this size with {system} running (nothing scheduled), CPU seconds per "
+                  "second: " + ", ".join(f"{group} {cell(value, 3)}" for group, value in sorted(idle.items())
+                                        if value) + "."]
     return [*lines, ""]
 
 

@@ -3,7 +3,8 @@
 
 The kwok nodes are made Ready once and have neither heartbeats nor leases (the plane's kwok stages and
 ``--node-lease-duration-seconds=0``), so the idle plane costs little at 20,000 nodes; that idle cost is measured
-at each size (CPU seconds per second, per process group) and subtracted from nothing. At each size, in this
+at each size (CPU seconds per second, per process group, with kube-scheduler and with hoss's dispatcher, one worker
+and resolver running) and subtracted from nothing. At each size, in this
 order: kube-scheduler with its default configuration (percentageOfNodesToScore unset: its adaptive share of the
 nodes), kube-scheduler with percentageOfNodesToScore 100 (as users set it for packing), then hoss with 1 and with
 2 workers. Each run creates the same pods (one in eight asks for GPUs) into a namespace of its own and ends with
@@ -163,7 +164,7 @@ async def large_clusters(bench: Bench, size: LargeSize, *, policies_file: Path) 
             row: dict[str, Any] = {"nodes": count, "gpu_nodes": (count + GPU_NODE_EVERY - 1) // GPU_NODE_EVERY,
                                    "pods": size.pods, "nodes_ready_seconds": round(time.monotonic() - started, 1),
                                    "kube_feasible_nodes_sought": kube_feasible_nodes_sought(count)}
-            row["idle_cpu_per_second"] = await idle_cost(bench)
+            row["idle_cpu_per_second"] = {"kube-scheduler": await idle_cost(bench)}
             scheduler = bench.plane.running("kube-scheduler")
             if scheduler is None:
                 raise RuntimeError("the plane's kube-scheduler is not running")
@@ -180,6 +181,11 @@ async def large_clusters(bench: Bench, size: LargeSize, *, policies_file: Path) 
                 bench.stop([score_all])
             bench.hoss_alone()
             await _ledger_knows(bench, count)
+            processes = bench.start_hoss(1)
+            try:
+                row["idle_cpu_per_second"]["hoss"] = await idle_cost(bench)
+            finally:
+                bench.stop(processes)
             for workers in (1, 2):
                 row[f"hoss-{workers}w"] = await _hoss_run(bench, workers, size, nodes,
                                                           label=f"{step}: hoss, {workers} worker(s)")

@@ -194,7 +194,9 @@ def test_large_cluster_bench_runs_each_system_alone_at_a_small_size(tmp_path: Pa
     figures = json.loads((tmp_path / "large.json").read_text())
     row = figures["sizes"]["80"]
     assert row["gpu_nodes"] == 10 and row["pods"] == 120
-    assert row["idle_cpu_per_second"]["kube-apiserver"] >= 0
+    idle = row["idle_cpu_per_second"]
+    assert idle["kube-scheduler"]["kube-scheduler"] >= 0 and idle["hoss"]["workers"] >= 0, idle
+    assert "kube-scheduler" not in idle["hoss"] or idle["hoss"]["kube-scheduler"] == 0, "hoss idle alone"
     for system in LARGE_SYSTEMS:
         run = row[system]
         assert run["bound"] == run["pods"] == 120, system

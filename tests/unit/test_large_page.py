@@ -33,7 +33,7 @@ def _run(pods_per_second: float, **cpu: float) -> dict[str, object]:
 def test_the_page_sets_each_size_s_runs_against_kube_scheduler_s_default() -> None:
     results = {"date": "2026-11-27 22:00 UTC", "machine": {"cpus": 2}, "versions": {"kubernetes": "v1.36.3"},
                "sizes": {"5000": {"nodes": 5000, "gpu_nodes": 625, "pods": 100, "nodes_ready_seconds": 40.0,
-                                  "kube_feasible_nodes_sought": 500, "idle_cpu_per_second": {"etcd": 0.01},
+                                  "kube_feasible_nodes_sought": 500, "idle_cpu_per_second": {"hoss": {"etcd": 0.01}},
                                   "hoss_decision_mean_ms": 0.4,
                                   "kube-scheduler": _run(100.0, **{"kube-scheduler": 2.0}),
                                   "kube-scheduler 100%": _run(50.0), "hoss-1w": _run(120.0, workers=1.0),
@@ -43,4 +43,4 @@ def test_the_page_sets_each_size_s_runs_against_kube_scheduler_s_default() -> No
     assert "| hoss-1w | 100/100 | 120.0 | 1.20x |" in page
     assert "| kube-scheduler 100% | 100/100 | 50.0 | 0.50x |" in page
     assert "| 5,000 | 1.50 | 1.50 | 0.40 | 2.00 | 1.00 |" in page
-    assert "etcd 0.010" in page
+    assert "with hoss running (nothing scheduled), CPU seconds per second: etcd 0.010." in page
