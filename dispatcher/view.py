@@ -39,6 +39,7 @@ from hoss.errors import PodSpecError
 from hoss.kube.client import InformerHandlers
 from hoss.model.objects import Json
 from hoss.model.reservations import Reservation
+from hoss.model.storage import StorageCatalog
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,10 @@ class ClusterView:
         self.spread_sources = SelectorSources()
         """Services' and controllers' selectors: the default spread selector of each pod's compact form."""
         self.spread_synced = {kind: asyncio.Event() for kind in SPREAD_SOURCE_KINDS}
+        self.storage = StorageCatalog()
+        """Claims, PVs, StorageClasses, CSIDrivers and CSIStorageCapacities: what each pod's claims need, in its
+        compact form (`hoss.model.storage`)."""
+        self.storage_synced = {kind: asyncio.Event() for kind in StorageCatalog.KINDS}
         self.waiting = Waitlist()
         self.gangs = GangBook()
         """What the leader remembers of gangs (dispatcher/gangbook.py)."""
@@ -142,6 +147,25 @@ class ClusterView:
 
         return InformerHandlers(on_list=on_list, on_event=on_event)
 
+    def storage_handlers(self, kind: str) -> InformerHandlers:
+        """Handlers of the watch of one kind of storage object (`StorageCatalog.KINDS`): a change recomputes the
+        storage needs of the pending pods with claims, which are then sent (again) when theirs changed."""
+
+        async def on_list(items: list[Json]) -> None:
+            self.storage.replace(kind, items)
+            self.storage_synced[kind].set()
+            self._storage_changed()
+
+        async def on_event(event: str, raw: Json) -> None:
+            self.storage.apply(kind, event, raw)
+            self._storage_changed()
+
+        return InformerHandlers(on_list=on_list, on_event=on_event)
+
+    def _storage_changed(self) -> None:
+        if self.book.storage_changed(self.storage):
+            self._wakeup.set()
+
     def namespace_handlers(self) -> InformerHandlers:
         return InformerHandlers(on_list=self.on_namespace_list, on_event=self.on_namespace_event)
 
@@ -177,7 +201,7 @@ class ClusterView:
             pod = parse_pending_pod(
                 raw, scheduler_names=self.settings.scheduler_names, default_policy=self.settings.default_policy,
                 seen_at=self._clock(), queued_unix=self._wall(), namespaces=self.namespaces,
-                sources=self.spread_sources,
+                sources=self.spread_sources, storage=self.storage,
             )
         except PodSpecError as error:
             name = (raw.get("metadata") or {}).get("name", "?")

@@ -81,6 +81,7 @@ from workers.settings import WorkerSettings
 from workers.stream import WorkStream
 from workers.timing import TimedBinder
 from workers.victims import eligible
+from workers.volumes import PREBIND, VolumeBinder, needs_prebind
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +157,9 @@ class Worker:
         self.bindings = Bindings(binder, self.ledger, limit=self.binds, tally=self.tally, notices=self.notices,
                                  scheduled_events=settings.scheduled_events,
                                  default_policy=self.decider.default_profile, reader=rest)
+        self.volumes = None if rest is None \
+            else VolumeBinder(rest, timeout_seconds=settings.volume_bind_timeout_seconds)
+        """Binds claims that wait for their first consumer before the pod's binding (`workers.volumes`)."""
         self.acks = Acks(self.queue, settings.id)
         self.pace = Pace()
         self.heartbeat = Heartbeat(self.queue, settings, binds=self.binds, pace=self.pace, info=self.info)
@@ -494,6 +498,13 @@ class Worker:
     async def _bind_item(self, work: Work, placements: list[tuple[PodView, str]]) -> None:
         """Bind every placement of the item; acknowledge when all are bound, else try the item again."""
         item = work.item
+        if any(needs_prebind(pod) for pod, _node in placements):
+            message = await self._prebind(placements)
+            if message is not None:
+                for pod, node in placements:
+                    await self.bindings.unreserve(pod, node)
+                self._unschedulable(work, message)
+                return
         forms = {view.uid: raw for view, raw in work.members} or {item.uid: work.raw}
         outcomes = await asyncio.gather(*(self.bindings.bind(pod, node, form=forms.get(pod.uid))
                                           for pod, node in placements))
@@ -517,6 +528,19 @@ class Worker:
                 self._done(work, forget=bool(item.members))
             case again:
                 self._retry_later(work, soon=again == "retry soon")
+
+    async def _prebind(self, placements: list[tuple[PodView, str]]) -> str | None:
+        """Bind the claims waiting for their first consumer for each placement (`workers.volumes`); the first
+        failure's message, or None."""
+        for pod, node in placements:
+            if not needs_prebind(pod):
+                continue
+            if self.volumes is None:
+                return f"{PREBIND}this worker has no apiserver client"
+            message = await self.volumes.prebind(pod, node, self.nodes)
+            if message is not None:
+                return message
+        return None
 
     async def _keep(self, work: Work, pod: PodView, node: str, name: str) -> None:
         """A Reservation's room is reserved on `node`: write its status and keep the room (`keep_room`)."""
