@@ -174,8 +174,10 @@ class VolumeBinding(TakesNoArgs):
 
     def filter(self, pod: PodView, nodes: NodeTable) -> FilterResult:
         rows = len(nodes)
-        if pod.storage is None or pod.storage.problem:
+        if pod.storage is None:
             return FilterResult.from_reasons(rows, {})
+        if pod.storage.problem:  # `prefilter` rejects such a pod first; a caller that skips it still places none
+            return FilterResult.from_reasons(rows, {pod.storage.problem: np.ones(rows, dtype=np.bool_)})
         verdict = plan(pod.storage, nodes)
         reasons: dict[str, BoolArray] = {}
         for reason, passed in ((NODE_CONFLICT, verdict.bound_ok), (BIND_CONFLICT, verdict.binds),
