@@ -174,6 +174,10 @@ class Worker:
         self._taken: dict[str, str] = {}
         """pod uid -> the allocateOnce Reservation whose room its reservation took, until its binding is answered"""
         self._bind_tasks: set[asyncio.Task[None]] = set()
+        self._prebinding: set[str] = set()
+        """uids of pods whose claims are being bound (`workers.volumes`) or whose binding follows: a newer version
+        of such a pod (the dispatcher sends one when its claims change, as they do by that PreBind) waits until
+        that binding is answered, so that one pod never claims volumes on two nodes at once."""
 
     @property
     def counters(self) -> dict[str, int]:
@@ -331,6 +335,8 @@ class Worker:
                 self.tally.count("malformed")
                 self.notices.malformed(work)
                 self._done(work)
+            elif work.pod is not None and work.item.uid in self._prebinding:
+                self._retry_later(work, soon=True)
             elif gated(work):
                 self.tally.count("gone")  # the dispatcher sends it again once its gates are removed
                 self._done(work)
@@ -401,7 +407,7 @@ class Worker:
                         continue
                     if consumed and (taken := taken_once(work.raw, node)):
                         self._taken[pod.uid] = taken
-                    self._start(self._bind_item(work, [(pod, node)]))
+                    self._start_binding(work, [(pod, node)])
                 case HeldElsewhere():
                     self.tally.count("gone")  # bound already (by us earlier, or by another scheduler)
                     self._done(work)
@@ -474,7 +480,7 @@ class Worker:
                     self._expect(placed.node, placed.request, change)
                 log.info("gang %s: %d members reserved on %d nodes (leaves: %s)", item.gang, len(members),
                          len({m.node for m in members}), ", ".join(placement.leaves) or "-")
-                self._start(self._bind_item(work, [(v, placement.assignments[v.uid]) for v in chosen]))
+                self._start_binding(work, [(v, placement.assignments[v.uid]) for v in chosen])
             case HeldElsewhere(state="bound"):
                 # A member is bound already: the gang started before (members were recreated or re-sent).
                 self.tally.count("gone")
@@ -489,6 +495,12 @@ class Worker:
                 await self._refresh_usage(sorted({m.node for m in members}))
                 self._retry_later(work, soon=True)
 
+    def _start_binding(self, work: Work, placements: list[tuple[PodView, str]]) -> None:
+        """Bind the item's placements while the next batch is decided; pods with claims to bind are marked at once
+        (`_prebinding`), before the next batch can read a newer version of them."""
+        self._prebinding |= {pod.uid for pod, _node in placements if needs_prebind(pod)}
+        self._start(self._bind_item(work, placements))
+
     def _start(self, binding: Coroutine[Any, Any, None]) -> None:
         """Run a binding (or a Reservation's status write) while the next batch is decided."""
         task = asyncio.create_task(binding)
@@ -497,14 +509,28 @@ class Worker:
 
     async def _bind_item(self, work: Work, placements: list[tuple[PodView, str]]) -> None:
         """Bind every placement of the item; acknowledge when all are bound, else try the item again."""
-        item = work.item
         if any(needs_prebind(pod) for pod, _node in placements):
-            message = await self._prebind(placements)
-            if message is not None:
-                for pod, node in placements:
-                    await self.bindings.unreserve(pod, node)
-                self._unschedulable(work, message)
-                return
+            uids = {pod.uid for pod, _node in placements}
+            self._prebinding |= uids  # marked already by `_start_binding`; kept until the bindings are answered
+            try:
+                await self._bind_with_volumes(work, placements)
+            finally:
+                self._prebinding -= uids
+            return
+        await self._post_bindings(work, placements)
+
+    async def _bind_with_volumes(self, work: Work, placements: list[tuple[PodView, str]]) -> None:
+        """kube-scheduler's PreBind for the claims waiting for their first consumer, then the bindings."""
+        message = await self._prebind(placements)
+        if message is not None:
+            for pod, node in placements:
+                await self.bindings.unreserve(pod, node)
+            self._unschedulable(work, message)
+            return
+        await self._post_bindings(work, placements)
+
+    async def _post_bindings(self, work: Work, placements: list[tuple[PodView, str]]) -> None:
+        item = work.item
         forms = {view.uid: raw for view, raw in work.members} or {item.uid: work.raw}
         outcomes = await asyncio.gather(*(self.bindings.bind(pod, node, form=forms.get(pod.uid))
                                           for pod, node in placements))
