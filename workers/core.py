@@ -158,7 +158,8 @@ class Worker:
                                  scheduled_events=settings.scheduled_events,
                                  default_policy=self.decider.default_profile, reader=rest)
         self.volumes = None if rest is None \
-            else VolumeBinder(rest, timeout_seconds=settings.volume_bind_timeout_seconds)
+            else VolumeBinder(rest, self.ledger, timeout_seconds=settings.volume_bind_timeout_seconds,
+                              promise_seconds=settings.reservation_ttl_seconds)
         """Binds claims that wait for their first consumer before the pod's binding (`workers.volumes`)."""
         self.acks = Acks(self.queue, settings.id)
         self.pace = Pace()

@@ -16,6 +16,11 @@ gave up), a claim bound to a PV the node cannot use, the timeout -- answers the 
 and its room is released. kube-scheduler undoes nothing it wrote either: a provisioner removes the annotation
 when it gives up, and a PV claimed for a pod that went elsewhere is bound to its claim all the same.
 
+A ReadWriteOncePod claim is first promised to the pod in the ledger (``promise_claims.lua``: one atomic call, all
+of the pod's such claims or none, for the length of the binding): of two workers that decided pods using one such
+claim at the same instant, the second finds it promised and its pod is retried; once the pod is bound, its
+ledger entry names the claim and VolumeRestrictions keeps other pods off it. A failure gives the promise back.
+
 Why two workers never promise one PV twice: the apiserver decides. A PV's claimRef is written only by an update
 at the version the decision read, so of two workers that chose one PV only the first write succeeds; the other
 gets 409 and its pod is decided again once the dispatcher's watch brings the PV as claimed.
@@ -30,11 +35,13 @@ from collections.abc import Callable
 
 import aiohttp
 
+from hoss.errors import LedgerNotReadyError, LedgerUnavailable
 from hoss.framework.nodes import NodeTable
 from hoss.framework.plugins.volumes import plan, terms_match
 from hoss.framework.pod import DelayedClaim, PodView, VolumeOption, volume_terms
 from hoss.kube.client import KubeError
 from hoss.kube.rest import KubeREST, segment
+from hoss.ledger.client import Ledger
 from hoss.model.objects import Json, section
 from hoss.model.storage import BIND_COMPLETED, BOUND_BY_CONTROLLER, SELECTED_NODE
 
@@ -49,17 +56,20 @@ class PreBindFailed(Exception):
 
 
 def needs_prebind(pod: PodView) -> bool:
-    """Whether the pod has claims to bind before its own binding."""
-    return pod.storage is not None and bool(pod.storage.delayed)
+    """Whether the pod has claims to bind, or ReadWriteOncePod claims to promise, before its own binding."""
+    return pod.storage is not None and bool(pod.storage.delayed or pod.storage.once)
 
 
 class VolumeBinder:
-    """Binds a pod's waiting claims for its chosen node through `rest`, then waits (at most `timeout_seconds`,
-    reading every `poll_seconds`) for them to be bound."""
+    """Promises a pod's ReadWriteOncePod claims in the `ledger` (for `promise_seconds` beyond the wait), binds its
+    waiting claims for its chosen node through `rest`, then waits (at most `timeout_seconds`, reading every
+    `poll_seconds`) for them to be bound."""
 
-    def __init__(self, rest: KubeREST, *, timeout_seconds: float, poll_seconds: float = 0.5,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, rest: KubeREST, ledger: Ledger, *, timeout_seconds: float, promise_seconds: float,
+                 poll_seconds: float = 0.5, clock: Callable[[], float] = time.monotonic) -> None:
         self.rest = rest
+        self.ledger = ledger
+        self.promise_seconds = promise_seconds
         self.timeout_seconds = timeout_seconds
         self.poll_seconds = poll_seconds
         self.clock = clock
@@ -71,6 +81,28 @@ class VolumeBinder:
         if node not in nodes:
             return f"{PREBIND}node {node!r} is no longer known"
         row = nodes.row(node)
+        once = [f"{pod.namespace}/{claim}" for claim in pod.storage.once]
+        if once:
+            try:
+                taken = await self.ledger.promise_claims(
+                    uid=pod.uid, claims=once,
+                    ttl_seconds=self.promise_seconds + (self.timeout_seconds if pod.storage.delayed else 0))
+            except (LedgerUnavailable, LedgerNotReadyError) as error:
+                return f"{PREBIND}cannot promise its ReadWriteOncePod claims: {error}"
+            if taken is not None:
+                log.info("pod %s: claim %s is promised to pod %s", pod.key, *taken)
+                return (f"persistentvolumeclaim {taken[0]!r} with ReadWriteOncePod access mode is being bound for "
+                        f"another pod")
+        message = await self._bind_claims(pod, node, nodes, row)
+        if message is not None and once:
+            try:
+                await self.ledger.unpromise_claims(uid=pod.uid, claims=once)
+            except (LedgerUnavailable, LedgerNotReadyError) as error:
+                log.warning("pod %s: its claims' promises expire by themselves: %s", pod.key, error)
+        return message
+
+    async def _bind_claims(self, pod: PodView, node: str, nodes: NodeTable, row: int) -> str | None:
+        assert pod.storage is not None
         chosen = plan(pod.storage, nodes)
         provisioned: set[str] = set()
         try:

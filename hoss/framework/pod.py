@@ -28,7 +28,7 @@ from hoss.framework.podterms import (
     parse_terms,
     parse_weighted_terms,
 )
-from hoss.model.compact import DEFAULT_SPREAD, NAMESPACES, selector_key
+from hoss.model.compact import DEFAULT_SPREAD, NAMESPACES, claim_names, selector_key
 from hoss.model.resources import ResourceVector, pod_requests
 from hoss.model.storage import STORAGE
 
@@ -145,6 +145,8 @@ class StorageNeeds:
     problem: str = ""
     bound: tuple[BoundVolume, ...] = ()
     delayed: tuple[DelayedClaim, ...] = ()
+    once: tuple[str, ...] = ()
+    """The claims with the ReadWriteOncePod access mode (VolumeRestrictions: no other pod may use them)."""
 
 
 @dataclass(frozen=True)
@@ -192,6 +194,8 @@ class PodView:
     Services' and controller's, from the dispatcher; None: none), which PodTopologySpread's profile defaults use."""
     storage: StorageNeeds | None = None
     """What the pod's volume claims need (from the dispatcher); None for a pod without claims."""
+    claims: tuple[str, ...] = ()
+    """The names of the volume claims it uses (its namespace's), as the pod index keeps them."""
     resource_version: str = ""
     """metadata.resourceVersion of the pod as read: its binding names it, so the apiserver binds that version only
     (the spec, requests included, the decision and the reservation were made for); "" when unknown."""
@@ -229,6 +233,7 @@ class PodView:
 def placed_view(pod: PodView, node: str) -> PlacedPod:
     """How the pod index holds `pod` once it is placed on `node` (a worker's tentative placement)."""
     return PlacedPod(uid=pod.uid, node=node, namespace=pod.namespace, labels=pod.labels, ports=pod.host_ports,
+                     claims=pod.claims,
                      anti=pod.anti_affinity_terms, affinity=pod.affinity_terms,
                      preferred=pod.preferred_affinity_terms, preferred_anti=pod.preferred_anti_affinity_terms,
                      name=pod.name, priority=pod.priority, request=dict(pod.request))
@@ -302,6 +307,7 @@ def parse_pod(pod: Mapping[str, Any]) -> PodView:
         resource_version=payload.string(metadata.get("resourceVersion"), field="metadata.resourceVersion",
                                         error=error),
         storage=parse_storage(pod.get(STORAGE)) if pod.get(STORAGE) is not None else None,
+        claims=tuple(sorted({name for name, _ephemeral in claim_names(pod)})),
     )
 
 
@@ -384,7 +390,9 @@ def parse_storage(raw: object) -> StorageNeeds:
             provisioner=payload.string(entry.get("provisioner"), field=f"{field}.provisioner", error=error),
             selected_node=payload.string(entry.get("selectedNode"), field=f"{field}.selectedNode", error=error),
             volumes=tuple(options), topologies=topologies, capacities=capacities))
-    return StorageNeeds(bound=tuple(bound), delayed=tuple(delayed))
+    once = tuple(payload.string(name, field=f"{STORAGE}.rwop[{i}]", error=error, required=True)
+                 for i, name in enumerate(payload.items(context.get("rwop"), field=f"{STORAGE}.rwop", error=error)))
+    return StorageNeeds(bound=tuple(bound), delayed=tuple(delayed), once=once)
 
 
 def volume_terms(raw: object, *, field: str) -> tuple[SelectorTerm, ...] | None:

@@ -78,6 +78,25 @@ def _volumes(value: object) -> list[Json]:
     return kept if any(len(entry) > 1 for entry in kept) else []
 
 
+def claim_names(pod: Mapping[str, Any]) -> list[tuple[str, bool]]:
+    """The claims a (raw or compact) pod's volumes use, in order: (claim name, ephemeral). A generic ephemeral
+    volume's claim is ``<pod name>-<volume name>``, made by the ephemeral-volume controller."""
+    spec = pod.get("spec")
+    metadata = pod.get("metadata")
+    volumes = spec.get("volumes") if isinstance(spec, dict) else None
+    pod_name = str(metadata.get("name") or "") if isinstance(metadata, dict) else ""
+    found: list[tuple[str, bool]] = []
+    for volume in volumes if isinstance(volumes, list) else []:
+        if not isinstance(volume, dict):
+            continue
+        claim = volume.get("persistentVolumeClaim")
+        if isinstance(claim, dict):
+            found.append((str(claim.get("claimName") or ""), False))
+        elif isinstance(volume.get("ephemeral"), dict):
+            found.append((f"{pod_name}-{volume.get('name', '')}", True))
+    return found
+
+
 def compact_pod(pod: Mapping[str, Any], *, namespaces: Mapping[str, Mapping[str, str]] | None = None,
                 default_spread: Json | None = None) -> Json:
     """The scheduling-relevant part of a raw pod, in the pod's own JSON shape, with ``v`` = `COMPACT_VERSION`.
@@ -364,6 +383,9 @@ def pod_meta(pod: Mapping[str, Any], *, request: Mapping[str, int] | None = None
     owner = controller_uid(pod)
     if owner:
         meta["owner"] = owner  # the rescheduler's hold for a moved pod is claimed by its replacement's controller
+    claims = sorted({name for name, _ephemeral in claim_names(pod)})
+    if claims:
+        meta["claims"] = claims  # VolumeRestrictions: a ReadWriteOncePod claim is used by one pod at most
     affinity = spec.get("affinity") if isinstance(spec.get("affinity"), dict) else {}
     assert isinstance(affinity, dict)
     anti = affinity.get("podAntiAffinity") if isinstance(affinity.get("podAntiAffinity"), dict) else {}

@@ -10,10 +10,11 @@ The context is one of:
   UnschedulableAndUnresolvable): a claim missing, being deleted or lost, an ephemeral claim not created yet or not
   the pod's, a claim that is neither bound nor waiting for its first consumer ("pod has unbound immediate
   PersistentVolumeClaims"). The claim's change changes the context, so the dispatcher sends the pod again.
-- ``{"bound": [...], "delayed": [...]}``: the fully bound claims with their PV's node affinity and zone labels,
-  and the claims of a WaitForFirstConsumer class with the PVs that could take them (class, access modes,
+- ``{"bound": [...], "delayed": [...], "rwop": [...]}``: the fully bound claims with their PV's node affinity and
+  zone labels, and the claims of a WaitForFirstConsumer class with the PVs that could take them (class, access modes,
   capacity, volume mode, selector and pre-binding already checked here: only the node affinity is left to the
-  node), and how their class provisions (provisioner, allowedTopologies, the CSIStorageCapacities that apply).
+  node), and how their class provisions (provisioner, allowedTopologies, the CSIStorageCapacities that apply);
+  ``rwop`` names the claims with the ReadWriteOncePod access mode (VolumeRestrictions), when there are any.
 
 Keys of the claims and PVs carry their resourceVersion, so the worker's writes (`workers.volumes`) are made only
 on the versions the decision read: the apiserver refuses a write to a PV or a claim that changed since.
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hoss.errors import QuantityError
-from hoss.model.compact import requirement_holds
+from hoss.model.compact import claim_names, requirement_holds
 from hoss.model.objects import Json, section
 from hoss.model.resources import parse_quantity
 
@@ -43,6 +44,7 @@ ZONE_LABELS = ("topology.kubernetes.io/zone", "topology.kubernetes.io/region",
 """The PV labels VolumeZone matches against the node's (kube-scheduler's topologyLabels)."""
 
 UNBOUND_IMMEDIATE = "pod has unbound immediate PersistentVolumeClaims"
+READ_WRITE_ONCE_POD = "ReadWriteOncePod"
 
 
 def _name(obj: Mapping[str, Any]) -> str:
@@ -89,21 +91,8 @@ class StorageCatalog:
 
 
 def pod_claims(pod: Mapping[str, Any]) -> list[tuple[str, bool]]:
-    """The claims a (raw or compact) pod's volumes use, in order: (claim name, ephemeral). A generic ephemeral
-    volume's claim is ``<pod name>-<volume name>``, made by the ephemeral-volume controller."""
-    spec = section(dict(pod), "spec")
-    volumes = spec.get("volumes")
-    pod_name = _name(pod)
-    found: list[tuple[str, bool]] = []
-    for volume in volumes if isinstance(volumes, list) else []:
-        if not isinstance(volume, dict):
-            continue
-        claim = volume.get("persistentVolumeClaim")
-        if isinstance(claim, dict):
-            found.append((str(claim.get("claimName") or ""), False))
-        elif isinstance(volume.get("ephemeral"), dict):
-            found.append((f"{pod_name}-{volume.get('name', '')}", True))
-    return found
+    """The claims a (raw or compact) pod's volumes use (`hoss.model.compact.claim_names`)."""
+    return claim_names(pod)
 
 
 def _bytes(value: object) -> int:
@@ -236,6 +225,7 @@ def storage_context(pod: Mapping[str, Any], catalog: StorageCatalog) -> Json | N
     namespace = str(metadata.get("namespace") or "default")
     bound: list[Json] = []
     delayed: list[Json] = []
+    once: list[str] = []
     immediate = False
     for name, ephemeral in claims:
         claim = catalog.claims.get((namespace, name))
@@ -257,6 +247,8 @@ def storage_context(pod: Mapping[str, Any], catalog: StorageCatalog) -> Json | N
                        for ref in (owners if isinstance(owners, list) else [])):
                 return {"problem": f"PVC {namespace}/{name} was not created for pod {namespace}/{_name(pod)} "
                                    f"(pod is not owner)"}
+        if READ_WRITE_ONCE_POD in _modes(claim):
+            once.append(name)
         if fully_bound(claim):
             volume_name = str(spec.get("volumeName"))
             pv = catalog.volumes.get(volume_name)
@@ -292,5 +284,8 @@ def storage_context(pod: Mapping[str, Any], catalog: StorageCatalog) -> Json | N
     if immediate:
         return {"problem": UNBOUND_IMMEDIATE}
     delayed.sort(key=lambda entry: int(entry["size"]))  # kube-scheduler matches the smallest claims first
-    return {"bound": bound, "delayed": delayed}
+    context: Json = {"bound": bound, "delayed": delayed}
+    if once:
+        context["rwop"] = sorted(set(once))
+    return context
 

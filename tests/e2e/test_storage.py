@@ -40,9 +40,9 @@ def node_affinity(node: str) -> Json:
 
 
 def local_volume(name: str, node: str | None, storage_class: str, *, size: str = "10Gi",
-                 labels: dict[str, str] | None = None) -> Json:
+                 labels: dict[str, str] | None = None, mode: str = "ReadWriteOnce") -> Json:
     """A static PV of `storage_class`; on `node` (a local volume) or, without one, anywhere its labels allow."""
-    spec: Json = {"capacity": {"storage": size}, "accessModes": ["ReadWriteOnce"], "storageClassName": storage_class,
+    spec: Json = {"capacity": {"storage": size}, "accessModes": [mode], "storageClassName": storage_class,
                   "persistentVolumeReclaimPolicy": "Retain"}
     if node is not None:
         spec |= {"local": {"path": f"/mnt/{name}"}, "nodeAffinity": node_affinity(node)}
@@ -52,9 +52,10 @@ def local_volume(name: str, node: str | None, storage_class: str, *, size: str =
             "spec": spec}
 
 
-def volume_claim(name: str, storage_class: str, *, size: str = "1Gi", selector: dict[str, str] | None = None) -> Json:
+def volume_claim(name: str, storage_class: str, *, size: str = "1Gi", selector: dict[str, str] | None = None,
+                 mode: str = "ReadWriteOnce") -> Json:
     """A claim; with `selector`, only PVs with those labels can take it."""
-    spec: Json = {"accessModes": ["ReadWriteOnce"], "storageClassName": storage_class,
+    spec: Json = {"accessModes": [mode], "storageClassName": storage_class,
                   "resources": {"requests": {"storage": size}}}
     if selector:
         spec["selector"] = {"matchLabels": selector}
@@ -264,7 +265,8 @@ async def test_claims_not_ready_keep_pods_waiting_with_kube_scheduler_s_reasons_
         reasons: dict[str, list[str]] = {}
         for scheduler, prefix in SCHEDULERS:
             tag, _nodes = sets[scheduler]
-            await storage.claim(namespace, volume_claim(f"{prefix}-later", immediate, selector={"for": "later"}))
+            await storage.claim(namespace, volume_claim(f"{prefix}-later", immediate,
+                                                        selector={"for": f"{prefix}-later"}))
             doomed = volume_claim(f"{prefix}-doomed", immediate, selector={"for": "nothing"})
             doomed["metadata"]["finalizers"] = ["test.hoss.io/hold"]
             await storage.claim(namespace, doomed)
@@ -290,10 +292,11 @@ async def test_claims_not_ready_keep_pods_waiting_with_kube_scheduler_s_reasons_
         for scheduler, prefix in SCHEDULERS:
             tag, nodes = sets[scheduler]
             await storage.volume(local_volume(f"{namespace}-{prefix}-later", nodes[2], immediate,
-                                              labels={"for": "later"}))
+                                              labels={"for": f"{prefix}-later"}))
             await storage.volume(local_volume(f"{namespace}-{prefix}-missing", nodes[0], immediate,
-                                              labels={"for": "missing"}))
-            await storage.claim(namespace, volume_claim(f"{prefix}-missing", immediate, selector={"for": "missing"}))
+                                              labels={"for": f"{prefix}-missing"}))
+            await storage.claim(namespace, volume_claim(f"{prefix}-missing", immediate,
+                                                        selector={"for": f"{prefix}-missing"}))
             where = await wait_bound(cluster, namespace, [f"{prefix}wait-0000", f"{prefix}wait-0001"])
             outcomes[scheduler] = [nodes.index(node) for node in where.values()]
         assert outcomes["hoss"] == outcomes["default-scheduler"] == [2, 0], outcomes
@@ -424,3 +427,65 @@ async def test_two_workers_racing_for_few_static_volumes_never_promise_one_twice
             if pv["metadata"]["name"].startswith(f"{namespace}-race-"))
         assert sum(refs.values()) == 3 and all(count == 1 for name, count in refs.items() if name), refs
         assert None not in refs, refs
+
+
+RWOP = "ReadWriteOncePod"
+RWOP_CONFLICT = ("node(s) unavailable due to PersistentVolumeClaim with ReadWriteOncePod access mode already in-use "
+                 "by another pod")
+
+
+async def test_a_read_write_once_pod_claim_serves_one_pod_and_the_next_waits_until_it_is_gone(
+    plane: LocalPlane, dispatcher: Process, cluster: Cluster, namespace: str
+) -> None:
+    """A ReadWriteOncePod claim bound to a PV on node 1: the first pod using it goes to node 1, a second waits with
+    kube-scheduler's reason on each of the set's nodes, and goes to node 1 once the first is deleted."""
+    async with two_sets(cluster, 3) as sets, storage_objects(cluster) as storage, workers(plane, TWO):
+        immediate = await storage.storage_class(f"{namespace}-imm", mode="Immediate")
+        outcomes = {}
+        for scheduler, prefix in SCHEDULERS:
+            tag, nodes = sets[scheduler]
+            await storage.volume(local_volume(f"{namespace}-{prefix}-once", nodes[1], immediate, mode=RWOP,
+                                              labels={"for": f"{prefix}-once"}))
+            await storage.claim(namespace, volume_claim(f"{prefix}-once", immediate, mode=RWOP,
+                                                        selector={"for": f"{prefix}-once"}))
+            first, second = (with_claims(pod, f"{prefix}-once") for pod in hoss_pods(f"{prefix}once", 2))
+            [first_name] = await cluster.create_pods(for_scheduler([first], scheduler, tag), namespace=namespace)
+            where = await wait_bound(cluster, namespace, [first_name])
+            [second_name] = await cluster.create_pods(for_scheduler([second], scheduler, tag), namespace=namespace)
+            reason = await wait_reason(cluster, namespace, second_name, f"3 {RWOP_CONFLICT}")
+            await cluster.core.delete_namespaced_pod(first_name, namespace, grace_period_seconds=0)
+            later = await wait_bound(cluster, namespace, [second_name])
+            outcomes[scheduler] = (nodes.index(where[first_name]), nodes.index(later[second_name]),
+                                   reason.startswith("0/"))
+        assert outcomes["hoss"] == outcomes["default-scheduler"] == (1, 1, True), outcomes
+        assert await pending(cluster, namespace) == []
+
+
+async def test_two_workers_deciding_at_once_never_bind_two_pods_with_one_read_write_once_pod_claim(
+    plane: LocalPlane, dispatcher: Process, cluster: Cluster, namespace: str
+) -> None:
+    """Six pods using one ReadWriteOncePod claim (its PV usable on all three nodes), half for each of two workers,
+    created at once: exactly one is bound; the others wait with kube-scheduler's reason."""
+    async with node_set(cluster, 3, labels={"vol-set": "rwop"}), storage_objects(cluster) as storage, \
+            workers(plane, TWO):
+        immediate = await storage.storage_class(f"{namespace}-imm", mode="Immediate")
+        await storage.volume(local_volume(f"{namespace}-shared", None, immediate, mode=RWOP,
+                                          labels={"for": "shared"}))
+        await storage.claim(namespace, volume_claim("shared", immediate, mode=RWOP, selector={"for": "shared"}))
+
+        async def claim_bound() -> tuple[bool, str]:
+            phase = (await storage.claims(namespace))["shared"].get("status", {}).get("phase")
+            return phase == "Bound", str(phase)
+
+        await until(claim_bound, timeout=60, what="the PV binder to bind the claim")
+        pods = [with_claims(pod, "shared") for i in range(6)
+                for pod in hoss_pods(f"share{i}", 1, policy="binpack" if i % 2 else None)]
+        await cluster.create_pods(pinned(pods, "vol-set", "rwop"), namespace=namespace)
+
+        async def settled() -> tuple[bool, str]:
+            waiting = await pending(cluster, namespace)
+            reasons = [(await scheduled_condition(cluster, namespace, name))[1] for name in waiting]
+            return (len(waiting) == 5 and all(f"3 {RWOP_CONFLICT}" in r for r in reasons),
+                    f"{waiting}: {reasons[:2]}")
+
+        await until(settled, timeout=120, what="one pod bound and five waiting for the claim")

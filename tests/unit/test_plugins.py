@@ -344,7 +344,7 @@ def test_every_built_in_plugin_is_registered_under_its_kind() -> None:
 
     assert sorted(FILTERS) == ["InterPodAffinity", "NodeAffinity", "NodePool", "NodePorts", "NodeResourcesFit",
                                "NodeUnschedulable", "PodTopologySpread", "TaintToleration", "VolumeBinding",
-                               "VolumeZone"]
+                               "VolumeRestrictions", "VolumeZone"]
     assert sorted(SCORES) == ["CpuOffGpuNodes", "GpuPacking", "InterPodAffinity", "LeastAllocated", "MostAllocated",
                               "NodeAffinity", "PodTopologySpread", "TaintToleration"]
     assert all(build({}).name == name for name, build in registry.filters.items())

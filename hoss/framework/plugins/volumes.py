@@ -19,6 +19,13 @@ VolumeBinding:
   selected rejects the node.
 - `plan` is the per-node choice of PVs; the worker binds the chosen node's (`workers.volumes`).
 
+VolumeRestrictions: a claim with the ReadWriteOncePod access mode that another pod already uses (any pod with a
+ledger entry, on any node: the pod index) rejects every node (``node(s) unavailable due to PersistentVolumeClaim
+with ReadWriteOncePod access mode already in-use by another pod``), as kube-scheduler's Filter does, so preemption
+may evict a lower-priority user. Two workers deciding at once are kept apart by the ledger's promise of the claim
+before the binding (`workers.volumes`, ``promise_claims.lua``). In-tree disks used twice on a node (GCE PD, EBS,
+RBD, iSCSI inline volumes) are not checked.
+
 VolumeZone: a bound PV's zone and region labels (``topology.kubernetes.io/zone`` ..., values joined by ``__``
 for several) must hold the node's value of that label, on nodes that have any such label (``node(s) had no
 available volume zone``).
@@ -42,6 +49,8 @@ BIND_CONFLICT = "node(s) didn't find available persistent volumes to bind"
 NOT_ENOUGH_SPACE = "node(s) did not have enough free storage"
 PV_NOT_EXIST = "node(s) unavailable due to one or more pvc(s) bound to non-existent pv(s)"
 NO_VOLUME_ZONE = "node(s) had no available volume zone"
+READ_WRITE_ONCE_POD_CONFLICT = ("node(s) unavailable due to PersistentVolumeClaim with ReadWriteOncePod access mode "
+                                "already in-use by another pod")
 
 
 def terms_match(nodes: NodeTable, terms: tuple[SelectorTerm, ...] | None) -> BoolArray:
@@ -209,3 +218,17 @@ class VolumeZone(TakesNoArgs):
                                                                  values=tuple(value.split("__"))))
         rejected = labelled & ~fits
         return FilterResult.from_reasons(rows, {NO_VOLUME_ZONE: rejected} if rejected.any() else {})
+
+
+class VolumeRestrictions(TakesNoArgs):
+    """Filter: a ReadWriteOncePod claim of the pod used by another pod rejects every node (module docstring)."""
+
+    name = "VolumeRestrictions"
+
+    def filter(self, pod: PodView, nodes: NodeTable) -> FilterResult:
+        rows = len(nodes)
+        once = set(pod.storage.once) if pod.storage is not None else set()
+        if once and any(other.uid != pod.uid and other.namespace == pod.namespace and once.intersection(other.claims)
+                        for other in nodes.pods.values()):
+            return FilterResult.from_reasons(rows, {READ_WRITE_ONCE_POD_CONFLICT: np.ones(rows, dtype=np.bool_)})
+        return FilterResult.from_reasons(rows, {})
