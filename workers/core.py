@@ -101,6 +101,9 @@ def apiserver_requests_in_flight(settings: WorkerSettings) -> int:
     return settings.max_binds_in_flight + EVENT_POSTS_IN_FLIGHT + OTHER_REQUESTS_IN_FLIGHT
 
 
+PROMISE_AFTER_BINDING_SECONDS = 5.0
+"""How long a bound pod's ReadWriteOncePod claims stay promised to it (`workers.volumes`): until the resolver's
+sync has indexed the binding, which every worker's VolumeRestrictions then reads."""
 LEDGER_PAUSE_SECONDS = 0.5
 """How long the schedule loop pauses after a batch found the ledger unavailable."""
 BIND_DRAIN_SECONDS = 10.0
@@ -386,7 +389,26 @@ class Worker:
             assert self.preemptor is not None
             self._unschedulable(work, await self.preemptor.attempt(profile, pod, work.raw, self.nodes, message))
 
+    async def _promised(self, decided: Sequence[Decided]) -> list[Decided]:
+        """The decided pods whose ReadWriteOncePod claims the ledger promised them (`workers.volumes`); a pod whose
+        claim is promised to another pod waits, its tentative placement undone, before it reserves any room."""
+        if self.volumes is None or not any(pod.storage is not None and pod.storage.once for _w, pod, _d in decided):
+            return list(decided)
+        kept: list[Decided] = []
+        for entry in decided:
+            work, pod, _decision = entry
+            refused = await self.volumes.promise(pod)
+            if refused is None:
+                kept.append(entry)
+                continue
+            settle_batch(self.nodes, [entry], LedgerNotReady(refused))
+            self._unschedulable(work, refused)
+        return kept
+
     async def _reserve_decided(self, decided: Sequence[Decided], position: str) -> None:
+        decided = await self._promised(decided)
+        if not decided:
+            return
         results = await self.ledger.reserve_batch(
             [batch_pod(work, pod, decision, position) for work, pod, decision in decided],
             owner=self.settings.id, ttl_seconds=self.settings.reservation_ttl_seconds,
@@ -528,9 +550,15 @@ class Worker:
                 await self.bindings.unreserve(pod, node)
             self._unschedulable(work, message)
             return
-        await self._post_bindings(work, placements)
+        if await self._post_bindings(work, placements) == "bound" and self.volumes is not None:
+            for pod, _node in placements:
+                if pod.storage is not None and pod.storage.once:
+                    # bound: the ledger's entry names its claims from now on; the promise only bridges the moments
+                    # until every worker's pod index has it
+                    await self.volumes.promise(pod, seconds=PROMISE_AFTER_BINDING_SECONDS)
 
-    async def _post_bindings(self, work: Work, placements: list[tuple[PodView, str]]) -> None:
+    async def _post_bindings(self, work: Work, placements: list[tuple[PodView, str]]) -> str:
+        """Post the bindings; their verdict (`workers.binding.verdict`)."""
         item = work.item
         forms = {view.uid: raw for view, raw in work.members} or {item.uid: work.raw}
         outcomes = await asyncio.gather(*(self.bindings.bind(pod, node, form=forms.get(pod.uid))
@@ -540,7 +568,8 @@ class Worker:
             taken = self._taken.pop(pod.uid, None)
             if outcome.bound and taken is not None:
                 self.notices.reservation_used(taken, pod, node)
-        match verdict(outcomes, gang=bool(item.members)):
+        answer = verdict(outcomes, gang=bool(item.members))
+        match answer:
             case "bound":
                 self.backlog.placed(item.uid)
                 self.notices.placed([member.uid for member in members_of(item)])
@@ -555,6 +584,7 @@ class Worker:
                 self._done(work, forget=bool(item.members))
             case again:
                 self._retry_later(work, soon=again == "retry soon")
+        return answer
 
     async def _prebind(self, placements: list[tuple[PodView, str]]) -> str | None:
         """Bind the claims waiting for their first consumer for each placement (`workers.volumes`); the first

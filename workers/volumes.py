@@ -16,10 +16,11 @@ gave up), a claim bound to a PV the node cannot use, the timeout -- answers the 
 and its room is released. kube-scheduler undoes nothing it wrote either: a provisioner removes the annotation
 when it gives up, and a PV claimed for a pod that went elsewhere is bound to its claim all the same.
 
-A ReadWriteOncePod claim is first promised to the pod in the ledger (``promise_claims.lua``: one atomic call, all
-of the pod's such claims or none, for the length of the binding): of two workers that decided pods using one such
-claim at the same instant, the second finds it promised and its pod is retried; once the pod is bound, its
-ledger entry names the claim and VolumeRestrictions keeps other pods off it. A failure gives the promise back.
+A ReadWriteOncePod claim is promised to the pod in the ledger before its room is reserved (`promise`,
+``promise_claims.lua``: one atomic call, all of the pod's such claims or none, for the length of the reservation
+and the binding): of two workers that decided pods using one such claim at the same instant, the second finds it
+promised and its pod waits (backing off) without reserving; once the pod is bound, its ledger entry names the
+claim and VolumeRestrictions keeps other pods off it, and the promise is cut short. A failure gives it back.
 
 Why two workers never promise one PV twice: the apiserver decides. A PV's claimRef is written only by an update
 at the version the decision read, so of two workers that chose one PV only the first write succeeds; the other
@@ -81,25 +82,42 @@ class VolumeBinder:
         if node not in nodes:
             return f"{PREBIND}node {node!r} is no longer known"
         row = nodes.row(node)
-        once = [f"{pod.namespace}/{claim}" for claim in pod.storage.once]
-        if once:
-            try:
-                taken = await self.ledger.promise_claims(
-                    uid=pod.uid, claims=once,
-                    ttl_seconds=self.promise_seconds + (self.timeout_seconds if pod.storage.delayed else 0))
-            except (LedgerUnavailable, LedgerNotReadyError) as error:
-                return f"{PREBIND}cannot promise its ReadWriteOncePod claims: {error}"
-            if taken is not None:
-                log.info("pod %s: claim %s is promised to pod %s", pod.key, *taken)
-                return (f"persistentvolumeclaim {taken[0]!r} with ReadWriteOncePod access mode is being bound for "
-                        f"another pod")
+        # promised before the reservation already (`promise`, for single pods): again here, which keeps a promise
+        # to this pod, and covers gang members
+        message = await self.promise(pod)
+        if message is not None:
+            return message
         message = await self._bind_claims(pod, node, nodes, row)
-        if message is not None and once:
-            try:
-                await self.ledger.unpromise_claims(uid=pod.uid, claims=once)
-            except (LedgerUnavailable, LedgerNotReadyError) as error:
-                log.warning("pod %s: its claims' promises expire by themselves: %s", pod.key, error)
+        if message is not None and pod.storage.once:
+            await self.unpromise(pod)
         return message
+
+    def _once(self, pod: PodView) -> list[str]:
+        return [f"{pod.namespace}/{claim}" for claim in (pod.storage.once if pod.storage is not None else ())]
+
+    async def promise(self, pod: PodView, *, seconds: float | None = None) -> str | None:
+        """Promise the pod's ReadWriteOncePod claims to it in the ledger, before its room is reserved (for the
+        reservation and the claims' binding, or `seconds`); None when promised (or it has none), else why not."""
+        once = self._once(pod)
+        if not once:
+            return None
+        if seconds is None:
+            seconds = self.promise_seconds + (self.timeout_seconds if pod.storage and pod.storage.delayed else 0)
+        try:
+            taken = await self.ledger.promise_claims(uid=pod.uid, claims=once, ttl_seconds=seconds)
+        except (LedgerUnavailable, LedgerNotReadyError) as error:
+            return f"cannot promise its ReadWriteOncePod claims: {error}"
+        if taken is None:
+            return None
+        log.info("pod %s: claim %s is promised to pod %s", pod.key, *taken)
+        return f"persistentvolumeclaim {taken[0]!r} with ReadWriteOncePod access mode is being bound for another pod"
+
+    async def unpromise(self, pod: PodView) -> None:
+        """Give the pod's promises back (its binding failed)."""
+        try:
+            await self.ledger.unpromise_claims(uid=pod.uid, claims=self._once(pod))
+        except (LedgerUnavailable, LedgerNotReadyError) as error:
+            log.warning("pod %s: its claims' promises expire by themselves: %s", pod.key, error)
 
     async def _bind_claims(self, pod: PodView, node: str, nodes: NodeTable, row: int) -> str | None:
         assert pod.storage is not None

@@ -182,7 +182,8 @@ async def wait_bound(cluster: Cluster, namespace: str, pods: Sequence[str], *, t
     async def bound() -> tuple[bool, str]:
         for pod in pods:
             where[pod] = await node_of(cluster, namespace, pod)
-        return all(where.values()), str(where)
+        waiting = {pod: await scheduled_condition(cluster, namespace, pod) for pod, node in where.items() if not node}
+        return all(where.values()), f"{where}; waiting: {waiting}"
 
     await until(bound, timeout=timeout, what=f"pods {', '.join(pods)} to be bound")
     return dict(where)
