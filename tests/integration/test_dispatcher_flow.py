@@ -598,3 +598,44 @@ async def test_a_worker_that_started_since_the_last_round_gets_new_pods_before_t
     await dispatcher.tick()  # the pod that arrived before the worker was seen goes with the next round
     assert sorted(await stream_uids(queue, "fresh")) == sorted(f"uid-{n}" for n in range(1, 6))
     assert dispatcher.queue_status().waiting_for_worker == []
+
+
+async def test_what_a_pod_s_claim_needs_is_in_its_work_item_and_the_claim_binding_resends_it(
+        queue: WorkQueue) -> None:
+    """A pod whose Immediate claim is not bound yet goes out with kube-scheduler's reason in its form; once the
+    claim is bound, its new version follows on the same worker with the PV's node affinity; a pod without volumes
+    is not sent again."""
+    claimed = pending_pod(1)
+    claimed["spec"]["volumes"] = [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}},
+                                  {"name": "tmp", "emptyDir": {}}]
+    dispatcher = Dispatcher(queue=queue, settings=settings(), rng=random.Random(11))
+    claim = {"metadata": {"name": "data", "namespace": "team", "uid": "c1", "resourceVersion": "1"},
+             "spec": {"storageClassName": "fast", "accessModes": ["ReadWriteOnce"]}, "status": {"phase": "Pending"}}
+    await dispatcher.storage_handlers("classes").on_list([{"metadata": {"name": "fast"}, "provisioner": "x",
+                                                           "volumeBindingMode": "Immediate"}])
+    await dispatcher.storage_handlers("claims").on_list([claim])
+    await dispatcher.on_list([claimed, pending_pod(2)])
+    await beat(queue, "a")
+    assert (await dispatcher.tick()).dispatched == 2
+
+    def storage(fields: Any) -> Any:
+        return json.loads(WorkItem.decode(fields).pod).get("storage")
+
+    entries: Any = await queue.redis.xrange(queue_key("a"))
+    assert {WorkItem.decode(fields).uid: storage(fields) for _id, fields in entries} == {
+        "uid-1": {"problem": "pod has unbound immediate PersistentVolumeClaims"}, "uid-2": None}
+    affinity = {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+        {"key": "kubernetes.io/hostname", "operator": "In", "values": ["node-3"]}]}]}}
+    await dispatcher.storage_handlers("volumes").on_event("ADDED", {
+        "metadata": {"name": "pv1", "resourceVersion": "2"},
+        "spec": {"storageClassName": "fast", "capacity": {"storage": "1Gi"}, "nodeAffinity": affinity}})
+    bound = {**claim, "metadata": {**claim["metadata"], "resourceVersion": "3",
+                                   "annotations": {"pv.kubernetes.io/bind-completed": "yes"}},
+             "spec": {**claim["spec"], "volumeName": "pv1"}}
+    await dispatcher.storage_handlers("claims").on_event("MODIFIED", bound)
+    await dispatcher.tick()
+    entries = await queue.redis.xrange(queue_key("a"))
+    resent = [(WorkItem.decode(fields).uid, storage(fields)) for _id, fields in entries[2:]]
+    assert resent == [("uid-1", {"bound": [{"claim": "data", "pv": "pv1", "zones": {},
+                                            "affinity": affinity["required"]["nodeSelectorTerms"]}],
+                                 "delayed": []})]
