@@ -609,7 +609,7 @@ async def test_what_a_pod_s_claim_needs_is_in_its_work_item_and_the_claim_bindin
     claimed["spec"]["volumes"] = [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}},
                                   {"name": "tmp", "emptyDir": {}}]
     dispatcher = Dispatcher(queue=queue, settings=settings(), rng=random.Random(11))
-    claim = {"metadata": {"name": "data", "namespace": "team", "uid": "c1", "resourceVersion": "1"},
+    claim: Json = {"metadata": {"name": "data", "namespace": "team", "uid": "c1", "resourceVersion": "1"},
              "spec": {"storageClassName": "fast", "accessModes": ["ReadWriteOnce"]}, "status": {"phase": "Pending"}}
     await dispatcher.storage_handlers("classes").on_list([{"metadata": {"name": "fast"}, "provisioner": "x",
                                                            "volumeBindingMode": "Immediate"}])
