@@ -15,7 +15,7 @@ Invariants:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 
 from dispatcher.intake import PendingPod, dispatch_order, with_namespaces, with_storage
 from dispatcher.loads import Assignments
@@ -124,13 +124,13 @@ class PendingBook:
             due = True
         return due
 
-    def storage_changed(self, storage: StorageCatalog) -> bool:
-        """Storage objects changed: recompute what the claims of the pods with volumes need; those dispatched are
-        to be resent, the others dispatched now (a claim bound, a PV freed may let them go). True when any
-        changed."""
+    def storage_changed(self, storage: StorageCatalog, *, touches: Callable[[PendingPod], bool] | None = None) -> bool:
+        """Storage objects changed: recompute what the claims of the pods with volumes need (of those `touches`
+        says the change may concern; all without it); those dispatched are to be resent, the others dispatched
+        now (a claim bound, a PV freed may let them go). True when any changed."""
         due = False
         for uid, pod in list(self.pods.items()):
-            if '"volumes"' not in pod.compact:
+            if '"volumes"' not in pod.compact or (touches is not None and not touches(pod)):
                 continue
             updated = with_storage(pod, storage)
             if updated is pod:

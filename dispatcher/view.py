@@ -37,7 +37,7 @@ from dispatcher.throughput import BoundRate
 from dispatcher.waiting import Waitlist
 from hoss.errors import PodSpecError
 from hoss.kube.client import InformerHandlers
-from hoss.model.objects import Json
+from hoss.model.objects import Json, section
 from hoss.model.reservations import Reservation
 from hoss.model.storage import StorageCatalog
 
@@ -45,6 +45,26 @@ log = logging.getLogger(__name__)
 
 SPREAD_SOURCE_KINDS = ("service", "rc", "rs", "ss")
 """What the default spread selector is made of (`dispatcher.spreading`)."""
+
+
+WAITING_CLAIMS = '"delayed":[{'
+"""How a compact form with claims waiting for their first consumer reads (`hoss.model.storage.storage_context`)."""
+
+
+def storage_touches(kind: str, raw: Json) -> Callable[[PendingPod], bool]:
+    """Which pending pods with volumes one changed storage object may concern (a cheap test of their compact
+    forms, which may say yes too often, never no wrongly): a claim, the pods of its namespace that name it (its
+    name, or a generic ephemeral volume's, is in the form once its context was computed); a PV, the pods whose
+    claims wait for their first consumer (it may be a candidate now or no longer) or that name it (bound); a
+    class, a CSIDriver or a capacity, the pods whose claims wait or that wait for a problem (a class not found)."""
+    metadata = section(raw, "metadata")
+    name = str(metadata.get("name") or "")
+    if kind == "claims":
+        namespace = str(metadata.get("namespace") or "default")
+        return lambda pod: pod.namespace == namespace and name in pod.compact
+    if kind == "volumes":
+        return lambda pod: WAITING_CLAIMS in pod.compact or f'"{name}"' in pod.compact
+    return lambda pod: WAITING_CLAIMS in pod.compact or '"problem"' in pod.compact
 
 
 class ClusterView:
@@ -158,12 +178,12 @@ class ClusterView:
 
         async def on_event(event: str, raw: Json) -> None:
             self.storage.apply(kind, event, raw)
-            self._storage_changed()
+            self._storage_changed(storage_touches(kind, raw))
 
         return InformerHandlers(on_list=on_list, on_event=on_event)
 
-    def _storage_changed(self) -> None:
-        if self.book.storage_changed(self.storage):
+    def _storage_changed(self, touches: Callable[[PendingPod], bool] | None = None) -> None:
+        if self.book.storage_changed(self.storage, touches=touches):
             self._wakeup.set()
 
     def namespace_handlers(self) -> InformerHandlers:
