@@ -13,8 +13,9 @@ Then the claims are read until each is fully bound (spec.volumeName and ``pv.kub
 PV whose node affinity allows the node. Any failure -- a PV or claim changed since the decision (the apiserver's
 409: another worker's pod took the PV), a claimRef reset, the selected-node annotation removed (the provisioner
 gave up), a claim bound to a PV the node cannot use, the timeout -- answers the message the pod is retried with,
-and its room is released. kube-scheduler undoes nothing it wrote either: a provisioner removes the annotation
-when it gives up, and a PV claimed for a pod that went elsewhere is bound to its claim all the same.
+and its room is released. As kube-scheduler, it undoes nothing it wrote: a provisioner removes the annotation
+when it gives up, and a PV claimed for a pod that went elsewhere is left to the persistentvolume-binder (which
+binds the claim to it, or frees it when the claim is bound to another PV).
 
 A ReadWriteOncePod claim is promised to the pod in the ledger before its room is reserved (`promise`,
 ``promise_claims.lua``: one atomic call, all of the pod's such claims or none, for the length of the reservation
