@@ -340,7 +340,7 @@ class Worker:
                 self.notices.malformed(work)
                 self._done(work)
             elif work.pod is not None and work.item.uid in self._prebinding:
-                self._retry_later(work, soon=True)
+                self._retry_later(work)  # with backoff: a claim's provisioning may take minutes
             elif gated(work):
                 self.tally.count("gone")  # the dispatcher sends it again once its gates are removed
                 self._done(work)
