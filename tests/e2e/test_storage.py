@@ -490,3 +490,44 @@ async def test_two_workers_deciding_at_once_never_bind_two_pods_with_one_read_wr
                     f"{waiting}: {reasons[:2]}")
 
         await until(settled, timeout=120, what="one pod bound and five waiting for the claim")
+
+
+async def test_a_higher_priority_pod_preempts_the_user_of_its_read_write_once_pod_claim(
+    plane: LocalPlane, dispatcher: Process, cluster: Cluster, namespace: str
+) -> None:
+    """A low-priority pod uses a ReadWriteOncePod claim (its PV on node 1); a high-priority pod using the same claim
+    evicts it and takes its place on node 1, under kube-scheduler and under hoss alike."""
+    scheduling: Any = client.SchedulingV1Api(cluster.api)
+    classes = {f"{namespace}-low"[:60]: 10, f"{namespace}-high"[:60]: 1000}
+    for name, value in classes.items():
+        await scheduling.create_priority_class({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                                                "metadata": {"name": name}, "value": value})
+    low_class, high_class = classes
+    try:
+        async with two_sets(cluster, 3) as sets, storage_objects(cluster) as storage, workers(plane, TWO):
+            immediate = await storage.storage_class(f"{namespace}-imm", mode="Immediate")
+            outcomes = {}
+            for scheduler, prefix in SCHEDULERS:
+                tag, nodes = sets[scheduler]
+                await storage.volume(local_volume(f"{namespace}-{prefix}-once", nodes[1], immediate, mode=RWOP,
+                                                  labels={"for": f"{prefix}-once"}))
+                await storage.claim(namespace, volume_claim(f"{prefix}-once", immediate, mode=RWOP,
+                                                            selector={"for": f"{prefix}-once"}))
+                low, high = (with_claims(pod, f"{prefix}-once") for pod in hoss_pods(f"{prefix}prio", 2))
+                low["spec"]["priorityClassName"], high["spec"]["priorityClassName"] = low_class, high_class
+                [low_name] = await cluster.create_pods(for_scheduler([low], scheduler, tag), namespace=namespace)
+                await wait_bound(cluster, namespace, [low_name])
+                [high_name] = await cluster.create_pods(for_scheduler([high], scheduler, tag), namespace=namespace)
+                where = await wait_bound(cluster, namespace, [high_name])
+
+                async def evicted(name: str = low_name) -> tuple[bool, str]:
+                    left = [p["metadata"]["name"] for p in await cluster.raw_list("list_namespaced_pod", namespace)]
+                    return name not in left, str(left)
+
+                await until(evicted, timeout=60, what=f"{low_name} to be evicted")
+                outcomes[scheduler] = nodes.index(where[high_name])
+            assert outcomes["hoss"] == outcomes["default-scheduler"] == 1, outcomes
+            assert await pending(cluster, namespace) == []
+    finally:
+        for name in classes:
+            await scheduling.delete_priority_class(name)
