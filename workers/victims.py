@@ -202,8 +202,9 @@ def candidates(profile: Profile, pod: PodView, table: NodeTable, budgets: Sequen
     if not lower:
         return []
     # Victims may hold what stops the pod besides room: host ports, pods its inter-pod terms or spread count,
-    # anti-affinity terms of their own, or a ReadWriteOncePod claim it needs. Then the what-if takes them out of the pod index too, and each candidate
-    # node is checked again with only its own victims gone (kube-scheduler's filters on the node without them).
+    # anti-affinity terms of their own, or a ReadWriteOncePod claim it needs. Then the what-if takes them out of
+    # the pod index too, and each candidate node is checked again with only its own victims gone (kube-scheduler's
+    # filters on the node without them).
     once = bool(pod.storage is not None and pod.storage.once)  # VolumeRestrictions reads the index's claims
     deep = bool(pod.host_ports or pod.reads_pod_index or once) or any(
         (p := table.pods[uid]).ports or p.anti for node in lower for uid in table.pods_on.get(node, ())
