@@ -42,6 +42,7 @@ from hoss.ledger.client import Ledger
 from hoss.model import compact
 from hoss.model.objects import Json
 from hoss.model.resources import pod_requests
+from hoss.model.storage import STORAGE, StorageCatalog, storage_context
 from hoss.queue import WorkQueue
 
 WHAT_IF_UID = "what-if"
@@ -110,7 +111,8 @@ async def why(*, kubeconfig: str, redis_url: str, policies_file: str, target: st
         namespace = str(raw["metadata"].get("namespace") or "default")
         namespaces = await _namespaces(rest)
         sources = await _sources(rest, namespace, [raw])
-        form = _form(raw, namespaces, sources)
+        storage = await _storage(rest, namespace) if compact.claim_names(raw) else None
+        form = _form(raw, namespaces, sources, storage)
         gang = await _gang(rest, raw, form, namespaces, sources)
         ledger = Ledger(redis)
         table = NodeTable()
@@ -154,14 +156,31 @@ async def run(*, kubeconfig: str, redis_url: str, policies_file: str, target: st
     return render_table(report, each_node=each_node)
 
 
-def _form(raw: Json, namespaces: Mapping[str, Mapping[str, str]], sources: SelectorSources) -> Json:
+def _form(raw: Json, namespaces: Mapping[str, Mapping[str, str]], sources: SelectorSources,
+          storage: StorageCatalog | None = None) -> Json:
     """The pod as the dispatcher sends it to a worker (`dispatcher.intake`): compact, with the namespaces'
-    context and the default spread selector, through the same encoding."""
+    context, the default spread selector and what its claims need (`storage`), through the same encoding."""
     spec = raw.get("spec") if isinstance(raw.get("spec"), dict) else {}
     assert isinstance(spec, dict)
     default_spread = None if spec.get("topologySpreadConstraints") else sources.default_selector(raw)
-    return compact.decode(compact.encode(compact.compact_pod(raw, namespaces=namespaces,
-                                                             default_spread=default_spread)))
+    form = compact.compact_pod(raw, namespaces=namespaces, default_spread=default_spread)
+    if storage is not None and (needs := storage_context(form, storage)) is not None:
+        form[STORAGE] = needs
+    return compact.decode(compact.encode(form))
+
+
+async def _storage(rest: KubeREST, namespace: str) -> StorageCatalog:
+    """The storage objects a pod of `namespace` with claims reads, as the dispatcher's watches keep them."""
+    catalog = StorageCatalog()
+    paths = {"claims": f"/api/v1/namespaces/{namespace}/persistentvolumeclaims",
+             "volumes": "/api/v1/persistentvolumes",
+             "classes": "/apis/storage.k8s.io/v1/storageclasses",
+             "drivers": "/apis/storage.k8s.io/v1/csidrivers",
+             "capacities": "/apis/storage.k8s.io/v1/csistoragecapacities"}
+    for kind, path in paths.items():
+        listed = await rest.request("GET", path)
+        catalog.replace(kind, list(listed.get("items") or []))
+    return catalog
 
 
 async def _gang(rest: KubeREST, raw: Json, form: Json, namespaces: Mapping[str, Mapping[str, str]],
@@ -201,7 +220,8 @@ async def _gang(rest: KubeREST, raw: Json, form: Json, namespaces: Mapping[str, 
     more_sources = await _sources(rest, key.namespace, pending, known=sources)
     state = gang_state(key, [(m.get("metadata") or {}).get("labels") or {} for m in members],
                        podgroups=podgroups, bound=bound)
-    forms = [form, *(_form(member, namespaces, more_sources) for member in members[1:])]
+    storage = await _storage(rest, key.namespace) if any(compact.claim_names(m) for m in members[1:]) else None
+    forms = [form, *(_form(member, namespaces, more_sources, storage) for member in members[1:])]
     return GangFacts(state=state, members=forms)
 
 

@@ -291,6 +291,14 @@ class Dispatcher(ClusterView):
                 self.dispatched[uid] = worker_id
                 self.waiting.pop(uid, None)
                 self.metrics.dispatch_latency.observe(max(now - by_uid[uid].seen_at, 0.0))
+            current = self.pending.get(item.uid)
+            if not item.members and current is not None and current.digest != by_uid[item.uid].digest:
+                # The pod changed while its item was on its way (its claim was made, a namespace relabelled): the
+                # worker holds the older version, so the new one follows it, as for any dispatched pod that changes.
+                # (Compared with the pending pod the item was made from: an item carrying Reservation hints has a
+                # version of its own.)
+                self.book.changed[item.uid] = None
+                self.wake()
             self.rate.dispatched(len(uids))
             self.metrics.dispatched.labels(item.policy).inc(len(uids))
             log.debug("dispatched %s (policy %s, attempt %d) to worker %s", item.key, item.policy, item.attempt,

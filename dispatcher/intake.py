@@ -12,6 +12,7 @@ from dispatcher.spreading import SelectorSources
 from hoss.errors import PodSpecError
 from hoss.model import compact
 from hoss.model.objects import Json, section
+from hoss.model.storage import STORAGE, StorageCatalog, storage_context
 from hoss.queue import WorkItem
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
@@ -103,11 +104,13 @@ def _unschedulable(status: Json) -> tuple[str | None, str | None]:
 def parse_pending_pod(
     raw: Json, *, scheduler_names: Collection[str], default_policy: str, seen_at: float, queued_unix: float = 0.0,
     namespaces: Mapping[str, Mapping[str, str]] | None = None, sources: SelectorSources | None = None,
+    storage: StorageCatalog | None = None,
 ) -> PendingPod | None:
     """The pod when the dispatcher should place it (one of our scheduler names, unbound, not being deleted, not
     finished), else None. Raises `PodSpecError` naming the field of a malformed pod. `namespaces` (labels by
     namespace) resolve the pod's namespaceSelectors into its compact form; `sources` give it the selector of the
-    cluster-default spread constraints (`dispatcher.spreading`)."""
+    cluster-default spread constraints (`dispatcher.spreading`); `storage` (the storage objects) what its volume
+    claims need (`hoss.model.storage.storage_context`)."""
     uid = pod_uid(raw)
     metadata: Json = raw["metadata"]
     spec = raw.get("spec") or {}
@@ -124,6 +127,8 @@ def parse_pending_pod(
     default_spread = sources.default_selector(raw) if sources is not None \
         and not spec.get("topologySpreadConstraints") else None
     form = compact.compact_pod(raw, namespaces=namespaces, default_spread=default_spread)
+    if storage is not None and (needs := storage_context(form, storage)) is not None:
+        form[STORAGE] = needs
     priority = spec.get("priority")
     return PendingPod(
         uid=uid,
@@ -151,6 +156,19 @@ def with_namespaces(pod: PendingPod, namespaces: Mapping[str, Mapping[str, str]]
     change)."""
     form = compact.decode(pod.compact)
     form[compact.NAMESPACES] = compact.namespace_context(form, namespaces)
+    updated = compact.digest(form)
+    if updated == pod.digest:
+        return pod
+    return dataclasses.replace(pod, compact=compact.encode(form).decode(), digest=updated)
+
+
+def with_storage(pod: PendingPod, storage: StorageCatalog) -> PendingPod:
+    """`pod` with what its claims need recomputed from `storage` (the same pod when it did not change)."""
+    form = compact.decode(pod.compact)
+    needs = storage_context(form, storage)
+    if needs is None:
+        return pod
+    form[STORAGE] = needs
     updated = compact.digest(form)
     if updated == pod.digest:
         return pod

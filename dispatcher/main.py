@@ -10,6 +10,7 @@ import signal
 import sys
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 from kubernetes_asyncio import client
@@ -113,10 +114,24 @@ async def running_dispatcher(settings: DispatcherSettings) -> AsyncIterator[Runn
             )
             stack.push_async_callback(cancel_and_wait, watch)
 
+        storage = client.StorageV1Api(api)
+        storage_sources: dict[str, Any] = {"claims": core.list_persistent_volume_claim_for_all_namespaces,
+                           "volumes": core.list_persistent_volume,
+                           "classes": storage.list_storage_class,
+                           "drivers": storage.list_csi_driver,
+                           "capacities": storage.list_csi_storage_capacity_for_all_namespaces}
+        for kind, call in storage_sources.items():
+            watch = asyncio.create_task(
+                supervise(f"storage-{kind}-watch", functools.partial(
+                    run_informer, f"storage-{kind}", call, dispatcher.storage_handlers(kind))),
+                name=f"storage-{kind}-watch",
+            )
+            stack.push_async_callback(cancel_and_wait, watch)
+
         async def watch_pending() -> None:
-            # compact forms resolve namespaceSelectors and default spread selectors from the start
+            # compact forms resolve namespaceSelectors, default spread selectors and volume claims from the start
             await dispatcher.namespaces_synced.wait()
-            for synced in dispatcher.spread_synced.values():
+            for synced in (*dispatcher.spread_synced.values(), *dispatcher.storage_synced.values()):
                 await synced.wait()
             await run_informer(
                 "pending-pods", core.list_pod_for_all_namespaces, dispatcher.handlers(), synced=dispatcher.synced,

@@ -15,10 +15,11 @@ Invariants:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 
-from dispatcher.intake import PendingPod, dispatch_order, with_namespaces
+from dispatcher.intake import PendingPod, dispatch_order, with_namespaces, with_storage
 from dispatcher.loads import Assignments
+from hoss.model.storage import StorageCatalog
 from hoss.queue import BOUND_PREFIX
 
 HANDBACK_BACKOFF_MAX_SECONDS = 300.0
@@ -112,6 +113,26 @@ class PendingBook:
             if name is not None and pod.namespace != name and '"selected"' not in pod.compact:
                 continue
             updated = with_namespaces(pod, namespaces)
+            if updated is pod:
+                continue
+            self.pods[uid] = updated
+            if uid in self.dispatched:
+                self.changed[uid] = None
+            elif not updated.gated:
+                self.handed_back.pop(uid, None)
+                self.fresh[uid] = None
+            due = True
+        return due
+
+    def storage_changed(self, storage: StorageCatalog, *, touches: Callable[[PendingPod], bool] | None = None) -> bool:
+        """Storage objects changed: recompute what the claims of the pods with volumes need (of those `touches`
+        says the change may concern; all without it); those dispatched are to be resent, the others dispatched
+        now (a claim bound, a PV freed may let them go). True when any changed."""
+        due = False
+        for uid, pod in list(self.pods.items()):
+            if '"volumes"' not in pod.compact or (touches is not None and not touches(pod)):
+                continue
+            updated = with_storage(pod, storage)
             if updated is pod:
                 continue
             self.pods[uid] = updated

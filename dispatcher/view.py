@@ -37,13 +37,34 @@ from dispatcher.throughput import BoundRate
 from dispatcher.waiting import Waitlist
 from hoss.errors import PodSpecError
 from hoss.kube.client import InformerHandlers
-from hoss.model.objects import Json
+from hoss.model.objects import Json, section
 from hoss.model.reservations import Reservation
+from hoss.model.storage import StorageCatalog
 
 log = logging.getLogger(__name__)
 
 SPREAD_SOURCE_KINDS = ("service", "rc", "rs", "ss")
 """What the default spread selector is made of (`dispatcher.spreading`)."""
+
+
+WAITING_CLAIMS = '"delayed":[{'
+"""How a compact form with claims waiting for their first consumer reads (`hoss.model.storage.storage_context`)."""
+
+
+def storage_touches(kind: str, raw: Json) -> Callable[[PendingPod], bool]:
+    """Which pending pods with volumes one changed storage object may concern (a cheap test of their compact
+    forms, which may say yes too often, never no wrongly): a claim, the pods of its namespace that name it (its
+    name, or a generic ephemeral volume's, is in the form once its context was computed); a PV, the pods whose
+    claims wait for their first consumer (it may be a candidate now or no longer) or that name it (bound); a
+    class, a CSIDriver or a capacity, the pods whose claims wait or that wait for a problem (a class not found)."""
+    metadata = section(raw, "metadata")
+    name = str(metadata.get("name") or "")
+    if kind == "claims":
+        namespace = str(metadata.get("namespace") or "default")
+        return lambda pod: pod.namespace == namespace and name in pod.compact
+    if kind == "volumes":
+        return lambda pod: WAITING_CLAIMS in pod.compact or f'"{name}"' in pod.compact
+    return lambda pod: WAITING_CLAIMS in pod.compact or '"problem"' in pod.compact
 
 
 class ClusterView:
@@ -71,6 +92,10 @@ class ClusterView:
         self.spread_sources = SelectorSources()
         """Services' and controllers' selectors: the default spread selector of each pod's compact form."""
         self.spread_synced = {kind: asyncio.Event() for kind in SPREAD_SOURCE_KINDS}
+        self.storage = StorageCatalog()
+        """Claims, PVs, StorageClasses, CSIDrivers and CSIStorageCapacities: what each pod's claims need, in its
+        compact form (`hoss.model.storage`)."""
+        self.storage_synced = {kind: asyncio.Event() for kind in StorageCatalog.KINDS}
         self.waiting = Waitlist()
         self.gangs = GangBook()
         """What the leader remembers of gangs (dispatcher/gangbook.py)."""
@@ -142,6 +167,25 @@ class ClusterView:
 
         return InformerHandlers(on_list=on_list, on_event=on_event)
 
+    def storage_handlers(self, kind: str) -> InformerHandlers:
+        """Handlers of the watch of one kind of storage object (`StorageCatalog.KINDS`): a change recomputes the
+        storage needs of the pending pods with claims, which are then sent (again) when theirs changed."""
+
+        async def on_list(items: list[Json]) -> None:
+            self.storage.replace(kind, items)
+            self.storage_synced[kind].set()
+            self._storage_changed()
+
+        async def on_event(event: str, raw: Json) -> None:
+            self.storage.apply(kind, event, raw)
+            self._storage_changed(storage_touches(kind, raw))
+
+        return InformerHandlers(on_list=on_list, on_event=on_event)
+
+    def _storage_changed(self, touches: Callable[[PendingPod], bool] | None = None) -> None:
+        if self.book.storage_changed(self.storage, touches=touches):
+            self._wakeup.set()
+
     def namespace_handlers(self) -> InformerHandlers:
         return InformerHandlers(on_list=self.on_namespace_list, on_event=self.on_namespace_event)
 
@@ -177,7 +221,7 @@ class ClusterView:
             pod = parse_pending_pod(
                 raw, scheduler_names=self.settings.scheduler_names, default_policy=self.settings.default_policy,
                 seen_at=self._clock(), queued_unix=self._wall(), namespaces=self.namespaces,
-                sources=self.spread_sources,
+                sources=self.spread_sources, storage=self.storage,
             )
         except PodSpecError as error:
             name = (raw.get("metadata") or {}).get("name", "?")

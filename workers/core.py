@@ -81,6 +81,7 @@ from workers.settings import WorkerSettings
 from workers.stream import WorkStream
 from workers.timing import TimedBinder
 from workers.victims import eligible
+from workers.volumes import PREBIND, VolumeBinder, needs_prebind
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +101,9 @@ def apiserver_requests_in_flight(settings: WorkerSettings) -> int:
     return settings.max_binds_in_flight + EVENT_POSTS_IN_FLIGHT + OTHER_REQUESTS_IN_FLIGHT
 
 
+PROMISE_AFTER_BINDING_SECONDS = 5.0
+"""How long a bound pod's ReadWriteOncePod claims stay promised to it (`workers.volumes`): until the resolver's
+sync has indexed the binding, which every worker's VolumeRestrictions then reads."""
 LEDGER_PAUSE_SECONDS = 0.5
 """How long the schedule loop pauses after a batch found the ledger unavailable."""
 BIND_DRAIN_SECONDS = 10.0
@@ -156,6 +160,10 @@ class Worker:
         self.bindings = Bindings(binder, self.ledger, limit=self.binds, tally=self.tally, notices=self.notices,
                                  scheduled_events=settings.scheduled_events,
                                  default_policy=self.decider.default_profile, reader=rest)
+        self.volumes = None if rest is None \
+            else VolumeBinder(rest, self.ledger, timeout_seconds=settings.volume_bind_timeout_seconds,
+                              promise_seconds=settings.reservation_ttl_seconds)
+        """Binds claims that wait for their first consumer before the pod's binding (`workers.volumes`)."""
         self.acks = Acks(self.queue, settings.id)
         self.pace = Pace()
         self.heartbeat = Heartbeat(self.queue, settings, binds=self.binds, pace=self.pace, info=self.info)
@@ -170,6 +178,10 @@ class Worker:
         self._taken: dict[str, str] = {}
         """pod uid -> the allocateOnce Reservation whose room its reservation took, until its binding is answered"""
         self._bind_tasks: set[asyncio.Task[None]] = set()
+        self._prebinding: set[str] = set()
+        """uids of pods whose claims are being bound (`workers.volumes`) or whose binding follows: a newer version
+        of such a pod (the dispatcher sends one when its claims change, as they do by that PreBind) waits until
+        that binding is answered, so that one pod never claims volumes on two nodes at once."""
 
     @property
     def counters(self) -> dict[str, int]:
@@ -327,6 +339,8 @@ class Worker:
                 self.tally.count("malformed")
                 self.notices.malformed(work)
                 self._done(work)
+            elif work.pod is not None and work.item.uid in self._prebinding:
+                self._retry_later(work)  # with backoff: a claim's provisioning may take minutes
             elif gated(work):
                 self.tally.count("gone")  # the dispatcher sends it again once its gates are removed
                 self._done(work)
@@ -375,7 +389,26 @@ class Worker:
             assert self.preemptor is not None
             self._unschedulable(work, await self.preemptor.attempt(profile, pod, work.raw, self.nodes, message))
 
+    async def _promised(self, decided: Sequence[Decided]) -> list[Decided]:
+        """The decided pods whose ReadWriteOncePod claims the ledger promised them (`workers.volumes`); a pod whose
+        claim is promised to another pod waits, its tentative placement undone, before it reserves any room."""
+        if self.volumes is None or not any(pod.storage is not None and pod.storage.once for _w, pod, _d in decided):
+            return list(decided)
+        kept: list[Decided] = []
+        for entry in decided:
+            work, pod, _decision = entry
+            refused = await self.volumes.promise(pod)
+            if refused is None:
+                kept.append(entry)
+                continue
+            settle_batch(self.nodes, [entry], LedgerNotReady(refused))
+            self._unschedulable(work, refused)
+        return kept
+
     async def _reserve_decided(self, decided: Sequence[Decided], position: str) -> None:
+        decided = await self._promised(decided)
+        if not decided:
+            return
         results = await self.ledger.reserve_batch(
             [batch_pod(work, pod, decision, position) for work, pod, decision in decided],
             owner=self.settings.id, ttl_seconds=self.settings.reservation_ttl_seconds,
@@ -397,7 +430,7 @@ class Worker:
                         continue
                     if consumed and (taken := taken_once(work.raw, node)):
                         self._taken[pod.uid] = taken
-                    self._start(self._bind_item(work, [(pod, node)]))
+                    self._start_binding(work, [(pod, node)])
                 case HeldElsewhere():
                     self.tally.count("gone")  # bound already (by us earlier, or by another scheduler)
                     self._done(work)
@@ -470,7 +503,7 @@ class Worker:
                     self._expect(placed.node, placed.request, change)
                 log.info("gang %s: %d members reserved on %d nodes (leaves: %s)", item.gang, len(members),
                          len({m.node for m in members}), ", ".join(placement.leaves) or "-")
-                self._start(self._bind_item(work, [(v, placement.assignments[v.uid]) for v in chosen]))
+                self._start_binding(work, [(v, placement.assignments[v.uid]) for v in chosen])
             case HeldElsewhere(state="bound"):
                 # A member is bound already: the gang started before (members were recreated or re-sent).
                 self.tally.count("gone")
@@ -485,6 +518,12 @@ class Worker:
                 await self._refresh_usage(sorted({m.node for m in members}))
                 self._retry_later(work, soon=True)
 
+    def _start_binding(self, work: Work, placements: list[tuple[PodView, str]]) -> None:
+        """Bind the item's placements while the next batch is decided; pods with claims to bind are marked at once
+        (`_prebinding`), before the next batch can read a newer version of them."""
+        self._prebinding |= {pod.uid for pod, _node in placements if needs_prebind(pod)}
+        self._start(self._bind_item(work, placements))
+
     def _start(self, binding: Coroutine[Any, Any, None]) -> None:
         """Run a binding (or a Reservation's status write) while the next batch is decided."""
         task = asyncio.create_task(binding)
@@ -493,6 +532,33 @@ class Worker:
 
     async def _bind_item(self, work: Work, placements: list[tuple[PodView, str]]) -> None:
         """Bind every placement of the item; acknowledge when all are bound, else try the item again."""
+        if any(needs_prebind(pod) for pod, _node in placements):
+            uids = {pod.uid for pod, _node in placements}
+            self._prebinding |= uids  # marked already by `_start_binding`; kept until the bindings are answered
+            try:
+                await self._bind_with_volumes(work, placements)
+            finally:
+                self._prebinding -= uids
+            return
+        await self._post_bindings(work, placements)
+
+    async def _bind_with_volumes(self, work: Work, placements: list[tuple[PodView, str]]) -> None:
+        """kube-scheduler's PreBind for the claims waiting for their first consumer, then the bindings."""
+        message = await self._prebind(placements)
+        if message is not None:
+            for pod, node in placements:
+                await self.bindings.unreserve(pod, node)
+            self._unschedulable(work, message)
+            return
+        if await self._post_bindings(work, placements) == "bound" and self.volumes is not None:
+            for pod, _node in placements:
+                if pod.storage is not None and pod.storage.once:
+                    # bound: the ledger's entry names its claims from now on; the promise only bridges the moments
+                    # until every worker's pod index has it
+                    await self.volumes.promise(pod, seconds=PROMISE_AFTER_BINDING_SECONDS)
+
+    async def _post_bindings(self, work: Work, placements: list[tuple[PodView, str]]) -> str:
+        """Post the bindings; their verdict (`workers.binding.verdict`)."""
         item = work.item
         forms = {view.uid: raw for view, raw in work.members} or {item.uid: work.raw}
         outcomes = await asyncio.gather(*(self.bindings.bind(pod, node, form=forms.get(pod.uid))
@@ -502,7 +568,8 @@ class Worker:
             taken = self._taken.pop(pod.uid, None)
             if outcome.bound and taken is not None:
                 self.notices.reservation_used(taken, pod, node)
-        match verdict(outcomes, gang=bool(item.members)):
+        answer = verdict(outcomes, gang=bool(item.members))
+        match answer:
             case "bound":
                 self.backlog.placed(item.uid)
                 self.notices.placed([member.uid for member in members_of(item)])
@@ -517,6 +584,20 @@ class Worker:
                 self._done(work, forget=bool(item.members))
             case again:
                 self._retry_later(work, soon=again == "retry soon")
+        return answer
+
+    async def _prebind(self, placements: list[tuple[PodView, str]]) -> str | None:
+        """Bind the claims waiting for their first consumer for each placement (`workers.volumes`); the first
+        failure's message, or None."""
+        for pod, node in placements:
+            if not needs_prebind(pod):
+                continue
+            if self.volumes is None:
+                return f"{PREBIND}this worker has no apiserver client"
+            message = await self.volumes.prebind(pod, node, self.nodes)
+            if message is not None:
+                return message
+        return None
 
     async def _keep(self, work: Work, pod: PodView, node: str, name: str) -> None:
         """A Reservation's room is reserved on `node`: write its status and keep the room (`keep_room`)."""

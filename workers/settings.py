@@ -37,6 +37,9 @@ class WorkerSettings(AccessSettings):
     """Port of the /healthz, /metrics and /status server (0: any free port)."""
     reservation_ttl_seconds: float = Field(default=30.0, gt=0)
     """How long a reservation holds if the worker never binds (the worker died)."""
+    volume_bind_timeout_seconds: float = Field(default=600.0, gt=0)
+    """How long a pod whose claims wait for their first consumer waits, once its node is chosen, for them to be
+    bound before it is tried again (kube-scheduler's VolumeBinding bindTimeoutSeconds)."""
     heartbeat_interval_seconds: float = Field(default=1.0, gt=0)
     """How often the worker reports itself to the dispatcher."""
     heartbeat_ttl_seconds: float = Field(default=5.0, gt=0)

@@ -62,6 +62,11 @@ class TimedFilter:
     def filter(self, pod: PodView, nodes: NodeTable) -> FilterResult:
         return _timed(self.metrics, self.name, FILTER, self.inner.filter, pod, nodes)
 
+    def prefilter(self, pod: PodView) -> str | None:
+        """The inner plugin's optional PreFilter (untimed: it reads the pod alone)."""
+        prefilter: Callable[[PodView], str | None] | None = getattr(self.inner, "prefilter", None)
+        return prefilter(pod) if prefilter is not None else None
+
 
 class TimedScore:
     """A score plugin whose calls are timed (and its PreScore ``skips``, when it has one)."""

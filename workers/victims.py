@@ -201,10 +201,12 @@ def candidates(profile: Profile, pod: PodView, table: NodeTable, budgets: Sequen
                 freed[resource] = freed.get(resource, 0) + amount
     if not lower:
         return []
-    # Victims may hold what stops the pod besides room: host ports, pods its inter-pod terms or spread count, or
-    # anti-affinity terms of their own. Then the what-if takes them out of the pod index too, and each candidate
-    # node is checked again with only its own victims gone (kube-scheduler's filters on the node without them).
-    deep = bool(pod.host_ports or pod.reads_pod_index) or any(
+    # Victims may hold what stops the pod besides room: host ports, pods its inter-pod terms or spread count,
+    # anti-affinity terms of their own, or a ReadWriteOncePod claim it needs. Then the what-if takes them out of
+    # the pod index too, and each candidate node is checked again with only its own victims gone (kube-scheduler's
+    # filters on the node without them).
+    once = bool(pod.storage is not None and pod.storage.once)  # VolumeRestrictions reads the index's claims
+    deep = bool(pod.host_ports or pod.reads_pod_index or once) or any(
         (p := table.pods[uid]).ports or p.anti for node in lower for uid in table.pods_on.get(node, ())
         if table.pods[uid].priority < pod.priority)
     saved = {node: table.used_of(node) for node in lower}

@@ -188,18 +188,25 @@ class Evaluation:
     """Per rejection reason, how many nodes it rejected (each node counted under one reason)."""
     scores: FloatArray
     """The weighted sum of the normalised scores per node; meaningful only on feasible nodes (0 elsewhere)."""
+    rejected: str = ""
+    """A PreFilter's message when it rejected the pod on every node (kube-scheduler's PreFilterMsg); '' when the
+    filters ran."""
 
     def restricted(self, allowed: BoolArray, reasons: Mapping[str, int] | None = None) -> Evaluation:
         """The same evaluation with only the `allowed` feasible nodes left, and `reasons` added for the others."""
         merged = dict(self.reasons)
         for reason, count in (reasons or {}).items():
             _count(merged, reason, count)
-        return Evaluation(rows=self.rows, feasible=self.feasible & allowed, reasons=merged, scores=self.scores)
+        return Evaluation(rows=self.rows, feasible=self.feasible & allowed, reasons=merged, scores=self.scores,
+                          rejected=self.rejected)
 
     def unschedulable(self) -> Unschedulable:
         """The verdict when no node is feasible, in kube-scheduler's words."""
         if self.rows == 0:
             return Unschedulable(message=NO_NODES_MESSAGE, reasons={})
+        if self.rejected:
+            return Unschedulable(message=f"0/{self.rows} nodes are available: {self.rejected}.",
+                                 reasons={self.rejected: self.rows})
         return Unschedulable(message=unschedulable_message(self.rows, self.reasons), reasons=dict(self.reasons))
 
 
@@ -209,6 +216,10 @@ def evaluate(profile: Profile, pod: PodView, nodes: NodeTable) -> Evaluation:
     if rows == 0:
         empty = np.zeros(0, dtype=np.bool_)
         return Evaluation(rows=0, feasible=empty, reasons={}, scores=np.zeros(0, dtype=np.float64))
+    rejected = run_prefilters(profile, pod)
+    if rejected:
+        return Evaluation(rows=rows, feasible=np.zeros(rows, dtype=np.bool_), reasons={rejected: rows},
+                          scores=np.zeros(rows, dtype=np.float64), rejected=rejected)
     feasible, reasons = run_filters(profile.filters, pod, nodes)
     total = np.zeros(rows, dtype=np.float64)
     if feasible.any():
@@ -218,6 +229,25 @@ def evaluate(profile: Profile, pod: PodView, nodes: NodeTable) -> Evaluation:
                 continue  # kube-scheduler's PreScore Skip: the plugin adds 0 to every node
             total += weight * normalized_score(plugin, pod, nodes, feasible)
     return Evaluation(rows=rows, feasible=feasible, reasons=reasons, scores=total)
+
+
+VOLUME_BINDING = "VolumeBinding"
+
+
+def run_prefilters(profile: Profile, pod: PodView) -> str:
+    """The message of the first filter whose optional ``prefilter(pod)`` rejects the pod on every node, or ''.
+    A pod with volume claims under a profile without VolumeBinding is rejected so, naming the profile: placing
+    it as if it had no claims would ignore where its volumes can be."""
+    if pod.storage is not None and not any(plugin.name == VOLUME_BINDING for plugin in profile.filters):
+        return (f"hoss profile {profile.name!r} does not list the {VOLUME_BINDING} filter, which the pod's volume "
+                f"claims need")
+    for plugin in profile.filters:
+        prefilter = getattr(plugin, "prefilter", None)
+        if prefilter is not None:
+            message = prefilter(pod)
+            if message:
+                return str(message)
+    return ""
 
 
 def skips_pod(plugin: ScorePlugin, pod: PodView, nodes: NodeTable) -> bool:

@@ -28,8 +28,9 @@ from hoss.framework.podterms import (
     parse_terms,
     parse_weighted_terms,
 )
-from hoss.model.compact import DEFAULT_SPREAD, NAMESPACES, VOLUME_SOURCES_NEEDING_STORAGE, selector_key
+from hoss.model.compact import DEFAULT_SPREAD, NAMESPACES, claim_names, selector_key
 from hoss.model.resources import ResourceVector, pod_requests
+from hoss.model.storage import STORAGE
 
 POLICY_LABEL = "hoss.io/policy"
 POOL_LABEL = "hoss.io/pool"
@@ -93,6 +94,62 @@ class PreferredTerm:
 
 
 @dataclass(frozen=True)
+class BoundVolume:
+    """A fully bound claim of the pod and its PV: the PV's node affinity (None: any node) and zone labels."""
+
+    claim: str
+    pv: str
+    affinity: tuple[SelectorTerm, ...] | None
+    zones: dict[str, str]
+    missing: bool = False
+    """The PV does not exist (kube-scheduler's "bound to non-existent pv(s)" on every node)."""
+
+
+@dataclass(frozen=True)
+class VolumeOption:
+    """A PV that could take a claim of a WaitForFirstConsumer class, on the nodes its node affinity allows."""
+
+    name: str
+    version: str
+    """Its resourceVersion as the dispatcher read it."""
+    size: int
+    affinity: tuple[SelectorTerm, ...] | None
+    prebound: bool
+    """Its claimRef names the claim already: the only PV the claim may take."""
+
+
+@dataclass(frozen=True)
+class DelayedClaim:
+    """A claim of a WaitForFirstConsumer class, not bound yet: a PV of `volumes` on the node, or provisioning."""
+
+    claim: str
+    uid: str
+    version: str
+    size: int
+    storage_class: str
+    provisioner: str
+    selected_node: str
+    """volume.kubernetes.io/selected-node already on the claim ('' for none): only that node may take it."""
+    volumes: tuple[VolumeOption, ...]
+    topologies: tuple[SelectorTerm, ...] | None
+    """The class's allowedTopologies (ORed terms; None: anywhere)."""
+    capacities: tuple[tuple[tuple[SelectorRequirement, ...], int], ...] | None
+    """CSIStorageCapacities of the class: (node topology as ANDed requirements, bytes); None: not checked."""
+
+
+@dataclass(frozen=True)
+class StorageNeeds:
+    """What the pod's volume claims need (`hoss.model.storage`): a `problem` (no node can take it now, in
+    kube-scheduler's words), or bound claims' PVs and claims waiting for their first consumer."""
+
+    problem: str = ""
+    bound: tuple[BoundVolume, ...] = ()
+    delayed: tuple[DelayedClaim, ...] = ()
+    once: tuple[str, ...] = ()
+    """The claims with the ReadWriteOncePod access mode (VolumeRestrictions: no other pod may use them)."""
+
+
+@dataclass(frozen=True)
 class PodView:
     """What the scheduler needs of one pod."""
 
@@ -135,6 +192,10 @@ class PodView:
     default_spread_selector: LabelSelector | None = None
     """For a pod without spread constraints: the selector of kube-scheduler's cluster-default constraints (its
     Services' and controller's, from the dispatcher; None: none), which PodTopologySpread's profile defaults use."""
+    storage: StorageNeeds | None = None
+    """What the pod's volume claims need (from the dispatcher); None for a pod without claims."""
+    claims: tuple[str, ...] = ()
+    """The names of the volume claims it uses (its namespace's), as the pod index keeps them."""
     resource_version: str = ""
     """metadata.resourceVersion of the pod as read: its binding names it, so the apiserver binds that version only
     (the spec, requests included, the decision and the reservation were made for); "" when unknown."""
@@ -172,6 +233,7 @@ class PodView:
 def placed_view(pod: PodView, node: str) -> PlacedPod:
     """How the pod index holds `pod` once it is placed on `node` (a worker's tentative placement)."""
     return PlacedPod(uid=pod.uid, node=node, namespace=pod.namespace, labels=pod.labels, ports=pod.host_ports,
+                     claims=pod.claims,
                      anti=pod.anti_affinity_terms, affinity=pod.affinity_terms,
                      preferred=pod.preferred_affinity_terms, preferred_anti=pod.preferred_anti_affinity_terms,
                      name=pod.name, priority=pod.priority, request=dict(pod.request))
@@ -244,6 +306,8 @@ def parse_pod(pod: Mapping[str, Any]) -> PodView:
         ),
         resource_version=payload.string(metadata.get("resourceVersion"), field="metadata.resourceVersion",
                                         error=error),
+        storage=parse_storage(pod.get(STORAGE)) if pod.get(STORAGE) is not None else None,
+        claims=tuple(sorted({name for name, _ephemeral in claim_names(pod)})),
     )
 
 
@@ -256,19 +320,110 @@ def check_supported(pod: Mapping[str, Any]) -> None:
     """Raise `UnsupportedPodField` naming the first field kube-scheduler's default plugins honour and hoss does not
     yet, so such a pod is refused loudly instead of being placed as if the field were absent.
 
-    Refused: volumes backed by storage the scheduler must check (VolumeBinding, VolumeZone,
-    VolumeRestrictions, NodeVolumeLimits: see `hoss.model.compact.VOLUME_SOURCES_NEEDING_STORAGE`) and
-    resourceClaims (DynamicResources); a non-empty namespaceSelector the dispatcher did not resolve is refused
-    by `parse_pod`. Call it on a pod `parse_pod` accepted.
+    Refused: resourceClaims (DynamicResources); a volume claim the dispatcher did not describe (`STORAGE`); a
+    non-empty namespaceSelector the dispatcher did not resolve is refused by `parse_pod`. Call it on a pod
+    `parse_pod` accepted.
     """
     spec = pod.get("spec") or {}
-    for position, volume in enumerate(spec.get("volumes") or []):
-        if isinstance(volume, Mapping):
-            for source in VOLUME_SOURCES_NEEDING_STORAGE:
-                if volume.get(source) is not None:
+    if pod.get(STORAGE) is None:
+        for position, volume in enumerate(spec.get("volumes") or []):
+            for source in ("persistentVolumeClaim", "ephemeral"):
+                if isinstance(volume, Mapping) and volume.get(source) is not None:
+                    # queued by a dispatcher that does not watch claims: what the claim needs is unknown
                     raise UnsupportedPodField(f"spec.volumes[{position}].{source}")
     if spec.get("resourceClaims"):
         raise UnsupportedPodField("spec.resourceClaims")
+
+
+def parse_storage(raw: object) -> StorageNeeds:
+    """The `STORAGE` context of a compact pod (`hoss.model.storage.storage_context`); raises `PodSpecError`."""
+    error = PodSpecError
+    context = payload.mapping(raw, field=STORAGE, error=error, required=True)
+    problem = payload.string(context.get("problem"), field=f"{STORAGE}.problem", error=error)
+    if problem:
+        return StorageNeeds(problem=problem)
+    bound = []
+    for i, item in enumerate(payload.items(context.get("bound"), field=f"{STORAGE}.bound", error=error)):
+        field = f"{STORAGE}.bound[{i}]"
+        entry = payload.mapping(item, field=field, error=error, required=True)
+        bound.append(BoundVolume(
+            claim=payload.string(entry.get("claim"), field=f"{field}.claim", error=error, required=True),
+            pv=payload.string(entry.get("pv"), field=f"{field}.pv", error=error),
+            affinity=volume_terms(entry.get("affinity"), field=f"{field}.affinity"),
+            zones=payload.string_map(entry.get("zones"), field=f"{field}.zones", error=error),
+            missing=entry.get("missing") is True))
+    delayed = []
+    for i, item in enumerate(payload.items(context.get("delayed"), field=f"{STORAGE}.delayed", error=error)):
+        field = f"{STORAGE}.delayed[{i}]"
+        entry = payload.mapping(item, field=field, error=error, required=True)
+        options = []
+        for j, option in enumerate(payload.items(entry.get("pvs"), field=f"{field}.pvs", error=error)):
+            where = f"{field}.pvs[{j}]"
+            pv = payload.mapping(option, field=where, error=error, required=True)
+            options.append(VolumeOption(
+                name=payload.string(pv.get("name"), field=f"{where}.name", error=error, required=True),
+                version=payload.string(pv.get("rv"), field=f"{where}.rv", error=error),
+                size=payload.integer(pv.get("size"), field=f"{where}.size", error=error),
+                affinity=volume_terms(pv.get("affinity"), field=f"{where}.affinity"),
+                prebound=pv.get("prebound") is True))
+        topologies = None
+        if entry.get("topologies") is not None:
+            topologies = tuple(
+                _topology_term(term, field=f"{field}.topologies[{k}]")
+                for k, term in enumerate(payload.items(entry.get("topologies"), field=f"{field}.topologies",
+                                                       error=error)))
+        capacities = None
+        if entry.get("capacities") is not None:
+            capacities = tuple(
+                (_selector_requirements(payload.mapping(capacity, field=f"{field}.capacities[{k}]", error=error,
+                                                        required=True).get("topology"),
+                                        field=f"{field}.capacities[{k}].topology"),
+                 payload.integer(capacity.get("size"), field=f"{field}.capacities[{k}].size", error=error))
+                for k, capacity in enumerate(payload.items(entry.get("capacities"), field=f"{field}.capacities",
+                                                           error=error)))
+        delayed.append(DelayedClaim(
+            claim=payload.string(entry.get("claim"), field=f"{field}.claim", error=error, required=True),
+            uid=payload.string(entry.get("uid"), field=f"{field}.uid", error=error),
+            version=payload.string(entry.get("rv"), field=f"{field}.rv", error=error),
+            size=payload.integer(entry.get("size"), field=f"{field}.size", error=error),
+            storage_class=payload.string(entry.get("class"), field=f"{field}.class", error=error),
+            provisioner=payload.string(entry.get("provisioner"), field=f"{field}.provisioner", error=error),
+            selected_node=payload.string(entry.get("selectedNode"), field=f"{field}.selectedNode", error=error),
+            volumes=tuple(options), topologies=topologies, capacities=capacities))
+    once = tuple(payload.string(name, field=f"{STORAGE}.rwop[{i}]", error=error, required=True)
+                 for i, name in enumerate(payload.items(context.get("rwop"), field=f"{STORAGE}.rwop", error=error)))
+    return StorageNeeds(bound=tuple(bound), delayed=tuple(delayed), once=once)
+
+
+def volume_terms(raw: object, *, field: str) -> tuple[SelectorTerm, ...] | None:
+    """A PV's nodeAffinity.required.nodeSelectorTerms (None: the PV has no node affinity)."""
+    if raw is None:
+        return None
+    return tuple(_term(term, field=f"{field}[{position}]")
+                 for position, term in enumerate(payload.items(raw, field=field, error=PodSpecError)))
+
+
+def _topology_term(raw: object, *, field: str) -> SelectorTerm:
+    """A StorageClass's allowedTopologies term: every matchLabelExpressions entry is an ``In`` requirement."""
+    term = payload.mapping(raw, field=field, error=PodSpecError, required=True)
+    expressions = payload.items(term.get("matchLabelExpressions"), field=f"{field}.matchLabelExpressions",
+                                error=PodSpecError)
+    return SelectorTerm(match_expressions=tuple(
+        _requirement({"key": expression.get("key") if isinstance(expression, Mapping) else None, "operator": "In",
+                      "values": expression.get("values") if isinstance(expression, Mapping) else None},
+                     field=f"{field}.matchLabelExpressions[{position}]", operators=LABEL_OPERATORS)
+        for position, expression in enumerate(expressions)), match_fields=())
+
+
+def _selector_requirements(raw: object, *, field: str) -> tuple[SelectorRequirement, ...]:
+    """A metav1.LabelSelector over node labels as ANDed requirements (matchLabels read as ``In``)."""
+    selector = payload.mapping(raw, field=field, error=PodSpecError, required=True)
+    pairs = payload.string_map(selector.get("matchLabels"), field=f"{field}.matchLabels", error=PodSpecError)
+    expressions = payload.items(selector.get("matchExpressions"), field=f"{field}.matchExpressions",
+                                error=PodSpecError)
+    return (*(SelectorRequirement(key=key, operator="In", values=(value,)) for key, value in sorted(pairs.items())),
+            *(_requirement(item, field=f"{field}.matchExpressions[{position}]", operators=LABEL_OPERATORS)
+              for position, item in enumerate(expressions)))
 
 
 def _preferred_affinity(raw: object) -> tuple[PreferredTerm, ...]:

@@ -76,6 +76,8 @@ class PlacedPod:
     terminating: bool = False
     """metadata.deletionTimestamp is set: PodTopologySpread does not count it (kube-scheduler's
     countPodsMatchSelector); it still counts for InterPodAffinity, NodePorts and resources, as there."""
+    claims: tuple[str, ...] = ()
+    """The names of the volume claims it uses, in its namespace (VolumeRestrictions' ReadWriteOncePod check)."""
 
     @property
     def scores_others(self) -> bool:
@@ -128,6 +130,7 @@ def parse_placed(uid: str, node: str, meta: str) -> PlacedPod:
         labels={str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {},
         ports=tuple(p for p in parsed if p is not None),
         name=str(value.get("name") or ""),
+        claims=tuple(str(c) for c in claims) if isinstance(claims := value.get("claims"), list) else (),
         priority=priority if isinstance(priority, int) and not isinstance(priority, bool) else 0,
         request={str(k): v for k, v in request.items() if isinstance(v, int) and not isinstance(v, bool)}
         if isinstance(request, dict) else {},

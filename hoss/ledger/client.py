@@ -234,6 +234,21 @@ class Ledger:
             "nominate", [uid, node, int(priority), ttl_ms(ttl_seconds), *vector_args(request)]))
         return as_text(reply[0])
 
+    async def promise_claims(self, *, uid: str, claims: Sequence[str], ttl_seconds: float) -> tuple[str, str] | None:
+        """Promise the ReadWriteOncePod `claims` ('<namespace>/<claim>') to pod `uid` for `ttl_seconds`, all or
+        none (hoss/ledger/lua/promise_claims.lua): None when promised, else (claim, uid of the pod holding it)."""
+        reply = ready_or_raise(await self._scripts.run(
+            "promise_claims", [uid, ttl_ms(ttl_seconds), len(claims), *claims]))
+        texts = as_texts(reply)
+        if texts[0] == "promised":
+            return None
+        return texts[1], texts[2]
+
+    async def unpromise_claims(self, *, uid: str, claims: Sequence[str]) -> int:
+        """Drop the promises of `claims` made to `uid` (its binding failed); how many were dropped."""
+        reply = ready_or_raise(await self._scripts.run("unpromise_claims", [uid, len(claims), *claims]))
+        return int(reply[1])
+
     async def unnominate(self, uid: str) -> bool:
         """End the nomination of `uid`; False when it had none."""
         return int(ready_or_raise(await self._scripts.run("unnominate", [uid]))[1]) == 1

@@ -4,7 +4,7 @@ The dispatcher is the only component that watches pending pods; each work item c
 so a worker never watches or reads pods. The resolver's sync writes each node's compact form into the ledger,
 so workers learn nodes from Redis instead of watching the apiserver. Both forms keep the apiserver's JSON shape
 (camelCase, the same nesting), so the parsers that read full objects read them unchanged; fields a decision
-never reads (status of a pending pod, managed fields, volumes not backed by storage, images, heartbeat times)
+never reads (status of a pending pod, managed fields, volumes not backed by a claim, images, heartbeat times)
 are left out.
 
 ``digest`` names a version: two compact pods with the same digest schedule the same way. A pod's form keeps its
@@ -40,13 +40,11 @@ _POD_SPEC = (
     "runtimeClassName", "resourceClaims",
 )
 _CONTAINER = ("name", "resources", "ports", "restartPolicy")
-VOLUME_SOURCES_NEEDING_STORAGE = (
-    "persistentVolumeClaim", "ephemeral", "csi", "gcePersistentDisk", "awsElasticBlockStore", "azureDisk", "cinder",
-    "rbd", "iscsi", "portworxVolume", "vsphereVolume",
-)
-"""Volume sources kube-scheduler's volume plugins read (VolumeBinding, VolumeZone, VolumeRestrictions,
-NodeVolumeLimits); a compact pod that has any keeps its volumes by name and such kinds, so the worker can refuse
-them."""
+CLAIM_SOURCES = ("persistentVolumeClaim", "ephemeral")
+"""Volume sources backed by a PersistentVolumeClaim, which kube-scheduler's VolumeBinding reads (the claim named,
+or the generic ephemeral claim ``<pod>-<volume>``); a compact pod keeps these volumes, by name and claim, and the
+dispatcher puts what their claims need into `STORAGE`. Every other volume source (emptyDir, configMap, secret,
+projected, hostPath, nfs, inline csi, ...) constrains no node and is left out."""
 _DROPPED_ANNOTATIONS = frozenset({"kubectl.kubernetes.io/last-applied-configuration"})
 
 
@@ -61,15 +59,42 @@ def _containers(value: object) -> list[Json]:
 
 
 def _volumes(value: object) -> list[Json]:
+    """The volumes, when any is backed by a claim: each keeps its place (so a message names its index, as the user
+    wrote it) but only its name and, for a claim, the claim's name (an ephemeral one: ``{}``); else none."""
     if not isinstance(value, list):
         return []
-    # Every volume keeps its place (so a refusal names its index, as the user wrote it) but only its name and,
-    # for the storage-backed kinds, the kind.
-    return [
-        {"name": volume.get("name", ""), **{key: {} for key in VOLUME_SOURCES_NEEDING_STORAGE if key in volume}}
-        if isinstance(volume, dict) else volume
-        for volume in value
-    ]
+    kept: list[Json] = []
+    for volume in value:
+        if not isinstance(volume, dict):
+            kept.append({"name": ""})
+            continue
+        entry: Json = {"name": volume.get("name", "")}
+        source = volume.get("persistentVolumeClaim")
+        if isinstance(source, dict):
+            entry["persistentVolumeClaim"] = {"claimName": source.get("claimName", "")}
+        elif isinstance(volume.get("ephemeral"), dict):
+            entry["ephemeral"] = {}
+        kept.append(entry)
+    return kept if any(len(entry) > 1 for entry in kept) else []
+
+
+def claim_names(pod: Mapping[str, Any]) -> list[tuple[str, bool]]:
+    """The claims a (raw or compact) pod's volumes use, in order: (claim name, ephemeral). A generic ephemeral
+    volume's claim is ``<pod name>-<volume name>``, made by the ephemeral-volume controller."""
+    spec = pod.get("spec")
+    metadata = pod.get("metadata")
+    volumes = spec.get("volumes") if isinstance(spec, dict) else None
+    pod_name = str(metadata.get("name") or "") if isinstance(metadata, dict) else ""
+    found: list[tuple[str, bool]] = []
+    for volume in volumes if isinstance(volumes, list) else []:
+        if not isinstance(volume, dict):
+            continue
+        claim = volume.get("persistentVolumeClaim")
+        if isinstance(claim, dict):
+            found.append((str(claim.get("claimName") or ""), False))
+        elif isinstance(volume.get("ephemeral"), dict):
+            found.append((f"{pod_name}-{volume.get('name', '')}", True))
+    return found
 
 
 def compact_pod(pod: Mapping[str, Any], *, namespaces: Mapping[str, Mapping[str, str]] | None = None,
@@ -97,7 +122,7 @@ def compact_pod(pod: Mapping[str, Any], *, namespaces: Mapping[str, Mapping[str,
         picked = _pick(spec, _POD_SPEC)
         picked["containers"] = _containers(spec.get("containers"))
         volumes = _volumes(spec.get("volumes"))
-        if any(len(volume) > 1 for volume in volumes):
+        if volumes:
             picked["volumes"] = volumes
         if spec.get("initContainers") is not None:
             picked["initContainers"] = _containers(spec.get("initContainers"))
@@ -358,6 +383,9 @@ def pod_meta(pod: Mapping[str, Any], *, request: Mapping[str, int] | None = None
     owner = controller_uid(pod)
     if owner:
         meta["owner"] = owner  # the rescheduler's hold for a moved pod is claimed by its replacement's controller
+    claims = sorted({name for name, _ephemeral in claim_names(pod)})
+    if claims:
+        meta["claims"] = claims  # VolumeRestrictions: a ReadWriteOncePod claim is used by one pod at most
     affinity = spec.get("affinity") if isinstance(spec.get("affinity"), dict) else {}
     assert isinstance(affinity, dict)
     anti = affinity.get("podAntiAffinity") if isinstance(affinity.get("podAntiAffinity"), dict) else {}

@@ -46,10 +46,11 @@ async def test_fields_hoss_does_not_honour_yet_are_refused_by_name_never_placed(
             {"weight": 10, "podAffinityTerm": {"labelSelector": {"matchLabels": {"app": "x"}},
                                                "namespaceSelector": {"matchLabels": {"team": "x"}},
                                                "topologyKey": "kubernetes.io/hostname"}}]}}
-        claim["spec"]["volumes"] = [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]
+        claim["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": "gpu-claim"}]
         await cluster.create_pods([plain, anti, claim], namespace=namespace)
-        # A namespaceSelector with labels was refused here before hoss honoured it: now the pod is placed.
-        expected = {"claim-0000": "hoss does not support spec.volumes[0].persistentVolumeClaim yet"}
+        # A namespaceSelector with labels, and a PersistentVolumeClaim, were refused here before hoss honoured them
+        # (tests/e2e/test_storage.py has the claims): a resource claim is refused still.
+        expected = {"claim-0000": "hoss does not support spec.resourceClaims yet"}
 
         async def refused() -> tuple[bool, str]:
             seen = {pod: await scheduled_condition(cluster, namespace, pod) for pod in expected}

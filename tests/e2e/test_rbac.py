@@ -5,10 +5,11 @@ scenario here drives every path that needs a grant: pods placed, a pod that fits
 condition and FailedScheduling event), a pod for a policy no worker serves (NoWorkerForPolicy), a PodGroup gang
 (its status), a preemption (PodDisruptionBudgets listed, an eviction), both Lease elections, the resolver's sync
 and a pod read, a malformed node reservation annotation (the resolver's Warning event), a Reservation placed
-and expired, and a dispatcher, a resolver, a worker and a rescheduler with --access=kubernetes (TokenReview,
-SubjectAccessReview). Then the audit log of the whole session so far (this scenario and any test before it) is
-compared with the rules bound to each component's ServiceAccount: a grant no call used fails the test, and so does
-any call the apiserver refused.
+and expired, a pod whose claims wait for their first consumer (a static PV bound, a claim provisioned), and a
+dispatcher, a resolver, a worker and a rescheduler with --access=kubernetes (TokenReview, SubjectAccessReview).
+Then the audit log of the whole session so far (this scenario and any test before it) is compared with the rules
+bound to each component's ServiceAccount: a grant no call used fails the test, and so does any call the
+apiserver refused.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from dev.local.plane import RBAC_MANIFEST, LocalPlane
 from dev.local.state import Process
 from hoss.model.resources import NODE_RESERVATION_ANNOTATION
 from tests.e2e.hoss import hoss_pods, status_access, wait_all_bound, workers
+from tests.provisioner import running_provisioner
 from tests.waiting import until
 
 Grant = tuple[str, str, str]
@@ -172,6 +174,45 @@ async def reserve_once(cluster: Cluster, namespace: str) -> None:
         await custom.delete_cluster_custom_object("scheduling.koordinator.sh", "v1alpha1", "reservations", name)
 
 
+async def volumes_once(cluster: Cluster, namespace: str, node: str) -> None:
+    """A pod with two claims of WaitForFirstConsumer classes: one takes a static PV on `node` (the worker reads and
+    updates the PV, reads the claim), the other is provisioned there (it updates the claim: selected-node)."""
+    storage: Any = client.StorageV1Api(cluster.api)
+    static, dynamic, provisioner = f"{namespace}-static", f"{namespace}-dyn", f"{namespace}.test.hoss.io"[:63]
+    volume = f"{namespace}-pv"
+    try:
+        for name, by in ((static, "kubernetes.io/no-provisioner"), (dynamic, provisioner)):
+            await storage.create_storage_class({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+                                                "metadata": {"name": name}, "provisioner": by,
+                                                "volumeBindingMode": "WaitForFirstConsumer"})
+        await cluster.core.create_persistent_volume({
+            "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": volume},
+            "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"], "storageClassName": static,
+                     "local": {"path": "/mnt/rbac"}, "nodeAffinity": {"required": {"nodeSelectorTerms": [
+                         {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In",
+                                                "values": [node]}]}]}}}})
+        for name, storage_class in (("rbac-static", static), ("rbac-dyn", dynamic)):
+            await cluster.core.create_namespaced_persistent_volume_claim(namespace, {
+                "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name},
+                "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": storage_class,
+                         "resources": {"requests": {"storage": "1Gi"}}}})
+        (pod,) = hoss_pods("rbac-volumes", 1)
+        pod["spec"]["volumes"] = [{"name": claim, "persistentVolumeClaim": {"claimName": claim}}
+                                  for claim in ("rbac-static", "rbac-dyn")]
+        async with running_provisioner(cluster.api, provisioner=provisioner, classes={dynamic}):
+            await cluster.create_pods([pod], namespace=namespace)
+
+            async def bound() -> tuple[bool, str]:
+                raw = await cluster.core.read_namespaced_pod("rbac-volumes-0000", namespace)
+                return raw.spec.node_name == node, str(raw.spec.node_name)
+
+            await until(bound, timeout=90, what="the pod with claims to be bound where its volumes are")
+    finally:
+        for call, name in ((storage.delete_storage_class, static), (storage.delete_storage_class, dynamic),
+                           (cluster.core.delete_persistent_volume, volume)):
+            await call(name)
+
+
 def test_granted_reads_roles_through_their_bindings() -> None:
     grants = granted(RBAC_MANIFEST)
     assert set(grants) == set(HOSS_COMPONENTS)
@@ -245,6 +286,8 @@ async def test_every_verb_granted_to_a_component_is_one_it_uses_and_none_is_refu
             # A Reservation: watched by the dispatcher and the resolver, placed by the worker (status Available),
             # ended by the dispatcher when its ttl passes (status Failed).
             await reserve_once(cluster, namespace)
+            # Claims waiting for their first consumer: the worker binds a PV and names a node on a claim.
+            await volumes_once(cluster, namespace, nodes[0])
         # --access=kubernetes on the dispatcher, a resolver and a worker: TokenReview and SubjectAccessReview.
         outcomes = await status_access(plane, namespace)
         components = ("dispatcher", "resolver", "worker", "rescheduler")

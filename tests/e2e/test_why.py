@@ -275,3 +275,15 @@ async def test_what_if_names_the_node_the_worker_then_chooses(plane: LocalPlane,
         await cluster.create_pods([manifest], namespace=namespace)
         placed = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in await wait_all_bound(cluster, namespace, 4)}
         assert placed["next"] == answer["chosen"]
+
+
+@pytest.mark.usefixtures("default_worker")
+async def test_a_pod_whose_claim_is_missing_is_explained_by_the_claim_as_hoss_said(plane: LocalPlane,
+                                                                                    cluster: Cluster,
+                                                                                    namespace: str) -> None:
+    async with story_nodes(cluster, 2) as (story, _nodes):
+        pod = story_pod("claimed", story, requests={"cpu": "100m", "memory": "64Mi"})
+        pod["spec"]["volumes"] = [{"name": "data", "persistentVolumeClaim": {"claimName": "absent"}}]
+        await cluster.create_pods([pod], namespace=namespace)
+        answer = await explained_as_hoss_said(plane, cluster, namespace, "claimed")
+        assert answer["message"].endswith('nodes are available: persistentvolumeclaim "absent" not found.')

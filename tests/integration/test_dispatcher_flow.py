@@ -598,3 +598,85 @@ async def test_a_worker_that_started_since_the_last_round_gets_new_pods_before_t
     await dispatcher.tick()  # the pod that arrived before the worker was seen goes with the next round
     assert sorted(await stream_uids(queue, "fresh")) == sorted(f"uid-{n}" for n in range(1, 6))
     assert dispatcher.queue_status().waiting_for_worker == []
+
+
+async def test_what_a_pod_s_claim_needs_is_in_its_work_item_and_the_claim_binding_resends_it(
+        queue: WorkQueue) -> None:
+    """A pod whose Immediate claim is not bound yet goes out with kube-scheduler's reason in its form; once the
+    claim is bound, its new version follows on the same worker with the PV's node affinity; a pod without volumes
+    is not sent again."""
+    claimed = pending_pod(1)
+    claimed["spec"]["volumes"] = [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}},
+                                  {"name": "tmp", "emptyDir": {}}]
+    dispatcher = Dispatcher(queue=queue, settings=settings(), rng=random.Random(11))
+    claim: Json = {"metadata": {"name": "data", "namespace": "team", "uid": "c1", "resourceVersion": "1"},
+             "spec": {"storageClassName": "fast", "accessModes": ["ReadWriteOnce"]}, "status": {"phase": "Pending"}}
+    await dispatcher.storage_handlers("classes").on_list([{"metadata": {"name": "fast"}, "provisioner": "x",
+                                                           "volumeBindingMode": "Immediate"}])
+    await dispatcher.storage_handlers("claims").on_list([claim])
+    await dispatcher.on_list([claimed, pending_pod(2)])
+    await beat(queue, "a")
+    assert (await dispatcher.tick()).dispatched == 2
+
+    def storage(fields: Any) -> Any:
+        return json.loads(WorkItem.decode(fields).pod).get("storage")
+
+    entries: Any = await queue.redis.xrange(queue_key("a"))
+    assert {WorkItem.decode(fields).uid: storage(fields) for _id, fields in entries} == {
+        "uid-1": {"problem": "pod has unbound immediate PersistentVolumeClaims"}, "uid-2": None}
+    affinity = {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+        {"key": "kubernetes.io/hostname", "operator": "In", "values": ["node-3"]}]}]}}
+    await dispatcher.storage_handlers("volumes").on_event("ADDED", {
+        "metadata": {"name": "pv1", "resourceVersion": "2"},
+        "spec": {"storageClassName": "fast", "capacity": {"storage": "1Gi"}, "nodeAffinity": affinity}})
+    bound = {**claim, "metadata": {**claim["metadata"], "resourceVersion": "3",
+                                   "annotations": {"pv.kubernetes.io/bind-completed": "yes"}},
+             "spec": {**claim["spec"], "volumeName": "pv1"}}
+    await dispatcher.storage_handlers("claims").on_event("MODIFIED", bound)
+    await dispatcher.tick()
+    entries = await queue.redis.xrange(queue_key("a"))
+    resent = [(WorkItem.decode(fields).uid, storage(fields)) for _id, fields in entries[2:]]
+    assert resent == [("uid-1", {"bound": [{"claim": "data", "pv": "pv1", "zones": {},
+                                            "affinity": affinity["required"]["nodeSelectorTerms"]}],
+                                 "delayed": []})]
+
+
+class ClaimMadeWhileSending(WorkQueue):
+    """A work queue during whose first send the ephemeral-volume controller makes the pod's claim (the watch event
+    reaches the dispatcher while the item is on its way)."""
+
+    def __init__(self, client: redis.asyncio.Redis, claim: Json) -> None:
+        super().__init__(client)
+        self.claim: Json | None = claim
+        self.dispatcher: Dispatcher | None = None
+
+    async def enqueue_many(self, assignments: Any) -> list[str]:
+        sent = await super().enqueue_many(assignments)
+        if self.claim is not None and self.dispatcher is not None:
+            claim, self.claim = self.claim, None
+            await self.dispatcher.storage_handlers("claims").on_event("ADDED", claim)
+        return sent
+
+
+async def test_a_pod_that_changes_while_its_item_is_on_its_way_gets_its_new_version_sent(
+        client: redis.asyncio.Redis) -> None:
+    """The claim of a generic ephemeral volume is made right after its pod; when the claim's event arrives while
+    the pod's first item is being sent, the item with the claim follows it on the same worker."""
+    pod = pending_pod(1)
+    pod["spec"]["volumes"] = [{"name": "scratch", "ephemeral": {"volumeClaimTemplate": {"spec": {}}}}]
+    claim: Json = {"metadata": {"name": "pod-1-scratch", "namespace": "team", "uid": "c1",
+                                "ownerReferences": [{"uid": "uid-1", "controller": True}]},
+                   "spec": {"storageClassName": "later", "accessModes": ["ReadWriteOnce"]}}
+    queue = ClaimMadeWhileSending(client, claim)
+    dispatcher = Dispatcher(queue=queue, settings=settings(), rng=random.Random(11))
+    queue.dispatcher = dispatcher
+    await dispatcher.storage_handlers("classes").on_list([{"metadata": {"name": "later"}, "provisioner": "x",
+                                                           "volumeBindingMode": "WaitForFirstConsumer"}])
+    await dispatcher.on_list([pod])
+    await beat(queue, "a")
+    assert (await dispatcher.tick()).dispatched == 1
+    await dispatcher.tick()
+    entries: Any = await queue.redis.xrange(queue_key("a"))
+    forms = [json.loads(WorkItem.decode(fields).pod)["storage"] for _id, fields in entries]
+    assert [list(form) for form in forms] == [["problem"], ["bound", "delayed"]]
+    assert forms[1]["delayed"][0]["claim"] == "pod-1-scratch"

@@ -31,6 +31,7 @@ def refused_field(pod: Json) -> str | None:
 @pytest.mark.parametrize(
     ("spec", "field"),
     [
+        # queued by a dispatcher that did not describe the claims (no `storage` in the form): refused by name
         ({"volumes": [{"name": "cache", "emptyDir": {}}, {"name": "d", "persistentVolumeClaim": {"claimName": "d"}}]},
          "spec.volumes[1].persistentVolumeClaim"),
         ({"volumes": [{"name": "scratch", "ephemeral": {"volumeClaimTemplate": {"spec": {}}}}]},
@@ -41,6 +42,27 @@ def refused_field(pod: Json) -> str | None:
 def test_a_field_hoss_does_not_honour_is_refused_by_its_path(spec: Json, field: str) -> None:
     assert refused_field(with_spec(**spec)) == field
     assert str(UnsupportedPodField(field)) == f"hoss does not support {field} yet"
+
+
+@pytest.mark.parametrize("source", [
+    {"csi": {"driver": "secrets-store.csi.k8s.io", "readOnly": True}},
+    {"emptyDir": {}}, {"configMap": {"name": "c"}}, {"secret": {"secretName": "s"}},
+    {"projected": {"sources": [{"serviceAccountToken": {"path": "token"}}]}},
+    {"hostPath": {"path": "/data"}}, {"nfs": {"server": "nfs.example", "path": "/export"}},
+    {"downwardAPI": {"items": []}}, {"gcePersistentDisk": {"pdName": "disk"}},
+])
+def test_volumes_that_constrain_no_node_are_neither_refused_nor_carried(source: Json) -> None:
+    pod = with_spec(volumes=[{"name": "v", **source}])
+    assert refused_field(pod) is None
+    assert "volumes" not in compact.compact_pod(pod)["spec"]
+
+
+def test_a_claim_the_dispatcher_described_is_not_refused() -> None:
+    pod = with_spec(volumes=[{"name": "d", "persistentVolumeClaim": {"claimName": "d"}}])
+    form = compact.compact_pod(pod)
+    form["storage"] = {"bound": [], "delayed": []}
+    check_supported(form)
+    assert parse_pod(form).storage is not None
 
 
 def test_fields_hoss_honours_are_not_refused() -> None:

@@ -1,7 +1,9 @@
 """Scheduler plugins by the name a profile in policies.yaml uses for them: the built-ins, and your own.
 
 Built-in filters: NodeUnschedulable, TaintToleration, NodeAffinity, NodePorts, NodeResourcesFit, NodePool,
-PodTopologySpread (DoNotSchedule constraints), InterPodAffinity (required terms).
+PodTopologySpread (DoNotSchedule constraints), InterPodAffinity (required terms), VolumeRestrictions
+(ReadWriteOncePod claims), VolumeBinding (volume claims; it also has a ``prefilter(pod)``, which rejects a pod on
+every node at once) and VolumeZone.
 Built-in scores: LeastAllocated (spread), MostAllocated (bin-pack), GpuPacking, CpuOffGpuNodes, NodeAffinity
 (preferred terms), TaintToleration (PreferNoSchedule taints), PodTopologySpread (ScheduleAnyway constraints)
 and InterPodAffinity (preferred terms, the pod's and the placed pods'). Each module of this package documents its plugin
@@ -31,6 +33,8 @@ The object the entry point loads (usually the class itself) must have:
   a score plugin (an object with both is registered as both, and a profile may list it under either key).
 - optional ``normalize(scores, feasible) -> array``, for a score plugin whose raw scores already have a meaning
   on the 0..100 scale; without it, raw scores are min-max scaled to 0..100 over the feasible nodes.
+- optional ``prefilter(pod) -> str | None`` for a filter plugin: a message when the pod can go on no node at all
+  (kube-scheduler's PreFilter rejection; the pod's message is then ``0/N nodes are available: <message>.``).
 - optional ``figures(pod, nodes, rows) -> list[Figures]`` for a filter plugin: what it measured on each of the
   nodes `rows` it rejected (`hoss.framework.explain.Figures`), which ``hoss why`` prints; without it, ``hoss why``
   shows the plugin's reasons alone. The worker never calls it.
@@ -74,6 +78,7 @@ from hoss.framework.plugins.ports import NodePorts
 from hoss.framework.plugins.spread import LeastAllocated
 from hoss.framework.plugins.taints import NodeUnschedulable, TaintToleration
 from hoss.framework.plugins.topology import PodTopologySpread
+from hoss.framework.plugins.volumes import VolumeBinding, VolumeRestrictions, VolumeZone
 
 ENTRY_POINT_GROUP = "hoss.plugins"
 BUILT_IN = "built-in"
@@ -90,6 +95,9 @@ FILTERS: Mapping[str, FilterFactory] = {
     NodePorts.name: NodePorts.from_args,
     InterPodAffinity.name: InterPodAffinity.from_args,
     PodTopologySpread.name: PodTopologySpread.from_args,
+    VolumeRestrictions.name: VolumeRestrictions.from_args,
+    VolumeBinding.name: VolumeBinding.from_args,
+    VolumeZone.name: VolumeZone.from_args,
 }
 """Built-in filter plugin name -> factory."""
 

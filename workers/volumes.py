@@ -1,0 +1,232 @@
+"""PreBind of a pod's claims that wait for their first consumer: kube-scheduler's VolumeBinding PreBind.
+
+Once the pod's room is reserved on a node, and before its Binding is posted, each such claim gets what
+`hoss.framework.plugins.volumes.plan` chose for that node:
+
+- a static PV: the PV's claimRef is set to the claim (with the annotation ``pv.kubernetes.io/bound-by-controller``,
+  as kube-scheduler's binder writes it) in one update whose metadata.resourceVersion is the version the decision
+  read; the persistentvolume-binder controller then binds the claim to it;
+- provisioning: the annotation ``volume.kubernetes.io/selected-node`` is set on the claim (an update at the
+  claim's current version, refused when another node was named meanwhile); its provisioner then creates a PV.
+
+Then the claims are read until each is fully bound (spec.volumeName and ``pv.kubernetes.io/bind-completed``) to a
+PV whose node affinity allows the node. Any failure -- a PV or claim changed since the decision (the apiserver's
+409: another worker's pod took the PV), a claimRef reset, the selected-node annotation removed (the provisioner
+gave up), a claim bound to a PV the node cannot use, the timeout -- answers the message the pod is retried with,
+and its room is released. As kube-scheduler, it undoes nothing it wrote: a provisioner removes the annotation
+when it gives up, and a PV claimed for a pod that went elsewhere is left to the persistentvolume-binder (which
+binds the claim to it, or frees it when the claim is bound to another PV).
+
+A ReadWriteOncePod claim is promised to the pod in the ledger before its room is reserved (`promise`,
+``promise_claims.lua``: one atomic call, all of the pod's such claims or none, for the length of the reservation
+and the binding): of two workers that decided pods using one such claim at the same instant, the second finds it
+promised and its pod waits (backing off) without reserving; once the pod is bound, its ledger entry names the
+claim and VolumeRestrictions keeps other pods off it, and the promise is cut short. A failure gives it back.
+
+Why two workers never promise one PV twice: the apiserver decides. A PV's claimRef is written only by an update
+at the version the decision read, so of two workers that chose one PV only the first write succeeds; the other
+gets 409 and its pod is decided again once the dispatcher's watch brings the PV as claimed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+import aiohttp
+
+from hoss.errors import LedgerNotReadyError, LedgerUnavailable
+from hoss.framework.nodes import NodeTable
+from hoss.framework.plugins.volumes import plan, terms_match
+from hoss.framework.pod import DelayedClaim, PodView, VolumeOption, volume_terms
+from hoss.kube.client import KubeError
+from hoss.kube.rest import KubeREST, segment
+from hoss.ledger.client import Ledger
+from hoss.model.objects import Json, section
+from hoss.model.storage import BIND_COMPLETED, BOUND_BY_CONTROLLER, SELECTED_NODE
+
+log = logging.getLogger(__name__)
+
+PREBIND = 'running PreBind plugin "VolumeBinding": binding volumes: '
+"""How a PreBind failure's message begins (kube-scheduler's words)."""
+
+
+class PreBindFailed(Exception):
+    """The pod's claims could not be bound for the chosen node; the message says why."""
+
+
+def needs_prebind(pod: PodView) -> bool:
+    """Whether the pod has claims to bind, or ReadWriteOncePod claims to promise, before its own binding."""
+    return pod.storage is not None and bool(pod.storage.delayed or pod.storage.once)
+
+
+class VolumeBinder:
+    """Promises a pod's ReadWriteOncePod claims in the `ledger` (for `promise_seconds` beyond the wait), binds its
+    waiting claims for its chosen node through `rest`, then waits (at most `timeout_seconds`, reading every
+    `poll_seconds`) for them to be bound."""
+
+    def __init__(self, rest: KubeREST, ledger: Ledger, *, timeout_seconds: float, promise_seconds: float,
+                 poll_seconds: float = 0.5, clock: Callable[[], float] = time.monotonic) -> None:
+        self.rest = rest
+        self.ledger = ledger
+        self.promise_seconds = promise_seconds
+        self.timeout_seconds = timeout_seconds
+        self.poll_seconds = poll_seconds
+        self.clock = clock
+
+    async def prebind(self, pod: PodView, node: str, nodes: NodeTable) -> str | None:
+        """None when the pod's claims are bound for `node`; else the message to retry the pod with."""
+        if not needs_prebind(pod) or pod.storage is None:
+            return None
+        if node not in nodes:
+            return f"{PREBIND}node {node!r} is no longer known"
+        row = nodes.row(node)
+        # promised before the reservation already (`promise`, for single pods): again here, which keeps a promise
+        # to this pod, and covers gang members
+        message = await self.promise(pod)
+        if message is not None:
+            return message
+        message = await self._bind_claims(pod, node, nodes, row)
+        if message is not None and pod.storage.once:
+            await self.unpromise(pod)
+        return message
+
+    def _once(self, pod: PodView) -> list[str]:
+        return [f"{pod.namespace}/{claim}" for claim in (pod.storage.once if pod.storage is not None else ())]
+
+    async def promise(self, pod: PodView, *, seconds: float | None = None) -> str | None:
+        """Promise the pod's ReadWriteOncePod claims to it in the ledger, before its room is reserved (for the
+        reservation and the claims' binding, or `seconds`); None when promised (or it has none), else why not."""
+        once = self._once(pod)
+        if not once:
+            return None
+        if seconds is None:
+            seconds = self.promise_seconds + (self.timeout_seconds if pod.storage and pod.storage.delayed else 0)
+        try:
+            taken = await self.ledger.promise_claims(uid=pod.uid, claims=once, ttl_seconds=seconds)
+        except (LedgerUnavailable, LedgerNotReadyError) as error:
+            return f"cannot promise its ReadWriteOncePod claims: {error}"
+        if taken is None:
+            return None
+        log.info("pod %s: claim %s is promised to pod %s", pod.key, *taken)
+        return f"persistentvolumeclaim {taken[0]!r} with ReadWriteOncePod access mode is being bound for another pod"
+
+    async def unpromise(self, pod: PodView) -> None:
+        """Give the pod's promises back (its binding failed)."""
+        try:
+            await self.ledger.unpromise_claims(uid=pod.uid, claims=self._once(pod))
+        except (LedgerUnavailable, LedgerNotReadyError) as error:
+            log.warning("pod %s: its claims' promises expire by themselves: %s", pod.key, error)
+
+    async def _bind_claims(self, pod: PodView, node: str, nodes: NodeTable, row: int) -> str | None:
+        assert pod.storage is not None
+        chosen = plan(pod.storage, nodes)
+        provisioned: set[str] = set()
+        try:
+            for claim in pod.storage.delayed:
+                choice = chosen.choices.get(claim.claim)
+                index = int(choice[row]) if choice is not None else -1
+                if index >= 0:
+                    await self._claim_volume(pod, claim, claim.volumes[index])
+                else:
+                    await self._select_node(pod, claim, node)
+                    provisioned.add(claim.claim)
+            await self._wait_bound(pod, node, nodes, provisioned)
+        except PreBindFailed as error:
+            log.info("pod %s: its volumes were not bound for %s: %s", pod.key, node, error)
+            return f"{PREBIND}{error}"
+        except (KubeError, aiohttp.ClientError, OSError, TimeoutError) as error:
+            log.warning("pod %s: binding its volumes for %s failed: %s", pod.key, node, error)
+            return f"{PREBIND}{error}"
+        return None
+
+    def _claim_path(self, namespace: str, name: str) -> str:
+        return f"/api/v1/namespaces/{segment(namespace)}/persistentvolumeclaims/{segment(name)}"
+
+    async def _claim_volume(self, pod: PodView, claim: DelayedClaim, option: VolumeOption) -> None:
+        """Set the PV's claimRef to the claim, at the PV's version the decision read."""
+        path = f"/api/v1/persistentvolumes/{segment(option.name)}"
+        pv = await self.rest.request("GET", path)
+        metadata = section(pv, "metadata")
+        spec = section(pv, "spec")
+        ref = section(spec, "claimRef")
+        if ref and (ref.get("name") != claim.claim or ref.get("namespace") != pod.namespace
+                    or (ref.get("uid") and ref.get("uid") != claim.uid)):
+            raise PreBindFailed(f"persistentvolume {option.name!r} was bound to another claim meanwhile")
+        if option.version and metadata.get("resourceVersion") != option.version:
+            raise PreBindFailed(f"persistentvolume {option.name!r} changed since the pod was scheduled")
+        spec["claimRef"] = {"kind": "PersistentVolumeClaim", "apiVersion": "v1", "namespace": pod.namespace,
+                            "name": claim.claim, "uid": claim.uid, "resourceVersion": claim.version}
+        metadata.setdefault("annotations", {})[BOUND_BY_CONTROLLER] = "yes"
+        pv["spec"], pv["metadata"] = spec, metadata
+        try:
+            await self.rest.request("PUT", path, body=pv)
+        except KubeError as error:
+            if error.status == 409:
+                raise PreBindFailed(f"persistentvolume {option.name!r} was taken meanwhile: {error}") from error
+            raise
+        log.info("pod %s: persistentvolume %s claimed for %s/%s", pod.key, option.name, pod.namespace, claim.claim)
+
+    async def _select_node(self, pod: PodView, claim: DelayedClaim, node: str) -> None:
+        """Name `node` on the claim for its provisioner (unless it names it already)."""
+        path = self._claim_path(pod.namespace, claim.claim)
+        raw = await self.rest.request("GET", path)
+        metadata = section(raw, "metadata")
+        if claim.uid and metadata.get("uid") != claim.uid:
+            raise PreBindFailed(f"persistentvolumeclaim {claim.claim!r} was replaced")
+        annotations = section(metadata, "annotations")
+        selected = annotations.get(SELECTED_NODE)
+        if selected == node or section(raw, "spec").get("volumeName"):
+            return
+        if selected:
+            raise PreBindFailed(f"persistentvolumeclaim {claim.claim!r} was given to node {selected!r} meanwhile")
+        annotations[SELECTED_NODE] = node
+        metadata["annotations"] = annotations
+        raw["metadata"] = metadata
+        try:
+            await self.rest.request("PUT", path, body=raw)
+        except KubeError as error:
+            if error.status == 409:
+                raise PreBindFailed(f"persistentvolumeclaim {claim.claim!r} changed meanwhile: {error}") from error
+            raise
+        log.info("pod %s: claim %s/%s to be provisioned on %s", pod.key, pod.namespace, claim.claim, node)
+
+    async def _wait_bound(self, pod: PodView, node: str, nodes: NodeTable, provisioned: set[str]) -> None:
+        """Read the claims until every one is bound to a PV the node can use (kube-scheduler's checkBindings)."""
+        assert pod.storage is not None
+        deadline = self.clock() + self.timeout_seconds
+        waiting = list(pod.storage.delayed)
+        while waiting:
+            left = []
+            for claim in waiting:
+                if not await self._bound(pod, claim, node, nodes, provisioned=claim.claim in provisioned):
+                    left.append(claim)
+            waiting = left
+            if not waiting:
+                return
+            if self.clock() >= deadline:
+                names = ", ".join(claim.claim for claim in waiting)
+                raise PreBindFailed(f"timed out waiting for the condition: claims {names} not bound after "
+                                    f"{self.timeout_seconds:g}s")
+            await asyncio.sleep(self.poll_seconds)
+
+    async def _bound(self, pod: PodView, claim: DelayedClaim, node: str, nodes: NodeTable, *,
+                     provisioned: bool) -> bool:
+        raw = await self.rest.request("GET", self._claim_path(pod.namespace, claim.claim))
+        metadata = section(raw, "metadata")
+        annotations = section(metadata, "annotations")
+        volume = str(section(raw, "spec").get("volumeName") or "")
+        if not volume or BIND_COMPLETED not in annotations:
+            if provisioned and annotations.get(SELECTED_NODE) != node:
+                raise PreBindFailed(f"selectedNode annotation reset for PVC {claim.claim!r}")
+            return False
+        pv: Json = await self.rest.request("GET", f"/api/v1/persistentvolumes/{segment(volume)}")
+        ref = section(section(pv, "spec"), "claimRef")
+        if ref.get("name") != claim.claim or ref.get("namespace") != pod.namespace:
+            raise PreBindFailed(f"ClaimRef got reset for pv {volume!r}")
+        affinity = section(section(section(pv, "spec"), "nodeAffinity"), "required").get("nodeSelectorTerms")
+        if affinity is not None and not terms_match(nodes, volume_terms(affinity, field="pv"))[nodes.row(node)]:
+            raise PreBindFailed(f"pv {volume!r} node affinity doesn't match node {node!r}")
+        return True
