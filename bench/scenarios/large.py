@@ -21,6 +21,7 @@ import asyncio
 import dataclasses
 import random
 import time
+import urllib.error
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,7 +114,14 @@ async def idle_cost(bench: Bench, seconds: float = IDLE_SECONDS) -> dict[str, fl
     return groups
 
 
-def _algorithm(scheduler: Process, bench: Bench) -> Histogram:
+def _algorithm(scheduler: Process, bench: Bench, *, tries: int = 30) -> Histogram:
+    """kube-scheduler's algorithm histogram from its /metrics. A kube-scheduler just started may answer 403 for a
+    few seconds (its delegated authorization is not set up yet): asked again once a second, ``tries`` times."""
+    for _ in range(tries - 1):
+        try:
+            return parse_histogram(fetch_metrics(scheduler.port, pki_dir=bench.plane.pki_dir), ALGORITHM_METRIC)
+        except (urllib.error.HTTPError, urllib.error.URLError):
+            time.sleep(1)
     return parse_histogram(fetch_metrics(scheduler.port, pki_dir=bench.plane.pki_dir), ALGORITHM_METRIC)
 
 
