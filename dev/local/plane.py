@@ -49,7 +49,8 @@ POLICIES_FILE = REPOSITORY / "configs" / "policies.yaml"
 """The policy profiles the plane's workers (and in-process test workers) read."""
 ROUTING_FILE = REPOSITORY / "configs" / "routing.yaml"
 KWOK_STAGES = Path(__file__).resolve().parent / "kwok" / "stages.yaml"
-CRDS = ("podgroups.scheduling.x-k8s.io", "elasticquotas.scheduling.x-k8s.io", "reservations.scheduling.koordinator.sh")
+CRDS = ("podgroups.scheduling.x-k8s.io", "podgroups.scheduling.volcano.sh", "elasticquotas.scheduling.x-k8s.io",
+        "reservations.scheduling.koordinator.sh")
 
 
 def _check_port_free(port: int, owner: str) -> int:
@@ -153,7 +154,7 @@ class LocalPlane:
             self._start_apiserver(state, paths["kube-apiserver"])
             progress("applying RBAC for the hoss components (deploy/rbac.yaml)")
             self.kubectl("apply", "-f", str(RBAC_MANIFEST))
-            progress("installing the CRDs hoss uses (deploy/crds: PodGroup, ElasticQuota, Reservation)")
+            progress("installing the CRDs hoss uses (deploy/crds: PodGroups, ElasticQuota, Reservation)")
             self.kubectl("apply", "-k", str(DEPLOY_DIR / "crds"))
             self.kubectl("wait", "--for=condition=Established", *(f"crd/{crd}" for crd in CRDS), "--timeout=60s")
             progress("starting kube-controller-manager (" + ",".join(components.CONTROLLERS) + ")")
