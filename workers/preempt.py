@@ -49,6 +49,7 @@ from workers.victims import (
     preemption_policy,
     reclaim_candidates,
     reclaimable,
+    whole_gangs,
 )
 
 log = logging.getLogger(__name__)
@@ -265,7 +266,7 @@ class Preemptor:
             return f"{message} preemption: not needed: a node has room now; retrying."
         holds = await self.ledger.nominations()
         budgets = await self.budgets()
-        found = candidates(profile, pod, table, budgets, holds.values())
+        found = whole_gangs(pod, candidates(profile, pod, table, budgets, holds.values()), table, budgets)
         if found:
             await self.has_quota(pod.namespace)  # refreshes the list of namespaces with an elastic quota
         if found and self._quota_namespaces:

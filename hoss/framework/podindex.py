@@ -76,6 +76,8 @@ class PlacedPod:
     terminating: bool = False
     """metadata.deletionTimestamp is set: PodTopologySpread does not count it (kube-scheduler's
     countPodsMatchSelector); it still counts for InterPodAffinity, NodePorts and resources, as there."""
+    gang: str = ""
+    """The gang it belongs to (`hoss.model.gangs.GangKey.ident`, '' for none): preemption evicts a gang whole."""
 
     @property
     def scores_others(self) -> bool:
@@ -133,6 +135,7 @@ def parse_placed(uid: str, node: str, meta: str) -> PlacedPod:
         if isinstance(request, dict) else {},
         created=str(value.get("created") or ""),
         terminating=value.get("terminating") is True,
+        gang=str(value.get("gang") or ""),
     )
 
 

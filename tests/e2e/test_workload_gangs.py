@@ -290,3 +290,44 @@ async def test_a_podgroup_status_follows_its_members_to_finished_and_a_pod_that_
             namespace, field_selector="involvedObject.kind=PodGroup,involvedObject.name=train")
         assert {"Running", "Finished"} <= {e.reason for e in events.items}, \
             [e.reason for e in events.items]
+
+
+async def test_a_running_gang_is_preempted_whole_never_in_part(
+    plane: LocalPlane, dispatcher: Process, cluster: Cluster, namespace: str
+) -> None:
+    """A low-priority gang of two (one member per 8-cpu node, 6 cpu each) runs; a high-priority pod of 6 cpu
+    needs one node: preemption evicts both members, not the one on the chosen node alone, which would leave the
+    other running without its gang. The preemptor then binds."""
+    key = f"{namespace}-preempt"[:63]
+    scheduling: Any = client.SchedulingV1Api(cluster.api)
+    classes = {f"{namespace}-low"[:63]: 10, f"{namespace}-high"[:63]: 1000}
+    for name, value in classes.items():
+        await scheduling.create_priority_class({"metadata": {"name": name}, "value": value})
+    low, high = classes
+    try:
+        async with nodes(cluster, 2, key), workers(plane, [("wg-5", ["default"])]):
+            await create_group(cluster, WORKLOAD, namespace, "low", {"schedulingPolicy": {"gang": {"minCount": 2}}})
+            members = gang_pods("low", 2, cpu="6", scheduler="hoss", key=key, group="low")
+            for pod in members:
+                pod["spec"]["priorityClassName"] = low
+            await cluster.create_pods(members, namespace=namespace)
+            await wait_all_bound(cluster, namespace, 2, timeout=90)
+            urgent = pinned(hoss_pods("urgent", 1, cpu="6"), "gang-set", key)[0]
+            urgent["spec"]["priorityClassName"] = high
+            await cluster.create_pods([urgent], namespace=namespace)
+
+            async def preempted() -> tuple[bool, str]:
+                pods = {p["metadata"]["name"]: p for p in await cluster.raw_list("list_namespaced_pod", namespace)}
+                left = [n for n in ("low-0000", "low-0001") if n in pods and not pods[n]["metadata"].get(
+                    "deletionTimestamp")]
+                bound = bool(pods.get("urgent-0000", {}).get("spec", {}).get("nodeName"))
+                return not left and bound, f"gang members left running: {left}; urgent bound: {bound}"
+
+            await until(preempted, timeout=120, what="the whole gang to be preempted and the urgent pod to bind")
+            for member in ("low-0000", "low-0001"):
+                events = await cluster.events_for(namespace, member)
+                assert any(e.reason == "Preempted" for e in events), [e.reason for e in events]
+            await check_not_oversold(cluster, namespace)
+    finally:
+        for name in classes:
+            await scheduling.delete_priority_class(name)
