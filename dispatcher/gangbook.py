@@ -203,6 +203,7 @@ class GangBook:
                                          digest=m.digest) for m in chosen),
                 min_available=state.still_needed if not later else len(chosen), attempt=attempts.get(first.uid, 0),
                 queued_unix=min(m.queued_unix for m in chosen),
+                domain_key=group.domain_key if group is not None else "",
             ))
         return plan
 

@@ -62,6 +62,8 @@ class PodGroupSpec:
     """metadata.generation, for the observedGeneration of the conditions written on it."""
     uid: str = ""
     """metadata.uid, for the events recorded about it."""
+    domain_key: str = ""
+    """A Kubernetes PodGroup's schedulingConstraints.topology key: the gang goes within one domain of it."""
     status: Json = field(default_factory=dict, compare=False)
     """Its status as last seen."""
 

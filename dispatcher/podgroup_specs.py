@@ -15,7 +15,9 @@ plugin reads):
   is not checked here;
 - ``disruptionMode``: ``Pod`` (the default) honoured; ``PodGroup`` refused (hoss's preemption picks victims pod by
   pod);
-- ``schedulingConstraints.topology``, ``resourceClaims``: refused.
+- ``schedulingConstraints.topology``: one entry with a key, honoured as a hard tier (the gang goes within one
+  domain of that node label, the domain of members bound already if any; workers/gang.py); more entries refused;
+- ``resourceClaims``: refused.
 
 Volcano's PodGroup:
 - ``minMember``, ``minTaskMember`` (by the pods' ``volcano.sh/task-spec`` annotation): honoured;
@@ -78,9 +80,16 @@ def parse_workload_podgroup(obj: Mapping[str, object]) -> tuple[GangKey, PodGrou
         refusal = refusal or f"spec.schedulingPolicy {policy!r} names neither gang nor basic"
     constraints = spec.get("schedulingConstraints")
     topology = constraints.get("topology") if isinstance(constraints, dict) else None
+    domain_key = ""
     if topology:
-        refusal = refusal or (f"hoss does not honour spec.schedulingConstraints.topology ({topology!r}) yet; "
-                              f"the gang is refused rather than placed across domains")
+        first = topology[0] if isinstance(topology, list) and isinstance(topology[0], dict) else {}
+        key_value = first.get("key")
+        if not isinstance(topology, list) or len(topology) != 1 or not isinstance(key_value, str) or not key_value \
+                or set(first) != {"key"}:
+            refusal = refusal or (f"spec.schedulingConstraints.topology {topology!r}: hoss honours exactly one "
+                                  f"entry with a key (a hard tier), as kube-scheduler reads the first")
+        else:
+            domain_key = key_value
     claims = spec.get("resourceClaims")
     if claims:
         refusal = refusal or f"hoss does not honour spec.resourceClaims ({claims!r}) yet"
@@ -89,7 +98,7 @@ def parse_workload_podgroup(obj: Mapping[str, object]) -> tuple[GangKey, PodGrou
         refusal = refusal or (f"hoss does not honour spec.disruptionMode {mode!r} (its preemption evicts pod by "
                               f"pod); only Pod is accepted")
     return key, PodGroupSpec(min_member=min_count, gang=isinstance(gang, dict), refusal=refusal,
-                             **object_facts(obj))
+                             domain_key=domain_key, **object_facts(obj))
 
 
 def parse_volcano_podgroup(obj: Mapping[str, object]) -> tuple[GangKey, PodGroupSpec] | None:

@@ -446,8 +446,14 @@ class Worker:
         need = max(1, min(len(views), item.min_available - len(bound)))
         profile = self.decider.profile_of(item.policy)
         position = self.feed.position  # the pod index the plan reads: the ledger refuses it if a domain moved on
+        domain = None
+        if item.domain_key:  # the gang's domain is the one its bound members are in, if any
+            domains = {self.nodes.labels[self.nodes.row(node)].get(item.domain_key) for node in bound.values()
+                       if node in self.nodes}
+            domain = next(iter(domains)) if len(domains) == 1 and None not in domains else None
         placement = place_gang(profile, views, self.nodes, rng=self.decider.rng, min_available=need,
-                               topology_key=profile.topology_key, gang=item.gang)
+                               topology_key=profile.topology_key, gang=item.gang, domain_key=item.domain_key,
+                               domain=domain)
         if isinstance(placement, Unschedulable):
             message = placement.message
             if self.preemptor is not None:

@@ -19,7 +19,8 @@ from deploy import pki
 from dev.local.credentials import WEBHOOK_CLIENT_NAME
 from dev.local.state import PlaneFiles, PlaneState
 
-WORKLOAD_FEATURE_GATES = "GenericWorkload=true,GangScheduling=true,TopologyAwareWorkloadScheduling=true"
+WORKLOAD_FEATURE_GATES = ("GenericWorkload=true,GangScheduling=true,TopologyAwareWorkloadScheduling=true,"
+                          "WorkloadAwarePreemption=true")
 """Kubernetes 1.36's Workload API (alpha): the apiserver serves scheduling.k8s.io/v1alpha2 Workload and PodGroup
 and keeps pods' spec.schedulingGroup; the plane's kube-scheduler places such gangs all-or-nothing, as the control
 hoss's gangs are compared with (tests/e2e/test_workload_gangs.py)."""

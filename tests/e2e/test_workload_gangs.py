@@ -37,10 +37,10 @@ _sets = itertools.count()
 
 
 @asynccontextmanager
-async def nodes(cluster: Cluster, count: int, key: str) -> AsyncIterator[list[str]]:
-    """``count`` 8-cpu nodes labelled gang-set=``key`` (their own, for one scheduler)."""
+async def nodes(cluster: Cluster, count: int, key: str, **labels: str) -> AsyncIterator[list[str]]:
+    """``count`` 8-cpu nodes labelled gang-set=``key`` (their own, for one scheduler) and ``labels``."""
     names = await cluster.create_nodes(count, prefix=f"wg{next(_sets)}", capacity=NODE_CAPACITY,
-                                       labels={"gang-set": key})
+                                       labels={"gang-set": key, **labels})
     try:
         await cluster.wait_nodes_ready(names)
         yield names
@@ -149,24 +149,86 @@ async def test_a_kubernetes_podgroup_gang_binds_whole_or_not_at_all_under_kube_s
     assert outcomes == {"default-scheduler": expected, "hoss": expected}, outcomes
 
 
+
+ZONE = "topology.kubernetes.io/zone"
+
+
+async def test_a_topology_constraint_keeps_a_gang_within_one_domain_under_kube_scheduler_and_under_hoss(
+    plane: LocalPlane, dispatcher: Process, cluster: Cluster, namespace: str
+) -> None:
+    """Two zones of two 8-cpu nodes each; PodGroups with schedulingConstraints.topology on the zone label. A gang
+    of 4 x 4 cpu fits one zone and binds there, whole; then a gang of 4 x 5 cpu fits four nodes but no single
+    zone (one member per node) and binds nothing, though the two zones together would hold it. kube-scheduler 1.36
+    (TopologyAwareWorkloadScheduling) and hoss end alike."""
+    outcomes: dict[str, Any] = {}
+    constraint = {"topology": [{"key": ZONE}]}
+    async with workers(plane, [("wg-6", ["default"])]):
+        for scheduler, prefix in (("default-scheduler", "k"), ("hoss", "h")):
+            key = f"{namespace}-{prefix}"[:63]
+            async with nodes(cluster, 2, key, **{ZONE: f"{key}-a"[:63]}), \
+                    nodes(cluster, 2, key, **{ZONE: f"{key}-b"[:63]}):
+                await create_group(cluster, WORKLOAD, namespace, f"{prefix}-one", {
+                    "schedulingPolicy": {"gang": {"minCount": 4}}, "schedulingConstraints": constraint})
+                await cluster.create_pods(
+                    gang_pods(f"{prefix}-one", 4, cpu="4", scheduler=scheduler, key=key, group=f"{prefix}-one"),
+                    namespace=namespace)
+
+                async def one_bound(prefix: str = prefix) -> tuple[bool, str]:
+                    pods = await pods_named(cluster, namespace, f"{prefix}-one")
+                    bound = [p["spec"]["nodeName"] for p in pods if p["spec"].get("nodeName")]
+                    return len(bound) == 4, f"{len(bound)} bound"
+
+                await until(one_bound, timeout=120, what=f"{scheduler} to bind the gang that fits one zone")
+                zone_of = {n["metadata"]["name"]: n["metadata"]["labels"].get(ZONE)
+                           for n in await cluster.raw_list("list_node")}
+                zones_used = {zone_of[p["spec"]["nodeName"]]
+                              for p in await pods_named(cluster, namespace, f"{prefix}-one")}
+                await cluster.delete_pods(namespace)
+
+                async def gone(prefix: str = prefix) -> tuple[bool, str]:
+                    left = await pods_named(cluster, namespace, f"{prefix}-one")
+                    return not left, f"{len(left)} left"
+
+                await until(gone, timeout=60, what="the first gang's pods to be deleted")
+                await create_group(cluster, WORKLOAD, namespace, f"{prefix}-wide", {
+                    "schedulingPolicy": {"gang": {"minCount": 4}}, "schedulingConstraints": constraint})
+                await cluster.create_pods(
+                    gang_pods(f"{prefix}-wide", 4, cpu="5", scheduler=scheduler, key=key, group=f"{prefix}-wide"),
+                    namespace=namespace)
+
+                async def refused(prefix: str = prefix) -> tuple[bool, str]:
+                    pods = await pods_named(cluster, namespace, f"{prefix}-wide")
+                    told = [(await scheduled_condition(cluster, namespace, p["metadata"]["name"]))[0] for p in pods]
+                    group = scheduled_condition_of(await read_group(cluster, WORKLOAD, namespace, f"{prefix}-wide"))
+                    return all(told) and group.get("status") == "False", f"reasons {told}, group {group}"
+
+                await until(refused, timeout=120, what=f"{scheduler} to refuse the gang no single zone holds")
+                wide = await pods_named(cluster, namespace, f"{prefix}-wide")
+                outcomes[scheduler] = {"zones the first gang used": len(zones_used),
+                                       "wide gang bound": sum(bool(p["spec"].get("nodeName")) for p in wide)}
+                await check_not_oversold(cluster, namespace)
+                await cluster.delete_pods(namespace)
+    expected = {"zones the first gang used": 1, "wide gang bound": 0}
+    assert outcomes == {"default-scheduler": expected, "hoss": expected}, outcomes
+
+
 async def test_podgroup_fields_hoss_does_not_honour_are_refused_by_name_on_the_members_and_the_group(
     plane: LocalPlane, dispatcher: Process, cluster: Cluster, namespace: str
 ) -> None:
-    """A Kubernetes PodGroup with a topology constraint and a Volcano PodGroup on a queue other than default: their
-    members wait, never placed, their PodScheduled=False condition naming the field; the Kubernetes group says
+    """A Kubernetes PodGroup with disruptionMode PodGroup and a Volcano PodGroup on a queue other than default:
+    their members wait, never placed, their PodScheduled=False condition naming the field; the Kubernetes group says
     PodGroupScheduled=False with the same reason."""
     key = f"{namespace}-refused"[:63]
     async with nodes(cluster, 2, key), workers(plane, [("wg-2", ["default"])]):
         await create_group(cluster, WORKLOAD, namespace, "topo", {
-            "schedulingPolicy": {"gang": {"minCount": 2}},
-            "schedulingConstraints": {"topology": [{"key": "topology.kubernetes.io/zone"}]}})
+            "schedulingPolicy": {"gang": {"minCount": 2}}, "disruptionMode": "PodGroup"})
         await create_group(cluster, VOLCANO, namespace, "queued", {"minMember": 2, "queue": "research"})
         queued = pinned(hoss_pods("queued", 2), "gang-set", key)
         for pod in queued:
             pod["metadata"]["annotations"] = {"scheduling.k8s.io/group-name": "queued"}
         pods = gang_pods("topo", 2, cpu="1", scheduler="hoss", key=key, group="topo") + queued
         await cluster.create_pods(pods, namespace=namespace)
-        expected = {"topo-0000": "spec.schedulingConstraints.topology", "topo-0001": "spec.schedulingConstraints",
+        expected = {"topo-0000": "spec.disruptionMode 'PodGroup'", "topo-0001": "spec.disruptionMode 'PodGroup'",
                     "queued-0000": "spec.queue 'research'", "queued-0001": "spec.queue 'research'"}
 
         async def refused() -> tuple[bool, str]:
@@ -174,7 +236,7 @@ async def test_podgroup_fields_hoss_does_not_honour_are_refused_by_name_on_the_m
             group = scheduled_condition_of(await read_group(cluster, WORKLOAD, namespace, "topo"))
             return (all(reason == "PodGroupRefused" and expected[pod] in message
                         for pod, (reason, message) in seen.items())
-                    and "spec.schedulingConstraints.topology" in str(group.get("message"))), f"{seen}; {group}"
+                    and "spec.disruptionMode 'PodGroup'" in str(group.get("message"))), f"{seen}; {group}"
 
         await until(refused, timeout=90, what="each refused PodGroup field to be named on its members")
         await hoss_had_its_turn(plane, dispatcher, [p["metadata"]["uid"] for p in

@@ -78,10 +78,14 @@ def test_kubernetes_podgroup_gang_min_count_is_read_and_what_hoss_does_not_honou
                                                            "priorityClassName": "high"})) or (None, None)
     assert key == GangKey("ns", "pg", WORKLOAD_API)
     assert spec is not None and (spec.min_member, spec.gang, spec.refusal, spec.generation) == (4, True, "", 2)
+    tier = parse_workload_podgroup(workload_podgroup({"schedulingPolicy": {"gang": {"minCount": 4}},
+                                                      "schedulingConstraints": {"topology": [{"key": "zone"}]}}))
+    assert tier is not None and (tier[1].domain_key, tier[1].refusal) == ("zone", "")
     basic = parse_workload_podgroup(workload_podgroup({"schedulingPolicy": {"basic": {}}}))
     assert basic is not None and not basic[1].gang and not basic[1].refusal
     for field, value, says in (
-        ("schedulingConstraints", {"topology": [{"key": "zone"}]}, "spec.schedulingConstraints.topology"),
+        ("schedulingConstraints", {"topology": [{"key": "zone"}, {"key": "rack"}]},
+         "spec.schedulingConstraints.topology"),
         ("resourceClaims", [{"name": "c", "resourceClaimName": "c"}], "spec.resourceClaims"),
         ("disruptionMode", "PodGroup", "spec.disruptionMode 'PodGroup'"),
         ("somethingNew", 1, "spec.somethingNew"),
