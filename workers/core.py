@@ -458,11 +458,16 @@ class Worker:
             message = placement.message
             if self.preemptor is not None:
                 self.tally.scheduler.preemption_attempts.inc()
-            if self.preemptor is not None and len(views) + len(bound) >= item.min_available \
-                    and any(eligible(view, self.nodes) for view in views):
+            if self.preemptor is not None and len(views) + len(bound) >= item.min_available:
                 raws = {view.uid: raw for view, raw in work.members}
-                message = await self.preemptor.attempt_gang(
-                    profile, item.uid, [(view, raws[view.uid]) for view in views[:need]], self.nodes, message)
+                needed = [(view, raws[view.uid]) for view in views[:need]]
+                started, text = False, message
+                if await self.preemptor.has_quota(views[0].namespace):
+                    # A tenant within its min reclaims for the whole gang first (CapacityScheduling), all or nothing.
+                    started, text = await self.preemptor.reclaim_gang(profile, item.uid, needed, self.nodes, message)
+                if not started and any(eligible(view, self.nodes) for view in views):
+                    text = await self.preemptor.attempt_gang(profile, item.uid, needed, self.nodes, message)
+                message = text
             self._unschedulable(work, message)
             return
         chosen = [v for v in views if v.uid in placement.assignments]
@@ -482,7 +487,14 @@ class Worker:
                 self.tally.count("gone")
                 self._done(work)
             case QuotaExceeded():
-                self._unschedulable(work, quota_message(result))
+                message = quota_message(result)
+                if self.preemptor is not None:
+                    # A tenant within its min reclaims for the whole gang at once, all or nothing.
+                    self.tally.scheduler.preemption_attempts.inc()
+                    raws = {view.uid: raw for view, raw in work.members}
+                    _started, message = await self.preemptor.reclaim_gang(
+                        profile, item.uid, [(view, raws[view.uid]) for view in chosen], self.nodes, message)
+                self._unschedulable(work, message)
             case Conflict(node=node):
                 self.tally.count("conflicts")
                 await self._refresh_usage(sorted({m.node for m in members} | {node}))

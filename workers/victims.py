@@ -463,6 +463,62 @@ def gang_victims(profile: Profile, members: Sequence[PodView], table: NodeTable,
                 table.set_used(name, usage)
 
 
+def gang_reclaim_victims(profile: Profile, members: Sequence[PodView], table: NodeTable, budgets: Sequence[Budget],
+                         *, quotas: QuotaReport, holds: Iterable[Nomination] = (),
+                         leaving: Sequence[PlacedPod] = (), coming: Mapping[str, int] | None = None,
+                         ) -> list[GangStep] | None:
+    """Reclaim for every one of `members` (a gang whose tenant is within its min with all of them), or None: all
+    or nothing. As `gang_victims`, members are planned one after another on the table, each seeing the earlier
+    ones placed and their victims gone, and the quota use they add (`reclaim_candidates`' `leaving`, `coming`): a
+    member that fits and leaves the quotas' sum of min room takes no victim, else kube-scheduler's choice among its
+    reclaim candidates. The table is left as it was."""
+    holds = list(holds)
+    governed = set(quotas.sum_min)
+    gone: list[PlacedPod] = list(leaving)
+    adding: dict[str, int] = dict(coming or {})
+    steps: list[GangStep] = []
+    used = {name: table.used_of(name) for name in table.names}
+    removed: list[PlacedPod] = []
+    placed: list[str] = []
+    try:
+        for member in members:
+            total = {r: quotas.sum_used.get(r, 0) + adding.get(r, 0)
+                     - sum(p.request.get(r, 0) for p in gone) for r in governed}
+            short = any(total[r] + member.request.get(r, 0) > quotas.sum_min[r]
+                        for r in governed if member.request.get(r, 0) > 0)
+            evaluation = evaluate(profile, member, table)
+            rows = np.flatnonzero(evaluation.feasible)
+            victims: tuple[PlacedPod, ...]
+            if rows.size and not short:
+                node, victims = table.names[int(rows[np.argmax(evaluation.scores[rows])])], ()
+            else:
+                chosen = pick(reclaim_candidates(profile, member, table, budgets, quotas=quotas, holds=holds,
+                                                 leaving=gone, coming=adding))
+                if chosen is None:
+                    return None
+                node, victims = chosen.node, chosen.victims
+            for victim in victims:
+                table.remove_pod(victim.uid)
+                table.sub_used(victim.node, victim.request)
+                removed.append(victim)
+                gone.append(victim)
+            table.add_used(node, member.request)
+            table.place_pod(placed_view(member, node))
+            placed.append(member.uid)
+            for resource, amount in member.request.items():
+                adding[resource] = adding.get(resource, 0) + amount
+            steps.append(GangStep(member=member, node=node, victims=tuple(victims)))
+        return steps
+    finally:
+        for uid in placed:
+            table.remove_pod(uid)
+        for victim in removed:
+            table.place_pod(victim)
+        for name, usage in used.items():
+            if table.used_of(name) != usage:
+                table.set_used(name, usage)
+
+
 def preemption_policy(raw: Mapping[str, object]) -> str:
     spec = raw.get("spec")
     policy = spec.get("preemptionPolicy") if isinstance(spec, dict) else None

@@ -28,6 +28,7 @@ from tests.e2e.hoss import (
     wait_all_bound,
     workers,
 )
+from tests.e2e.test_quota import GPU, elastic_quota, used_status
 from tests.waiting import until
 
 WORKLOAD = ("scheduling.k8s.io", "v1alpha2", "podgroups")
@@ -393,3 +394,54 @@ async def test_a_running_gang_is_preempted_whole_never_in_part(
     finally:
         for name in classes:
             await scheduling.delete_priority_class(name)
+
+
+async def test_a_gang_within_its_quota_min_reclaims_for_all_its_members_at_once(
+    plane: LocalPlane, dispatcher: Process, cluster: Cluster, namespace: str
+) -> None:
+    """Six GPUs (three nodes of two); tenant A (min 2, max 6) runs six 1-GPU pods, borrowing four; tenant B (min 4)
+    sends a gang of four 1-GPU pods. No node has room: the gang reclaims A's four borrowed pods at once, all or
+    nothing, and binds whole; A keeps its min."""
+    tenant_a, tenant_b = namespace, f"{namespace[:50]}-b"
+    await cluster.ensure_namespace(tenant_b)
+    key = f"{namespace}-reclaim"[:63]
+    gpu_node = {"cpu": "16", "memory": "64Gi", "pods": "110", GPU: "2"}
+    names = await cluster.create_nodes(3, prefix=f"wg{next(_sets)}", capacity=gpu_node, labels={"gang-set": key})
+    try:
+        await cluster.wait_nodes_ready(names)
+        await elastic_quota(cluster, tenant_a, {GPU: "2"}, {GPU: "6"})
+        await elastic_quota(cluster, tenant_b, {GPU: "4"}, {GPU: "6"})
+
+        async def quotas_synced() -> tuple[bool, str]:
+            return (await used_status(cluster, tenant_a) == {GPU: "0"}
+                    and await used_status(cluster, tenant_b) == {GPU: "0"}), "status.used of both quotas"
+
+        async with workers(plane, [("wg-7", ["default"])]):
+            await until(quotas_synced, timeout=60, what="the resolver to pick up both ElasticQuotas")
+            await cluster.create_pods(pinned(hoss_pods("a", 6, cpu="100m", extra={GPU: "1"}), "gang-set", key),
+                                      namespace=tenant_a)
+            await wait_all_bound(cluster, tenant_a, 6, timeout=120)
+            labels = {"pod-group.scheduling.sigs.k8s.io/name": "train",
+                      "pod-group.scheduling.sigs.k8s.io/min-available": "4"}
+            await cluster.create_pods(
+                pinned(hoss_pods("b", 4, cpu="100m", extra={GPU: "1"}, labels=labels), "gang-set", key),
+                namespace=tenant_b)
+
+            async def reclaimed() -> tuple[bool, str]:
+                a = [p for p in await cluster.raw_list("list_namespaced_pod", tenant_a)
+                     if p["spec"].get("nodeName") and not p["metadata"].get("deletionTimestamp")]
+                b = [p for p in await cluster.raw_list("list_namespaced_pod", tenant_b) if p["spec"].get("nodeName")]
+                return (len(a), len(b)) == (2, 4), f"A {len(a)} bound, B {len(b)} bound"
+
+            await until(reclaimed, timeout=180, what="B's gang to reclaim A's borrowed GPUs and bind whole")
+            said = [e.message or "" for i in range(4) for e in await cluster.events_for(tenant_b, f"b-{i:04d}")]
+            assert any("reclaim: in progress for the gang" in m for m in said), said
+            preempted = [e for i in range(6) for e in await cluster.events_for(tenant_a, f"a-{i:04d}")
+                         if e.reason == "Preempted"]
+            assert len(preempted) == 4, [e.message for e in preempted]
+            await check_not_oversold(cluster, tenant_b)
+    finally:
+        await cluster.delete_pods(tenant_a)
+        await cluster.delete_pods(tenant_b)
+        plane.kubectl("delete", "namespace", tenant_b, "--wait=false", "--ignore-not-found")
+        await cluster.delete_nodes(names)
