@@ -4,8 +4,8 @@ preemption between queues) and admits them by unsuspending them; hoss places the
 Kueue's controller manager is built from sigs.k8s.io/kueue like the plane's other binaries (dev/local/binaries.py,
 wrapper module dev/local/go/kueue); its CRDs come from the same module version (`crd_files`). The plane runs it
 with the admin identity, no leader election, no metrics listener, no visibility server, the batch/job integration
-only, and its webhook server on loopback with a certificate from the plane's CA; the apiserver is not told about
-Kueue's webhooks, so Jobs are created suspended (``spec.suspend: true``) with the label
+only, fair sharing on, and its webhook server on loopback with a certificate from the plane's CA; the apiserver is
+not told about Kueue's webhooks, so Jobs are created suspended (``spec.suspend: true``) with the label
 ``kueue.x-k8s.io/queue-name``, as Kueue's mutating webhook would leave them. Without Kueue's internal certificate
 management its binary reads a metrics certificate from the fixed path `METRICS_CERT_DIR` at start (even with
 metrics off): the plane writes one there from its CA. Pure but for `crd_files`, which asks the Go toolchain where
@@ -53,6 +53,8 @@ def configuration(*, health_port: int, webhook_port: int, cert_dir: Path) -> dic
         "manageJobsWithoutQueueName": False,
         "clientConnection": {"qps": 50, "burst": 100},
         "integrations": {"frameworks": ["batch/job"]},
+        # Fair sharing between the ClusterQueues of a cohort (their weighted shares of what they borrow).
+        "fairSharing": {"preemptionStrategies": ["LessThanOrEqualToFinalShare", "LessThanInitialShare"]},
         "featureGates": {"VisibilityOnDemand": False},
     }
 

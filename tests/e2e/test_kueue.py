@@ -2,7 +2,8 @@
 queues two tenants' Jobs in one ClusterQueue through their LocalQueues and admits them within its quota; hoss
 places the pods of admitted Jobs, on the nodes of the ResourceFlavor Kueue chose (the node selector Kueue injects).
 A Job past the quota stays suspended, no pod of it made or placed, until quota frees up; a tenant borrows a
-neighbour's idle quota in a cohort and Kueue takes it back by preemption; a Job admitted whole is placed by hoss as
+neighbour's idle quota in a cohort and Kueue takes it back by preemption; fair sharing splits a lender's quota
+between two borrowing tenants; a Job admitted whole is placed by hoss as
 a gang, all or nothing; Kueue's topology-aware scheduling gate holds pods until Kueue pins them to nodes."""
 
 from __future__ import annotations
@@ -325,3 +326,71 @@ async def test_kueue_topology_aware_scheduling_gates_and_node_selectors_are_hono
         plane.kubectl("delete", "resourceflavor", flavor, "--wait=false", "--ignore-not-found")
         plane.kubectl("delete", "topology", topology, "--wait=false", "--ignore-not-found")
         await cluster.delete_nodes(big + small)
+
+
+async def test_fair_sharing_splits_a_lenders_quota_between_two_borrowing_tenants(
+    plane: LocalPlane, dispatcher: Process, kueue: Process, cluster: Cluster, namespace: str
+) -> None:
+    """A cohort of three ClusterQueues: a lender with 4 cpu and no tenant, and two tenants' queues with none of
+    their own. Tenant A's four 1-cpu Jobs borrow all 4 cpu; then tenant B's two arrive: with fair sharing Kueue
+    preempts two of A's so that each tenant holds an equal share (2 and 2), and hoss places the pods of what Kueue
+    admits."""
+    tenant_a, tenant_b = namespace, f"{namespace[:50]}-b"
+    await cluster.ensure_namespace(tenant_b)
+    key = f"kq{next(_sets)}-{namespace}"[:63]
+    custom: Any = client.CustomObjectsApi(cluster.api)
+    batch: Any = client.BatchV1Api(cluster.api)
+    flavor, cohort = f"{key}-flavor"[:63], f"{key}-cohort"[:63]
+    queues = {"lender": (f"{key}-lend"[:63], "4"), tenant_a: (f"{key}-a"[:63], "0"),
+              tenant_b: (f"{key}-b"[:63], "0")}
+    nodes = await cluster.create_nodes(1, prefix=f"kq{next(_sets)}", capacity=NODE_CAPACITY,
+                                       labels={"gang-set": key})
+    try:
+        await cluster.wait_nodes_ready(nodes)
+        await create(custom, "resourceflavors", {"kind": "ResourceFlavor", "metadata": {"name": flavor},
+                                                 "spec": {"nodeLabels": {"gang-set": key}}})
+        for owner, (queue, cpu) in queues.items():
+            selector = {"matchLabels": {"kubernetes.io/metadata.name": owner}} if owner != "lender" else \
+                {"matchLabels": {"e2e.hoss.io/none": "x"}}
+            await create(custom, "clusterqueues", {"kind": "ClusterQueue", "metadata": {"name": queue}, "spec": {
+                "cohortName": cohort, "namespaceSelector": selector,
+                "preemption": {"reclaimWithinCohort": "Any", "withinClusterQueue": "Never"},
+                "resourceGroups": [{"coveredResources": ["cpu", "memory"], "flavors": [{"name": flavor, "resources": [
+                    {"name": "cpu", "nominalQuota": cpu},
+                    {"name": "memory", "nominalQuota": "4Gi" if cpu != "0" else "0"}]}]}]}})
+            if owner != "lender":
+                await create(custom, "localqueues", {"kind": "LocalQueue", "metadata": {"name": "team"},
+                                                     "spec": {"clusterQueue": queue}}, namespace=owner)
+
+        async def running(tenant: str) -> int:
+            return sum(1 for p in await cluster.raw_list("list_namespaced_pod", tenant)
+                       if p["spec"].get("nodeName") in nodes and not p["metadata"].get("deletionTimestamp"))
+
+        async with workers(plane, [("kq-5", ["default"])]):
+            for i in range(4):
+                await batch.create_namespaced_job(tenant_a, job(f"a{i}", "team", pods=1, cpu="1"))
+
+            async def a_takes_all() -> tuple[bool, str]:
+                count = await running(tenant_a)
+                return count == 4, f"A runs {count}"
+
+            await until(a_takes_all, timeout=120, what="A to borrow all of the lender's 4 cpu")
+            for i in range(2):
+                await batch.create_namespaced_job(tenant_b, job(f"b{i}", "team", pods=1, cpu="1"))
+
+            async def fair() -> tuple[bool, str]:
+                a, b = await running(tenant_a), await running(tenant_b)
+                return (a, b) == (2, 2), f"A runs {a}, B runs {b}"
+
+            await until(fair, timeout=180, what="fair sharing to give each tenant an equal share")
+            pods = [p for t in (tenant_a, tenant_b) for p in await cluster.raw_list("list_namespaced_pod", t)]
+            assert oversold_nodes(await cluster.raw_list("list_node"), pods) == {}
+    finally:
+        for tenant in (tenant_a, tenant_b):
+            plane.kubectl("delete", "jobs", "--all", "-n", tenant, "--wait=false", "--ignore-not-found")
+            await cluster.delete_pods(tenant)
+        plane.kubectl("delete", "namespace", tenant_b, "--wait=false", "--ignore-not-found")
+        for queue, _cpu in queues.values():
+            plane.kubectl("delete", "clusterqueue", queue, "--wait=false", "--ignore-not-found")
+        plane.kubectl("delete", "resourceflavor", flavor, "--wait=false", "--ignore-not-found")
+        await cluster.delete_nodes(nodes)
