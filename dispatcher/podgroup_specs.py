@@ -10,9 +10,10 @@ plugin reads):
 - ``schedulingPolicy.gang.minCount``: honoured (all-or-nothing, members bound count); ``schedulingPolicy.basic``:
   members placed one by one, as kube-scheduler does;
 - ``podGroupTemplateRef``: informational (the Workload it was made from);
-- ``priorityClassName``, ``priority``: the members' own ``spec.priority`` orders them in hoss (the group's priority
-  is the members' class in every controller that writes it); a PodGroup priority that differs from its members'
-  is not checked here;
+- ``priorityClassName``, ``priority`` (the apiserver's Priority admission resolves one into the other, 0 without
+  a class): accepted, but hoss orders and preempts a gang by its members' own ``spec.priority``, where
+  kube-scheduler 1.36's workload-aware preemption takes the PodGroup's; the two agree when the PodGroup and its
+  pods name the same PriorityClass (a known difference, not checked);
 - ``disruptionMode``: ``Pod`` (the default) honoured; ``PodGroup`` refused (hoss's preemption picks victims pod by
   pod);
 - ``schedulingConstraints.topology``: one entry with a key, honoured as a hard tier (the gang goes within one

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dispatcher.gangbook import GangBook
 from dispatcher.gangs import (
     VOLCANO_API,
     WORKLOAD_API,
@@ -15,6 +16,7 @@ from dispatcher.gangs import (
     parse_podgroup,
     raw_gang_of,
 )
+from dispatcher.intake import PendingPod
 from dispatcher.podgroup_specs import parse_volcano_podgroup, parse_workload_podgroup
 
 
@@ -129,3 +131,34 @@ def test_podgroup_objects_are_parsed_and_bad_ones_ignored() -> None:
     assert parse_podgroup(good) == (GangKey("ns", "pg"), PodGroupSpec(min_member=8, timeout_seconds=30.0))
     assert parse_podgroup({"metadata": {"name": "pg", "namespace": "ns"}, "spec": {}}) is None
     assert parse_podgroup({"spec": {"minMember": 2}}) is None
+
+
+def member(name: str) -> PendingPod:
+    return PendingPod(uid=f"uid-{name}", namespace="ns", name=name, policy="default", seen_at=0.0,
+                      scheduling_group="pg", compact="{}", digest="d")
+
+
+def test_a_kubernetes_podgroup_topology_key_travels_with_the_gang_and_basic_members_go_singly() -> None:
+    key = GangKey("ns", "pg", WORKLOAD_API)
+    pods = [member("m-0"), member("m-1")]
+    pending = {p.uid: p for p in pods}
+    tiered = GangBook().plan(pods, pending=pending, dispatched={}, attempts={}, now=0.0,
+                             podgroups={key: PodGroupSpec(min_member=2, domain_key="zone")})
+    assert [(i.gang, i.domain_key, i.min_available) for i in tiered.items] == [("ns/pg", "zone", 2)]
+    basic = GangBook().plan(pods, pending=pending, dispatched={}, attempts={}, now=0.0,
+                            podgroups={key: PodGroupSpec(min_member=1, gang=False)})
+    assert not basic.items and [p.name for p in basic.singles] == ["m-0", "m-1"]
+
+
+def test_a_volcano_gang_item_carries_each_tasks_minimum_and_the_rest_follow_once_it_started() -> None:
+    key = GangKey("ns", "job", VOLCANO_API)
+    pods = [PendingPod(uid=f"uid-{name}", namespace="ns", name=name, policy="default", seen_at=0.0,
+                       annotations={"scheduling.k8s.io/group-name": "job", "volcano.sh/task-spec": task},
+                       compact="{}", digest="d")
+            for name, task in (("ps-0", "ps"), ("w-0", "worker"), ("w-1", "worker"), ("w-2", "worker"))]
+    group = PodGroupSpec(min_member=2, task_minimums=(("ps", 1), ("worker", 1)))
+    plan = GangBook().plan(pods, pending={p.uid: p for p in pods}, dispatched={}, attempts={}, now=0.0,
+                           podgroups={key: group})
+    [item] = plan.items
+    assert [m.name for m in item.members] == ["ps-0", "w-0"] and item.min_available == 2
+    assert sorted(pod.name for pod, _reason, _message in plan.waits) == ["w-1", "w-2"]
