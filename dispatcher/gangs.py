@@ -64,7 +64,6 @@ class PodGroupSpec:
     """metadata.uid, for the events recorded about it."""
     domain_key: str = ""
     """A Kubernetes PodGroup's schedulingConstraints.topology key: the gang goes within one domain of it."""
-
     status: Json = field(default_factory=dict, compare=False)
     """Its status as last seen."""
 
