@@ -20,15 +20,18 @@ from redis.asyncio import Redis
 
 from deploy.explanation import SCHEDULER_NAME, Facts, GangFacts, Report, explain, render_table, to_json
 from dispatcher.gangs import (
-    PODGROUP_LABEL,
+    PLUGINS_API,
+    VOLCANO_API,
     GangKey,
     PodGroupSpec,
-    gang_of,
     gang_state,
     member_selector,
     parse_podgroup,
+    raw_gang_of,
+    task_of,
 )
 from dispatcher.intake import namespace_labels
+from dispatcher.podgroup_specs import parse_volcano_podgroup, parse_workload_podgroup
 from dispatcher.routing import policy_of
 from dispatcher.spreading import KINDS, SelectorSources, controller_of
 from hoss.errors import HossError
@@ -55,6 +58,11 @@ _CONTROLLER_PATHS = {
 }
 assert set(_CONTROLLER_PATHS) == set(KINDS.values())
 PODGROUP_PATH = "/apis/scheduling.x-k8s.io/v1alpha1/namespaces/{namespace}/podgroups/{name}"
+PODGROUP_PATHS = {PLUGINS_API: (PODGROUP_PATH, parse_podgroup),
+                  VOLCANO_API: ("/apis/scheduling.volcano.sh/v1beta1/namespaces/{namespace}/podgroups/{name}",
+                                parse_volcano_podgroup),
+                  "scheduling.k8s.io": ("/apis/scheduling.k8s.io/v1alpha2/namespaces/{namespace}/podgroups/{name}",
+                                        parse_workload_podgroup)}
 
 
 class WhyError(HossError):
@@ -189,7 +197,7 @@ async def _gang(rest: KubeREST, raw: Json, form: Json, namespaces: Mapping[str, 
     metadata = raw["metadata"]
     labels = metadata.get("labels") or {}
     annotations = metadata.get("annotations") or {}
-    key = gang_of(str(metadata.get("namespace") or "default"), labels, annotations)
+    key = raw_gang_of({**raw, "metadata": {**metadata, "namespace": metadata.get("namespace") or "default"}})
     if key is None:
         return None
     selector = member_selector(labels, annotations)
@@ -203,23 +211,24 @@ async def _gang(rest: KubeREST, raw: Json, form: Json, namespaces: Mapping[str, 
         pod_spec = pod.get("spec") or {}
         if pod_meta.get("uid") == uid or pod_meta.get("deletionTimestamp") \
                 or (pod.get("status") or {}).get("phase") in TERMINAL_PHASES \
-                or gang_of(key.namespace, pod_meta.get("labels") or {}, pod_meta.get("annotations") or {}) != key:
+                or raw_gang_of(pod) != key:
             continue
         if pod_spec.get("nodeName"):
             bound += 1
         elif pod_spec.get("schedulerName") == SCHEDULER_NAME:
             pending.append(pod)
     podgroups: dict[GangKey, PodGroupSpec] = {}
-    if PODGROUP_LABEL in labels:
-        group = await _get(rest, PODGROUP_PATH.format(namespace=key.namespace, name=key.name),
-                           what=f"PodGroup {key}")
-        parsed = parse_podgroup(group) if group is not None else None
+    if key.needs_object or "scheduling.x-k8s.io/pod-group" in labels:
+        path, parse = PODGROUP_PATHS[key.api]
+        group = await _get(rest, path.format(namespace=key.namespace, name=key.name), what=f"PodGroup {key}")
+        parsed = parse(group) if group is not None else None
         if parsed is not None:
             podgroups[parsed[0]] = parsed[1]
     members = [raw, *sorted(pending, key=lambda p: str((p.get("metadata") or {}).get("name")))]
     more_sources = await _sources(rest, key.namespace, pending, known=sources)
     state = gang_state(key, [(m.get("metadata") or {}).get("labels") or {} for m in members],
-                       podgroups=podgroups, bound=bound)
+                       podgroups=podgroups, bound=bound,
+                       member_tasks=[task_of((m.get("metadata") or {}).get("annotations") or {}) for m in members])
     storage = await _storage(rest, key.namespace) if any(compact.claim_names(m) for m in members[1:]) else None
     forms = [form, *(_form(member, namespaces, more_sources, storage) for member in members[1:])]
     return GangFacts(state=state, members=forms)

@@ -40,12 +40,13 @@ from redis.exceptions import RedisError
 
 from dispatcher import dependencies
 from dispatcher.gangbook import gang_key
-from dispatcher.gangs import GangKey, count_members
+from dispatcher.gangs import PLUGINS_API, GangKey, PodGroupSpec, count_members
 from dispatcher.hints import with_hints
 from dispatcher.intake import PendingPod, dispatch_order, item_uids, plan_work_items, single_item
 from dispatcher.loads import Assignments, WorkerWatch, worker_figures, worker_loads
 from dispatcher.metrics import DispatcherMetrics
 from dispatcher.notices import Notifier
+from dispatcher.podgroup_status import StatusChange, wall_time_text
 from dispatcher.routing import choose_worker
 from dispatcher.settings import DispatcherSettings
 from dispatcher.view import ClusterView
@@ -356,20 +357,21 @@ class Dispatcher(ClusterView):
 
     async def refresh_gangs(
         self, list_members: Callable[[str, str], Awaitable[list[Json]]],
-        write_status: Callable[[GangKey, Json], Awaitable[None]] | None = None,
+        write_status: Callable[[GangKey, PodGroupSpec, StatusChange], Awaitable[None]] | None = None,
     ) -> None:
-        """Count the members of every gang that changed (bound, running), write its PodGroup's status (phase
-        Pending/Scheduled/Running, scheduled, running) when that changed, and wake the rounds when a count did. A
-        gang is counted until it has no pending member and its counts stood still for a few rounds."""
+        """Count the members of every gang that changed, and of every gang whose PodGroup is not in a final phase
+        (bound, running, succeeded, failed), write its PodGroup's status when that changed
+        (dispatcher/podgroup_status.py), and wake the rounds when a count did. A gang without a PodGroup is
+        counted until it has no pending member and its counts stood still for a few rounds."""
         pending_gangs = self._pending_gangs()
-        for key in sorted(self.gangs.dirty):
-            selector = self.gangs.selectors.get(key)
+        for key in self.gangs.due(self.podgroups, now=self._clock()):
+            selector = self.gangs.selectors.get(key, None if key.api == PLUGINS_API else "")
             if selector is None:
                 self.gangs.dirty.pop(key, None)
                 continue
             counted_at = self._clock()
             try:
-                counts = count_members(await list_members(key.namespace, selector))
+                counts = count_members(await list_members(key.namespace, selector), key)
             except (KubeError, aiohttp.ClientError, OSError, TimeoutError) as error:
                 log.warning("cannot count the members of gang %s: %s", key, error)
                 continue
@@ -378,15 +380,15 @@ class Dispatcher(ClusterView):
                 self.wake()
             group = self.podgroups.get(key)
             if group is not None and write_status is not None:
-                status = self.gangs.status_due(key, group, counts)
-                if status is not None:
+                change = self.gangs.status_due(key, group, counts, now=wall_time_text(self._wall()))
+                if change is not None:
                     try:
-                        await write_status(key, status)
+                        await write_status(key, group, change)
                     except (KubeError, aiohttp.ClientError, OSError, TimeoutError) as error:
                         log.warning("cannot write the status of PodGroup %s: %s", key, error)
                     else:
-                        self.gangs.status_written(key, status)
-            self.gangs.settle(key, changed=changed, pending=key in pending_gangs)
+                        self.gangs.status_written(key, change.status)
+            self.gangs.settle(key, changed=changed, pending=key in pending_gangs, tracked=group is not None)
 
     # -- waiting pods and their notices ---------------------------------------------------------------------
 

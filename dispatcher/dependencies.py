@@ -5,7 +5,8 @@ Annotation ``hoss.io/depends-on`` on the pod or the Job's pod template: a comma-
 ``[job/|podgroup/]<name>[:<condition>]`` naming Jobs (the default kind) or scheduler-plugins PodGroups in the
 pod's namespace, condition ``Complete`` (the default) or ``Running``, e.g.
 ``prepare:Complete,podgroup/trainers:Running``. A Job is Complete with the condition Complete and Running with an
-active pod (or once it succeeded); a PodGroup is Running in phase Running or Scheduled (or Finished), Complete in
+active pod (or once it succeeded); a PodGroup is Running in phase Running (or Scheduled, which scheduler-plugins
+wrote before it had Scheduling; or Finished), Complete in
 phase Finished. All entries must hold. A Job with the condition Failed (a PodGroup in phase Failed) gives its
 dependents reason ``DependencyFailed`` (the dispatcher fails them, or lets them wait: ``failed_dependency``); a
 cycle among Jobs' templates (a -> b -> a, or a Job naming itself) is refused with reason ``DependencyCycle``.

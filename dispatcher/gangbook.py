@@ -18,27 +18,33 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from dispatcher.gangs import (
+    PLUGINS_API,
+    PODGROUP_LABEL,
     GangCounts,
     GangKey,
     PodGroupSpec,
     gang_of,
     gang_state,
     member_selector,
-    podgroup_phase,
+    task_of,
 )
 from dispatcher.intake import PendingPod
+from dispatcher.podgroup_status import FINAL_PHASES, StatusChange, status_change
 from hoss.model.objects import Json
 from hoss.queue import GangMember, WorkItem
 
 GANG_WAITING_REASON = "GangIncomplete"
 GANG_TIMEOUT_REASON = "GangTimeout"
+GANG_REFUSED_REASON = "PodGroupRefused"
 GANG_QUIET_ROUNDS = 5
-"""A gang with no pending member is counted until its counts stood still this many rounds (members start)."""
+"""A gang with no PodGroup object and no pending member is counted until its counts stood still this many rounds
+(members start); a gang with a PodGroup is counted, every `RECOUNT_SECONDS`, until its phase is final."""
+RECOUNT_SECONDS = 5.0
 
 
 def gang_key(pod: PendingPod) -> GangKey | None:
     """The gang of a pending pod, if it belongs to one."""
-    return gang_of(pod.namespace, pod.labels, pod.annotations)
+    return gang_of(pod.namespace, pod.labels, pod.annotations, scheduling_group=pod.scheduling_group)
 
 
 @dataclass
@@ -67,16 +73,33 @@ class GangBook:
 
     def changed(self, pod: PendingPod, *, now: float) -> None:
         """A member of a gang appeared or left the pending set: count the gang's members again."""
-        if not (pod.labels or pod.annotations):
+        if not (pod.labels or pod.annotations or pod.scheduling_group):
             return
         key = gang_key(pod)
         if key is None:
             return
         self.dirty[key] = now
         self.quiet.pop(key, None)
-        selector = member_selector(pod.labels, pod.annotations)
-        if selector is not None:
-            self.selectors[key] = selector
+        self.selectors[key] = member_selector(pod.labels, pod.annotations)
+
+    def due(self, podgroups: Mapping[GangKey, PodGroupSpec], *, now: float) -> list[GangKey]:
+        """The gangs to count now: those that changed, and those with a PodGroup not in a final phase whose count
+        is `RECOUNT_SECONDS` old (their members start, run and finish without passing through the pending set)."""
+        due = set(self.dirty)
+        for key, group in podgroups.items():
+            phase = str(self.podgroup_status.get(key, group.status).get("phase") or "")
+            if phase in FINAL_PHASES:
+                continue
+            counted = self.counts.get(key)
+            if counted is None or now - counted[0] >= RECOUNT_SECONDS:
+                due.add(key)
+                if key.api == PLUGINS_API:
+                    self.selectors.setdefault(key, f"{PODGROUP_LABEL}={key.name}")
+        return sorted(due)
+
+    def bound_tasks(self, key: GangKey) -> dict[str, int]:
+        counted = self.counts.get(key)
+        return dict(counted[1].tasks) if counted is not None else {}
 
     def bound_members(self, key: GangKey) -> int | None:
         """Members of the gang bound, when counted since the gang last changed (else None: not known yet)."""
@@ -91,20 +114,21 @@ class GangBook:
         self.counts[key] = (at, counts)
         return previous is None or previous[1] != counts
 
-    def status_due(self, key: GangKey, group: PodGroupSpec, counts: GangCounts) -> Json | None:
-        """The PodGroup's status for these counts (phase Pending/Scheduled/Running, scheduled, running), or None
-        when that was written last."""
-        status: Json = {"phase": podgroup_phase(group.min_member, counts), "scheduled": counts.bound,
-                        "running": counts.running}
-        return None if self.podgroup_status.get(key) == status else status
+    def status_due(self, key: GangKey, group: PodGroupSpec, counts: GangCounts, *, now: str) -> StatusChange | None:
+        """The PodGroup's status for these counts (dispatcher/podgroup_status.py), or None when written already."""
+        previous = {**group.status, **self.podgroup_status.get(key, {})}
+        return status_change(key, group, counts, previous, now=now)
 
     def status_written(self, key: GangKey, status: Json) -> None:
-        self.podgroup_status[key] = status
+        self.podgroup_status[key] = {**self.podgroup_status.get(key, {}), **status}
 
-    def settle(self, key: GangKey, *, changed: bool, pending: bool) -> None:
-        """After a count: forget a gang with no pending member whose counts stood still for a few rounds."""
+    def settle(self, key: GangKey, *, changed: bool, pending: bool, tracked: bool = False) -> None:
+        """After a count: it is no longer dirty; forget a gang with no pending member and no PodGroup to keep
+        (``tracked``) whose counts stood still for a few rounds."""
         quiet = 0 if changed else self.quiet.get(key, 0) + 1
         self.quiet[key] = quiet
+        if tracked:
+            return
         if not pending and quiet >= GANG_QUIET_ROUNDS:
             self.forget(key)
 
@@ -139,8 +163,14 @@ class GangBook:
                  if gang_key(p) == key and p.uid not in dispatched and not p.gated),  # gated: not yet
                 key=lambda p: p.name,
             )
+            group = podgroups.get(key)
+            if group is not None and not group.gang and not group.refusal:
+                plan.singles += members  # a Kubernetes PodGroup with the basic policy: one by one
+                continue
             bound = self.bound_members(key)
-            state = gang_state(key, [m.labels for m in members], podgroups=podgroups, bound=bound or 0)
+            state = gang_state(key, [m.labels for m in members], podgroups=podgroups, bound=bound or 0,
+                               member_tasks=[task_of(m.annotations) for m in members],
+                               bound_tasks=self.bound_tasks(key))
             if bound is not None and state.started:
                 # The gang has started: extra and replacement members go out one by one, on the gang's policy.
                 self.since.pop(key, None)
@@ -150,9 +180,9 @@ class GangBook:
                 if bound is None:
                     self.dirty.setdefault(key, now)  # count its bound members; that wakes the rounds
                 since = self.since.setdefault(key, now)
-                reason, message = GANG_WAITING_REASON, state.waiting_message()
-                group = podgroups.get(key)
-                if group is not None and group.timeout_seconds is not None:
+                reason = GANG_REFUSED_REASON if state.refusal else GANG_WAITING_REASON
+                message = state.waiting_message()
+                if group is not None and group.timeout_seconds is not None and not state.refusal:
                     waited = now - since
                     if waited >= group.timeout_seconds:
                         reason = GANG_TIMEOUT_REASON
@@ -161,12 +191,35 @@ class GangBook:
                 plan.waits += [(member, reason, message) for member in members]
                 continue
             self.since.pop(key, None)
-            first = members[0]
+            chosen, later = _minimum_first(members, group, bound_tasks=self.bound_tasks(key),
+                                           needed=state.still_needed)
+            plan.waits += [(member, GANG_WAITING_REASON,
+                            f"gang {key}: the members its minTaskMember needs are placed first; this one follows "
+                            f"once they are bound") for member in later]
+            first = chosen[0]
             plan.items.append(WorkItem(
                 uid=first.uid, namespace=first.namespace, name=first.name, policy=first.policy, gang=str(key),
                 members=tuple(GangMember(uid=m.uid, namespace=m.namespace, name=m.name, pod=m.compact,
-                                         digest=m.digest) for m in members),
-                min_available=state.still_needed, attempt=attempts.get(first.uid, 0),
-                queued_unix=min(m.queued_unix for m in members),
+                                         digest=m.digest) for m in chosen),
+                min_available=state.still_needed if not later else len(chosen), attempt=attempts.get(first.uid, 0),
+                queued_unix=min(m.queued_unix for m in chosen),
+                domain_key=group.domain_key if group is not None else "",
             ))
         return plan
+
+
+def _minimum_first(members: Sequence[PendingPod], group: PodGroupSpec | None, *, bound_tasks: Mapping[str, int],
+                   needed: int) -> tuple[list[PendingPod], list[PendingPod]]:
+    """The members one gang item carries, and those that wait for it. Without Volcano's minTaskMember: all of them
+    (the worker places min-available all-or-nothing and the rest as they fit). With it: each task's missing
+    minimum, topped up to min-available, so that the all-or-nothing placement covers every task's minimum."""
+    if group is None or not group.task_minimums:
+        return list(members), []
+    chosen: list[PendingPod] = []
+    for task, need in group.task_minimums:
+        missing = need - bound_tasks.get(task, 0)
+        chosen += [m for m in members if task_of(m.annotations) == task][:max(0, missing)]
+    rest = [m for m in members if m not in chosen]
+    top_up = max(0, needed - len(chosen))
+    chosen += rest[:top_up]
+    return chosen, rest[top_up:]

@@ -29,13 +29,17 @@ def owns(reservation: Reservation, pod: PendingPod) -> bool:
 
 
 def with_hints(item: WorkItem, pod: PendingPod, available: Iterable[Reservation]) -> WorkItem:
-    """The item of `pod`, its compact form carrying the hints of the `available` Reservations that own the pod;
-    the item itself when none does."""
+    """The item of `pod`, its compact form carrying the hints of the `available` Reservations that own the pod and
+    that it may use (not unschedulable, their taints tolerated); the item itself when none does."""
     view = owner_view(pod)
     owning = [r for r in available if reservations.owns(r, view)]
     if not owning:
         return item
     form = orjson.loads(item.pod)
+    tolerations = (form.get("spec") or {}).get("tolerations") or []
+    owning = [r for r in owning if reservations.usable_by(r, tolerations if isinstance(tolerations, list) else [])]
+    if not owning:
+        return item
     form[reservations.HINTS] = reservations.hints(owning)
     # A version of its own: sent again when a Reservation becomes Available, it makes the worker's older copy
     # stale, as a changed pod does.

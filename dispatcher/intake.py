@@ -48,6 +48,8 @@ class PendingPod:
     """spec.priority: higher is dispatched first (then the oldest), as kube-scheduler's PrioritySort orders."""
     owner_references: tuple[Json, ...] = ()
     """metadata.ownerReferences that are controllers (Reservation owners may name the controller)."""
+    scheduling_group: str | None = None
+    """spec.schedulingGroup.podGroupName: the Kubernetes PodGroup (scheduling.k8s.io/v1alpha2) of its gang."""
     gated: bool = False
     """spec.schedulingGates is not empty: never dispatched (the apiserver set PodScheduled=False, reason
     SchedulingGated); the MODIFIED event that removes the last gate dispatches it at once."""
@@ -101,6 +103,17 @@ def _unschedulable(status: Json) -> tuple[str | None, str | None]:
     return None, None
 
 
+def _scheduling_group(spec: Json) -> str | None:
+    group = spec.get("schedulingGroup")
+    if group is None:
+        return None
+    name = group.get("podGroupName") if isinstance(group, dict) else None
+    if not isinstance(name, str) or not name:
+        raise PodSpecError(field="spec.schedulingGroup.podGroupName",
+                           reason=f"expected the name of a PodGroup, got {group!r}")
+    return name
+
+
 def parse_pending_pod(
     raw: Json, *, scheduler_names: Collection[str], default_policy: str, seen_at: float, queued_unix: float = 0.0,
     namespaces: Mapping[str, Mapping[str, str]] | None = None, sources: SelectorSources | None = None,
@@ -146,6 +159,7 @@ def parse_pending_pod(
         digest=compact.digest(form),
         priority=priority if isinstance(priority, int) and not isinstance(priority, bool) else 0,
         gated=bool(spec.get("schedulingGates")),
+        scheduling_group=_scheduling_group(spec),
         owner_references=tuple(r for r in references if isinstance(r, dict) and r.get("controller"))
         if isinstance(references := metadata.get("ownerReferences"), list) else (),
     )

@@ -20,7 +20,12 @@ from dispatcher.core import Dispatcher
 from dispatcher.intake import pending_pods_selector
 from dispatcher.jobs import watch_jobs
 from dispatcher.notices import KubeNotifier
-from dispatcher.podgroups import track_gangs, watch_podgroups
+from dispatcher.podgroups import (
+    track_gangs,
+    watch_podgroups,
+    watch_volcano_podgroups,
+    watch_workload_podgroups,
+)
 from dispatcher.reservations import end_reservations, watch_reservations
 from dispatcher.roles import cancel_and_wait, run_roles
 from dispatcher.server import ServiceState, build_app
@@ -143,6 +148,10 @@ async def running_dispatcher(settings: DispatcherSettings) -> AsyncIterator[Runn
         podgroups = asyncio.create_task(supervise("podgroup-watch", lambda: watch_podgroups(api, dispatcher)),
                                         name="podgroup-watch")
         stack.push_async_callback(cancel_and_wait, podgroups)
+        for name, watch_groups in (("workload-podgroup-watch", watch_workload_podgroups),
+                                   ("volcano-podgroup-watch", watch_volcano_podgroups)):
+            groups = asyncio.create_task(supervise(name, functools.partial(watch_groups, api, dispatcher)), name=name)
+            stack.push_async_callback(cancel_and_wait, groups)
         watched = asyncio.create_task(supervise("reservation-watch",
                                                 lambda: watch_reservations(api, dispatcher)),
                                       name="reservation-watch")

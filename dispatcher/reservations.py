@@ -1,5 +1,7 @@
-"""Koordinator Reservations: mirror them, place Pending ones like pods, and as leader end the expired ones and
-write the owners of those with allocateOnce false (status.currentOwners, allocated) from the ledger's shares."""
+"""Koordinator Reservations: mirror them, place Pending ones like pods, and as leader end the expired ones, write
+the owners of those with allocateOnce false (status.currentOwners, allocated) from the ledger's shares, and say on
+each Reservation hoss refuses (a field it cannot honour) why: a Scheduled=False condition, reason Refused, naming
+the field, and a Warning event, once per generation."""
 
 from __future__ import annotations
 
@@ -13,9 +15,10 @@ from typing import Any
 from kubernetes_asyncio import client
 
 from dispatcher.core import Dispatcher
-from dispatcher.notices import write_reservation_status
+from dispatcher.notices import COMPONENT, write_reservation_status
 from hoss.errors import HossError, LedgerNotReadyError, LedgerUnavailable
 from hoss.kube.client import InformerHandlers, run_crd_informer
+from hoss.kube.events import post_event, reservation_event
 from hoss.ledger.client import Ledger
 from hoss.ledger.results import ReservationShares
 from hoss.model import reservations
@@ -30,12 +33,24 @@ def observe(dispatcher: Dispatcher, kind: str, obj: Json) -> None:
     """Apply one Reservation event: a Pending one of ours joins the pending set as a pod (`reservations.as_pod`);
     one that left Pending (placed, used, failed) or was deleted leaves it."""
     uid = str((obj.get("metadata") or {}).get("uid") or "")
+    if kind == "DELETED":
+        dispatcher.refused_reservations.pop(uid, None)
     try:
         parsed = reservations.parse(obj)
+    except reservations.ReservationError as error:
+        if kind != "DELETED":
+            refused = reservations.RefusedReservation.of(obj, error)
+            if dispatcher.refused_reservations.get(uid) != refused:
+                log.warning("Reservation %s refused: %s", refused.name, error)
+            dispatcher.refused_reservations[uid] = refused
+        dispatcher.reservations.pop(uid, None)
+        dispatcher.on_reservation_gone(uid)
+        return
     except HossError as error:
         log.warning("Reservation %s ignored: %s", (obj.get("metadata") or {}).get("name"), error)
         dispatcher.reservations.pop(uid, None)
         return
+    dispatcher.refused_reservations.pop(uid, None)
     names = dispatcher.settings.scheduler_names
     if kind == "DELETED":
         dispatcher.reservations.pop(uid, None)
@@ -43,8 +58,10 @@ def observe(dispatcher: Dispatcher, kind: str, obj: Json) -> None:
         return
     before = dispatcher.reservations.get(uid)
     dispatcher.reservations[uid] = parsed
-    if parsed.available and (before is None or not before.available or before.room_left != parsed.room_left):
-        dispatcher.on_reservation_available(parsed)  # its owners sent already are sent again, with the room left
+    if parsed.available and (before is None or not before.available or before.room_left != parsed.room_left
+                             or (before.unschedulable, before.taints) != (parsed.unschedulable, parsed.taints)):
+        # its owners sent already are sent again, with the room left (and without it, when they may not use it)
+        dispatcher.on_reservation_available(parsed)
     ours = not parsed.scheduler_name or parsed.scheduler_name in names
     if ours and parsed.pending and parsed.expires_unix > time.time():
         dispatcher._observe(reservations.as_pod(parsed, scheduler_name=parsed.scheduler_name or names[0]))
@@ -60,6 +77,8 @@ async def watch_reservations(api: client.ApiClient, dispatcher: Dispatcher, *, r
 
     async def on_list(items: list[Json]) -> None:
         listed = {str((item.get("metadata") or {}).get("uid") or "") for item in items}
+        for uid in [uid for uid in dispatcher.refused_reservations if uid not in listed]:
+            dispatcher.refused_reservations.pop(uid)
         for uid in [uid for uid in dispatcher.reservations if uid not in listed]:
             dispatcher.reservations.pop(uid, None)
             dispatcher.on_reservation_gone(uid)
@@ -123,6 +142,24 @@ async def end_reservations(api: client.ApiClient, dispatcher: Dispatcher, is_lea
             if await write_reservation_status(api, reservation.name, patch, what="the owners"):
                 written[reservation.uid] = text
 
+    said: dict[str, int] = {}
+    """uid -> the generation of a refused Reservation whose refusal is written"""
+    core: Any = client.CoreV1Api(api)
+
+    async def refuse() -> None:
+        for uid in [uid for uid in said if uid not in dispatcher.refused_reservations]:
+            said.pop(uid)
+        for uid, refused in list(dispatcher.refused_reservations.items()):
+            if said.get(uid) == refused.generation:
+                continue
+            message = f"hoss refuses this Reservation: {refused.field}: {refused.reason}"
+            if await write_reservation_status(api, refused.name,
+                                              reservations.refused_status(refused.field, refused.reason),
+                                              what="the refusal"):
+                said[uid] = refused.generation
+                await post_event(core, reservation_event(refused.name, uid, reason="Refused", message=message,
+                                                         component=COMPONENT, warning=True))
+
     async def fail(reservation: reservations.Reservation, reason: str, message: str) -> None:
         if await write_reservation_status(api, reservation.name, reservations.failed_status(reason, message),
                                           what="the end"):
@@ -141,3 +178,4 @@ async def end_reservations(api: client.ApiClient, dispatcher: Dispatcher, is_lea
             if reservation.expires_unix <= now:
                 await fail(reservation, "Expired", "the reservation expired (spec.ttl / spec.expires)")
         await write_owners(now)
+        await refuse()

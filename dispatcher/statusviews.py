@@ -143,6 +143,8 @@ class PendingPodView(Protocol):
     @property
     def created_unix(self) -> float | None: ...
     @property
+    def scheduling_group(self) -> str | None: ...
+    @property
     def labels(self) -> Mapping[str, str]: ...
     @property
     def annotations(self) -> Mapping[str, str]: ...
@@ -173,7 +175,7 @@ def pending_pod_status(
         reason, message = "Dispatched", f"dispatched to {worker}"
     else:
         reason, message = "WaitingForWorker", WAITING_FOR_WORKER
-    gang = gang_of(pod.namespace, pod.labels, pod.annotations)
+    gang = gang_of(pod.namespace, pod.labels, pod.annotations, scheduling_group=pod.scheduling_group)
     return PendingPodStatus(
         pod=pod.key, policy=pod.policy, since=round(since, 3), gang=None if gang is None else str(gang),
         worker=worker, reason=reason, message=message,
@@ -214,7 +216,7 @@ def gang_view(
     holds, and how many the gang needs (as the dispatcher decides it, from its PodGroup or labels)."""
     members: dict[GangKey, list[PendingPodView]] = collections.defaultdict(list)
     for pod in pods:
-        key = gang_of(pod.namespace, pod.labels, pod.annotations)
+        key = gang_of(pod.namespace, pod.labels, pod.annotations, scheduling_group=pod.scheduling_group)
         if key is not None:
             members[key].append(pod)
     rows = []

@@ -38,7 +38,7 @@ from dispatcher.waiting import Waitlist
 from hoss.errors import PodSpecError
 from hoss.kube.client import InformerHandlers
 from hoss.model.objects import Json, section
-from hoss.model.reservations import Reservation
+from hoss.model.reservations import RefusedReservation, Reservation
 from hoss.model.storage import StorageCatalog
 
 log = logging.getLogger(__name__)
@@ -102,6 +102,9 @@ class ClusterView:
         self.podgroups: dict[GangKey, PodGroupSpec] = {}
         """scheduler-plugins PodGroups by namespace/name (empty when the CRD is not installed)."""
         self.reservations: dict[str, Reservation] = {}
+        self.refused_reservations: dict[str, RefusedReservation] = {}
+        """Reservations hoss refuses (a field it cannot honour), by uid: the leader writes why on each, once per
+        generation (dispatcher/reservations.py)."""
         """Koordinator Reservations by uid (dispatcher/reservations.py): a Pending one is placed like a pod (it sits
         in `pending` under its uid); an Available one is offered to the pending pods it owns (`_with_hints`)."""
         self.jobs: dict[str, dict[str, dependencies.JobState]] = {}

@@ -288,6 +288,9 @@ class WorkItem:
     queued_unix: float = 0.0
     """When the dispatcher first saw the pod pending without scheduling gates (a gang: its earliest member), on
     the dispatcher's clock: where the worker's end-to-end scheduling duration starts. 0: not known."""
+    domain_key: str = ""
+    """A gang that must be placed within one domain of this node label (a Kubernetes PodGroup's
+    schedulingConstraints.topology): a hard tier, as kube-scheduler's TopologyPlacement has it."""
 
     @property
     def key(self) -> str:
@@ -299,6 +302,7 @@ class WorkItem:
             "uid": self.uid, "namespace": self.namespace, "name": self.name, "policy": self.policy,
             "gang": self.gang, "members": [asdict(m) for m in self.members], "min_available": self.min_available,
             "attempt": self.attempt, "pod": self.pod, "digest": self.digest, "queued_unix": self.queued_unix,
+            **({"domain_key": self.domain_key} if self.domain_key else {}),
         }).decode()}
 
     @classmethod
@@ -311,7 +315,7 @@ class WorkItem:
                 gang=data.get("gang", ""), members=tuple(GangMember(**m) for m in data.get("members") or ()),
                 min_available=int(data.get("min_available") or 0), attempt=int(data.get("attempt") or 0),
                 pod=data.get("pod", ""), digest=data.get("digest", ""),
-                queued_unix=float(data.get("queued_unix") or 0.0),
+                queued_unix=float(data.get("queued_unix") or 0.0), domain_key=str(data.get("domain_key") or ""),
             )
         members = tuple(GangMember(**m) for m in orjson.loads(fields.get("members") or "[]"))
         return cls(

@@ -52,7 +52,9 @@ def batch_pod(work: Work, pod: PodView, decision: Placement, position: str) -> B
     """The ledger's view of one decided pod, for ``reserve_batch`` (`position`: the change stream the decision
     saw)."""
     name = reservation_name(work.raw)
-    by_node = {h.node: h.uid for h in hints_of(work.raw)}
+    # A Reservation that does not serve the pod (Restricted, or allocateOnce false, and too little left) is not
+    # named: the pod is placed as any pod, from the node's free room.
+    by_node = {h.node: h.uid for h in hints_of(work.raw) if h.serves(pod.request)}
     consume = next((by_node[c] for c in decision.candidates if c in by_node), "")
     return BatchPod(uid=pod.uid, pod=reservation_key(name) if name else pod.key, digest=work.item.digest,
                     candidates=decision.candidates, request=pod.request, **decided_meta(work, pod),

@@ -479,17 +479,28 @@ class Worker:
         need = max(1, min(len(views), item.min_available - len(bound)))
         profile = self.decider.profile_of(item.policy)
         position = self.feed.position  # the pod index the plan reads: the ledger refuses it if a domain moved on
+        domain = None
+        if item.domain_key:  # the gang's domain is the one its bound members are in, if any
+            domains = {self.nodes.labels[self.nodes.row(node)].get(item.domain_key) for node in bound.values()
+                       if node in self.nodes}
+            domain = next(iter(domains)) if len(domains) == 1 and None not in domains else None
         placement = place_gang(profile, views, self.nodes, rng=self.decider.rng, min_available=need,
-                               topology_key=profile.topology_key, gang=item.gang)
+                               topology_key=profile.topology_key, gang=item.gang, domain_key=item.domain_key,
+                               domain=domain)
         if isinstance(placement, Unschedulable):
             message = placement.message
             if self.preemptor is not None:
                 self.tally.scheduler.preemption_attempts.inc()
-            if self.preemptor is not None and len(views) + len(bound) >= item.min_available \
-                    and any(eligible(view, self.nodes) for view in views):
+            if self.preemptor is not None and len(views) + len(bound) >= item.min_available:
                 raws = {view.uid: raw for view, raw in work.members}
-                message = await self.preemptor.attempt_gang(
-                    profile, item.uid, [(view, raws[view.uid]) for view in views[:need]], self.nodes, message)
+                needed = [(view, raws[view.uid]) for view in views[:need]]
+                started, text = False, message
+                if await self.preemptor.has_quota(views[0].namespace):
+                    # A tenant within its min reclaims for the whole gang first (CapacityScheduling), all or nothing.
+                    started, text = await self.preemptor.reclaim_gang(profile, item.uid, needed, self.nodes, message)
+                if not started and any(eligible(view, self.nodes) for view in views):
+                    text = await self.preemptor.attempt_gang(profile, item.uid, needed, self.nodes, message)
+                message = text
             self._unschedulable(work, message)
             return
         chosen = [v for v in views if v.uid in placement.assignments]
@@ -509,7 +520,14 @@ class Worker:
                 self.tally.count("gone")
                 self._done(work)
             case QuotaExceeded():
-                self._unschedulable(work, quota_message(result))
+                message = quota_message(result)
+                if self.preemptor is not None:
+                    # A tenant within its min reclaims for the whole gang at once, all or nothing.
+                    self.tally.scheduler.preemption_attempts.inc()
+                    raws = {view.uid: raw for view, raw in work.members}
+                    _started, message = await self.preemptor.reclaim_gang(
+                        profile, item.uid, [(view, raws[view.uid]) for view in chosen], self.nodes, message)
+                self._unschedulable(work, message)
             case Conflict(node=node):
                 self.tally.count("conflicts")
                 await self._refresh_usage(sorted({m.node for m in members} | {node}))

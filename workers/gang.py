@@ -24,6 +24,12 @@ free for the next large gang:
 
 As many members as fit are placed; fewer than ``min_available`` makes the gang `Unschedulable`, with the
 kube-scheduler reasons of the first member that did not fit.
+
+With a domain key (a Kubernetes PodGroup's ``schedulingConstraints.topology``), the gang is placed within one
+domain of that node label or not at all, as kube-scheduler's TopologyPlacement: nodes without the label are out;
+the domain of members bound already, if any, is the only one; else the domains are tried in turn, those whose
+room holds the whole gang first (the tightest first), then those that hold min-available (the largest first), and
+the first where min-available members fit wins.
 """
 
 from __future__ import annotations
@@ -72,10 +78,13 @@ def place_gang(
     min_available: int,
     topology_key: str | None = DEFAULT_TOPOLOGY_KEY,
     gang: str | None = None,
+    domain_key: str = "",
+    domain: str | None = None,
 ) -> GangDecision:
     """Place as many of `members` as fit, on as few leaf switches as possible; see the module docstring.
 
     `gang` names the gang in messages (default: ``namespace/group`` from the first member's group label).
+    `domain_key`: the gang goes within one domain of this node label (`domain`: the one its bound members are in).
     """
     if not members:
         raise ValueError("a gang needs at least one member")
@@ -88,42 +97,16 @@ def place_gang(
             message=f"gang {name}: only {total} members exist, fewer than min-available {min_available}",
             reasons={},
         )
+    if domain_key:
+        return _place_in_one_domain(profile, members, nodes, rng=rng, min_available=min_available,
+                                    domain_key=domain_key, domain=domain, name=name, topology_key=topology_key)
     scratch = ScratchUsage(nodes)
     allowed = None
     if topology_key is not None:
         allowed = _planned_nodes(profile, members, scratch, topology_key=topology_key, rng=rng, want=total)
         if allowed is None and min_available < total:
             allowed = _planned_nodes(profile, members, scratch, topology_key=topology_key, rng=rng, want=min_available)
-
-    assignments: dict[str, str] = {}
-    first_miss: Unschedulable | None = None
-    # Members with inter-pod terms or spread constraints (or that other pods' terms may read) are planned on the
-    # pod index too: each placed member joins it for the next one's decision, and leaves it afterwards.
-    indexed = any(member.reads_pod_index for member in members) or bool(nodes.anti_holders)
-    displaced: dict[str, PlacedPod | None] = {}
-    try:
-        for member in members:
-            evaluation = evaluate(profile, member, scratch)
-            decision = choose(evaluation.restricted(allowed), scratch, rng=rng, top=1) \
-                if allowed is not None else None
-            if not isinstance(decision, Placement):
-                decision = choose(evaluation, scratch, rng=rng, top=1)
-            if isinstance(decision, Placement):
-                node = decision.candidates[0]
-                scratch.add_used(node, member.request)
-                scratch.claim_ports(node, member.host_ports)  # two members never share a host port on a node
-                assignments[member.uid] = node
-                if indexed:
-                    displaced.setdefault(member.uid, nodes.pods.get(member.uid))
-                    nodes.place_pod(placed_view(member, node))
-            elif first_miss is None:
-                first_miss = decision
-    finally:
-        for uid, previous in displaced.items():
-            nodes.remove_pod(uid)
-            if previous is not None:
-                nodes.place_pod(previous)
-
+    assignments, first_miss = _assign(profile, members, nodes, scratch, allowed, strict=False, rng=rng)
     if len(assignments) < min_available:
         detail = f": {first_miss.message}" if first_miss is not None else ""
         return Unschedulable(
@@ -252,6 +235,80 @@ class ScratchUsage(NodeTable):
 
     def remove_node(self, name: str) -> bool:
         raise TypeError("a scratch node table cannot remove nodes")
+
+
+def _assign(profile: Profile, members: Sequence[PodView], nodes: NodeTable, scratch: ScratchUsage,
+            allowed: BoolArray | None, *, strict: bool, rng: np.random.Generator,
+            ) -> tuple[dict[str, str], Unschedulable | None]:
+    """Members placed one by one on `scratch` (see the module docstring, step 3): within `allowed` first, anywhere
+    else too unless `strict`. The member uid -> node, and the first member that did not fit."""
+    assignments: dict[str, str] = {}
+    first_miss: Unschedulable | None = None
+    # Members with inter-pod terms or spread constraints (or that other pods' terms may read) are planned on the
+    # pod index too: each placed member joins it for the next one's decision, and leaves it afterwards.
+    indexed = any(member.reads_pod_index for member in members) or bool(nodes.anti_holders)
+    displaced: dict[str, PlacedPod | None] = {}
+    try:
+        for member in members:
+            evaluation = evaluate(profile, member, scratch)
+            decision = choose(evaluation.restricted(allowed), scratch, rng=rng, top=1) \
+                if allowed is not None else None
+            if not isinstance(decision, Placement) and not strict:
+                decision = choose(evaluation, scratch, rng=rng, top=1)
+            if isinstance(decision, Placement):
+                node = decision.candidates[0]
+                scratch.add_used(node, member.request)
+                scratch.claim_ports(node, member.host_ports)  # two members never share a host port on a node
+                assignments[member.uid] = node
+                if indexed:
+                    displaced.setdefault(member.uid, nodes.pods.get(member.uid))
+                    nodes.place_pod(placed_view(member, node))
+            elif first_miss is None and decision is not None:
+                first_miss = decision
+    finally:
+        for uid, previous in displaced.items():
+            nodes.remove_pod(uid)
+            if previous is not None:
+                nodes.place_pod(previous)
+    return assignments, first_miss
+
+
+def _place_in_one_domain(profile: Profile, members: Sequence[PodView], nodes: NodeTable, *,
+                         rng: np.random.Generator, min_available: int, domain_key: str, domain: str | None,
+                         name: str, topology_key: str | None) -> GangDecision:
+    """The gang within one domain of `domain_key` (see the module docstring), or Unschedulable."""
+    codes = nodes.label_codes(domain_key)
+    values = list(nodes.label_values(domain_key))
+    total = len(members)
+    if domain is not None:
+        order = [values.index(domain)] if domain in values else []
+    else:
+        labelled = codes >= 0
+        room = member_room(profile, members, nodes)
+        per_domain = np.bincount(codes[labelled], weights=room[labelled], minlength=len(values)).astype(np.int64)
+        whole = sorted((int(per_domain[c]), c) for c in range(len(values)) if per_domain[c] >= total)
+        enough = sorted((-int(per_domain[c]), c) for c in range(len(values))
+                         if min_available <= per_domain[c] < total)
+        order = [c for _room, c in whole] + [c for _room, c in enough]
+        # the room is a lower bound (the largest member's request): a domain below it may still hold the gang
+        order += [c for c in range(len(values)) if c not in order and per_domain[c] > 0]
+    best: tuple[dict[str, str], Unschedulable | None] = ({}, None)
+    for code in order:
+        allowed: BoolArray = codes == code
+        assignments, first_miss = _assign(profile, members, nodes, ScratchUsage(nodes), allowed, strict=True,
+                                          rng=rng)
+        if len(assignments) >= min_available:
+            leaves = sorted({label for node in assignments.values() if (label := _label(nodes, node, topology_key))})
+            return GangPlacement(assignments=assignments, leaves=leaves)
+        if len(assignments) >= len(best[0]):
+            best = (assignments, first_miss)
+    where = f"its members' {domain_key} domain {domain!r}" if domain is not None else f"any one {domain_key} domain"
+    detail = f": {best[1].message}" if best[1] is not None else ""
+    return Unschedulable(
+        message=f"gang {name}: min-available {min_available} of {total} members do not fit within {where} "
+                f"(spec.schedulingConstraints.topology){detail}",
+        reasons=dict(best[1].reasons) if best[1] is not None else {},
+    )
 
 
 def _planned_nodes(

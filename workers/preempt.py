@@ -17,6 +17,7 @@ priority), it looks again.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -43,12 +44,14 @@ from workers.victims import (
     GangStep,
     candidates,
     eligible,
+    gang_reclaim_victims,
     gang_victims,
     keeps_quota_mins,
     pick,
     preemption_policy,
     reclaim_candidates,
     reclaimable,
+    whole_gangs,
 )
 
 log = logging.getLogger(__name__)
@@ -157,13 +160,59 @@ class Preemptor:
             log.warning("gang preemption for %s failed: %s", key, error)
             return f"{message} preemption: failed: {error}"
 
-    async def _act_gang(self, key: str, steps: Sequence[GangStep], message: str) -> str:
+    async def reclaim_gang(self, profile: Profile, key: str, members: Sequence[tuple[PodView, Mapping[str, object]]],
+                           table: NodeTable, message: str) -> tuple[bool, str]:
+        """Reclaim for a gang that does not fit, or that its namespace's elastic quota refused (`message`), while
+        other tenants borrow: victims
+        for every member or none (`gang_reclaim_victims`), the tenant within its min with all of them; then as a
+        gang's preemption (dry runs first, so a budget that would refuse one eviction evicts nothing). `key` names
+        the gang's reclaim while its victims leave. Returns whether a reclaim is under way, and the message."""
+        if any(preemption_policy(raw) == NEVER for _view, raw in members):
+            return False, f"{message} reclaim: not eligible due to preemptionPolicy=Never."
+        waiting = self.in_progress.get(key)
+        if waiting is not None and self.clock() < waiting.until:
+            left = [uid for uid in waiting.victims if uid in table.pods]
+            if left:
+                return True, (f"{message} reclaim: in progress for the gang: waiting for {len(left)} evicted pod(s) "
+                              f"to leave; the room is held for its members.")
+        views = [view for view, _raw in members]
+        whole: ResourceVector = {}
+        for view in views:
+            for resource, amount in view.request.items():
+                whole[resource] = whole.get(resource, 0) + amount
+        try:
+            quotas = await self.ledger.quotas()
+            why = reclaimable(dataclasses.replace(views[0], request=whole), quotas)
+            if why:
+                return False, f"{message} reclaim: not attempted for the gang: {why}."
+            now = self.clock()
+            others = [p for uid, p in self.in_progress.items() if uid != key and now < p.until]
+            leaving = [table.pods[uid] for p in others for uid in p.victims if uid in table.pods]
+            coming: ResourceVector = {}
+            for p in others:
+                for resource, amount in (p.reclaim or {}).items():
+                    coming[resource] = coming.get(resource, 0) + amount
+            holds = await self.ledger.nominations()
+            steps = gang_reclaim_victims(profile, views, table, await self.budgets(), quotas=quotas,
+                                         holds=holds.values(), leaving=leaving, coming=coming)
+            if steps is None or not any(step.victims for step in steps):
+                return False, (f"{message} reclaim: no pods of tenants above their min make room for every member "
+                               f"of the gang; nothing was evicted.")
+            text = await self._act_gang(key, steps, message, what="reclaim", reclaim=whole)
+        except (LedgerUnavailable, LedgerNotReadyError, KubeError, aiohttp.ClientError, OSError,
+                TimeoutError) as error:
+            log.warning("gang reclaim for %s failed: %s", key, error)
+            return False, f"{message} reclaim: failed: {error}"
+        return key in self.in_progress, text
+
+    async def _act_gang(self, key: str, steps: Sequence[GangStep], message: str, *, what: str = "preemption",
+                        reclaim: ResourceVector | None = None) -> str:
         acting = [step for step in steps if step.victims]
         refused = [f"{victim.namespace}/{victim.name or victim.uid}: {why}" for step in acting
                    for victim in step.victims if (why := await self._evict(victim, step.member, step.node,
                                                                             dry_run=True))]
         if refused:
-            return (f"{message} preemption: eviction refused for {'; '.join(refused)} (dry run); nothing was "
+            return (f"{message} {what}: eviction refused for {'; '.join(refused)} (dry run); nothing was "
                     f"evicted; the gang waits.")
         nominated: list[str] = []
         for step in acting:
@@ -172,7 +221,7 @@ class Preemptor:
             if outcome != "nominated":
                 for uid in nominated:
                     await self.ledger.unnominate(uid)
-                return f"{message} preemption: not started ({outcome} on {step.node}); nothing was evicted."
+                return f"{message} {what}: not started ({outcome} on {step.node}); nothing was evicted."
             nominated.append(step.member.uid)
         for step in acting:
             self._count_victims(len(step.victims))
@@ -182,14 +231,15 @@ class Preemptor:
             # Refused after its dry run passed (a budget changed meanwhile): the others are gone already.
             for uid in nominated:
                 await self.ledger.unnominate(uid)
-            return (f"{message} preemption: eviction refused for {'; '.join(failed)} after the dry run passed; "
+            return (f"{message} {what}: eviction refused for {'; '.join(failed)} after the dry run passed; "
                     f"the gang waits.")
         for step in acting:
             await self._set_nominated(step.member, step.node)
         victims = [victim for step in acting for victim in step.victims]
         self.in_progress[key] = _InProgress(node="", victims=frozenset(v.uid for v in victims),
-                                            until=self.clock() + self.hold_seconds)
-        return (f"{message} preemption: in progress for the gang: evicted {len(victims)} lower-priority pod(s) "
+                                            until=self.clock() + self.hold_seconds, reclaim=reclaim)
+        return (f"{message} {what}: in progress for the gang: evicted {len(victims)} "
+                f"{'borrowed' if reclaim is not None else 'lower-priority'} pod(s) "
                 f"on {len({step.node for step in acting})} node(s) for {len(acting)} member(s); the room is held "
                 f"for them.")
 
@@ -265,7 +315,7 @@ class Preemptor:
             return f"{message} preemption: not needed: a node has room now; retrying."
         holds = await self.ledger.nominations()
         budgets = await self.budgets()
-        found = candidates(profile, pod, table, budgets, holds.values())
+        found = whole_gangs(pod, candidates(profile, pod, table, budgets, holds.values()), table, budgets)
         if found:
             await self.has_quota(pod.namespace)  # refreshes the list of namespaces with an elastic quota
         if found and self._quota_namespaces:

@@ -41,11 +41,14 @@ class Hint:
     """the room left, as the Reservation's status says"""
     once: bool = True
     """allocateOnce"""
+    restricted: bool = False
+    """allocatePolicy Restricted"""
 
     def serves(self, request: Mapping[str, int]) -> bool:
-        """Whether a pod asking `request` may take room from it: allocateOnce always (what it lacks comes from the
-        node's free room), otherwise only when every reserved resource it asks for fits in the room left."""
-        return self.once or all(amount <= self.request[r] for r, amount in request.items()
+        """Whether a pod asking `request` may take room from it: allocateOnce with allocatePolicy Aligned always
+        (what it lacks comes from the node's free room), otherwise (allocateOnce false, or Restricted) only when
+        every reserved resource it asks for fits in the room left."""
+        return (self.once and not self.restricted) or all(amount <= self.request[r] for r, amount in request.items()
                                 if r in self.request and amount > 0 and r != "pods")
 
 
@@ -67,11 +70,12 @@ def hints_of(raw: Json) -> list[Hint]:
     """The Available Reservations the dispatcher found owning the pod (unreadable entries are skipped)."""
     found = []
     for entry in raw.get(reservations.HINTS) or []:
-        if (isinstance(entry, list) and len(entry) in (4, 5) and all(isinstance(x, str) for x in entry[:3])
+        if (isinstance(entry, list) and len(entry) in (4, 5, 6) and all(isinstance(x, str) for x in entry[:3])
                 and isinstance(entry[3], dict)):
             found.append(Hint(uid=entry[0], name=entry[1], node=entry[2],
                               request={str(k): int(v) for k, v in entry[3].items() if isinstance(v, int)},
-                              once=entry[4] is not False if len(entry) == 5 else True))
+                              once=entry[4] is not False if len(entry) >= 5 else True,
+                              restricted=len(entry) == 6 and entry[5] is True))
     return found
 
 

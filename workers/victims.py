@@ -14,6 +14,10 @@ The pure part (no I/O), kube-scheduler's rules over the worker's node table and 
 - PodDisruptionBudget violations (``filterPodsWithPDBViolation``): per node, each matching budget's
   ``status.disruptionsAllowed`` is counted down by the pods that match it; a pod that takes one below zero
   violates it. A budget with an empty selector matches nothing here, as in kube-scheduler.
+- Gangs (`whole_gangs`): a running gang is a victim whole or not at all. A candidate whose victims include a gang
+  member takes every other member of that gang (on any node) as a victim too, and is dropped when one of them is
+  not of lower priority than the pod; the budgets' violations are counted over them all. The worker does not know
+  a gang's minimum, so it never leaves part of a gang running. Reclaim takes no gang member.
 - The node (``pickOneNodeForPreemption``): fewest PDB violations, then the lowest highest-victim priority, the
   smallest sum of priorities (each shifted by 2^31, so that fewer victims count less), the fewest victims, the
   latest start of the highest-priority victims (the ledger's stand-in for status.startTime is
@@ -239,6 +243,32 @@ def candidates(profile: Profile, pod: PodView, table: NodeTable, budgets: Sequen
     return found
 
 
+def whole_gangs(pod: PodView, found: Sequence[Candidate], table: NodeTable,
+                budgets: Sequence[Budget]) -> list[Candidate]:
+    """`found` with each running gang among a candidate's victims taken whole, or the candidate dropped when a
+    member of such a gang is not of lower priority than `pod` (see the module docstring)."""
+    members: dict[str, list[PlacedPod]] = {}
+    for placed in table.pods.values():
+        if placed.gang:
+            members.setdefault(placed.gang, []).append(placed)
+    if not members:
+        return list(found)
+    kept = []
+    for candidate in found:
+        gangs = {victim.gang for victim in candidate.victims if victim.gang}
+        if not gangs:
+            kept.append(candidate)
+            continue
+        extra = [m for gang in sorted(gangs) for m in members.get(gang, ())]
+        if any(m.priority >= pod.priority for m in extra):
+            continue  # part of the gang would have to stay: none of it goes
+        victims = {v.uid: v for v in candidate.victims} | {m.uid: m for m in extra}
+        violating, _fine = split_by_budgets(sorted(victims.values(), key=_importance), budgets)
+        kept.append(Candidate(node=candidate.node, victims=tuple(sorted(victims.values(), key=_importance)),
+                              violations=len(violating)))
+    return kept
+
+
 def keeps_quota_mins(pod: PodView, candidate: Candidate, quotas: QuotaReport) -> bool:
     """Whether a priority preemption's `candidate` respects the elastic quotas (CapacityScheduling's rule for
     victims): a pod whose namespace would borrow (use above its min once placed) evicts only pods of its own
@@ -322,7 +352,8 @@ def reclaim_candidates(profile: Profile, pod: PodView, table: NodeTable, budgets
     eligible = _newest_lowest_first(
         p for p in table.pods.values()
         if p.uid not in gone and p.namespace != pod.namespace and p.namespace in above and not p.terminating
-        and p.node in table and any(p.request.get(r, 0) > 0 and above[p.namespace][r] > 0 for r in wanted))
+        and not p.gang and p.node in table
+        and any(p.request.get(r, 0) > 0 and above[p.namespace][r] > 0 for r in wanted))
     _violating, eligible = split_by_budgets(eligible, budgets)
     if not eligible:
         return []
@@ -410,17 +441,74 @@ def gang_victims(profile: Profile, members: Sequence[PodView], table: NodeTable,
             if rows.size:
                 node, victims = table.names[int(rows[np.argmax(evaluation.scores[rows])])], ()
             else:
-                chosen = pick(candidates(profile, member, table, budgets, holds))
+                chosen = pick(whole_gangs(member, candidates(profile, member, table, budgets, holds), table,
+                                          budgets))
                 if chosen is None:
                     return None
                 node, victims = chosen.node, chosen.victims
             for victim in victims:
                 table.remove_pod(victim.uid)
-                table.sub_used(node, victim.request)
+                table.sub_used(victim.node, victim.request)  # a whole gang's members may be on other nodes
                 removed.append(victim)
             table.add_used(node, member.request)
             table.place_pod(placed_view(member, node))
             placed.append(member.uid)
+            steps.append(GangStep(member=member, node=node, victims=tuple(victims)))
+        return steps
+    finally:
+        for uid in placed:
+            table.remove_pod(uid)
+        for victim in removed:
+            table.place_pod(victim)
+        for name, usage in used.items():
+            if table.used_of(name) != usage:
+                table.set_used(name, usage)
+
+
+def gang_reclaim_victims(profile: Profile, members: Sequence[PodView], table: NodeTable, budgets: Sequence[Budget],
+                         *, quotas: QuotaReport, holds: Iterable[Nomination] = (),
+                         leaving: Sequence[PlacedPod] = (), coming: Mapping[str, int] | None = None,
+                         ) -> list[GangStep] | None:
+    """Reclaim for every one of `members` (a gang whose tenant is within its min with all of them), or None: all
+    or nothing. As `gang_victims`, members are planned one after another on the table, each seeing the earlier
+    ones placed and their victims gone, and the quota use they add (`reclaim_candidates`' `leaving`, `coming`): a
+    member that fits and leaves the quotas' sum of min room takes no victim, else kube-scheduler's choice among its
+    reclaim candidates. The table is left as it was."""
+    holds = list(holds)
+    governed = set(quotas.sum_min)
+    gone: list[PlacedPod] = list(leaving)
+    adding: dict[str, int] = dict(coming or {})
+    steps: list[GangStep] = []
+    used = {name: table.used_of(name) for name in table.names}
+    removed: list[PlacedPod] = []
+    placed: list[str] = []
+    try:
+        for member in members:
+            total = {r: quotas.sum_used.get(r, 0) + adding.get(r, 0)
+                     - sum(p.request.get(r, 0) for p in gone) for r in governed}
+            short = any(total[r] + member.request.get(r, 0) > quotas.sum_min[r]
+                        for r in governed if member.request.get(r, 0) > 0)
+            evaluation = evaluate(profile, member, table)
+            rows = np.flatnonzero(evaluation.feasible)
+            victims: tuple[PlacedPod, ...]
+            if rows.size and not short:
+                node, victims = table.names[int(rows[np.argmax(evaluation.scores[rows])])], ()
+            else:
+                chosen = pick(reclaim_candidates(profile, member, table, budgets, quotas=quotas, holds=holds,
+                                                 leaving=gone, coming=adding))
+                if chosen is None:
+                    return None
+                node, victims = chosen.node, chosen.victims
+            for victim in victims:
+                table.remove_pod(victim.uid)
+                table.sub_used(victim.node, victim.request)
+                removed.append(victim)
+                gone.append(victim)
+            table.add_used(node, member.request)
+            table.place_pod(placed_view(member, node))
+            placed.append(member.uid)
+            for resource, amount in member.request.items():
+                adding[resource] = adding.get(resource, 0) + amount
             steps.append(GangStep(member=member, node=node, victims=tuple(victims)))
         return steps
     finally:

@@ -30,6 +30,8 @@ KWOK_VERSION = "v0.8.0"
 PROMETHEUS_VERSION = "v0.316.0"
 """The Go module version of github.com/prometheus/prometheus (Prometheus 3.16.0), for promtool."""
 HELM_VERSION = "v3.22.0"
+KUEUE_VERSION = "v0.17.0"
+"""sigs.k8s.io/kueue: Kueue's controller manager, for the e2e test of hoss behind Kueue (dev/local/kueue.py)."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,8 @@ TOOLS: tuple[Binary, ...] = (
     # `helm lint`, `helm template` and `helm install` of deploy/helm/hoss (tests/unit/test_helm_chart.py,
     # tests/e2e/test_helm.py).
     Binary("helm", "helm", "helm.sh/helm/v3/cmd/helm", HELM_VERSION),
+    # Kueue's controller manager (tests/e2e/test_kueue.py: Kueue admits Jobs, hoss places their pods).
+    Binary("kueue", "kueue", "sigs.k8s.io/kueue/cmd/kueue", KUEUE_VERSION),
 )
 
 

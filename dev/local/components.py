@@ -19,6 +19,13 @@ from deploy import pki
 from dev.local.credentials import WEBHOOK_CLIENT_NAME
 from dev.local.state import PlaneFiles, PlaneState
 
+WORKLOAD_FEATURE_GATES = ("GenericWorkload=true,GangScheduling=true,TopologyAwareWorkloadScheduling=true,"
+                          "WorkloadAwarePreemption=true")
+"""Kubernetes 1.36's Workload API (alpha): the apiserver serves scheduling.k8s.io/v1alpha2 Workload and PodGroup
+and keeps pods' spec.schedulingGroup; the plane's kube-scheduler places such gangs all-or-nothing, as the control
+hoss's gangs are compared with (tests/e2e/test_workload_gangs.py)."""
+WORKLOAD_RUNTIME_CONFIG = "scheduling.k8s.io/v1alpha2=true"
+
 CONTROLLERS = ("replicaset", "deployment", "job", "disruption", "namespace", "garbagecollector", "serviceaccount",
                "persistentvolume-binder-controller", "ephemeral-volume-controller",
                "persistentvolumeclaim-protection-controller", "persistentvolume-protection-controller")
@@ -76,6 +83,8 @@ def apiserver_argv(apiserver: Path, state: PlaneState, files: PlaneFiles) -> lis
         "--max-requests-inflight=1000",
         "--max-mutating-requests-inflight=500",
         "--allow-privileged=true",
+        f"--feature-gates={WORKLOAD_FEATURE_GATES}",
+        f"--runtime-config={WORKLOAD_RUNTIME_CONFIG}",
         "--v=1",
     ]
 
@@ -149,6 +158,7 @@ def scheduler_argv(scheduler: Path, files: PlaneFiles, *, config: Path, port: in
         f"--secure-port={port}",
         f"--authentication-kubeconfig={files.kubeconfig('kube-scheduler')}",
         f"--authorization-kubeconfig={files.kubeconfig('kube-scheduler')}",
+        f"--feature-gates={WORKLOAD_FEATURE_GATES}",
         "--v=1",
     ]
 

@@ -26,6 +26,8 @@ def healthy(process: Process, state: PlaneState, files: PlaneFiles) -> bool:
     if name.startswith("hoss-resolver"):
         # Only the plane's own resolver serves a certificate from the plane's CA; another may bring its own.
         return http_ok(f"https://127.0.0.1:{process.port}/readyz", ca=files.ca_cert, verify=name == "hoss-resolver")
+    if name == "kueue":
+        return http_ok(f"http://127.0.0.1:{process.port}/readyz")
     if name.startswith(("hoss-dispatcher", "hoss-worker", "hoss-rescheduler")):
         return http_ok(f"http://127.0.0.1:{process.port}/healthz")
     if process.port:

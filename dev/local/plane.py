@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from deploy import pki
-from dev.local import binaries, components, credentials, processes, redis_server
+from dev.local import binaries, components, credentials, kueue, processes, redis_server
 from dev.local.credentials import HOSS_COMPONENTS, IDENTITIES
 from dev.local.errors import PlaneError
 from dev.local.health import healthy
@@ -49,7 +49,8 @@ POLICIES_FILE = REPOSITORY / "configs" / "policies.yaml"
 """The policy profiles the plane's workers (and in-process test workers) read."""
 ROUTING_FILE = REPOSITORY / "configs" / "routing.yaml"
 KWOK_STAGES = Path(__file__).resolve().parent / "kwok" / "stages.yaml"
-CRDS = ("podgroups.scheduling.x-k8s.io", "elasticquotas.scheduling.x-k8s.io", "reservations.scheduling.koordinator.sh")
+CRDS = ("podgroups.scheduling.x-k8s.io", "podgroups.scheduling.volcano.sh", "elasticquotas.scheduling.x-k8s.io",
+        "reservations.scheduling.koordinator.sh")
 
 
 def _check_port_free(port: int, owner: str) -> int:
@@ -156,7 +157,7 @@ class LocalPlane:
             self._start_apiserver(state, paths["kube-apiserver"])
             progress("applying RBAC for the hoss components (deploy/rbac.yaml)")
             self.kubectl("apply", "-f", str(RBAC_MANIFEST))
-            progress("installing the CRDs hoss uses (deploy/crds: PodGroup, ElasticQuota, Reservation)")
+            progress("installing the CRDs hoss uses (deploy/crds: PodGroups, ElasticQuota, Reservation)")
             self.kubectl("apply", "-k", str(DEPLOY_DIR / "crds"))
             self.kubectl("wait", "--for=condition=Established", *(f"crd/{crd}" for crd in CRDS), "--timeout=60s")
             progress("starting kube-controller-manager (" + ",".join(components.CONTROLLERS) + ")")
@@ -282,6 +283,33 @@ class LocalPlane:
                                         client_auth=state.client_auth)
         return self._spawn(state, name, argv, port=port, binary=components.RESOLVER_MODULE, wait=wait,
                            env={"HOSS_REDIS_URL": state.redis_url_for("hoss-resolver")})
+
+    def start_kueue(self) -> Process:
+        """Start Kueue's controller manager (dev/local/kueue.py) with the admin identity, its CRDs installed first;
+        healthy once its readiness probe answers."""
+        state = self.state()
+        crds = kueue.crd_files()
+        self.kubectl("apply", "--server-side", "--force-conflicts", *(arg for crd in crds for arg in ("-f", str(crd))))
+        self.kubectl("wait", "--for=condition=Established", "--timeout=60s",
+                     *(f"crd/{crd.stem.split('_', 1)[1]}.{crd.stem.split('_', 1)[0]}" for crd in crds))
+        cert_dir = self.directory / "kueue-certs"
+        serving = pki.issue(pki.ensure_ca(self.files.pki_dir), directory=self.files.pki_dir, name="kueue-serving",
+                            common_name="kueue-webhook", dns_names=("localhost",), ip_addresses=("127.0.0.1",),
+                            server=True)
+        for directory in (cert_dir, kueue.METRICS_CERT_DIR):
+            try:
+                directory.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(serving.cert, directory / "tls.crt")
+                shutil.copyfile(serving.key, directory / "tls.key")
+            except OSError as error:
+                raise PlaneError(f"cannot write Kueue's certificate to {directory} (its binary reads the metrics "
+                                 f"one from there): {error}") from error
+        port = free_port()
+        config = self.directory / "kueue.yaml"
+        config.write_text(json.dumps(kueue.configuration(health_port=port, webhook_port=free_port(),
+                                                         cert_dir=cert_dir), indent=2))
+        argv = kueue.argv(binaries.require("kueue"), config=config, kubeconfig=self.kubeconfig("admin"))
+        return self._spawn(state, kueue.PROCESS_NAME, argv, port=port)
 
     def start_dispatcher(
         self, state: PlaneState | None = None, *, name: str = "hoss-dispatcher", extra_args: Sequence[str] = (),

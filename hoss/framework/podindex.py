@@ -78,6 +78,8 @@ class PlacedPod:
     countPodsMatchSelector); it still counts for InterPodAffinity, NodePorts and resources, as there."""
     claims: tuple[str, ...] = ()
     """The names of the volume claims it uses, in its namespace (VolumeRestrictions' ReadWriteOncePod check)."""
+    gang: str = ""
+    """The gang it belongs to (`hoss.model.gangs.GangKey.ident`, '' for none): preemption evicts a gang whole."""
 
     @property
     def scores_others(self) -> bool:
@@ -136,6 +138,7 @@ def parse_placed(uid: str, node: str, meta: str) -> PlacedPod:
         if isinstance(request, dict) else {},
         created=str(value.get("created") or ""),
         terminating=value.get("terminating") is True,
+        gang=str(value.get("gang") or ""),
     )
 
 

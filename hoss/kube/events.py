@@ -320,3 +320,13 @@ def reservation_event(name: str, uid: str, *, reason: str, message: str, compone
     group, version, _plural = reservations.API
     body["involvedObject"] = {"apiVersion": f"{group}/{version}", "kind": "Reservation", "name": name, "uid": uid}
     return body
+
+
+def podgroup_event(namespace: str, name: str, uid: str, *, api_version: str, reason: str, message: str,
+                   component: str, warning: bool = False) -> Json:
+    """A core/v1 Event about a PodGroup (of any of the APIs that define gangs), in its namespace."""
+    body = pod_event(namespace=namespace, name=name, uid=uid, reason=reason, message=message,
+                     component=component, warning=warning)
+    body["involvedObject"] = {"apiVersion": api_version, "kind": "PodGroup", "namespace": namespace, "name": name,
+                              "uid": uid}
+    return body

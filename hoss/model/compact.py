@@ -26,6 +26,7 @@ from typing import Any
 import orjson
 
 from hoss.model.admission import LANE_LABEL
+from hoss.model.gangs import raw_gang_of
 from hoss.model.objects import Json
 from hoss.model.resources import NODE_RESERVATION_ANNOTATION
 
@@ -37,7 +38,7 @@ _POD_METADATA = ("uid", "namespace", "name", "labels", "annotations", "creationT
 _POD_SPEC = (
     "schedulerName", "nodeName", "nodeSelector", "affinity", "tolerations", "priority", "priorityClassName",
     "preemptionPolicy", "topologySpreadConstraints", "schedulingGates", "overhead", "resources", "hostNetwork",
-    "runtimeClassName", "resourceClaims",
+    "runtimeClassName", "resourceClaims", "schedulingGroup",
 )
 _CONTAINER = ("name", "resources", "ports", "restartPolicy")
 CLAIM_SOURCES = ("persistentVolumeClaim", "ephemeral")
@@ -353,7 +354,8 @@ def pod_meta(pod: Mapping[str, Any], *, request: Mapping[str, int] | None = None
     and ``terminating`` when metadata.deletionTimestamp is set) -- what NodePorts,
     InterPodAffinity, PodTopologySpread and DefaultPreemption read of the pods already on a node. The scripts read
     the priority too: room held for a preempting pod is kept from pods of lower priority; and ``owner``, the
-    controller's uid, by which a replacement pod claims the room the rescheduler held for the pod it replaces."""
+    controller's uid, by which a replacement pod claims the room the rescheduler held for the pod it replaces; and
+    ``gang``, the gang it belongs to (`hoss.model.gangs.GangKey.ident`), for preemption."""
     metadata = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
     assert isinstance(metadata, dict)
     labels = metadata.get("labels")
@@ -386,6 +388,9 @@ def pod_meta(pod: Mapping[str, Any], *, request: Mapping[str, int] | None = None
     claims = sorted({name for name, _ephemeral in claim_names(pod)})
     if claims:
         meta["claims"] = claims  # VolumeRestrictions: a ReadWriteOncePod claim is used by one pod at most
+    gang = raw_gang_of(pod)
+    if gang is not None:
+        meta["gang"] = gang.ident  # a running gang is evicted whole or not at all (workers/victims.py)
     affinity = spec.get("affinity") if isinstance(spec.get("affinity"), dict) else {}
     assert isinstance(affinity, dict)
     anti = affinity.get("podAntiAffinity") if isinstance(affinity.get("podAntiAffinity"), dict) else {}

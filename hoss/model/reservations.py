@@ -9,6 +9,16 @@ fits in what is left. Status: ``phase`` Pending (not placed yet), Available (pla
 ``allocatable``; with allocateOnce false also ``currentOwners`` and ``allocated``, their requests' sum), Succeeded
 (used by its owner: ``currentOwners``) or Failed (expired).
 
+Every field of the spec, with Koordinator's meaning, is honoured or the Reservation is refused naming it (the
+dispatcher writes a ``Scheduled=False`` condition, reason ``Refused``, and an event): ``template.spec.nodeName``
+puts the room on that node and no other; ``ttl`` ``0`` (or ``0s``) never expires; ``allocatePolicy`` ``Aligned``
+(or empty, which Koordinator reads as Aligned: an allocateOnce owner takes the Reservation's room first and the
+rest from the node) and ``Restricted`` (an owner uses the Reservation only when every reserved resource it asks
+for fits in the room left); ``unschedulable: true`` keeps new owners off it (those that hold a share keep it);
+``taints`` with effect NoSchedule or NoExecute keep owners that do not tolerate them off it (PreferNoSchedule is
+refused: hoss would not weigh it); ``preAllocation: true`` is refused (hoss never overcommits a node to hold
+room); any other field is refused.
+
 Who does what: the dispatcher sends a Pending Reservation to a worker as a pod (`as_pod`), the worker places it
 like a pod and holds its room in the ledger (`hoss.ledger.client.Ledger.hold_reservation`) before it writes status
 Available; the sync keeps the room of every Available Reservation in the ledger; a pending pod that an Available
@@ -20,6 +30,7 @@ shares (`shared_status`).
 from __future__ import annotations
 
 import datetime
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -45,6 +56,11 @@ DEFAULT_TTL_SECONDS = 24 * 3600.0
 PRIORITY = 2**31 - 1
 """The priority a Reservation's ledger entry carries in its meta: no preempting pod takes it as a victim."""
 PHASES = ("Pending", "Available", "Succeeded", "Failed")
+SPEC_FIELDS = frozenset({"template", "owners", "ttl", "expires", "preAllocation", "allocateOnce", "allocatePolicy",
+                         "unschedulable", "taints"})
+ALLOCATE_POLICIES = ("", "Aligned", "Restricted")
+OWNER_TAINT_EFFECTS = ("NoSchedule", "NoExecute")
+"""Taint effects an owner pod must tolerate to use a Reservation (Koordinator filters on these)."""
 
 _DURATION = re.compile(r"(\d+(?:\.\d*)?)(ns|us|µs|ms|s|m|h)")
 _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -54,8 +70,28 @@ class ReservationError(PodSpecError):
     """A Reservation hoss cannot honour; `field` is the JSON path inside the Reservation."""
 
 
+@dataclass(frozen=True)
+class RefusedReservation:
+    """A Reservation hoss refuses, and why: said on it (status condition and event) once per generation."""
+
+    name: str
+    generation: int
+    field: str
+    reason: str
+
+    @classmethod
+    def of(cls, obj: Mapping[str, Any], error: ReservationError) -> RefusedReservation:
+        metadata = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+        assert isinstance(metadata, dict)
+        generation = metadata.get("generation")
+        return cls(name=str(metadata.get("name") or ""), generation=generation if isinstance(generation, int) else 0,
+                   field=error.field, reason=error.reason)
+
+
 def parse_duration(text: str, *, field: str) -> float:
-    """A Go duration ("30m", "1h30m", "90s") in seconds."""
+    """A Go duration ("30m", "1h30m", "90s", and "0", which Go reads without a unit) in seconds."""
+    if text == "0":
+        return 0.0
     if not isinstance(text, str) or not text or _DURATION.sub("", text) != "":
         raise ReservationError(field=field, reason=f"invalid duration {text!r} (expected e.g. 30m, 1h30m, 90s)")
     return sum(float(amount) * _UNITS[unit] for amount, unit in _DURATION.findall(text))
@@ -97,6 +133,13 @@ class Reservation:
     """status.currentOwners (namespace, name, uid)"""
     allocated: ResourceVector = field(default_factory=dict)
     """status.allocated in base units (what the current owners hold)"""
+    restricted: bool = False
+    """allocatePolicy Restricted: an owner uses it only when what it asks of the reserved resources fits."""
+    unschedulable: bool = False
+    """No new owner may use it."""
+    taints: tuple[tuple[str, str, str], ...] = ()
+    """(key, value, effect) an owner must tolerate (effects NoSchedule and NoExecute)."""
+    generation: int = 0
 
     @property
     def room_left(self) -> ResourceVector:
@@ -151,15 +194,33 @@ def parse(obj: Mapping[str, Any]) -> Reservation:
         owners.append(Owner(object=_strings(raw.get("object"), field=f"{where}.object"),
                             controller=_strings(raw.get("controller"), field=f"{where}.controller"),
                             selector=selector))
+    unknown = sorted(set(spec) - SPEC_FIELDS)
+    if unknown:
+        raise ReservationError(field=f"spec.{unknown[0]}",
+                               reason=f"hoss does not know this field ({spec[unknown[0]]!r}); refused rather than "
+                                      f"ignored")
     if spec.get("expires") is not None:
         expires = _timestamp(spec["expires"], field="spec.expires")
     else:
         created = _timestamp(metadata.get("creationTimestamp"), field="metadata.creationTimestamp")
         ttl = spec.get("ttl")
-        expires = created + (DEFAULT_TTL_SECONDS if ttl is None else parse_duration(ttl, field="spec.ttl"))
+        seconds = DEFAULT_TTL_SECONDS if ttl is None else parse_duration(ttl, field="spec.ttl")
+        expires = math.inf if seconds == 0 else created + seconds  # Koordinator: ttl 0 disables expiration
     allocate_once = spec.get("allocateOnce", True)
     if not isinstance(allocate_once, bool):
         raise ReservationError(field="spec.allocateOnce", reason=f"expected true or false, got {allocate_once!r}")
+    policy = spec.get("allocatePolicy", "")
+    if policy not in ALLOCATE_POLICIES:
+        raise ReservationError(field="spec.allocatePolicy",
+                               reason=f"expected Aligned or Restricted, got {policy!r}")
+    if spec.get("preAllocation") not in (None, False):
+        raise ReservationError(field="spec.preAllocation",
+                               reason=f"{spec['preAllocation']!r}: hoss never overcommits a node to hold room; "
+                                      f"only false is honoured")
+    unschedulable = spec.get("unschedulable", False)
+    if not isinstance(unschedulable, bool):
+        raise ReservationError(field="spec.unschedulable", reason=f"expected true or false, got {unschedulable!r}")
+    taints = _taints(spec.get("taints"))
     pod = {"metadata": template.get("metadata") or {}, "spec": template["spec"]}
     raw_owners_now = status.get("currentOwners")
     current = tuple({k: str(v) for k, v in o.items() if k in ("namespace", "name", "uid") and isinstance(v, str)}
@@ -169,8 +230,48 @@ def parse(obj: Mapping[str, Any]) -> Reservation:
         phase=str(status.get("phase") or ""), node=str(status.get("nodeName") or ""),
         request=pod_requests(pod), scheduler_name=str(template["spec"].get("schedulerName") or ""),
         resource_version=str(metadata.get("resourceVersion") or ""),
-        current_owners=current, allocated=_allocated(status.get("allocated")),
+        current_owners=current, allocated=_allocated(status.get("allocated")), restricted=policy == "Restricted",
+        unschedulable=unschedulable, taints=taints,
+        generation=generation if isinstance(generation := metadata.get("generation"), int) else 0,
     )
+
+
+def _taints(value: object) -> tuple[tuple[str, str, str], ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise ReservationError(field="spec.taints", reason=f"expected a list of taints, got {value!r}")
+    taints = []
+    for index, taint in enumerate(value):
+        where = f"spec.taints[{index}]"
+        if not isinstance(taint, dict) or not isinstance(taint.get("key"), str) or not taint.get("key"):
+            raise ReservationError(field=where, reason=f"expected a taint with a key, got {taint!r}")
+        effect = taint.get("effect")
+        if effect not in OWNER_TAINT_EFFECTS:
+            raise ReservationError(field=f"{where}.effect",
+                                   reason=f"{effect!r}: hoss keeps owners off a Reservation for NoSchedule and "
+                                          f"NoExecute taints only")
+        taints.append((taint["key"], str(taint.get("value") or ""), effect))
+    return tuple(taints)
+
+
+def tolerated(reservation: Reservation, tolerations: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether a pod with these (raw) tolerations tolerates every taint of the Reservation (Kubernetes'
+    ToleratesTaint, for the taints' NoSchedule and NoExecute effects)."""
+    def tolerates(toleration: Mapping[str, Any], key: str, value: str, effect: str) -> bool:
+        if toleration.get("effect") and toleration.get("effect") != effect:
+            return False
+        if toleration.get("key") and toleration.get("key") != key:
+            return False
+        return toleration.get("operator") == "Exists" or str(toleration.get("value") or "") == value
+
+    return all(any(tolerates(t, *taint) for t in tolerations if isinstance(t, dict)) for taint in reservation.taints)
+
+
+def usable_by(reservation: Reservation, tolerations: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether a new owner (with these tolerations) may use the Available Reservation: not unschedulable, and its
+    taints tolerated."""
+    return reservation.available and not reservation.unschedulable and tolerated(reservation, tolerations)
 
 
 def _allocated(value: object) -> ResourceVector:
@@ -208,8 +309,25 @@ def as_pod(reservation: Reservation, *, scheduler_name: str) -> Json:
     if not reservation.allocate_once:
         metadata["annotations"][SHARED_ANNOTATION] = "false"
     spec = {**reservation.template["spec"], "schedulerName": scheduler_name}
-    spec.pop("nodeName", None)
+    node = spec.pop("nodeName", None)
+    if node:
+        # Koordinator: with template.spec.nodeName the room goes on that node and no other. A pod with nodeName
+        # is no pod to schedule, so the node becomes a required node affinity on metadata.name, ANDed into every
+        # term the template has (terms are ORed).
+        spec["affinity"] = _pinned_affinity(spec.get("affinity"), str(node))
     return {"metadata": metadata, "spec": spec, "status": {"phase": "Pending"}}
+
+
+def _pinned_affinity(affinity: object, node: str) -> Json:
+    field_term = {"key": "metadata.name", "operator": "In", "values": [node]}
+    affinity = dict(affinity) if isinstance(affinity, dict) else {}
+    node_affinity = dict(affinity.get("nodeAffinity") or {})
+    required = dict(node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    terms = [t for t in required.get("nodeSelectorTerms") or [] if isinstance(t, dict)] or [{}]
+    required["nodeSelectorTerms"] = [{**t, "matchFields": [*(t.get("matchFields") or []), field_term]} for t in terms]
+    node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = required
+    affinity["nodeAffinity"] = node_affinity
+    return affinity
 
 
 def owns(reservation: Reservation, pod: Mapping[str, Any]) -> bool:
@@ -268,8 +386,10 @@ def selector_matches(selector: Mapping[str, Any], labels: Mapping[str, str]) -> 
 
 
 def hints(reservations: Sequence[Reservation]) -> list[list[object]]:
-    """The `HINTS` entries of the Available Reservations that own a pod."""
-    return [[r.uid, r.name, r.node, dict(r.room_left), r.allocate_once] for r in reservations if r.available]
+    """The `HINTS` entries of the Available Reservations that own a pod: uid, name, node, room left,
+    allocateOnce, and whether its allocatePolicy is Restricted."""
+    return [[r.uid, r.name, r.node, dict(r.room_left), r.allocate_once, r.restricted]
+            for r in reservations if r.available]
 
 
 def _condition(kind: str, status: str, reason: str, message: str) -> Json:
@@ -309,6 +429,13 @@ def shared_status(reservation: Reservation, owners: Sequence[Mapping[str, str]],
     reserved resource named, 0 included, so a merge patch never leaves an old amount behind)."""
     amounts = {resource: allocated.get(resource, 0) for resource in reservation.request}
     return {"status": {"currentOwners": [dict(o) for o in owners], "allocated": quantities(amounts)}}
+
+
+def refused_status(field: str, message: str) -> Json:
+    """Merge patch of a Reservation hoss refuses: still Pending, its Scheduled condition (reason Refused) naming
+    the field."""
+    return {"status": {"phase": "Pending", "conditions": [
+        _condition("Scheduled", "False", "Refused", f"{field}: {message}")]}}
 
 
 def no_worker_status(message: str) -> Json:

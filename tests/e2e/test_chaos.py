@@ -92,13 +92,12 @@ async def create_podgroup(cluster: Cluster, namespace: str, name: str, min_membe
 
 
 async def podgroup_scheduled(cluster: Cluster, namespace: str, name: str) -> tuple[bool, str]:
-    """The PodGroup's status counts every member scheduled (its extra member too: bound members count)."""
+    """The PodGroup's status counts every member running (its extra member too: bound members count)."""
     custom: Any = client.CustomObjectsApi(cluster.api)
     group = await custom.get_namespaced_custom_object("scheduling.x-k8s.io", "v1alpha1", namespace, "podgroups",
                                                       name)
     status = group.get("status") or {}
-    return (status.get("phase") in ("Scheduled", "Running") and status.get("scheduled") == PODGROUP_MEMBERS,
-            str(status))
+    return status.get("phase") == "Running" and status.get("running") == PODGROUP_MEMBERS, str(status)
 
 
 async def bound_count(cluster: Cluster, namespace: str) -> int:

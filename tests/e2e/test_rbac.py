@@ -230,6 +230,18 @@ async def test_every_verb_granted_to_a_component_is_one_it_uses_and_none_is_refu
         {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup",
          "metadata": {"name": "rbac-pg", "namespace": namespace}, "spec": {"minMember": 2}},
     )
+    # Kubernetes' and Volcano's PodGroups: the dispatcher writes their status too.
+    await custom.create_namespaced_custom_object(
+        "scheduling.k8s.io", "v1alpha2", namespace, "podgroups",
+        {"apiVersion": "scheduling.k8s.io/v1alpha2", "kind": "PodGroup",
+         "metadata": {"name": "rbac-wg", "namespace": namespace},
+         "spec": {"schedulingPolicy": {"gang": {"minCount": 2}}}},
+    )
+    await custom.create_namespaced_custom_object(
+        "scheduling.volcano.sh", "v1beta1", namespace, "podgroups",
+        {"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
+         "metadata": {"name": "rbac-vg", "namespace": namespace}, "spec": {"minMember": 2}},
+    )
     # An elastic quota the pods below stay within: the resolver's sync lists and watches it and writes its status.
     await custom.create_namespaced_custom_object(
         "scheduling.x-k8s.io", "v1alpha1", namespace, "elasticquotas",
@@ -242,18 +254,25 @@ async def test_every_verb_granted_to_a_component_is_one_it_uses_and_none_is_refu
         # A malformed node reservation annotation: the resolver warns with an event on the node.
         await asyncio.to_thread(plane.kubectl, "annotate", "node", nodes[1],
                                 f"{NODE_RESERVATION_ANNOTATION}=not-json")
+        workload_members = hoss_pods("rbac-wg", 2)
+        for pod in workload_members:
+            pod["spec"]["schedulingGroup"] = {"podGroupName": "rbac-wg"}
+        volcano_members = hoss_pods("rbac-vg", 2)
+        for pod in volcano_members:
+            pod["metadata"]["annotations"] = {"scheduling.k8s.io/group-name": "rbac-vg"}
         async with workers(plane, [("rbac-1", ["default"])]):
             await cluster.create_pods(
                 [
                     *hoss_pods("rbac-fits", 3),
                     *hoss_pods("rbac-gang", 2, labels={"scheduling.x-k8s.io/pod-group": "rbac-pg"}),
+                    *workload_members, *volcano_members,
                 ],
                 namespace=namespace,
             )
-            await wait_all_bound(cluster, namespace, 5)
+            await wait_all_bound(cluster, namespace, 9)
             # A pod kube-scheduler binds: the resolver reads it (pending pods are not in the sync's index).
             await cluster.create_pods([pod_manifest("rbac-foreign", requests={"cpu": "100m"})], namespace=namespace)
-            await wait_all_bound(cluster, namespace, 6)
+            await wait_all_bound(cluster, namespace, 10)
             await cluster.create_pods(
                 [*hoss_pods("rbac-huge", 1, cpu="500"), *hoss_pods("rbac-nobody", 1, policy="no-such-policy")],
                 namespace=namespace,
@@ -270,9 +289,21 @@ async def test_every_verb_granted_to_a_component_is_one_it_uses_and_none_is_refu
                 group = await custom.get_namespaced_custom_object(
                     "scheduling.x-k8s.io", "v1alpha1", namespace, "podgroups", "rbac-pg")
                 status = group.get("status") or {}
-                return status.get("scheduled") == 2, str(status)
+                return status.get("phase") in ("Scheduling", "Running") and "scheduleStartTime" in status, str(status)
 
             await until(podgroup_status, timeout=60, what="the dispatcher to write the PodGroup's status")
+
+            async def other_podgroups_status() -> tuple[bool, str]:
+                workload = await custom.get_namespaced_custom_object(
+                    "scheduling.k8s.io", "v1alpha2", namespace, "podgroups", "rbac-wg")
+                volcano = await custom.get_namespaced_custom_object(
+                    "scheduling.volcano.sh", "v1beta1", namespace, "podgroups", "rbac-vg")
+                conditions = (workload.get("status") or {}).get("conditions") or []
+                phase = (volcano.get("status") or {}).get("phase")
+                return bool(conditions) and phase in ("Pending", "Running"), f"{conditions}; {phase}"
+
+            await until(other_podgroups_status, timeout=60,
+                        what="the dispatcher to write Kubernetes' and Volcano's PodGroups' status")
 
             async def quota_status() -> tuple[bool, str]:
                 quota = await custom.get_namespaced_custom_object(

@@ -117,7 +117,7 @@ async def test_an_owner_pod_carries_its_available_reservation(queue: WorkQueue) 
     assert (await dispatcher.tick()).dispatched == 2
     entries: Any = await queue.redis.xrange(queue_key("w"))
     pods = {item.uid: orjson.loads(item.pod) for item in (WorkItem.decode(fields) for _id, fields in entries)}
-    assert pods["uid-1"][reservations.HINTS] == [["rsv-uid", "slot", "n1", {"cpu": 2000, "pods": 1}, True]]
+    assert pods["uid-1"][reservations.HINTS] == [["rsv-uid", "slot", "n1", {"cpu": 2000, "pods": 1}, True, False]]
     assert reservations.HINTS not in pods["uid-2"]
 
 

@@ -9,7 +9,9 @@ from typing import Any
 import pytest
 
 from dispatcher.core import Dispatcher
+from dispatcher.gangbook import GANG_QUIET_ROUNDS, RECOUNT_SECONDS
 from dispatcher.gangs import GangKey, PodGroupSpec
+from dispatcher.podgroup_status import StatusChange
 from dispatcher.settings import DispatcherSettings
 from hoss.queue import WorkerInfo, WorkQueue, queue_key
 from tests.integration.dispatching import stream_items
@@ -43,9 +45,9 @@ async def test_bound_members_count_so_a_replacement_goes_out_singly_and_the_podg
         assert (namespace, selector) == ("team", "scheduling.x-k8s.io/pod-group=train")
         return list(apiserver.values())
 
-    async def write_status(key: GangKey, status: Json) -> None:
+    async def write_status(key: GangKey, _group: PodGroupSpec, change: StatusChange) -> None:
         assert key == KEY
-        statuses.append(status)
+        statuses.append(change.status)
 
     await dispatcher.on_list([apiserver[4]])
     dispatcher.synced.set()
@@ -54,7 +56,8 @@ async def test_bound_members_count_so_a_replacement_goes_out_singly_and_the_podg
     assert dispatcher.waiting["uid-4"].reason == "GangIncomplete"
 
     await dispatcher.refresh_gangs(list_members, write_status)
-    assert statuses[-1] == {"phase": "Pending", "scheduled": 3, "running": 3}
+    started = statuses[-1].pop("scheduleStartTime")
+    assert statuses[-1] == {"phase": "Scheduling", "running": 3, "succeeded": 0, "failed": 0}
     await dispatcher.tick()
     [item] = await stream_items(queue, "w")
     assert item.gang == "team/train" and item.min_available == 1, "one more member completes the gang"
@@ -67,10 +70,21 @@ async def test_bound_members_count_so_a_replacement_goes_out_singly_and_the_podg
     apiserver[5] = member(5)
     await dispatcher.on_event("ADDED", apiserver[5])
     await dispatcher.refresh_gangs(list_members, write_status)
-    assert statuses[-1] == {"phase": "Running", "scheduled": 4, "running": 4}
+    assert statuses[-1] == {"phase": "Running", "running": 4, "succeeded": 0, "failed": 0,
+                            "scheduleStartTime": started}
     await dispatcher.tick()
     [single] = await stream_items(queue, "w")
     assert (single.uid, single.members, single.pod != "") == ("uid-5", (), True), "an extra member goes singly"
+
+    # No member is pending any more; the group is still followed until it is Finished, however long that takes.
+    await dispatcher.on_event("DELETED", apiserver[5])
+    del apiserver[5]
+    for n in (0, 1, 2, 4):
+        apiserver[n]["status"]["phase"] = "Succeeded"
+    for _ in range(GANG_QUIET_ROUNDS + 1):
+        dispatcher.gangs.counts[KEY] = (-RECOUNT_SECONDS, dispatcher.gangs.counts[KEY][1])  # its count is old
+        await dispatcher.refresh_gangs(list_members, write_status)
+    assert statuses[-1]["phase"] == "Finished" and statuses[-1]["succeeded"] == 4
 
 
 async def test_a_settled_gang_is_forgotten_and_a_follower_forgets_old_gangs(queue: WorkQueue) -> None:

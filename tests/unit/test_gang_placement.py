@@ -286,3 +286,36 @@ def test_members_with_do_not_schedule_spread_count_the_members_planned_before_th
         counts = Counter(order[:step])
         assert abs(counts["a"] - counts["b"]) <= 1, order
     assert Counter(order) == {"a": 2, "b": 2}
+
+
+# --- One domain of a Kubernetes PodGroup's topology constraint (a hard tier) ------------------------------------
+
+ZONE = "topology.kubernetes.io/zone"
+
+
+def zones(free: dict[str, int], *, unlabelled: int = 0) -> NodeTable:
+    """Two 4-cpu nodes per zone, `free` of them empty and the rest full; and `unlabelled` empty nodes of no zone."""
+    nodes = table(*(raw_node(f"{zone}-{i}", NODE, labels={ZONE: zone}) for zone in sorted(free) for i in range(2)),
+                  *(raw_node(f"bare-{i}", NODE) for i in range(unlabelled)))
+    for zone, empty in free.items():
+        for i in range(empty, 2):
+            nodes.set_used(f"{zone}-{i}", {"cpu": 4000})
+    return nodes
+
+
+def test_a_gang_with_a_domain_key_goes_within_one_domain_or_nowhere() -> None:
+    profile = gang_profile()
+    rng = np.random.default_rng(0)
+    # 4 members of 2 cpu: a zone of two empty nodes holds them, the tightest such zone wins
+    decision = placed(place_gang(profile, members(4), zones({"a": 1, "b": 2, "c": 2}), rng=rng, min_available=4,
+                                 domain_key=ZONE))
+    assert len({node.rsplit("-", 1)[0] for node in decision.assignments.values()}) == 1
+    # 6 members: no one zone holds them, though the zones together (and the unlabelled nodes) would
+    why = refused(place_gang(profile, members(6), zones({"a": 2, "b": 2}, unlabelled=3), rng=rng, min_available=6,
+                             domain_key=ZONE))
+    assert "do not fit within any one topology.kubernetes.io/zone domain" in why.message
+    # members bound already fix the domain: zone b only, where they do not fit
+    refused(place_gang(profile, members(4), zones({"a": 2, "b": 1}), rng=rng, min_available=4, domain_key=ZONE,
+                       domain="b"))
+    assert set(placed(place_gang(profile, members(4), zones({"a": 2, "b": 2}), rng=rng, min_available=4,
+                                 domain_key=ZONE, domain="b")).assignments.values()) == {"b-0", "b-1"}

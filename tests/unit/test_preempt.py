@@ -11,10 +11,11 @@ from hoss.framework.budget import Budget, parse_budget
 from hoss.framework.cycle import Profile
 from hoss.framework.nodes import NodeTable
 from hoss.framework.pod import PodView, parse_pod
-from hoss.framework.podindex import HostPort, PlacedPod
+from hoss.framework.podindex import HostPort, PlacedPod, parse_placed
 from hoss.framework.podterms import label_selector
 from hoss.framework.profiles import load_profiles
 from hoss.ledger.results import Nomination
+from hoss.model.compact import pod_meta
 from tests.kube_objects import raw_node, raw_pod, table
 from workers.victims import (
     Candidate,
@@ -24,6 +25,7 @@ from workers.victims import (
     preemption_policy,
     select_victims,
     split_by_budgets,
+    whole_gangs,
 )
 
 NODE = {"cpu": "4", "memory": "16Gi", "pods": "110"}
@@ -37,9 +39,9 @@ def profile() -> Profile:
 
 
 def place(nodes: NodeTable, name: str, node: str, *, cpu: int, priority: int, labels: dict[str, str] | None = None,
-          created: str = "2026-01-01T00:00:00Z") -> PlacedPod:
+          created: str = "2026-01-01T00:00:00Z", gang: str = "") -> PlacedPod:
     pod = PlacedPod(uid=f"uid-{name}", node=node, namespace="team", labels=labels or {"app": name}, ports=(),
-                    name=name, priority=priority, request={"cpu": cpu, "pods": 1}, created=created)
+                    name=name, priority=priority, request={"cpu": cpu, "pods": 1}, created=created, gang=gang)
     nodes.place_pod(pod)
     nodes.add_used(node, pod.request)
     return pod
@@ -234,3 +236,33 @@ def test_a_victim_the_preemptors_anti_affinity_refuses_is_evicted_and_the_what_i
     found = candidates(profile, parse_pod(raw), nodes, [])
     assert sorted((c.node, names(c)) for c in found) == [("n1", ["noisy-1"]), ("n2", ["noisy-2"])]
     assert len(nodes.pods) == 3 and nodes.anti_holders == {}
+
+
+def test_a_running_gang_is_evicted_whole_or_not_at_all(profile: Profile) -> None:
+    """Three members of a low-priority gang on three nodes: freeing one node for the preemptor takes the whole gang
+    (the others on their own nodes too), unless one member is not of lower priority: then no node whose victims
+    include a member is a candidate, and a node with a plain victim is chosen instead."""
+    nodes = table(raw_node("n1", NODE), raw_node("n2", NODE), raw_node("n3", NODE))
+    gang = "scheduling.x-k8s.io/team/train"
+    for i, node in enumerate(("n1", "n2", "n3")):
+        place(nodes, f"train-{i}", node, cpu=4000, priority=1, gang=gang)
+    pod = preemptor("4")
+    found = whole_gangs(pod, candidates(profile, pod, nodes, []), nodes, [])
+    chosen = pick(found)
+    assert chosen is not None and sorted(names(chosen)) == ["train-0", "train-1", "train-2"]
+    assert {v.node for v in chosen.victims} == {"n1", "n2", "n3"}
+
+    nodes = table(raw_node("n1", NODE), raw_node("n2", NODE), raw_node("n3", NODE))
+    place(nodes, "train-0", "n1", cpu=4000, priority=1, gang=gang)
+    place(nodes, "train-1", "n2", cpu=4000, priority=500, gang=gang)  # as important as the preemptor, or more
+    place(nodes, "solo", "n3", cpu=4000, priority=50)
+    found = whole_gangs(pod, candidates(profile, pod, nodes, []), nodes, [])
+    assert [(c.node, names(c)) for c in found] == [("n3", ["solo"])]
+
+
+def test_a_gang_member_has_the_gang_in_its_ledger_meta() -> None:
+    raw = raw_pod("w-0", {"cpu": "1"})
+    raw["metadata"]["namespace"] = "team"
+    raw["spec"]["schedulingGroup"] = {"podGroupName": "train"}
+    _ports, meta = pod_meta(raw)
+    assert parse_placed("u", "n1", meta).gang == "scheduling.k8s.io/team/train"

@@ -17,7 +17,14 @@ from hoss.framework.profiles import load_profiles
 from hoss.ledger.arguments import ElasticQuota
 from hoss.ledger.results import QuotaReport, QuotaUse
 from tests.kube_objects import raw_node, raw_pod, table
-from workers.victims import Candidate, keeps_quota_mins, pick, reclaim_candidates, reclaimable
+from workers.victims import (
+    Candidate,
+    gang_reclaim_victims,
+    keeps_quota_mins,
+    pick,
+    reclaim_candidates,
+    reclaimable,
+)
 
 GPU = "nvidia.com/gpu"
 GPU_NODE = {"cpu": "16", "memory": "64Gi", "pods": "110", GPU: "2"}
@@ -134,3 +141,25 @@ def test_priority_preemption_keeps_every_tenant_at_its_min_and_a_borrower_to_its
     # B within its min (4 + 1 <= 6): A's borrowed pods are fair game, down to A's min.
     assert keeps_quota_mins(incoming("b"), on(a_pods["a5"], a_pods["a4"]), quotas)
     assert not keeps_quota_mins(incoming("b"), on(a_pods["a5"], a_pods["a4"], a_pods["a3"]), quotas)
+
+
+def gang_of_b(count: int) -> list[PodView]:
+    members = []
+    for i in range(count):
+        raw = raw_pod(f"g-{i}", {GPU: "1"})
+        raw["metadata"]["namespace"] = "b"
+        members.append(parse_pod(raw))
+    return members
+
+
+def test_a_gang_within_its_min_reclaims_for_all_its_members_at_once_or_not_at_all(profile: Profile) -> None:
+    """B runs 4 of its min 6; a gang of 2 takes A's two newest borrowed pods, one per member; a gang of 3 would
+    take B past its min, and a gang of 2 finds nothing when A is at its min: nothing is chosen then."""
+    nodes = a_runs_six_b_runs_four()
+    quotas = report({"a": 6, "b": 4})
+    steps = gang_reclaim_victims(profile, gang_of_b(2), nodes, [], quotas=quotas)
+    assert steps is not None
+    assert sorted(v.name for step in steps for v in step.victims) == ["a4", "a5"]
+    assert nodes.used_of("g2") == {GPU: 2, "pods": 2}, "the table is left as it was"
+    at_min = report({"a": 4, "b": 4})
+    assert gang_reclaim_victims(profile, gang_of_b(2), a_runs_six_b_runs_four(), [], quotas=at_min) is None

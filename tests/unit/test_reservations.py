@@ -3,6 +3,7 @@ keeping an Available Reservation's room in the ledger until it is used, fails or
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -50,6 +51,44 @@ def test_expiry_from_ttl_expires_or_a_day() -> None:
     assert parse(raw(ttl="10m", expires="2026-11-23T01:00:00Z")).expires_unix == created + 3600
 
 
+def test_a_ttl_of_zero_never_expires() -> None:
+    assert parse(raw(ttl="0")).expires_unix == math.inf
+    assert parse(raw(ttl="0s")).expires_unix == math.inf
+
+
+def test_a_template_node_name_pins_the_room_to_that_node_whatever_else_the_template_asks() -> None:
+    template_affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]}}}
+    pinned = raw()
+    pinned["spec"]["template"]["spec"].update(nodeName="n7", affinity=template_affinity)
+    pod_spec = as_pod(parse(pinned), scheduler_name="hoss")["spec"]
+    assert "nodeName" not in pod_spec
+    [term] = pod_spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"]
+    assert term == {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}],
+                    "matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n7"]}]}
+
+
+def test_unschedulable_and_untolerated_taints_keep_new_owners_off_an_available_reservation() -> None:
+    assert reservations.usable_by(parse(raw(phase="Available", node="n1")), [])
+    assert not reservations.usable_by(parse(raw(phase="Available", node="n1", unschedulable=True)), [])
+    tainted = parse(raw(phase="Available", node="n1", taints=[{"key": "team", "value": "a", "effect": "NoSchedule"}]))
+    assert not reservations.usable_by(tainted, [])
+    assert not reservations.usable_by(tainted, [{"key": "team", "operator": "Equal", "value": "b"}])
+    assert reservations.usable_by(tainted, [{"key": "team", "operator": "Equal", "value": "a"}])
+    assert reservations.usable_by(tainted, [{"operator": "Exists"}])
+
+
+def test_a_restricted_reservation_serves_only_an_owner_whose_reserved_requests_fit() -> None:
+    restricted = parse(raw(phase="Available", node="n1", allocatePolicy="Restricted"))
+    [hint] = hints_of({reservations.HINTS: reservations.hints([restricted])})
+    assert hint.restricted and hint.once
+    assert hint.serves({"cpu": 2000, "nvidia.com/gpu": 4, "memory": 10})
+    assert not hint.serves({"cpu": 3000})
+    [aligned] = hints_of({reservations.HINTS: reservations.hints([parse(raw(phase="Available", node="n1"))])})
+    assert aligned.serves({"cpu": 3000}), "Aligned: what the Reservation lacks comes from the node"
+
+
 def test_the_view_and_its_request() -> None:
     view = parse(raw(phase="Available", node="n1"))
     assert view.available and not view.pending and view.allocate_once
@@ -63,6 +102,11 @@ def test_the_view_and_its_request() -> None:
     ({"allocateOnce": "yes"}, "spec.allocateOnce"),
     ({"ttl": "forever"}, "spec.ttl"),
     ({"expires": "tomorrow"}, "spec.expires"),
+    ({"preAllocation": True}, "spec.preAllocation"),
+    ({"allocatePolicy": "Default"}, "spec.allocatePolicy"),
+    ({"unschedulable": "no"}, "spec.unschedulable"),
+    ({"taints": [{"key": "k", "effect": "PreferNoSchedule"}]}, "spec.taints[0].effect"),
+    ({"reserveFor": "ever"}, "spec.reserveFor"),
 ])
 def test_bad_fields_are_named(change: dict[str, Any], field: str) -> None:
     broken = raw()
@@ -151,7 +195,7 @@ def test_a_shared_reservations_status_room_left_meta_and_hints() -> None:
     assert view.room_left == {"cpu": 500, "nvidia.com/gpu": 1}  # no pod count: every owner is a pod of its own
     meta = orjson.loads(view.meta())
     assert meta["allocateOnce"] is False and meta["owners"] == ["uid-a"]
-    assert reservations.hints([view]) == [["uid-r1", "r1", "n1", {"cpu": 500, "nvidia.com/gpu": 1}, False]]
+    assert reservations.hints([view]) == [["uid-r1", "r1", "n1", {"cpu": 500, "nvidia.com/gpu": 1}, False, False]]
     assert as_pod(view, scheduler_name="hoss")["metadata"]["annotations"][reservations.SHARED_ANNOTATION] == "false"
     # allocateOnce (the default): the whole room, no flag in the meta
     once = parse(raw(phase="Available", node="n1"))

@@ -162,6 +162,7 @@ class Pod:
     annotations: Mapping[str, str] = field(default_factory=dict)
     unschedulable_reason: str | None = None
     unschedulable_message: str | None = None
+    scheduling_group: str | None = None
 
     @property
     def key(self) -> str:
@@ -229,7 +230,7 @@ def test_gangs_count_pending_and_dispatched_members_and_how_many_they_need() -> 
                       podgroups={GangKey("team", "train"): PodGroupSpec(min_member=4)})
 
     assert [(g.gang, g.pending, g.dispatched, g.min_available) for g in gangs] == [
-        ("ml/vol", 1, 0, 1), ("team/light", 2, 0, 3), ("team/train", 3, 2, 4),
+        ("ml/vol", 1, 0, None), ("team/light", 2, 0, 3), ("team/train", 3, 2, 4),  # vol: no Volcano PodGroup yet
     ]
     assert pending(*pods)["team/t0"].startswith("WaitingForWorker")
     view = pending_view(pods, dispatched={}, waiting={}, now_unix=0.0, now_monotonic=0.0)
