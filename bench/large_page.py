@@ -32,7 +32,8 @@ def _size_section(count: str, row: Mapping[str, Any]) -> list[str]:
     base = row.get("kube-scheduler") or {}
     lines = [f"### {int(count):,} nodes", "",
              f"{row.get('gpu_nodes', 0):,} of them with 8 GPUs; {row.get('pods', 0):,} pods per run; the nodes took "
-             f"{cell(row.get('nodes_ready_seconds'))} s to create and turn Ready. kube-scheduler's default looks "
+             f"{cell(row.get('nodes_ready_seconds'))} s to create and turn Ready, and the plane "
+             f"{cell(row.get('settle_seconds'))} s more to settle before the first run. kube-scheduler's default looks "
              f"for {row.get('kube_feasible_nodes_sought', 0):,} feasible nodes per pod.", ""]
     rows = []
     for system in SYSTEMS:
