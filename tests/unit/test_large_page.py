@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
-from bench.large_page import render
+from bench.large_page import DEFAULT_JSON, DEFAULT_PAGE, render
 from bench.scenarios.large import large_pods
 from hoss.model.resources import pod_requests
 
@@ -44,3 +45,9 @@ def test_the_page_sets_each_size_s_runs_against_kube_scheduler_s_default() -> No
     assert "| kube-scheduler 100% | 100/100 | 50.0 | 0.50x |" in page
     assert "| 5,000 | 1.50 | 1.50 | 0.40 | 2.00 | 1.00 |" in page
     assert "with hoss running (nothing scheduled), CPU seconds per second: etcd 0.010." in page
+
+
+def test_the_checked_in_page_is_what_the_checked_in_figures_render_to() -> None:
+    """docs/benchmarks-large.md is never edited by hand: `python -m bench.large_page` writes it from the JSON."""
+    assert DEFAULT_PAGE.read_text() == render(json.loads(DEFAULT_JSON.read_text())), \
+        "docs/benchmarks-large.md is stale: run python -m bench.large_page"
