@@ -108,31 +108,27 @@ class PendingBook:
         """Namespace labels changed (of `name`, or of any): recompute the compact forms that read them (pods of
         that namespace, pods with namespaceSelectors); those dispatched are to be resent, the others dispatched
         now, as their inter-pod terms may now hold elsewhere. True when any changed."""
-        due = False
-        for uid, pod in list(self.pods.items()):
-            if name is not None and pod.namespace != name and '"selected"' not in pod.compact:
-                continue
-            updated = with_namespaces(pod, namespaces)
-            if updated is pod:
-                continue
-            self.pods[uid] = updated
-            if uid in self.dispatched:
-                self.changed[uid] = None
-            elif not updated.gated:
-                self.handed_back.pop(uid, None)
-                self.fresh[uid] = None
-            due = True
-        return due
+        return self._recompute(
+            lambda pod: name is None or pod.namespace == name or '"selected"' in pod.compact,
+            lambda pod: with_namespaces(pod, namespaces))
 
     def storage_changed(self, storage: StorageCatalog, *, touches: Callable[[PendingPod], bool] | None = None) -> bool:
         """Storage objects changed: recompute what the claims of the pods with volumes need (of those `touches`
         says the change may concern; all without it); those dispatched are to be resent, the others dispatched
         now (a claim bound, a PV freed may let them go). True when any changed."""
+        return self._recompute(
+            lambda pod: '"volumes"' in pod.compact and (touches is None or touches(pod)),
+            lambda pod: with_storage(pod, storage))
+
+    def _recompute(self, concerned: Callable[[PendingPod], bool],
+                   recompute: Callable[[PendingPod], PendingPod]) -> bool:
+        """Recompute the `concerned` pending pods' forms; a changed one is resent when dispatched, else dispatched
+        now (unless gated). True when any changed."""
         due = False
         for uid, pod in list(self.pods.items()):
-            if '"volumes"' not in pod.compact or (touches is not None and not touches(pod)):
+            if not concerned(pod):
                 continue
-            updated = with_storage(pod, storage)
+            updated = recompute(pod)
             if updated is pod:
                 continue
             self.pods[uid] = updated
