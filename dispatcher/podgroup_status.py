@@ -9,8 +9,10 @@ counts and the time come in, the status patch and the event to record go out.
 - Kubernetes (scheduling.k8s.io/v1alpha2), as kube-scheduler 1.36 writes it: the condition ``PodGroupScheduled``,
   True (reason Scheduled) once minCount members are bound, never taken back to False; False (reason Unschedulable)
   with the message of a member that could not be placed, while none of that holds.
-- Volcano (scheduling.volcano.sh/v1beta1): phase Pending, Running once minMember are running, Completed once
-  minMember succeeded; ``running``, ``succeeded``, ``failed``.
+- Volcano (scheduling.volcano.sh/v1beta1), as its scheduler writes it: phase Inqueue once the group is accepted
+  (Volcano's enqueue; a refused group stays Pending), which is what Volcano's job controller waits for before it
+  makes the job's pods; Running once minMember are bound, running or succeeded (Volcano counts allocated members);
+  Completed once minMember succeeded; ``running``, ``succeeded``, ``failed``.
 """
 
 from __future__ import annotations
@@ -74,10 +76,12 @@ def _volcano(group: PodGroupSpec, counts: GangCounts, previous: Mapping[str, obj
     if phase not in FINAL_PHASES:
         if counts.succeeded >= group.min_member:
             phase = "Completed"
-        elif counts.running + counts.succeeded >= group.min_member:
+        elif counts.bound + counts.succeeded >= group.min_member:
             phase = "Running"
         else:
-            phase = "Pending"
+            # Volcano's enqueue: hoss has no Volcano queues but the unlimited default one, so an accepted group is
+            # admitted at once; Volcano's job controller makes a job's pods only once its group left Pending.
+            phase = "Pending" if group.refusal else "Inqueue"
     return {"phase": phase, "running": counts.running, "succeeded": counts.succeeded, "failed": counts.failed}
 
 
@@ -124,7 +128,8 @@ def status_change(key: GangKey, group: PodGroupSpec, counts: GangCounts, previou
     before = str(previous.get("phase") or "")
     reason = phase if phase != before else "Counted"
     message = (f"PodGroup {key}: phase {phase} ({status['running']} running, {status['succeeded']} succeeded, "
-               f"{status['failed']} failed of minMember {group.min_member})")
+               f"{status['failed']} failed of minMember {group.min_member})"
+               + (f"; refused: {group.refusal}" if group.refusal else ""))
     if not status.get("occupiedBy"):
         status.pop("occupiedBy", None)
     return StatusChange(status=status, reason=reason, message=message, final=phase in FINAL_PHASES)

@@ -20,10 +20,12 @@ from dev.local.credentials import WEBHOOK_CLIENT_NAME
 from dev.local.state import PlaneFiles, PlaneState
 
 WORKLOAD_FEATURE_GATES = ("GenericWorkload=true,GangScheduling=true,TopologyAwareWorkloadScheduling=true,"
-                          "WorkloadAwarePreemption=true")
+                          "WorkloadAwarePreemption=true,WorkloadWithJob=true")
 """Kubernetes 1.36's Workload API (alpha): the apiserver serves scheduling.k8s.io/v1alpha2 Workload and PodGroup
 and keeps pods' spec.schedulingGroup; the plane's kube-scheduler places such gangs all-or-nothing, as the control
-hoss's gangs are compared with (tests/e2e/test_workload_gangs.py)."""
+hoss's gangs are compared with (tests/e2e/test_workload_gangs.py); the Job controller makes a Workload and a gang
+PodGroup (minCount = parallelism) for an Indexed Job whose completions equal its parallelism (WorkloadWithJob; the
+apiserver grants it the rights by the same gate)."""
 WORKLOAD_RUNTIME_CONFIG = "scheduling.k8s.io/v1alpha2=true"
 
 CONTROLLERS = ("replicaset", "deployment", "job", "disruption", "namespace", "garbagecollector", "serviceaccount",
@@ -108,6 +110,7 @@ def controller_manager_argv(controller_manager: Path, files: PlaneFiles, *, port
         "--concurrent-job-syncs=2",
         "--concurrent-namespace-syncs=2",
         "--concurrent-gc-syncs=2",
+        f"--feature-gates={WORKLOAD_FEATURE_GATES}",
         "--kube-api-qps=100",
         "--kube-api-burst=200",
         "--v=1",

@@ -58,3 +58,17 @@ def test_a_volcano_podgroup_runs_then_completes() -> None:
     assert running is not None and running.status == {"phase": "Running", "running": 2, "succeeded": 0, "failed": 0}
     completed = status_change(key, group, counts(succeeded=2), running.status, now=NOW)
     assert completed is not None and completed.status["phase"] == "Completed" and completed.final
+
+
+def test_an_accepted_volcano_podgroup_is_inqueue_before_its_members_exist_and_a_refused_one_stays_pending() -> None:
+    """Volcano's job controller makes a job's pods only once its PodGroup left Pending (the scheduler's enqueue):
+    a group hoss accepts goes Inqueue with no member yet; one it refuses stays Pending, the event naming the
+    field; Running counts members bound (Volcano's allocated), before they run."""
+    key = GangKey("ns", "v", VOLCANO_API)
+    admitted = status_change(key, PodGroupSpec(min_member=2), counts(), {}, now=NOW)
+    assert admitted is not None and admitted.status["phase"] == "Inqueue" and admitted.reason == "Inqueue"
+    refused = status_change(key, PodGroupSpec(min_member=2, refusal="spec.queue 'research' is refused"), counts(), {},
+                            now=NOW)
+    assert refused is not None and refused.status["phase"] == "Pending" and "spec.queue 'research'" in refused.message
+    bound = status_change(key, PodGroupSpec(min_member=2), counts(bound=2), admitted.status, now=NOW)
+    assert bound is not None and bound.status["phase"] == "Running"
