@@ -14,8 +14,9 @@ plugin reads):
   a class): accepted, but hoss orders and preempts a gang by its members' own ``spec.priority``, where
   kube-scheduler 1.36's workload-aware preemption takes the PodGroup's; the two agree when the PodGroup and its
   pods name the same PriorityClass (a known difference, not checked);
-- ``disruptionMode``: ``Pod`` (the default) honoured; ``PodGroup`` refused (hoss's preemption picks victims pod by
-  pod);
+- ``disruptionMode``: ``PodGroup`` honoured (a running gang is a preemption victim whole, workers/victims.py);
+  ``Pod`` (the default) accepted, but hoss evicts such a gang whole too, where kube-scheduler 1.36 takes its members
+  as victims one by one (a known difference: hoss never leaves part of a gang running);
 - ``schedulingConstraints.topology``: one entry with a key, honoured as a hard tier (the gang goes within one
   domain of that node label, the domain of members bound already if any; workers/gang.py); more entries refused;
 - ``resourceClaims``: refused.
@@ -95,9 +96,8 @@ def parse_workload_podgroup(obj: Mapping[str, object]) -> tuple[GangKey, PodGrou
     if claims:
         refusal = refusal or f"hoss does not honour spec.resourceClaims ({claims!r}) yet"
     mode = spec.get("disruptionMode")
-    if mode not in (None, "Pod"):
-        refusal = refusal or (f"hoss does not honour spec.disruptionMode {mode!r} (its preemption evicts pod by "
-                              f"pod); only Pod is accepted")
+    if mode not in (None, "Pod", "PodGroup"):
+        refusal = refusal or f"spec.disruptionMode {mode!r} is neither Pod nor PodGroup"
     return key, PodGroupSpec(min_member=min_count, gang=isinstance(gang, dict), refusal=refusal,
                              domain_key=domain_key, **object_facts(obj))
 

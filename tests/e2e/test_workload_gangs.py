@@ -216,28 +216,31 @@ async def test_a_topology_constraint_keeps_a_gang_within_one_domain_under_kube_s
 async def test_podgroup_fields_hoss_does_not_honour_are_refused_by_name_on_the_members_and_the_group(
     plane: LocalPlane, dispatcher: Process, cluster: Cluster, namespace: str
 ) -> None:
-    """A Kubernetes PodGroup with disruptionMode PodGroup and a Volcano PodGroup on a queue other than default:
-    their members wait, never placed, their PodScheduled=False condition naming the field; the Kubernetes group says
-    PodGroupScheduled=False with the same reason."""
+    """A Volcano PodGroup with a networkTopology and one on a queue other than default: their members wait, never
+    placed, their PodScheduled=False condition naming the field; the groups stay Pending. (Every field a Kubernetes
+    PodGroup may carry on this plane is honoured: its refusals are unit-tested.)"""
     key = f"{namespace}-refused"[:63]
     async with nodes(cluster, 2, key), workers(plane, [("wg-2", ["default"])]):
-        await create_group(cluster, WORKLOAD, namespace, "topo", {
-            "schedulingPolicy": {"gang": {"minCount": 2}}, "disruptionMode": "PodGroup"})
+        await create_group(cluster, VOLCANO, namespace, "topo", {
+            "minMember": 2, "networkTopology": {"mode": "hard", "highestTierAllowed": 1}})
         await create_group(cluster, VOLCANO, namespace, "queued", {"minMember": 2, "queue": "research"})
-        queued = pinned(hoss_pods("queued", 2), "gang-set", key)
-        for pod in queued:
-            pod["metadata"]["annotations"] = {"scheduling.k8s.io/group-name": "queued"}
-        pods = gang_pods("topo", 2, cpu="1", scheduler="hoss", key=key, group="topo") + queued
+        pods = []
+        for group in ("topo", "queued"):
+            members = pinned(hoss_pods(group, 2), "gang-set", key)
+            for pod in members:
+                pod["metadata"]["annotations"] = {"scheduling.k8s.io/group-name": group}
+            pods += members
         await cluster.create_pods(pods, namespace=namespace)
-        expected = {"topo-0000": "spec.disruptionMode 'PodGroup'", "topo-0001": "spec.disruptionMode 'PodGroup'",
+        expected = {"topo-0000": "spec.networkTopology", "topo-0001": "spec.networkTopology",
                     "queued-0000": "spec.queue 'research'", "queued-0001": "spec.queue 'research'"}
 
         async def refused() -> tuple[bool, str]:
             seen = {pod: await scheduled_condition(cluster, namespace, pod) for pod in expected}
-            group = scheduled_condition_of(await read_group(cluster, WORKLOAD, namespace, "topo"))
+            phases = [((await read_group(cluster, VOLCANO, namespace, g)).get("status") or {}).get("phase")
+                      for g in ("topo", "queued")]
             return (all(reason == "PodGroupRefused" and expected[pod] in message
                         for pod, (reason, message) in seen.items())
-                    and "spec.disruptionMode 'PodGroup'" in str(group.get("message"))), f"{seen}; {group}"
+                    and phases == ["Pending", "Pending"]), f"{seen}; {phases}"
 
         await until(refused, timeout=90, what="each refused PodGroup field to be named on its members")
         await hoss_had_its_turn(plane, dispatcher, [p["metadata"]["uid"] for p in
@@ -358,9 +361,9 @@ async def test_a_podgroup_status_follows_its_members_to_finished_and_a_pod_that_
 async def test_a_running_gang_is_preempted_whole_never_in_part(
     plane: LocalPlane, dispatcher: Process, cluster: Cluster, namespace: str
 ) -> None:
-    """A low-priority gang of two (one member per 8-cpu node, 6 cpu each) runs; a high-priority pod of 6 cpu
-    needs one node: preemption evicts both members, not the one on the chosen node alone, which would leave the
-    other running without its gang. The preemptor then binds."""
+    """A low-priority gang of two (disruptionMode PodGroup; one member per 8-cpu node, 6 cpu each) runs; a
+    high-priority pod of 6 cpu needs one node: preemption evicts both members, not the one on the chosen node alone,
+    which would leave the other running without its gang. The preemptor then binds."""
     key = f"{namespace}-preempt"[:63]
     scheduling: Any = client.SchedulingV1Api(cluster.api)
     classes = {f"{namespace}-low"[:63]: 10, f"{namespace}-high"[:63]: 1000}
@@ -369,7 +372,8 @@ async def test_a_running_gang_is_preempted_whole_never_in_part(
     low, high = classes
     try:
         async with nodes(cluster, 2, key), workers(plane, [("wg-5", ["default"])]):
-            await create_group(cluster, WORKLOAD, namespace, "low", {"schedulingPolicy": {"gang": {"minCount": 2}}})
+            await create_group(cluster, WORKLOAD, namespace, "low", {"schedulingPolicy": {"gang": {"minCount": 2}},
+                                                                     "disruptionMode": "PodGroup"})
             members = gang_pods("low", 2, cpu="6", scheduler="hoss", key=key, group="low")
             for pod in members:
                 pod["spec"]["priorityClassName"] = low

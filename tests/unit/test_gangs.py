@@ -83,13 +83,16 @@ def test_kubernetes_podgroup_gang_min_count_is_read_and_what_hoss_does_not_honou
     tier = parse_workload_podgroup(workload_podgroup({"schedulingPolicy": {"gang": {"minCount": 4}},
                                                       "schedulingConstraints": {"topology": [{"key": "zone"}]}}))
     assert tier is not None and (tier[1].domain_key, tier[1].refusal) == ("zone", "")
+    whole = parse_workload_podgroup(workload_podgroup({"schedulingPolicy": {"gang": {"minCount": 2}},
+                                                       "disruptionMode": "PodGroup"}))
+    assert whole is not None and whole[1].refusal == ""  # hoss evicts a running gang whole: honoured
     basic = parse_workload_podgroup(workload_podgroup({"schedulingPolicy": {"basic": {}}}))
     assert basic is not None and not basic[1].gang and not basic[1].refusal
     for field, value, says in (
         ("schedulingConstraints", {"topology": [{"key": "zone"}, {"key": "rack"}]},
          "spec.schedulingConstraints.topology"),
         ("resourceClaims", [{"name": "c", "resourceClaimName": "c"}], "spec.resourceClaims"),
-        ("disruptionMode", "PodGroup", "spec.disruptionMode 'PodGroup'"),
+        ("disruptionMode", "Node", "spec.disruptionMode 'Node'"),
         ("somethingNew", 1, "spec.somethingNew"),
     ):
         parsed = parse_workload_podgroup(workload_podgroup({"schedulingPolicy": {"gang": {"minCount": 2}},
