@@ -26,6 +26,7 @@ from dispatcher.gangs import (
     gang_of,
     gang_state,
     member_selector,
+    short_of_min_resources,
     task_of,
 )
 from dispatcher.intake import PendingPod
@@ -190,9 +191,14 @@ class GangBook:
                                    f"{group.timeout_seconds:.0f}); {message}")
                 plan.waits += [(member, reason, message) for member in members]
                 continue
-            self.since.pop(key, None)
             chosen, later = _minimum_first(members, group, bound_tasks=self.bound_tasks(key),
                                            needed=state.still_needed)
+            short = short_of_min_resources(key, group, [m.compact for m in chosen]) if not bound else ""
+            if short:
+                self.since.setdefault(key, now)
+                plan.waits += [(member, GANG_REFUSED_REASON, short) for member in members]
+                continue
+            self.since.pop(key, None)
             plan.waits += [(member, GANG_WAITING_REASON,
                             f"gang {key}: the members its minTaskMember needs are placed first; this one follows "
                             f"once they are bound") for member in later]

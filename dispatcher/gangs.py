@@ -24,6 +24,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from hoss.errors import QuantityError, SpecError
+from hoss.model.compact import decode
 from hoss.model.gangs import (
     NAME_LABEL,
     PLUGINS_API,
@@ -37,6 +39,7 @@ from hoss.model.gangs import (
     scheduling_group_of,
 )
 from hoss.model.objects import Json
+from hoss.model.resources import format_quantity, parse_quantity, pod_requests, to_base_units
 
 __all__ = ["NAME_LABEL", "PLUGINS_API", "PODGROUP_LABEL", "VOLCANO_ANNOTATION", "VOLCANO_API", "WORKLOAD_API",
            "GangKey", "gang_of", "raw_gang_of", "scheduling_group_of"]
@@ -66,6 +69,49 @@ class PodGroupSpec:
     """A Kubernetes PodGroup's schedulingConstraints.topology key: the gang goes within one domain of it."""
     status: Json = field(default_factory=dict, compare=False)
     """Its status as last seen."""
+    min_resources: tuple[tuple[str, int], ...] = ()
+    """spec.minResources in base units (scheduler-plugins' and Volcano's): the gang goes out only when its members
+    request at least that much, since hoss reserves what they request, all or nothing, and holds no more."""
+
+
+def parse_min_resources(spec: Mapping[str, object]) -> tuple[tuple[tuple[str, int], ...], str]:
+    """spec.minResources in base units, and a refusal naming the field when it cannot be read."""
+    raw = spec.get("minResources")
+    if raw is None:
+        return (), ""
+    if not isinstance(raw, dict):
+        return (), f"spec.minResources {raw!r} is not a map of resource to quantity"
+    amounts = []
+    for resource, quantity in sorted(raw.items()):
+        try:
+            amounts.append((str(resource), to_base_units(str(resource), parse_quantity(
+                quantity, field=f"spec.minResources[{resource}]"))))
+        except QuantityError as error:
+            return (), str(error)
+    return tuple(amounts), ""
+
+
+def short_of_min_resources(key: GangKey, group: PodGroupSpec | None, compact_members: Sequence[str]) -> str:
+    """Why a gang about to go out is held: its PodGroup's minResources asks more of a resource than its members
+    (compact forms) request, together. scheduler-plugins and Volcano would wait until that much is free; hoss
+    reserves the members' requests and holds no room beyond them, so it says so rather than ignore the field.
+    '' when the members request enough (or a form cannot be read: the worker refuses that pod on its own)."""
+    if group is None or not group.min_resources:
+        return ""
+    total: dict[str, int] = {}
+    try:
+        for form in compact_members:
+            for resource, amount in pod_requests(decode(form)).items():
+                total[resource] = total.get(resource, 0) + amount
+    except (ValueError, SpecError):
+        return ""
+    for resource, wanted in group.min_resources:
+        if total.get(resource, 0) < wanted:
+            return (f"gang {key}: spec.minResources asks {resource} {format_quantity(resource, wanted)} but its "
+                    f"{len(compact_members)} members request {format_quantity(resource, total.get(resource, 0))}; "
+                    f"hoss reserves what the members request, all or nothing, and holds no room beyond it: refused "
+                    f"until the members request that much")
+    return ""
 
 
 def label_min_available(labels: Mapping[str, str]) -> int | None:
@@ -96,10 +142,11 @@ def parse_podgroup(obj: Mapping[str, object]) -> tuple[GangKey, PodGroupSpec] | 
         return None
     timeout = spec.get("scheduleTimeoutSeconds")
     extra = sorted(set(spec) - PLUGINS_FIELDS)
+    min_resources, unreadable = parse_min_resources(spec)
     return GangKey(namespace, name), PodGroupSpec(
         min_member=max(1, min_member), timeout_seconds=float(timeout) if isinstance(timeout, int) else None,
         refusal=f"hoss does not know spec.{extra[0]} ({spec[extra[0]]!r}); refused rather than ignored"
-        if extra else "", **object_facts(obj),
+        if extra else unreadable, min_resources=min_resources, **object_facts(obj),
     )
 
 

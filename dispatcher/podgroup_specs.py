@@ -23,8 +23,10 @@ plugin reads):
 
 Volcano's PodGroup:
 - ``minMember``, ``minTaskMember`` (by the pods' ``volcano.sh/task-spec`` annotation): honoured;
-- ``minResources``: the members' own requests are reserved all-or-nothing; Volcano's queue admission against it is
-  not done (there are no Volcano queues in hoss), so it is accepted only as what the members need;
+- ``minResources``: the members' own requests are reserved all-or-nothing, so a gang whose members request at
+  least minResources is placed only where that much is free; one whose members request less waits, the field
+  named (`dispatcher.gangs.short_of_min_resources`): hoss holds no room beyond the members' requests. Volcano's
+  queue admission against it is not done (there are no Volcano queues in hoss: the group goes Inqueue at once);
 - ``queue``: ``default`` or empty (Volcano's default queue, unlimited) honoured; any other queue refused;
 - ``priorityClassName``: as above;
 - ``networkTopology``, ``subGroupPolicy`` and any other field: refused.
@@ -34,7 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from dispatcher.gangs import VOLCANO_API, WORKLOAD_API, GangKey, PodGroupSpec, object_facts
+from dispatcher.gangs import VOLCANO_API, WORKLOAD_API, GangKey, PodGroupSpec, object_facts, parse_min_resources
 
 WORKLOAD_PODGROUP_API = ("scheduling.k8s.io", "v1alpha2", "podgroups")
 VOLCANO_PODGROUP_API = ("scheduling.volcano.sh", "v1beta1", "podgroups")
@@ -128,5 +130,6 @@ def parse_volcano_podgroup(obj: Mapping[str, object]) -> tuple[GangKey, PodGroup
     if queue not in _DEFAULT_QUEUES:
         refusal = refusal or (f"hoss has no Volcano queues: spec.queue {queue!r} is refused (only 'default', "
                               f"Volcano's unlimited default queue, is honoured)")
-    return key, PodGroupSpec(min_member=max(1, min_member), task_minimums=tuple(tasks), refusal=refusal,
-                             **object_facts(obj))
+    min_resources, unreadable = parse_min_resources(spec)
+    return key, PodGroupSpec(min_member=max(1, min_member), task_minimums=tuple(tasks), refusal=refusal or unreadable,
+                             min_resources=min_resources, **object_facts(obj))

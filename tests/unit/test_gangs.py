@@ -18,6 +18,7 @@ from dispatcher.gangs import (
 )
 from dispatcher.intake import PendingPod
 from dispatcher.podgroup_specs import parse_volcano_podgroup, parse_workload_podgroup
+from hoss.model.compact import compact_pod, encode
 
 
 def test_each_way_of_naming_a_gang_is_recognised() -> None:
@@ -165,3 +166,33 @@ def test_a_volcano_gang_item_carries_each_tasks_minimum_and_the_rest_follow_once
     [item] = plan.items
     assert [m.name for m in item.members] == ["ps-0", "w-0"] and item.min_available == 2
     assert sorted(pod.name for pod, _reason, _message in plan.waits) == ["w-1", "w-2"]
+
+
+def test_a_gang_whose_members_request_less_than_its_min_resources_waits_naming_the_field() -> None:
+    """scheduler-plugins and Volcano hold a gang until minResources is free; hoss reserves what the members request,
+    all or nothing: members that request at least minResources go out, fewer wait with spec.minResources named."""
+    def pod(name: str) -> PendingPod:
+        labels = {"scheduling.x-k8s.io/pod-group": "pg"}
+        raw = {"metadata": {"uid": f"uid-{name}", "name": name, "namespace": "ns", "labels": labels},
+               "spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "1"}}}]}}
+        return PendingPod(uid=f"uid-{name}", namespace="ns", name=name, policy="default", seen_at=0.0,
+                          labels=labels, compact=encode(compact_pod(raw)).decode(), digest="d")
+
+    pods = [pod("m-0"), pod("m-1")]
+
+    def plan(min_resources: dict[str, str]) -> Any:
+        parsed = parse_podgroup({"metadata": {"name": "pg", "namespace": "ns"},
+                                 "spec": {"minMember": 2, "minResources": min_resources}})
+        assert parsed is not None and parsed[1].refusal == ""
+        return GangBook().plan(pods, pending={p.uid: p for p in pods}, dispatched={}, attempts={}, now=0.0,
+                               podgroups=dict([parsed]))
+
+    enough = plan({"cpu": "2"})
+    assert [i.gang for i in enough.items] == ["ns/pg"] and not enough.waits
+    short = plan({"cpu": "10"})
+    assert not short.items and len(short.waits) == 2
+    assert all(reason == "PodGroupRefused" and "spec.minResources asks cpu 10" in message
+               for _pod, reason, message in short.waits), short.waits
+    bad = parse_podgroup({"metadata": {"name": "pg", "namespace": "ns"},
+                          "spec": {"minMember": 2, "minResources": {"cpu": "lots"}}})
+    assert bad is not None and "spec.minResources[cpu]" in bad[1].refusal
