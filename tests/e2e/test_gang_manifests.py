@@ -16,7 +16,15 @@ from dev.local.cluster import Cluster
 from dev.local.plane import LocalPlane
 from dev.local.state import Process
 from hoss.model.objects import Json
-from tests.e2e.hoss import hoss_had_its_turn, hoss_pods, pinned, pods_watched, wait_all_bound, workers
+from tests.e2e.hoss import (
+    hoss_had_its_turn,
+    hoss_pods,
+    pinned,
+    pods_watched,
+    scheduled_condition,
+    wait_all_bound,
+    workers,
+)
 from tests.e2e.test_workload_gangs import (
     PLUGINS,
     VOLCANO,
@@ -102,7 +110,8 @@ async def test_gang_members_arriving_in_waves_never_bind_in_part_and_a_gang_shor
     """A scheduler-plugins PodGroup (minMember 4) and a Kubernetes PodGroup (minCount 4) each get two members, then
     two more after hoss had its turn; a Kubernetes PodGroup of minCount 5 gets four, all there is. No member is
     ever bound before its gang is whole; the first two gangs then bind whole; the third never binds, and
-    ``kubectl describe pod`` says why (4 of 5)."""
+    ``kubectl describe pod`` says why (4 of 5). A scheduler-plugins PodGroup carrying a field of Volcano's
+    (minTaskMember) is refused, its member told the field."""
     key = f"{namespace}-waves"[:63]
     early: list[str] = []
     complete: set[str] = set()
@@ -126,7 +135,9 @@ async def test_gang_members_arriving_in_waves_never_bind_in_part_and_a_gang_shor
         await create_group(cluster, PLUGINS, namespace, "sp", {"minMember": 4})
         await create_group(cluster, WORKLOAD, namespace, "kw", {"schedulingPolicy": {"gang": {"minCount": 4}}})
         await create_group(cluster, WORKLOAD, namespace, "short", {"schedulingPolicy": {"gang": {"minCount": 5}}})
-        await cluster.create_pods(plugins(0, 2) + workload("kw", 0, 2) + workload("short", 0, 4),
+        await create_group(cluster, PLUGINS, namespace, "odd", {"minMember": 1, "minTaskMember": {"worker": 1}})
+        odd = pinned(hoss_pods("odd", 1, labels={"scheduling.x-k8s.io/pod-group": "odd"}), "gang-set", key)
+        await cluster.create_pods(plugins(0, 2) + workload("kw", 0, 2) + workload("short", 0, 4) + odd,
                                   namespace=namespace)
         await hoss_had_its_turn(plane, dispatcher, [p["metadata"]["uid"] for p in
                                                     await cluster.raw_list("list_namespaced_pod", namespace)])
@@ -146,6 +157,8 @@ async def test_gang_members_arriving_in_waves_never_bind_in_part_and_a_gang_shor
         assert early == [], f"members bound before their gang was whole: {early}"
         described = plane.kubectl("describe", "pod", "short-0000", "-n", namespace)
         assert "4 of 5 required members are pending" in described, described
+        reason, message = await scheduled_condition(cluster, namespace, "odd-0000")
+        assert reason == "PodGroupRefused" and "spec.minTaskMember" in message, (reason, message)
         await check_not_oversold(cluster, namespace)
 
 
