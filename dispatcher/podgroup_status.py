@@ -1,11 +1,11 @@
 """The status hoss writes on a gang's PodGroup, as the scheduler (and controller) of each API writes it. Pure: the
 counts and the time come in, the status patch and the event to record go out.
 
-- scheduler-plugins (scheduling.x-k8s.io/v1alpha1), as its PodGroup controller keeps it today: phase Pending until
-  minMember members exist, then Scheduling (``scheduleStartTime`` set then), Running once minMember are running or
-  succeeded, Finished once minMember succeeded, Failed once one failed and minMember are running, succeeded or
-  failed; ``running``, ``succeeded``, ``failed``; ``occupiedBy``: the owners of its members (namespace/name,
-  comma-separated). Finished and Failed are final.
+- scheduler-plugins (scheduling.x-k8s.io/v1alpha1), as its PodGroup controller keeps it today: phase Pending while
+  fewer than minMember members exist, else Scheduling (``scheduleStartTime`` set then), Running once minMember are
+  running or succeeded, Finished once minMember succeeded, Failed once one failed and minMember are running,
+  succeeded or failed; ``running``, ``succeeded``, ``failed``; ``occupiedBy``: the owners of its members
+  (namespace/name, comma-separated). Finished and Failed are final.
 - Kubernetes (scheduling.k8s.io/v1alpha2), as kube-scheduler 1.36 writes it: the condition ``PodGroupScheduled``,
   True (reason Scheduled) once minCount members are bound, never taken back to False; False (reason Unschedulable)
   with the message of a member that could not be placed, while none of that holds.
@@ -54,9 +54,8 @@ def plugins_phase(min_member: int, counts: GangCounts, previous: str) -> str:
         return "Failed"
     if counts.running + counts.succeeded >= min_member:
         return "Running"
-    if previous not in ("", "Pending") or members >= min_member:
-        return "Scheduling"
-    return "Pending"
+    # scheduler-plugins' controller: back to Pending whenever fewer than minMember members exist
+    return "Scheduling" if members >= min_member else "Pending"
 
 
 def _plugins(group: PodGroupSpec, counts: GangCounts, previous: Mapping[str, object], now: str) -> Json:

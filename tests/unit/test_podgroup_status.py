@@ -22,6 +22,7 @@ def test_scheduler_plugins_phases_follow_the_members_and_final_phases_stay() -> 
     assert plugins_phase(3, counts(succeeded=3), "Running") == "Finished"
     assert plugins_phase(3, counts(bound=2, running=2, failed=1), "Running") == "Failed"
     assert plugins_phase(3, counts(pending=3), "Finished") == "Finished"
+    assert plugins_phase(3, counts(bound=2, running=2), "Scheduling") == "Pending"  # a member went away
 
 
 def test_scheduler_plugins_status_sets_schedule_start_time_once_and_says_nothing_twice() -> None:
