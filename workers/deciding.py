@@ -87,10 +87,15 @@ def decide_with_reservations(profile: Profile, pod: PodView, hints: Sequence[Hin
     Available on a node without room holds none, see reservation_refusal in hoss/ledger/lua/common.lua)."""
     freed = [h for h in hints if h.node in nodes and h.serves(pod.request)
              and (entry := nodes.pods.get(h.uid)) is not None and entry.node == h.node]
+    short = restricted_short(pod, hints)
     for hint in freed:
         nodes.sub_used(hint.node, hint.request)
     try:
         evaluation = evaluate(profile, pod, nodes)
+        if short:
+            allowed = np.array([name not in short for name in nodes.names], dtype=bool)
+            excluded = int(np.count_nonzero(evaluation.feasible & ~allowed))
+            evaluation = evaluation.restricted(allowed, {RESTRICTED_SHORT_REASON: excluded} if excluded else None)
         decision = choose(evaluation, nodes, rng=rng, top=top)
     finally:
         for hint in freed:
@@ -105,6 +110,17 @@ def decide_with_reservations(profile: Profile, pod: PodView, hints: Sequence[Hin
     best = max(decision.scores, default=0.0)
     return dataclasses.replace(decision, candidates=candidates,
                                scores=[scores.get(c, best) for c in candidates])
+
+
+RESTRICTED_SHORT_REASON = "node(s) had a Reservation with allocatePolicy Restricted with too little left for the pod"
+
+
+def restricted_short(pod: PodView, hints: Sequence[Hint]) -> set[str]:
+    """The nodes an owner pod may not go to, as Koordinator's reservation filter decides: those where it matches
+    Reservations with allocatePolicy Restricted and none of them has enough left for what it asks of their
+    reserved resources (the pod may then take no free room of that node either)."""
+    restricted = {h.node for h in hints if h.restricted}
+    return restricted - {h.node for h in hints if h.restricted and h.serves(pod.request)}
 
 
 def hold_in_batch(nodes: NodeTable, pod: PodView, node: str, shared: Shared) -> None:

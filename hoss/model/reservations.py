@@ -14,7 +14,9 @@ dispatcher writes a ``Scheduled=False`` condition, reason ``Refused``, and an ev
 puts the room on that node and no other; ``ttl`` ``0`` (or ``0s``) never expires; ``allocatePolicy`` ``Aligned``
 (or empty, which Koordinator reads as Aligned: an allocateOnce owner takes the Reservation's room first and the
 rest from the node) and ``Restricted`` (an owner uses the Reservation only when every reserved resource it asks
-for fits in the room left); ``unschedulable: true`` keeps new owners off it (those that hold a share keep it);
+for fits in the room left, and does not go to a node whose Restricted Reservations all have too little left for
+it, not even on its free room, as Koordinator's filter decides); ``unschedulable: true`` keeps new owners off it
+(those that hold a share keep it);
 ``taints`` with effect NoSchedule or NoExecute keep owners that do not tolerate them off it (PreferNoSchedule is
 refused: hoss would not weigh it); ``preAllocation: true`` is refused (hoss never overcommits a node to hold
 room); any other field is refused.

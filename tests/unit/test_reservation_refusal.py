@@ -130,3 +130,26 @@ def test_a_worker_gives_back_only_the_room_the_ledger_holds_for_a_reservation() 
     nodes.place_pod(PlacedPod(uid="r", node="n1", namespace="ns", labels={}, ports=()))
     decision = decide()
     assert isinstance(decision, Decision) and decision.candidates == ["n1"]
+
+
+def test_an_owner_too_big_for_its_restricted_reservation_may_not_take_that_nodes_free_room() -> None:
+    """Koordinator's reservation filter: on a node where the pod's Restricted Reservations all have too little left
+    for it, the pod does not go at all (not even on the node's free room); elsewhere it may."""
+    nodes = table(raw_node("n1", {"cpu": "8", "memory": "8Gi", "pods": "110"}),
+                  raw_node("n2", {"cpu": "8", "memory": "8Gi", "pods": "110"}))
+    nodes.set_used("n1", {"cpu": 2000})
+    nodes.place_pod(PlacedPod(uid="r", node="n1", namespace="ns", labels={}, ports=()))
+    hint = Hint(uid="r", name="train", node="n1", request={"cpu": 2000, "pods": 1}, restricted=True)
+    profile = Profile(name="default", filters=[NodeResourcesFit()], scores=[])
+
+    def decide(cpu: str) -> Decision | Unschedulable:
+        return decide_with_reservations(profile, pod_view("owner", {"cpu": cpu}), [hint], nodes,
+                                        rng=np.random.default_rng(0), top=3)
+
+    fits = decide("2")
+    assert isinstance(fits, Decision) and fits.candidates[0] == "n1", "the Reservation's node first"
+    too_big = decide("3")
+    assert isinstance(too_big, Decision) and too_big.candidates == ["n2"], too_big
+    nodes.set_used("n2", {"cpu": 8000})
+    nowhere = decide("3")
+    assert isinstance(nowhere, Unschedulable) and "allocatePolicy Restricted" in nowhere.message, nowhere
