@@ -188,3 +188,70 @@ async def test_a_volcano_podgroup_made_first_goes_inqueue_so_its_job_can_make_th
         await wait_all_bound(cluster, namespace, 3, timeout=90)
         await until(lambda: phase("job-1", "Running", running=3), timeout=60, what="the PodGroup to say Running")
         await check_not_oversold(cluster, namespace)
+
+
+async def test_a_pending_gang_preempts_for_all_its_members_or_none_and_a_disruption_budget_holds_it_back(
+    plane: LocalPlane, dispatcher: Process, cluster: Cluster, namespace: str
+) -> None:
+    """Two 8-cpu nodes, each running one low-priority 6-cpu pod; the pod on one of them is under a
+    PodDisruptionBudget that allows no disruption. A high-priority gang of two 6-cpu pods (scheduler-plugins
+    PodGroup, minMember 2) needs both nodes: it evicts nothing while the budget stands -- evicting the free victim
+    alone would help no one -- and, once the budget is deleted, evicts both and binds whole."""
+    key = f"{namespace}-gangpre"[:63]
+    scheduling: Any = client.SchedulingV1Api(cluster.api)
+    policy: Any = client.PolicyV1Api(cluster.api)
+    classes = {f"{namespace}-glow"[:63]: 10, f"{namespace}-ghigh"[:63]: 1000}
+    for name, value in classes.items():
+        await scheduling.create_priority_class({"metadata": {"name": name}, "value": value})
+    low, high = classes
+    try:
+        async with nodes(cluster, 2, key), workers(plane, [("gm-4", ["default"])]):
+            victims = pinned(hoss_pods("low", 2, cpu="6"), "gang-set", key)
+            for index, pod in enumerate(victims):
+                pod["spec"]["priorityClassName"] = low
+                pod["metadata"]["labels"] = {"app": f"low-{index}"}
+            await cluster.create_pods(victims, namespace=namespace)
+            placed = await wait_all_bound(cluster, namespace, 2, timeout=90)
+            assert len({p["spec"]["nodeName"] for p in placed}) == 2
+            await policy.create_namespaced_pod_disruption_budget(namespace, {
+                "metadata": {"name": "keep-low-1"},
+                "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "low-1"}}}})
+
+            async def counted() -> tuple[bool, str]:
+                budget = await policy.read_namespaced_pod_disruption_budget("keep-low-1", namespace)
+                status = budget.status
+                return (status is not None and status.current_healthy == 1 and status.disruptions_allowed == 0,
+                        str(status))
+
+            await until(counted, timeout=60, what="the disruption controller to count the budget")
+            gang = pinned(hoss_pods("train", 2, cpu="6", labels={"scheduling.x-k8s.io/pod-group": "train"}),
+                          "gang-set", key)
+            for pod in gang:
+                pod["spec"]["priorityClassName"] = high
+            await create_group(cluster, PLUGINS, namespace, "train", {"minMember": 2})
+            await cluster.create_pods(gang, namespace=namespace)
+
+            async def held_back() -> tuple[bool, str]:
+                said = [await scheduled_condition(cluster, namespace, f"train-{i:04d}") for i in range(2)]
+                return all("eviction refused" in message and "nothing was" in message
+                           for _reason, message in said), str(said)
+
+            await until(held_back, timeout=120, what="the gang to say the budget refused its preemption")
+            pods = {p["metadata"]["name"]: p for p in await cluster.raw_list("list_namespaced_pod", namespace)}
+            assert all(not pods[n]["metadata"].get("deletionTimestamp") for n in ("low-0000", "low-0001")), \
+                "a victim was evicted for a gang that could not be placed whole"
+            assert not any(pods[n]["spec"].get("nodeName") for n in ("train-0000", "train-0001"))
+            await policy.delete_namespaced_pod_disruption_budget("keep-low-1", namespace)
+
+            async def whole() -> tuple[bool, str]:
+                pods = {p["metadata"]["name"]: p for p in await cluster.raw_list("list_namespaced_pod", namespace)}
+                low_left = [n for n in ("low-0000", "low-0001") if n in pods
+                            and not pods[n]["metadata"].get("deletionTimestamp")]
+                bound = [n for n in ("train-0000", "train-0001") if pods.get(n, {}).get("spec", {}).get("nodeName")]
+                return not low_left and len(bound) == 2, f"low left {low_left}, gang bound {bound}"
+
+            await until(whole, timeout=180, what="the gang to evict both victims and bind whole")
+            await check_not_oversold(cluster, namespace)
+    finally:
+        for name in classes:
+            await scheduling.delete_priority_class(name)
