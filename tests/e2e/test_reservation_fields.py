@@ -174,3 +174,33 @@ async def test_pre_allocation_and_an_unknown_field_are_refused_by_name_on_the_re
         await until(refused, timeout=60, what="each refused Reservation to name its field")
         for name in cases:
             assert not (await reservation_status(cluster, name)).get("nodeName")
+
+
+async def test_a_restricted_reservation_keeps_an_owner_that_asks_more_than_it_holds_off_its_node(
+    plane: LocalPlane, cluster: Cluster, namespace: str, dispatcher: Process, hoss_worker: Process
+) -> None:
+    """allocatePolicy Restricted, 1 GPU reserved on a 4-GPU node: an owner asking 2 GPUs does not go there, though
+    the node has 3 free (Koordinator's reservation filter: what it asks of the reserved resources must come from
+    the Reservation); it waits, saying why, and an owner asking 1 GPU then uses the Reservation."""
+    async with gpu_pool(cluster, namespace, 1) as pool:
+        [node] = pool.nodes
+        name = f"restricted-{namespace}"[:60]
+        body = reservation(name, pool.name, gpus="1", owner_label=name)
+        body["spec"]["allocatePolicy"] = "Restricted"
+        await pool.create(body)
+        await until(lambda: phase_is(cluster, name, "Available", node), timeout=60,
+                    what="the Reservation to be placed")
+        await cluster.create_pods([owner_pod("big", pool.name, name, gpus="2")], namespace=namespace)
+
+        async def waits() -> tuple[bool, str]:
+            reason, message = await scheduled_condition(cluster, namespace, "big")
+            return reason == "Unschedulable" and "allocatePolicy Restricted" in message, f"{reason}: {message}"
+
+        await until(waits, timeout=60, what="the owner asking more than the Reservation holds to wait")
+        await worker_tries_again(hoss_worker)  # tried once more: still kept off the node
+        assert not (await cluster.core.read_namespaced_pod("big", namespace)).spec.node_name
+        assert (await reservation_status(cluster, name)).get("phase") == "Available"
+        await cluster.create_pods([owner_pod("small", pool.name, name, gpus="1")], namespace=namespace)
+        await until(lambda: phase_is(cluster, name, "Succeeded"), timeout=90,
+                    what="the owner that fits to use the Reservation")
+        assert (await cluster.core.read_namespaced_pod("small", namespace)).spec.node_name == node
