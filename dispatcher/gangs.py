@@ -5,7 +5,8 @@ A pod belongs to a gang through any of:
   in the pod's namespace (``spec.schedulingPolicy.gang.minCount``; dispatcher/workloads.py reads it);
 - label ``scheduling.x-k8s.io/pod-group: <name>`` with a scheduler-plugins ``PodGroup`` of that name in the pod's
   namespace (``spec.minMember``, ``spec.scheduleTimeoutSeconds``);
-- labels ``pod-group.scheduling.sigs.k8s.io/name`` and ``pod-group.scheduling.sigs.k8s.io/min-available``;
+- labels ``pod-group.scheduling.sigs.k8s.io/name`` and ``pod-group.scheduling.sigs.k8s.io/min-available`` (the
+  name without a usable min-available refuses the gang, naming the label);
 - Volcano's annotation ``scheduling.k8s.io/group-name`` with a Volcano ``PodGroup`` (``scheduling.volcano.sh``) of
   that name (``spec.minMember``, ``spec.minTaskMember`` by the pods' ``volcano.sh/task-spec`` annotation).
 
@@ -296,12 +297,17 @@ def gang_state(
     ``member_tasks``: the pending members' Volcano tasks; ``bound_tasks``: bound members by task."""
     group = podgroups.get(key)
     minimum = group.min_member if group is not None else None
+    refusal = group.refusal if group is not None else ""
     if minimum is None and not key.needs_object:
         values = [v for v in (label_min_available(labels) for labels in member_labels) if v is not None]
         minimum = max(values) if values else None
         if minimum is None and not any(PODGROUP_LABEL in labels for labels in member_labels):
-            # The name label alone: the members present form the gang.
-            minimum = len(member_labels)
+            # The name label without a usable min-available: scheduler-plugins' lightweight coscheduling reads the
+            # two labels together; a gang of whichever members happen to be pending would bind a job arriving in
+            # waves in part, so the gang is refused, naming the label.
+            given = sorted({labels.get(MIN_AVAILABLE_LABEL, "") for labels in member_labels} - {""})
+            what = f"not a positive integer ({given[0]!r})" if given else "missing"
+            refusal = f"label {MIN_AVAILABLE_LABEL} is {what}; the label {NAME_LABEL} makes a gang only with it"
     short: list[tuple[str, int, int]] = []
     if group is not None and group.task_minimums:
         pending_tasks: dict[str, int] = {}
@@ -312,4 +318,4 @@ def gang_state(
             if have < need:
                 short.append((task, have, need))
     return GangState(key=key, pending=len(member_labels), min_available=minimum, bound=bound,
-                     short_tasks=tuple(short), refusal=group.refusal if group is not None else "")
+                     short_tasks=tuple(short), refusal=refusal)

@@ -196,3 +196,18 @@ def test_a_gang_whose_members_request_less_than_its_min_resources_waits_naming_t
     bad = parse_podgroup({"metadata": {"name": "pg", "namespace": "ns"},
                           "spec": {"minMember": 2, "minResources": {"cpu": "lots"}}})
     assert bad is not None and "spec.minResources[cpu]" in bad[1].refusal
+
+
+def test_the_lightweight_name_label_without_a_usable_min_available_refuses_the_gang_naming_the_label() -> None:
+    """scheduler-plugins' lightweight coscheduling reads the name and min-available labels together: a gang of
+    whichever members are pending would bind a job arriving in waves in part, so hoss refuses it, by name."""
+    key = GangKey("ns", "g")
+    missing = gang_state(key, [{"pod-group.scheduling.sigs.k8s.io/name": "g"}] * 2, podgroups={})
+    assert not missing.ready and "pod-group.scheduling.sigs.k8s.io/min-available is missing" in \
+        missing.waiting_message()
+    bad = gang_state(key, [{"pod-group.scheduling.sigs.k8s.io/name": "g",
+                            "pod-group.scheduling.sigs.k8s.io/min-available": "two"}], podgroups={})
+    assert not bad.ready and "not a positive integer ('two')" in bad.waiting_message()
+    good = gang_state(key, [{"pod-group.scheduling.sigs.k8s.io/name": "g",
+                             "pod-group.scheduling.sigs.k8s.io/min-available": "2"}] * 2, podgroups={})
+    assert good.ready
