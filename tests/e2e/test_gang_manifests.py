@@ -111,7 +111,8 @@ async def test_gang_members_arriving_in_waves_never_bind_in_part_and_a_gang_shor
     two more after hoss had its turn; a Kubernetes PodGroup of minCount 5 gets four, all there is. No member is
     ever bound before its gang is whole; the first two gangs then bind whole; the third never binds, and
     ``kubectl describe pod`` says why (4 of 5). A scheduler-plugins PodGroup carrying a field of Volcano's
-    (minTaskMember) is refused, its member told the field."""
+    (minTaskMember) is refused, its member told the field, and so are two pods with the lightweight name label
+    but no min-available."""
     key = f"{namespace}-waves"[:63]
     early: list[str] = []
     complete: set[str] = set()
@@ -137,6 +138,7 @@ async def test_gang_members_arriving_in_waves_never_bind_in_part_and_a_gang_shor
         await create_group(cluster, WORKLOAD, namespace, "short", {"schedulingPolicy": {"gang": {"minCount": 5}}})
         await create_group(cluster, PLUGINS, namespace, "odd", {"minMember": 1, "minTaskMember": {"worker": 1}})
         odd = pinned(hoss_pods("odd", 1, labels={"scheduling.x-k8s.io/pod-group": "odd"}), "gang-set", key)
+        odd += pinned(hoss_pods("lite", 2, labels={"pod-group.scheduling.sigs.k8s.io/name": "lite"}), "gang-set", key)
         await cluster.create_pods(plugins(0, 2) + workload("kw", 0, 2) + workload("short", 0, 4) + odd,
                                   namespace=namespace)
         await hoss_had_its_turn(plane, dispatcher, [p["metadata"]["uid"] for p in
@@ -159,6 +161,8 @@ async def test_gang_members_arriving_in_waves_never_bind_in_part_and_a_gang_shor
         assert "4 of 5 required members are pending" in described, described
         reason, message = await scheduled_condition(cluster, namespace, "odd-0000")
         assert reason == "PodGroupRefused" and "spec.minTaskMember" in message, (reason, message)
+        reason, message = await scheduled_condition(cluster, namespace, "lite-0000")
+        assert reason == "PodGroupRefused" and "min-available is missing" in message, (reason, message)
         await check_not_oversold(cluster, namespace)
 
 
