@@ -172,7 +172,8 @@ async def test_a_volcano_podgroup_made_first_goes_inqueue_so_its_job_can_make_th
     """Volcano's job controller makes the PodGroup, waits until it leaves Pending (the scheduler's enqueue), and
     only then makes the job's pods. Done here by hand: the PodGroup (minMember 3) goes Inqueue with no member yet;
     the three pods made then bind whole and the group says Running with 3 running. A PodGroup on a queue hoss
-    does not have stays Pending."""
+    does not have stays Pending. A member of a group whose minResources asks more than its members request waits,
+    the field named (hoss holds no room beyond the members' requests)."""
     key = f"{namespace}-inqueue"[:63]
     async with nodes(cluster, 1, key), workers(plane, [("gm-3", ["default"])]):
         await create_group(cluster, VOLCANO, namespace, "job-1", {"minMember": 3, "minTaskMember": {"worker": 3}})
@@ -191,6 +192,17 @@ async def test_a_volcano_podgroup_made_first_goes_inqueue_so_its_job_can_make_th
         await cluster.create_pods(pods, namespace=namespace)
         await wait_all_bound(cluster, namespace, 3, timeout=90)
         await until(lambda: phase("job-1", "Running", running=3), timeout=60, what="the PodGroup to say Running")
+        await create_group(cluster, VOLCANO, namespace, "job-3", {"minMember": 1, "minResources": {"cpu": "4"}})
+        [lean] = pinned(hoss_pods("job-3-worker", 1), "gang-set", key)
+        lean["metadata"]["annotations"] = {"scheduling.k8s.io/group-name": "job-3"}
+        await cluster.create_pods([lean], namespace=namespace)
+
+        async def lean_waits() -> tuple[bool, str]:
+            reason, message = await scheduled_condition(cluster, namespace, "job-3-worker-0000")
+            return reason == "PodGroupRefused" and "spec.minResources asks cpu 4" in message, f"{reason}: {message}"
+
+        await until(lean_waits, timeout=60, what="the member short of minResources to wait, the field named")
+        assert not (await cluster.core.read_namespaced_pod("job-3-worker-0000", namespace)).spec.node_name
         await check_not_oversold(cluster, namespace)
 
 
