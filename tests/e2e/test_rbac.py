@@ -300,7 +300,7 @@ async def test_every_verb_granted_to_a_component_is_one_it_uses_and_none_is_refu
                     "scheduling.volcano.sh", "v1beta1", namespace, "podgroups", "rbac-vg")
                 conditions = (workload.get("status") or {}).get("conditions") or []
                 phase = (volcano.get("status") or {}).get("phase")
-                return bool(conditions) and phase in ("Pending", "Running"), f"{conditions}; {phase}"
+                return bool(conditions) and phase in ("Inqueue", "Running"), f"{conditions}; {phase}"
 
             await until(other_podgroups_status, timeout=60,
                         what="the dispatcher to write Kubernetes' and Volcano's PodGroups' status")
