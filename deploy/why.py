@@ -10,6 +10,7 @@ rescheduler's holds, the elastic quotas, and the live workers. Each read is one 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from dispatcher.gangs import (
     member_selector,
     parse_podgroup,
     raw_gang_of,
+    short_of_min_resources,
     task_of,
 )
 from dispatcher.intake import namespace_labels
@@ -231,6 +233,9 @@ async def _gang(rest: KubeREST, raw: Json, form: Json, namespaces: Mapping[str, 
                        member_tasks=[task_of((m.get("metadata") or {}).get("annotations") or {}) for m in members])
     storage = await _storage(rest, key.namespace) if any(compact.claim_names(m) for m in members[1:]) else None
     forms = [form, *(_form(member, namespaces, more_sources, storage) for member in members[1:])]
+    short = short_of_min_resources(podgroups.get(key), members) if state.ready and not bound else ""
+    if short:  # the dispatcher holds such a gang back, naming the field (dispatcher/gangbook.py)
+        state = dataclasses.replace(state, refusal=short)
     return GangFacts(state=state, members=forms)
 
 

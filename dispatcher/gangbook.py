@@ -23,6 +23,7 @@ from dispatcher.gangs import (
     GangCounts,
     GangKey,
     PodGroupSpec,
+    decoded_members,
     gang_of,
     gang_state,
     member_selector,
@@ -193,10 +194,11 @@ class GangBook:
                 continue
             chosen, later = _minimum_first(members, group, bound_tasks=self.bound_tasks(key),
                                            needed=state.still_needed)
-            short = short_of_min_resources(key, group, [m.compact for m in chosen]) if not bound else ""
+            forms = decoded_members([m.compact for m in chosen]) if not bound else None
+            short = short_of_min_resources(group, forms) if forms is not None else ""
             if short:
                 self.since.setdefault(key, now)
-                plan.waits += [(member, GANG_REFUSED_REASON, short) for member in members]
+                plan.waits += [(member, GANG_REFUSED_REASON, f"gang {key}: {short}") for member in members]
                 continue
             self.since.pop(key, None)
             plan.waits += [(member, GANG_WAITING_REASON,

@@ -92,27 +92,35 @@ def parse_min_resources(spec: Mapping[str, object]) -> tuple[tuple[tuple[str, in
     return tuple(amounts), ""
 
 
-def short_of_min_resources(key: GangKey, group: PodGroupSpec | None, compact_members: Sequence[str]) -> str:
+def short_of_min_resources(group: PodGroupSpec | None, members: Sequence[Mapping[str, Any]]) -> str:
     """Why a gang about to go out is held: its PodGroup's minResources asks more of a resource than its members
-    (compact forms) request, together. scheduler-plugins and Volcano would wait until that much is free; hoss
-    reserves the members' requests and holds no room beyond them, so it says so rather than ignore the field.
-    '' when the members request enough (or a form cannot be read: the worker refuses that pod on its own)."""
+    (pods, raw or compact) request, together. scheduler-plugins and Volcano would wait until that much is free;
+    hoss reserves the members' requests and holds no room beyond them, so it says so rather than ignore the field.
+    '' when the members request enough (or a pod cannot be read: the worker refuses that pod on its own)."""
     if group is None or not group.min_resources:
         return ""
     total: dict[str, int] = {}
     try:
-        for form in compact_members:
-            for resource, amount in pod_requests(decode(form)).items():
+        for member in members:
+            for resource, amount in pod_requests(member).items():
                 total[resource] = total.get(resource, 0) + amount
-    except (ValueError, SpecError):
+    except SpecError:
         return ""
     for resource, wanted in group.min_resources:
         if total.get(resource, 0) < wanted:
-            return (f"gang {key}: spec.minResources asks {resource} {format_quantity(resource, wanted)} but its "
-                    f"{len(compact_members)} members request {format_quantity(resource, total.get(resource, 0))}; "
+            return (f"spec.minResources asks {resource} {format_quantity(resource, wanted)} but its "
+                    f"{len(members)} members request {format_quantity(resource, total.get(resource, 0))}; "
                     f"hoss reserves what the members request, all or nothing, and holds no room beyond it: refused "
                     f"until the members request that much")
     return ""
+
+
+def decoded_members(compacts: Sequence[str]) -> list[Json] | None:
+    """The members' compact forms decoded; None when one cannot be read."""
+    try:
+        return [decode(form) for form in compacts]
+    except ValueError:
+        return None
 
 
 def label_min_available(labels: Mapping[str, str]) -> int | None:

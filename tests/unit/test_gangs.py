@@ -191,7 +191,7 @@ def test_a_gang_whose_members_request_less_than_its_min_resources_waits_naming_t
     assert [i.gang for i in enough.items] == ["ns/pg"] and not enough.waits
     short = plan({"cpu": "10"})
     assert not short.items and len(short.waits) == 2
-    assert all(reason == "PodGroupRefused" and "spec.minResources asks cpu 10" in message
+    assert all(reason == "PodGroupRefused" and "gang ns/pg: spec.minResources asks cpu 10" in message
                for _pod, reason, message in short.waits), short.waits
     bad = parse_podgroup({"metadata": {"name": "pg", "namespace": "ns"},
                           "spec": {"minMember": 2, "minResources": {"cpu": "lots"}}})
