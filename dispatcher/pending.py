@@ -17,8 +17,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Collection, Iterable, Mapping
 
-from dispatcher.intake import PendingPod, dispatch_order, with_namespaces, with_storage
+from dispatcher.intake import PendingPod, dispatch_order, with_devices, with_namespaces, with_storage
 from dispatcher.loads import Assignments
+from hoss.model.resourceclaims import DeviceCatalog
 from hoss.model.storage import StorageCatalog
 from hoss.queue import BOUND_PREFIX
 
@@ -119,6 +120,12 @@ class PendingBook:
         return self._recompute(
             lambda pod: '"volumes"' in pod.compact and (touches is None or touches(pod)),
             lambda pod: with_storage(pod, storage))
+
+    def devices_changed(self, devices: DeviceCatalog) -> bool:
+        """ResourceClaims, ResourceSlices or DeviceClasses changed: recompute what the ResourceClaims of the pods
+        with any need; those dispatched are to be resent, the others dispatched now (a claim made or freed, a
+        device published may let them go). True when any changed."""
+        return self._recompute(lambda pod: '"resourceClaims"' in pod.compact, lambda pod: with_devices(pod, devices))
 
     def _recompute(self, concerned: Callable[[PendingPod], bool],
                    recompute: Callable[[PendingPod], PendingPod]) -> bool:

@@ -1,0 +1,116 @@
+"""DynamicResources: the nodes a pod's ResourceClaims (resource.k8s.io/v1) allow, as kube-scheduler's plugin of that
+name reads them. Pure; what the claims need comes from the dispatcher in the pod's compact form
+(`hoss.model.resourceclaims`, `PodView.devices`), never from the apiserver.
+
+- PreFilter (`prefilter`): a claim not created yet, missing, being deleted, not the pod's, or asking a DeviceClass
+  that does not exist leaves the pod unschedulable on every node with kube-scheduler's message. The dispatcher
+  sends the pod again when the claim or class changes.
+- Filter, per node: an allocated claim's allocation must allow the node by its node selector (``resourceclaim not
+  available on the node``); the claims to allocate must all find devices there (``cannot allocate all claims``),
+  by the structured allocator (`hoss.model.devices`) over the ResourceSlices, leaving out the devices other
+  claims hold. Only nodes some slice offers devices to are tried.
+- `allocation_on` is the chosen node's allocation, which the worker writes into the claims before the pod's
+  binding (`workers.devices`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from hoss.framework.cycle import BoolArray, FilterResult, TakesNoArgs
+from hoss.framework.nodes import NodeTable
+from hoss.framework.plugins.volumes import terms_match
+from hoss.framework.pod import DeviceNeeds, PodView
+from hoss.model import devices as dra
+from hoss.model.objects import Json
+
+log = logging.getLogger(__name__)
+
+NOT_AVAILABLE = "resourceclaim not available on the node"
+CANNOT_ALLOCATE = "cannot allocate all claims"
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A pod's claims to allocate, parsed once: the allocator's inputs, or why none can be allocated."""
+
+    needs: tuple[dra.ClaimNeed, ...]
+    inventory: dra.Inventory | None
+    refusal: str = ""
+
+
+def prepare(devices: DeviceNeeds) -> Prepared:
+    """The allocator's inputs for `devices`, parsed once per version of the pod the worker holds."""
+    found = devices.parsed.get("prepared")
+    if isinstance(found, Prepared):
+        return found
+    classes: Mapping[str, Json] = {name: {"metadata": {"name": name}, "spec": spec}
+                                   for name, spec in devices.classes}
+    try:
+        inventory = dra.Inventory.from_slices(
+            [{"metadata": {"name": raw.get("name")}, "spec": raw.get("spec") or {}} for raw in devices.slices])
+        needs = tuple(dra.claim_needs({"metadata": {"name": claim.claim, "uid": claim.uid},
+                                       "spec": {"devices": claim.devices or {}}}, classes)
+                      for claim in devices.to_allocate)
+        prepared = Prepared(needs=needs, inventory=inventory)
+    except dra.DeviceError as error:
+        prepared = Prepared(needs=(), inventory=None, refusal=str(error))
+    devices.parsed["prepared"] = prepared
+    return prepared
+
+
+def allocation_on(devices: DeviceNeeds, node: str, labels: Mapping[str, str]) -> dra.Allocation | None:
+    """The allocation of the claims to allocate on `node` (None: they cannot all be allocated there)."""
+    prepared = prepare(devices)
+    if prepared.inventory is None:
+        return None
+    return dra.allocate(prepared.needs, node=node, node_labels=labels, inventory=prepared.inventory,
+                        allocated=devices.allocated)
+
+
+class DynamicResources(TakesNoArgs):
+    """PreFilter and filter: the pod's ResourceClaims (see the module docstring)."""
+
+    name = "DynamicResources"
+
+    def prefilter(self, pod: PodView) -> str | None:
+        """kube-scheduler's PreFilter rejection of the pod on every node, or None."""
+        if pod.devices is None:
+            return None
+        if pod.devices.problem:
+            return pod.devices.problem
+        if pod.devices.to_allocate and (refusal := prepare(pod.devices).refusal):
+            return refusal
+        return None
+
+    def filter(self, pod: PodView, nodes: NodeTable) -> FilterResult:
+        rows = len(nodes)
+        if pod.devices is None:
+            return FilterResult.from_reasons(rows, {})
+        if (problem := self.prefilter(pod)) is not None:
+            return FilterResult.from_reasons(rows, {problem: np.ones(rows, dtype=np.bool_)})
+        reasons: dict[str, BoolArray] = {}
+        available = np.ones(rows, dtype=np.bool_)
+        for claim in pod.devices.claims:
+            if claim.allocation is not None:
+                available &= terms_match(nodes, claim.selector)
+        if not available.all():
+            reasons[NOT_AVAILABLE] = ~available
+        if pod.devices.to_allocate:
+            prepared = prepare(pod.devices)
+            assert prepared.inventory is not None
+            offered = prepared.inventory.offers
+            failed = np.zeros(rows, dtype=np.bool_)
+            for row, name in enumerate(nodes.names):
+                if not available[row]:
+                    continue
+                if not offered(name, nodes.labels[row]) \
+                        or allocation_on(pod.devices, name, nodes.labels[row]) is None:
+                    failed[row] = True
+            if failed.any():
+                reasons[CANNOT_ALLOCATE] = failed
+        return FilterResult.from_reasons(rows, reasons)
