@@ -177,6 +177,8 @@ class DeviceNeeds:
     devices held by other claims that allocating reads."""
 
     problem: str = ""
+    namespace: str = ""
+    """The pod's namespace, which is its claims'."""
     claims: tuple[ClaimUse, ...] = ()
     classes: tuple[tuple[str, Json], ...] = ()
     slices: tuple[Json, ...] = ()
@@ -350,7 +352,7 @@ def parse_pod(pod: Mapping[str, Any]) -> PodView:
                                         error=error),
         storage=parse_storage(pod.get(STORAGE)) if pod.get(STORAGE) is not None else None,
         claims=tuple(sorted({name for name, _ephemeral in claim_names(pod)})),
-        devices=parse_devices(pod.get(DEVICES)) if pod.get(DEVICES) is not None else None,
+        devices=parse_devices(pod.get(DEVICES), namespace=namespace) if pod.get(DEVICES) is not None else None,
     )
 
 
@@ -439,7 +441,7 @@ def parse_storage(raw: object) -> StorageNeeds:
     return StorageNeeds(bound=tuple(bound), delayed=tuple(delayed), once=once)
 
 
-def parse_devices(raw: object) -> DeviceNeeds:
+def parse_devices(raw: object, *, namespace: str) -> DeviceNeeds:
     """The `DEVICES` context of a compact pod (`hoss.model.resourceclaims.device_context`); raises
     `PodSpecError`. The claims' spec.devices, the classes and the slices stay raw: the allocator
     (`hoss.model.devices`) parses them and names what it refuses."""
@@ -477,7 +479,7 @@ def parse_devices(raw: object) -> DeviceNeeds:
             raise PodSpecError(field=f"{DEVICES}.allocated[{i}]",
                                reason=f"expected [driver, pool, device], got {item!r}")
         allocated.append((str(parts[0]), str(parts[1]), str(parts[2])))
-    return DeviceNeeds(claims=tuple(claims), classes=tuple(sorted(classes.items())),
+    return DeviceNeeds(namespace=namespace, claims=tuple(claims), classes=tuple(sorted(classes.items())),
                        slices=tuple(slice_ for slice_ in slices if isinstance(slice_, dict)),
                        allocated=frozenset(allocated))
 

@@ -31,7 +31,6 @@ from hoss.model.objects import Json
 log = logging.getLogger(__name__)
 
 NOT_AVAILABLE = "resourceclaim not available on the node"
-CANNOT_ALLOCATE = "cannot allocate all claims"
 
 
 @dataclass(frozen=True)
@@ -53,18 +52,22 @@ def prepare(devices: DeviceNeeds) -> Prepared:
     try:
         inventory = dra.Inventory.from_slices(
             [{"metadata": {"name": raw.get("name")}, "spec": raw.get("spec") or {}} for raw in devices.slices])
-        needs = tuple(dra.claim_needs({"metadata": {"name": claim.claim, "uid": claim.uid},
+        needs = tuple(dra.claim_needs({"metadata": {"namespace": devices.namespace, "name": claim.claim,
+                                                    "uid": claim.uid},
                                        "spec": {"devices": claim.devices or {}}}, classes)
                       for claim in devices.to_allocate)
         prepared = Prepared(needs=needs, inventory=inventory)
+    except dra.ClaimError as error:
+        prepared = Prepared(needs=(), inventory=None, refusal=error.message)
     except dra.DeviceError as error:
-        prepared = Prepared(needs=(), inventory=None, refusal=str(error))
+        prepared = Prepared(needs=(), inventory=None, refusal=f"hoss cannot allocate this: {error}")
     devices.parsed["prepared"] = prepared
     return prepared
 
 
 def allocation_on(devices: DeviceNeeds, node: str, labels: Mapping[str, str]) -> dra.Allocation | None:
-    """The allocation of the claims to allocate on `node` (None: they cannot all be allocated there)."""
+    """The allocation of the claims to allocate on `node` (None: they cannot all be allocated there). Raises
+    `dra.AllocationError` where kube-scheduler aborts the attempt (a CEL expression failing at runtime)."""
     prepared = prepare(devices)
     if prepared.inventory is None:
         return None
@@ -103,14 +106,18 @@ class DynamicResources(TakesNoArgs):
         if pod.devices.to_allocate:
             prepared = prepare(pod.devices)
             assert prepared.inventory is not None
-            offered = prepared.inventory.offers
-            failed = np.zeros(rows, dtype=np.bool_)
             for row, name in enumerate(nodes.names):
                 if not available[row]:
                     continue
-                if not offered(name, nodes.labels[row]) \
-                        or allocation_on(pod.devices, name, nodes.labels[row]) is None:
-                    failed[row] = True
-            if failed.any():
-                reasons[CANNOT_ALLOCATE] = failed
+                labels = nodes.labels[row]
+                try:
+                    allocation = allocation_on(pod.devices, name, labels) \
+                        if prepared.inventory.pools_for(node=name, labels=labels) else None
+                except dra.AllocationError as error:
+                    # kube-scheduler aborts the attempt: no node takes the pod, and it is tried again later
+                    return FilterResult.from_reasons(rows, {error.message: np.ones(rows, dtype=np.bool_)})
+                if allocation is None:
+                    reason = dra.node_failure_reason(prepared.needs, node=name, node_labels=labels,
+                                                     inventory=prepared.inventory)
+                    reasons.setdefault(reason, np.zeros(rows, dtype=np.bool_))[row] = True
         return FilterResult.from_reasons(rows, reasons)
