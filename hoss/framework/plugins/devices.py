@@ -9,8 +9,9 @@ name reads them. Pure; what the claims need comes from the dispatcher in the pod
   available on the node``); the claims to allocate must all find devices there (``cannot allocate all claims``),
   by the structured allocator (`hoss.model.devices`) over the ResourceSlices, leaving out the devices other
   claims hold. Only nodes some slice offers devices to are tried.
-- `allocation_on` is the chosen node's allocation, which the worker writes into the claims before the pod's
-  binding (`workers.devices`).
+- `allocation_on` is a node's allocation (kept per node for the version of the pod the worker holds), which the
+  worker writes into the claims of the chosen node before the pod's binding (`workers.devices`); `free_devices`
+  counts what a node has left, which GpuPacking reads.
 """
 
 from __future__ import annotations
@@ -40,6 +41,14 @@ class Prepared:
     needs: tuple[dra.ClaimNeed, ...]
     inventory: dra.Inventory | None
     refusal: str = ""
+    local: frozenset[str] = frozenset()
+    """The nodes node-local slices name."""
+    shared: bool = False
+    """Some slice serves nodes by a selector or all nodes (or shares counters): every node must be asked."""
+
+    def may_offer(self, node: str) -> bool:
+        """Whether any slice could offer the node devices (a cheap test before the allocator's)."""
+        return self.shared or node in self.local
 
 
 def prepare(devices: DeviceNeeds) -> Prepared:
@@ -56,7 +65,9 @@ def prepare(devices: DeviceNeeds) -> Prepared:
                                                     "uid": claim.uid},
                                        "spec": {"devices": claim.devices or {}}}, classes)
                       for claim in devices.to_allocate)
-        prepared = Prepared(needs=needs, inventory=inventory)
+        prepared = Prepared(needs=needs, inventory=inventory,
+                            local=frozenset(s.node_name for s in inventory.slices if s.node_name),
+                            shared=any(not s.node_name or s.counter_sets for s in inventory.slices))
     except dra.ClaimError as error:
         prepared = Prepared(needs=(), inventory=None, refusal=error.message)
     except dra.DeviceError as error:
@@ -69,10 +80,23 @@ def allocation_on(devices: DeviceNeeds, node: str, labels: Mapping[str, str]) ->
     """The allocation of the claims to allocate on `node` (None: they cannot all be allocated there). Raises
     `dra.AllocationError` where kube-scheduler aborts the attempt (a CEL expression failing at runtime)."""
     prepared = prepare(devices)
-    if prepared.inventory is None:
+    if prepared.inventory is None or not prepared.may_offer(node):
         return None
-    return dra.allocate(prepared.needs, node=node, node_labels=labels, inventory=prepared.inventory,
-                        allocated=devices.allocated)
+    found: dict[str, dra.Allocation | None] = devices.parsed.setdefault("on", {})
+    if node not in found:
+        found[node] = dra.allocate(prepared.needs, node=node, node_labels=labels, inventory=prepared.inventory,
+                                   allocated=devices.allocated)
+    return found[node]
+
+
+def free_devices(devices: DeviceNeeds, node: str, labels: Mapping[str, str], *, drivers: frozenset[str]) -> int:
+    """How many devices of `drivers` the node's pools offer that no other claim holds."""
+    prepared = prepare(devices)
+    if prepared.inventory is None or not prepared.may_offer(node):
+        return 0
+    return sum(1 for pool in prepared.inventory.pools_for(node=node, labels=labels) if pool.driver in drivers
+               for slice_ in pool.slices for device in slice_.devices
+               if device.id not in devices.allocated and device.node_matches(node=node, labels=labels))
 
 
 class DynamicResources(TakesNoArgs):
@@ -111,8 +135,7 @@ class DynamicResources(TakesNoArgs):
                     continue
                 labels = nodes.labels[row]
                 try:
-                    allocation = allocation_on(pod.devices, name, labels) \
-                        if prepared.inventory.pools_for(node=name, labels=labels) else None
+                    allocation = allocation_on(pod.devices, name, labels)
                 except dra.AllocationError as error:
                     # kube-scheduler aborts the attempt: no node takes the pod, and it is tried again later
                     return FilterResult.from_reasons(rows, {error.message: np.ones(rows, dtype=np.bool_)})
