@@ -18,9 +18,11 @@ from hoss.model.devices import (
     DeviceError,
     Inventory,
     allocate,
+    allocated_devices,
     allocation_status,
     claim_needs,
     counters_consumed,
+    counters_of,
     devices_of,
     node_failure_reason,
 )
@@ -288,6 +290,7 @@ def test_admin_access_is_not_held_and_not_a_second_time_in_one_claim() -> None:
     needs = [claim_needs(claim("c", exactly("r", 4, adminAccess=True)), CLASSES)]
     allocation = allocate(needs, node="node-1", node_labels={}, inventory=FOUR, allocated=everything)
     assert allocation is not None and devices_of(allocation) == frozenset()
+    assert allocated_devices({"status": {"allocation": allocation_status(allocation, 0)}}) == frozenset()
     assert allocation_status(allocation, 0)["devices"]["results"][0]["adminAccess"] is True
     needs = [claim_needs(claim("c", exactly("r", 5, adminAccess=True)), CLASSES)]
     assert picked(needs, FOUR, allocated=everything) is None
@@ -309,6 +312,10 @@ def test_shared_counters_from_the_inventory_or_from_the_ledger() -> None:
     assert picked(two, inventory) == [["half-0", "half-1"]]
     assert picked(two, inventory, allocated=frozenset({(DRIVER, "node-1", "half-2")})) is None, \
         "the allocated half draws on the same counters"
+    written = {"status": {"allocation": allocation_status(allocation, 0)}}
+    assert allocated_devices(written) == devices_of(allocation)
+    assert counters_of(allocated_devices(written), inventory) == counters_consumed(allocation)
+    assert counters_of({(DRIVER, "node-1", "gone")}, inventory) == {}
     held = {(DRIVER, "node-1", "mem", "memory"): Fraction(41 * GI)}
     assert picked(needs, inventory, counters_used=held) is None, "the ledger's count replaces the inventory's"
     assert picked(needs, inventory, counters_used={}) == [["half-0"]]
