@@ -3,7 +3,7 @@ ResourceSlices, what ResourceClaims ask, and allocating them on one node with ku
 the dispatcher, the workers and the ledger call it with the objects they watch.
 
 - `Inventory.from_slices(slices)`: the ResourceSlices, parsed (`DeviceError` names a field hoss cannot read or does
-  not honour).
+  not honour); `parse_slice` reads one, for a caller that keeps the good ones and reports the others.
 - `claim_needs(claim, classes)`: one claim's needs with its DeviceClasses (`ClaimError` carries kube-scheduler's
   reason for a claim no node can take).
 - `allocate(needs, node=, node_labels=, inventory=, allocated=, counters_used=)`: the devices on one node, or None
@@ -25,7 +25,15 @@ from hoss.model.devices.allocator import (
 )
 from hoss.model.devices.cel import CelError
 from hoss.model.devices.claims import ClaimError, ClaimNeed, claim_needs
-from hoss.model.devices.inventory import CounterId, DeviceError, DeviceId, Inventory, NodeSelector, parse_node_selector
+from hoss.model.devices.inventory import (
+    CounterId,
+    DeviceError,
+    DeviceId,
+    Inventory,
+    NodeSelector,
+    parse_node_selector,
+    parse_slice,
+)
 from hoss.model.devices.status import (
     allocated_devices,
     allocation_status,
@@ -58,4 +66,5 @@ __all__ = [
     "devices_of",
     "node_failure_reason",
     "parse_node_selector",
+    "parse_slice",
 ]
