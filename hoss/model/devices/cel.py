@@ -16,7 +16,7 @@ Pure: compiling and evaluating touch nothing outside. Compiled programs are cach
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -256,6 +256,13 @@ class CelDevice:
     capacity: Mapping[tuple[str, str], Fraction]
     allow_multiple_allocations: bool = False
 
+    @functools.cached_property
+    def key(self) -> Hashable:
+        """Equal for two devices every selector sees alike."""
+        return (self.driver, self.allow_multiple_allocations,
+                frozenset((name, type(value).__name__, value) for name, value in self.attributes.items()),
+                frozenset(self.capacity.items()))
+
 
 def _cel_value(value: AttributeValue) -> Any:
     if isinstance(value, bool):
@@ -311,9 +318,33 @@ def _runtime_message(error: BaseException) -> str:
     return str(error)
 
 
+# Selector results by (expression, device key): a selector's result depends on nothing else, and celpy takes about
+# a millisecond per evaluation, so each class's selectors are evaluated once per device, not once per pod and node.
+# Bounded: cleared when full.
+_RESULTS: dict[tuple[str, Hashable], bool | str] = {}
+"""True, False, or the error's message"""
+_RESULTS_MAX = 65536
+
+
 def device_matches(expression: str, device: CelDevice) -> bool:
     """Whether the selector holds for the device. Raises CelError (``compilation failed: ...``, or the runtime
     error's text, e.g. ``no such key: model``) where kube-scheduler's CEL fails."""
+    key = (expression, device.key)
+    result = _RESULTS.get(key)
+    if result is None:
+        try:
+            result = _evaluate(expression, device)
+        except CelError as error:
+            result = error.message
+        if len(_RESULTS) >= _RESULTS_MAX:
+            _RESULTS.clear()
+        _RESULTS[key] = result
+    if isinstance(result, str):
+        raise CelError(result)
+    return result
+
+
+def _evaluate(expression: str, device: CelDevice) -> bool:
     program = compile_selector(expression)
     try:
         result = program.evaluate(_activation(device))

@@ -21,6 +21,7 @@ generation, or its pool is invalid.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -152,7 +153,7 @@ class Device:
     node_selector: NodeSelector | None = None
     all_nodes: bool = False
 
-    @property
+    @functools.cached_property
     def cel(self) -> CelDevice:
         """The device as a selector sees it: names qualified by their domain, the driver's by default."""
         driver = self.id[0]
@@ -255,8 +256,7 @@ class Inventory:
 
     def pools_for(self, *, node: str, labels: Mapping[str, str]) -> list[Pool]:
         """The pools the node can allocate from, in the allocator's order (GatherPools, incubating)."""
-        on_node = [s for s in self.slices if s.node_name == node and not s.counter_sets]
-        shared = [s for s in self.slices if not s.node_name or s.counter_sets]
+        on_node, shared = self._by_node.get(node, []), self._shared
         by_pool: dict[tuple[str, str], list[Slice]] = {}
         for slice_ in (*on_node, *shared):
             if not slice_.relevant_to(node=node, labels=labels):
@@ -284,6 +284,20 @@ class Inventory:
             pools.append(_build_pool(driver, pool_name, relevant, [s for s in every if s.name not in names]))
         pools.sort(key=lambda p: (p.driver, p.name))
         return pools
+
+    @functools.cached_property
+    def _by_node(self) -> dict[str, list[Slice]]:
+        """Slices of one node's own (nodeName, no shared counters), by node."""
+        index: dict[str, list[Slice]] = {}
+        for slice_ in self.slices:
+            if slice_.node_name and not slice_.counter_sets:
+                index.setdefault(slice_.node_name, []).append(slice_)
+        return index
+
+    @functools.cached_property
+    def _shared(self) -> list[Slice]:
+        """Slices any node may use: network-attached, for all nodes, per device, or holding counters."""
+        return [s for s in self.slices if not s.node_name or s.counter_sets]
 
     def device(self, device_id: DeviceId) -> Device | None:
         """The device of that id in the newest generation of its pool that has it, if any."""

@@ -3,11 +3,13 @@ and the devices and shared counters the ledger must hold for it. Pure, no I/O.""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from fractions import Fraction
+from typing import Any
 
 from hoss.model.devices.allocator import Allocation
-from hoss.model.devices.inventory import CounterId, DeviceId
-from hoss.model.objects import Json
+from hoss.model.devices.inventory import CounterId, DeviceId, Inventory
+from hoss.model.objects import Json, section
 
 
 def allocation_status(allocation: Allocation, claim_index: int) -> Json:
@@ -46,3 +48,28 @@ def devices_of(allocation: Allocation) -> frozenset[DeviceId]:
 def counters_consumed(allocation: Allocation) -> dict[CounterId, Fraction]:
     """The shared counters (driver, pool, counter set, counter) the devices of `devices_of` draw, summed."""
     return dict(allocation.counters)
+
+
+def allocated_devices(claim: Mapping[str, Any]) -> frozenset[DeviceId]:
+    """The devices a ResourceClaim's ``status.allocation`` holds, whoever wrote it (hoss, kube-scheduler, another
+    scheduler): every result but those with admin access, as kube-scheduler gathers the allocated devices."""
+    allocation = section(section(claim, "status"), "allocation")
+    results = section(allocation, "devices").get("results") or []
+    return frozenset((str(r.get("driver")), str(r.get("pool")), str(r.get("device")))
+                     for r in results if isinstance(r, dict) and r.get("adminAccess") is not True)
+
+
+def counters_of(devices: Iterable[DeviceId], inventory: Inventory) -> dict[CounterId, Fraction]:
+    """The shared counters `devices` draw as the inventory publishes them (a device no longer published draws
+    none): what a foreign allocation holds."""
+    counters: dict[CounterId, Fraction] = {}
+    for device_id in devices:
+        device = inventory.device(device_id)
+        if device is None:
+            continue
+        driver, pool, _ = device_id
+        for set_name, amounts in device.consumes:
+            for counter, amount in amounts.items():
+                key = (driver, pool, set_name, counter)
+                counters[key] = counters.get(key, Fraction(0)) + amount
+    return counters
