@@ -27,6 +27,7 @@ from hoss.framework.nodes import NodeTable
 from hoss.framework.plugins.volumes import terms_match
 from hoss.framework.pod import DeviceNeeds, PodView
 from hoss.model import devices as dra
+from hoss.model.devices.inventory import Slice
 from hoss.model.objects import Json
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,8 @@ class Prepared:
     """The nodes node-local slices name."""
     shared: bool = False
     """Some slice serves nodes by a selector or all nodes (or shares counters): every node must be asked."""
+    refused: tuple[tuple[str | None, str], ...] = ()
+    """Slices hoss cannot read or does not honour, left out: (the node a node-local one names, or None; why)."""
 
     def may_offer(self, node: str) -> bool:
         """Whether any slice could offer the node devices (a cheap test before the allocator's)."""
@@ -58,16 +61,27 @@ def prepare(devices: DeviceNeeds) -> Prepared:
         return found
     classes: Mapping[str, Json] = {name: {"metadata": {"name": name}, "spec": spec}
                                    for name, spec in devices.classes}
+    kept: list[Slice] = []
+    refused: list[tuple[str | None, str]] = []
+    for raw in devices.slices:
+        spec = raw.get("spec") if isinstance(raw.get("spec"), dict) else {}
+        try:
+            kept.append(dra.parse_slice({"metadata": {"name": raw.get("name")}, "spec": spec}))
+        except dra.DeviceError as error:
+            # one driver's slice hoss cannot honour must not stop every other device: it is left out, and a node
+            # it serves says why it offers nothing
+            node = spec.get("nodeName") if isinstance(spec, dict) else None
+            refused.append((str(node) if node else None, f"hoss leaves out a ResourceSlice: {error}"))
+    inventory = dra.Inventory(tuple(kept))
     try:
-        inventory = dra.Inventory.from_slices(
-            [{"metadata": {"name": raw.get("name")}, "spec": raw.get("spec") or {}} for raw in devices.slices])
         needs = tuple(dra.claim_needs({"metadata": {"namespace": devices.namespace, "name": claim.claim,
                                                     "uid": claim.uid},
                                        "spec": {"devices": claim.devices or {}}}, classes)
                       for claim in devices.to_allocate)
         prepared = Prepared(needs=needs, inventory=inventory,
                             local=frozenset(s.node_name for s in inventory.slices if s.node_name),
-                            shared=any(not s.node_name or s.counter_sets for s in inventory.slices))
+                            shared=any(not s.node_name or s.counter_sets for s in inventory.slices),
+                            refused=tuple(refused))
     except dra.ClaimError as error:
         prepared = Prepared(needs=(), inventory=None, refusal=error.message)
     except dra.DeviceError as error:
@@ -140,7 +154,8 @@ class DynamicResources(TakesNoArgs):
                     # kube-scheduler aborts the attempt: no node takes the pod, and it is tried again later
                     return FilterResult.from_reasons(rows, {error.message: np.ones(rows, dtype=np.bool_)})
                 if allocation is None:
-                    reason = dra.node_failure_reason(prepared.needs, node=name, node_labels=labels,
-                                                     inventory=prepared.inventory)
+                    reason = next((why for where, why in prepared.refused if where in (None, name)), None) \
+                        or dra.node_failure_reason(prepared.needs, node=name, node_labels=labels,
+                                                   inventory=prepared.inventory)
                     reasons.setdefault(reason, np.zeros(rows, dtype=np.bool_))[row] = True
         return FilterResult.from_reasons(rows, reasons)
