@@ -89,6 +89,13 @@ class PendingBook:
             # kept here carries the new resourceVersion to later sends, and the worker's binding finds it itself.
             self.changed[uid] = None
             due = True
+        elif updated.digest != known.digest and not updated.gated and uid in self.handed_back:
+            # Handed back as unschedulable, and changed since (a label, the claims its ResourceClaimTemplates
+            # made): tried again now rather than after its back-off, as kube-scheduler moves an updated pod out
+            # of its unschedulable queue.
+            self.handed_back.pop(uid, None)
+            self.fresh[uid] = None
+            due = True
         return False, due
 
     def drop(self, uid: str) -> tuple[PendingPod | None, bool]:

@@ -21,6 +21,7 @@ promises are cut short: the claims' allocations are in the apiserver, which the 
 
 from __future__ import annotations
 
+import datetime
 import logging
 
 import aiohttp
@@ -149,7 +150,10 @@ class DeviceBinder:
                         raw["metadata"] = metadata
                         raw = await self.rest.request("PUT", path, body=raw)
                         status = section(raw, "status")
-                    status["allocation"] = allocation
+                    # kube-scheduler 1.36 stamps the allocation (DRADeviceBindingConditions and
+                    # DRAResourceClaimDeviceStatus, both on by default)
+                    status["allocation"] = {**allocation, "allocationTimestamp": datetime.datetime.now(
+                        datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
                 reserved: list[object] = list(status.get("reservedFor") or [])
                 if not any(isinstance(ref, dict) and ref.get("uid") == pod.uid for ref in reserved):
                     status["reservedFor"] = [*reserved, {"resource": "pods", "name": pod.name, "uid": pod.uid}]
