@@ -110,7 +110,8 @@ def free_devices(devices: DeviceNeeds, node: str, labels: Mapping[str, str], *, 
         return 0
     return sum(1 for pool in prepared.inventory.pools_for(node=node, labels=labels) if pool.driver in drivers
                for slice_ in pool.slices for device in slice_.devices
-               if device.id not in devices.allocated and device.node_matches(node=node, labels=labels))
+               if device.id not in devices.allocated
+               and (not slice_.per_device or device.node_matches(node=node, labels=labels)))
 
 
 class DynamicResources(TakesNoArgs):
