@@ -21,6 +21,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from dev.local.cluster import Cluster
 from dev.local.plane import LocalPlane
 from dev.local.state import Process
+from hoss.ledger.client import Ledger
 from hoss.model.objects import Json
 from tests.e2e.hoss import hoss_pods, node_set, pinned, scheduled_condition, workers
 from tests.waiting import until
@@ -304,3 +305,69 @@ async def test_two_workers_racing_for_the_last_devices_never_allocate_one_twice(
         bound = sorted(set(names) - set(await pending(cluster, namespace)))
         assert len(bound) == 3, bound
         assert Counter(pool for _driver, pool, _device in held) == Counter(nodes), held
+
+
+async def test_the_resolver_refuses_another_scheduler_a_device_a_hoss_pod_is_being_given(
+    plane: LocalPlane, dispatcher: Process, cluster: Cluster, namespace: str, ledger: Ledger
+) -> None:
+    """A device promised in the ledger to a hoss pod whose claims are being written (as a worker promises it before
+    writing) is refused to kube-scheduler: its allocation of that device is denied by the resolver, its pod waits
+    and is tried again, and once the promise is gone it gets the device."""
+    async with node_set(cluster, 1, labels={"dra-set": f"foreign{next(_tags)}"}) as [node], \
+            device_objects(cluster) as devices:
+        gpus = await devices.device_class(f"{namespace}-gpu")
+        await devices.publish(node, [gpu("gpu-0")])
+        device = f"{DRIVER}/{node}/gpu-0"
+        assert await ledger.promise_devices(uid="a-hoss-pod", devices=[device], ttl_seconds=600) is None
+        await devices.claim(namespace, "theirs", [request("gpu", gpus)])
+        [pod] = hoss_pods("foreign", 1)
+        pod["spec"]["schedulerName"] = "default-scheduler"
+        pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+        with_claim(pod, claim="theirs")
+        [name] = await cluster.create_pods([pod], namespace=namespace)
+
+        async def refused() -> tuple[bool, str]:
+            events = await cluster.raw_list("list_namespaced_event", namespace,
+                                            field_selector=f"involvedObject.name={name}")
+            messages = [event.get("message") or "" for event in events]
+            return any(f"device {device} is being allocated for pod a-hoss-pod" in m for m in messages), str(messages)
+
+        await until(refused, timeout=60, what="kube-scheduler's allocation to be refused by the resolver")
+        raw = await cluster.core.read_namespaced_pod(name, namespace)
+        assert not raw.spec.node_name
+        assert allocated(await devices.claims(namespace)) == []
+        assert await ledger.unpromise_devices(uid="a-hoss-pod", devices=[device]) == 1
+        await wait_bound(cluster, namespace, [name], timeout=90)
+        assert allocated(await devices.claims(namespace)) == [(DRIVER, node, "gpu-0")]
+
+
+async def test_hoss_and_kube_scheduler_racing_for_the_same_devices_never_allocate_one_twice(
+    plane: LocalPlane, dispatcher: Process, cluster: Cluster, namespace: str
+) -> None:
+    """Four GPUs on two nodes, and eight pods -- four for kube-scheduler, four for hoss (two workers), created
+    together -- each with a template for one GPU: four are bound, each device is in one allocation, and the other
+    four wait."""
+    async with node_set(cluster, 2, labels={"dra-set": f"mixed{next(_tags)}"}) as nodes, \
+            device_objects(cluster) as devices, workers(plane, TWO):
+        gpus = await devices.device_class(f"{namespace}-gpu")
+        for node in nodes:
+            await devices.publish(node, [gpu("gpu-0"), gpu("gpu-1")])
+        await devices.template(namespace, "one", [request("gpu", gpus)])
+        theirs = hoss_pods("mixed-k", 4)
+        for pod in theirs:
+            pod["spec"]["schedulerName"] = "default-scheduler"
+        ours = hoss_pods("mixed-a", 2, policy="default") + hoss_pods("mixed-b", 2, policy="binpack")
+        pods = [pod for pair in zip(theirs, ours, strict=True) for pod in pair]
+        for pod in pods:
+            with_claim(pod, template="one")
+        await cluster.create_pods(pods, namespace=namespace)
+
+        async def four_bound() -> tuple[bool, str]:
+            raw = await cluster.raw_list("list_namespaced_pod", namespace)
+            bound = [p["metadata"]["name"] for p in raw if p["spec"].get("nodeName")]
+            return len(bound) >= 4, str(bound)
+
+        await until(four_bound, timeout=120, what="four pods to be bound")
+        held = allocated(await devices.claims(namespace))
+        assert len(held) == len(set(held)) == 4, held
+        assert len(await pending(cluster, namespace)) == 4
