@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from dispatcher.routing import policy_of
@@ -12,6 +12,7 @@ from dispatcher.spreading import SelectorSources
 from hoss.errors import PodSpecError
 from hoss.model import compact
 from hoss.model.objects import Json, section
+from hoss.model.resourceclaims import DEVICES, DeviceCatalog, device_context
 from hoss.model.storage import STORAGE, StorageCatalog, storage_context
 from hoss.queue import WorkItem
 
@@ -117,13 +118,14 @@ def _scheduling_group(spec: Json) -> str | None:
 def parse_pending_pod(
     raw: Json, *, scheduler_names: Collection[str], default_policy: str, seen_at: float, queued_unix: float = 0.0,
     namespaces: Mapping[str, Mapping[str, str]] | None = None, sources: SelectorSources | None = None,
-    storage: StorageCatalog | None = None,
+    storage: StorageCatalog | None = None, devices: DeviceCatalog | None = None,
 ) -> PendingPod | None:
     """The pod when the dispatcher should place it (one of our scheduler names, unbound, not being deleted, not
     finished), else None. Raises `PodSpecError` naming the field of a malformed pod. `namespaces` (labels by
     namespace) resolve the pod's namespaceSelectors into its compact form; `sources` give it the selector of the
     cluster-default spread constraints (`dispatcher.spreading`); `storage` (the storage objects) what its volume
-    claims need (`hoss.model.storage.storage_context`)."""
+    claims need (`hoss.model.storage.storage_context`); `devices` (the DRA objects) what its ResourceClaims need
+    (`hoss.model.resourceclaims.device_context`)."""
     uid = pod_uid(raw)
     metadata: Json = raw["metadata"]
     spec = raw.get("spec") or {}
@@ -142,6 +144,8 @@ def parse_pending_pod(
     form = compact.compact_pod(raw, namespaces=namespaces, default_spread=default_spread)
     if storage is not None and (needs := storage_context(form, storage)) is not None:
         form[STORAGE] = needs
+    if devices is not None and (wanted := device_context(form, devices)) is not None:
+        form[DEVICES] = wanted
     priority = spec.get("priority")
     return PendingPod(
         uid=uid,
@@ -178,11 +182,21 @@ def with_namespaces(pod: PendingPod, namespaces: Mapping[str, Mapping[str, str]]
 
 def with_storage(pod: PendingPod, storage: StorageCatalog) -> PendingPod:
     """`pod` with what its claims need recomputed from `storage` (the same pod when it did not change)."""
+    return _with_context(pod, STORAGE, lambda form: storage_context(form, storage))
+
+
+def with_devices(pod: PendingPod, devices: DeviceCatalog) -> PendingPod:
+    """`pod` with what its ResourceClaims need recomputed from `devices` (the same pod when it did not change)."""
+    return _with_context(pod, DEVICES, lambda form: device_context(form, devices))
+
+
+def _with_context(pod: PendingPod, key: str, compute: Callable[[Json], Json | None]) -> PendingPod:
+    """`pod` with its compact form's `key` recomputed (the same pod when it did not change or has none)."""
     form = compact.decode(pod.compact)
-    needs = storage_context(form, storage)
+    needs = compute(form)
     if needs is None:
         return pod
-    form[STORAGE] = needs
+    form[key] = needs
     updated = compact.digest(form)
     if updated == pod.digest:
         return pod

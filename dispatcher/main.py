@@ -31,7 +31,7 @@ from dispatcher.roles import cancel_and_wait, run_roles
 from dispatcher.server import ServiceState, build_app
 from dispatcher.settings import DispatcherSettings
 from hoss.kube.access import STATUS_PATHS, TokenAccess
-from hoss.kube.client import api_client, run_informer
+from hoss.kube.client import api_client, run_crd_informer, run_informer
 from hoss.kube.leader import lease_elector
 from hoss.kube.rest import KubeREST
 from hoss.ledger.client import Ledger
@@ -133,10 +133,32 @@ async def running_dispatcher(settings: DispatcherSettings) -> AsyncIterator[Runn
             )
             stack.push_async_callback(cancel_and_wait, watch)
 
+        resource = client.ResourceV1Api(api)
+        device_sources: dict[str, Any] = {"claims": resource.list_resource_claim_for_all_namespaces,
+                                          "slices": resource.list_resource_slice,
+                                          "classes": resource.list_device_class}
+        for kind, call in device_sources.items():
+            # resource.k8s.io/v1 is served from Kubernetes 1.34: before that (or with it turned off) nothing is
+            # waited for, and a pod with resourceClaims waits for its claim as one not made yet
+            synced_kind = dispatcher.devices_synced[kind]
+
+            async def absent(missing: bool, synced_kind: asyncio.Event = synced_kind) -> None:
+                if missing:
+                    synced_kind.set()
+
+            watch = asyncio.create_task(
+                supervise(f"dra-{kind}-watch", functools.partial(
+                    run_crd_informer, f"dra-{kind}", call, dispatcher.device_handlers(kind),
+                    kind=f"{kind} (resource.k8s.io/v1)", recheck_seconds=60.0, on_missing=absent)),
+                name=f"dra-{kind}-watch",
+            )
+            stack.push_async_callback(cancel_and_wait, watch)
+
         async def watch_pending() -> None:
             # compact forms resolve namespaceSelectors, default spread selectors and volume claims from the start
             await dispatcher.namespaces_synced.wait()
-            for synced in (*dispatcher.spread_synced.values(), *dispatcher.storage_synced.values()):
+            for synced in (*dispatcher.spread_synced.values(), *dispatcher.storage_synced.values(),
+                           *dispatcher.devices_synced.values()):
                 await synced.wait()
             await run_informer(
                 "pending-pods", core.list_pod_for_all_namespaces, dispatcher.handlers(), synced=dispatcher.synced,

@@ -17,8 +17,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Collection, Iterable, Mapping
 
-from dispatcher.intake import PendingPod, dispatch_order, with_namespaces, with_storage
+from dispatcher.intake import PendingPod, dispatch_order, with_devices, with_namespaces, with_storage
 from dispatcher.loads import Assignments
+from hoss.model.resourceclaims import DeviceCatalog
 from hoss.model.storage import StorageCatalog
 from hoss.queue import BOUND_PREFIX
 
@@ -88,6 +89,13 @@ class PendingBook:
             # kept here carries the new resourceVersion to later sends, and the worker's binding finds it itself.
             self.changed[uid] = None
             due = True
+        elif updated.digest != known.digest and not updated.gated and uid in self.handed_back:
+            # Handed back as unschedulable, and changed since (a label, the claims its ResourceClaimTemplates
+            # made): tried again now rather than after its back-off, as kube-scheduler moves an updated pod out
+            # of its unschedulable queue.
+            self.handed_back.pop(uid, None)
+            self.fresh[uid] = None
+            due = True
         return False, due
 
     def drop(self, uid: str) -> tuple[PendingPod | None, bool]:
@@ -119,6 +127,12 @@ class PendingBook:
         return self._recompute(
             lambda pod: '"volumes"' in pod.compact and (touches is None or touches(pod)),
             lambda pod: with_storage(pod, storage))
+
+    def devices_changed(self, devices: DeviceCatalog) -> bool:
+        """ResourceClaims, ResourceSlices or DeviceClasses changed: recompute what the ResourceClaims of the pods
+        with any need; those dispatched are to be resent, the others dispatched now (a claim made or freed, a
+        device published may let them go). True when any changed."""
+        return self._recompute(lambda pod: '"resourceClaims"' in pod.compact, lambda pod: with_devices(pod, devices))
 
     def _recompute(self, concerned: Callable[[PendingPod], bool],
                    recompute: Callable[[PendingPod], PendingPod]) -> bool:

@@ -39,6 +39,7 @@ from hoss.errors import PodSpecError
 from hoss.kube.client import InformerHandlers
 from hoss.model.objects import Json, section
 from hoss.model.reservations import RefusedReservation, Reservation
+from hoss.model.resourceclaims import DeviceCatalog
 from hoss.model.storage import StorageCatalog
 
 log = logging.getLogger(__name__)
@@ -96,6 +97,10 @@ class ClusterView:
         """Claims, PVs, StorageClasses, CSIDrivers and CSIStorageCapacities: what each pod's claims need, in its
         compact form (`hoss.model.storage`)."""
         self.storage_synced = {kind: asyncio.Event() for kind in StorageCatalog.KINDS}
+        self.devices = DeviceCatalog()
+        """ResourceClaims, ResourceSlices and DeviceClasses: what each pod's ResourceClaims need, in its compact
+        form (`hoss.model.resourceclaims`)."""
+        self.devices_synced = {kind: asyncio.Event() for kind in DeviceCatalog.KINDS}
         self.waiting = Waitlist()
         self.gangs = GangBook()
         """What the leader remembers of gangs (dispatcher/gangbook.py)."""
@@ -185,6 +190,23 @@ class ClusterView:
 
         return InformerHandlers(on_list=on_list, on_event=on_event)
 
+    def device_handlers(self, kind: str) -> InformerHandlers:
+        """Handlers of the watch of one kind of DRA object (`DeviceCatalog.KINDS`): a change recomputes what the
+        ResourceClaims of the pending pods with any need, which are then sent (again) when theirs changed."""
+
+        async def on_list(items: list[Json]) -> None:
+            self.devices.replace(kind, items)
+            self.devices_synced[kind].set()
+            if self.book.devices_changed(self.devices):
+                self._wakeup.set()
+
+        async def on_event(event: str, raw: Json) -> None:
+            self.devices.apply(kind, event, raw)
+            if self.book.devices_changed(self.devices):
+                self._wakeup.set()
+
+        return InformerHandlers(on_list=on_list, on_event=on_event)
+
     def _storage_changed(self, touches: Callable[[PendingPod], bool] | None = None) -> None:
         if self.book.storage_changed(self.storage, touches=touches):
             self._wakeup.set()
@@ -224,7 +246,7 @@ class ClusterView:
             pod = parse_pending_pod(
                 raw, scheduler_names=self.settings.scheduler_names, default_policy=self.settings.default_policy,
                 seen_at=self._clock(), queued_unix=self._wall(), namespaces=self.namespaces,
-                sources=self.spread_sources, storage=self.storage,
+                sources=self.spread_sources, storage=self.storage, devices=self.devices,
             )
         except PodSpecError as error:
             name = (raw.get("metadata") or {}).get("name", "?")

@@ -8,9 +8,9 @@ Whether a pod may move is decided here, from the pod itself (`movable`):
   a DaemonSet's pod is recreated on the same node, and a bare pod not at all);
 - no ``hoss.io/movable: "false"`` annotation;
 - no gang label or annotation (a gang is never split, so its members never move);
-- no host ports, required pod (anti-)affinity, DoNotSchedule spread constraints or volume claims (a claim's PV
-  may allow only some nodes): the planner checks room, node selectors, node affinity, taints and pools for every
-  target, not those;
+- no host ports, required pod (anti-)affinity, DoNotSchedule spread constraints, ResourceClaims or volume claims (a
+  claim's PV may allow only some nodes, its devices only where they are): the planner checks room, node selectors,
+  node affinity, taints and pools for every target, not those;
 - running (bound, not being deleted).
 
 Where a pod may run (`plan.Pod.nodes`) comes from the workers' own filters (NodeUnschedulable, TaintToleration,
@@ -104,6 +104,8 @@ def movable(pod: Mapping[str, Any], kinds: Sequence[str]) -> str:
         return "host ports (not checked by the rescheduler)"
     if compact.claim_names(pod):
         return "volume claims (their volumes' nodes are not checked by the rescheduler)"
+    if spec.get("resourceClaims"):
+        return "ResourceClaims (its devices are allocated where it runs; the rescheduler plans by counted GPUs)"
     return ""
 
 

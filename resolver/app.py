@@ -31,6 +31,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from hoss.errors import LedgerUnavailable
 from hoss.kube.access import middleware
 from hoss.model import admission
+from resolver.claims import MalformedClaimReview, judge_claim, parse_claim_review
 from resolver.judge import LEDGER_CALL_TIMEOUT_SECONDS, judge, judge_pod_write, system_verdict
 from resolver.metrics import LEDGER_COUNTERS
 from resolver.router import mutation_response, route
@@ -202,6 +203,25 @@ async def validate_system(state: WebhookState, body: bytes) -> web.Response:
     return await validate_binding(state, body, fail_open=True)
 
 
+async def validate_claim(state: WebhookState, body: bytes) -> web.Response:
+    """Judge a ResourceClaim allocation (`resolver.claims`) and answer its verdict."""
+    started = time.perf_counter()
+    try:
+        write = parse_claim_review(body)
+    except MalformedClaimReview as error:
+        state.verdict_counts["malformed"] += 1
+        return _json({"error": f"malformed AdmissionReview: {error}"}, status=400)
+    verdict = await judge_claim(state, write)
+    if not verdict.allowed:
+        state.denials.append(Denial(time.time(), write.claim, "", write.username, verdict.reason, verdict.message))
+        log.info("denied the allocation of ResourceClaim %s by %s: %s", write.claim, write.username,
+                 verdict.message)
+    state.count_verdict(verdict)
+    response = web.Response(body=admission.review_response_bytes(write.review_uid, verdict), content_type=JSON)
+    state.record_review(time.perf_counter() - started)
+    return response
+
+
 async def readyz(state: WebhookState) -> web.Response:
     """Ready when the ledger is (its ready key is set): a replica that does not sync judges bindings too."""
     try:
@@ -269,6 +289,7 @@ def build_app(state: WebhookState, *, body_timeout_seconds: float = IDLE_TIMEOUT
     for lane in range(admission.SERVED_LANES):
         app.router.add_post(admission.lane_path(lane), binding)
     app.router.add_post("/validate-system", reviews(validate_system))
+    app.router.add_post("/validate-claim", reviews(validate_claim))
     app.router.add_post("/mutate-pod", reviews(mutate_pod))
 
     async def healthz(_request: web.Request) -> web.Response:

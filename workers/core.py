@@ -69,6 +69,7 @@ from workers.binding import Binder, Bindings, RestBinder, verdict
 from workers.bindlimit import BindLimit
 from workers.connections import Pipelined
 from workers.deciding import Decided, Decider, Policies, Shared, hold_in_batch, parse_policies, settle_batch
+from workers.devices import DeviceBinder, needs_devices
 from workers.fetch import fetch
 from workers.gang import place_gang
 from workers.heartbeat import Heartbeat, Pace
@@ -164,6 +165,9 @@ class Worker:
             else VolumeBinder(rest, self.ledger, timeout_seconds=settings.volume_bind_timeout_seconds,
                               promise_seconds=settings.reservation_ttl_seconds)
         """Binds claims that wait for their first consumer before the pod's binding (`workers.volumes`)."""
+        self.devices = None if rest is None \
+            else DeviceBinder(rest, self.ledger, promise_seconds=settings.reservation_ttl_seconds)
+        """Allocates and reserves ResourceClaims before the pod's binding (`workers.devices`)."""
         self.acks = Acks(self.queue, settings.id)
         self.pace = Pace()
         self.heartbeat = Heartbeat(self.queue, settings, binds=self.binds, pace=self.pace, info=self.info)
@@ -539,7 +543,7 @@ class Worker:
     def _start_binding(self, work: Work, placements: list[tuple[PodView, str]]) -> None:
         """Bind the item's placements while the next batch is decided; pods with claims to bind are marked at once
         (`_prebinding`), before the next batch can read a newer version of them."""
-        self._prebinding |= {pod.uid for pod, _node in placements if needs_prebind(pod)}
+        self._prebinding |= {pod.uid for pod, _node in placements if _prebinds(pod)}
         self._start(self._bind_item(work, placements))
 
     def _start(self, binding: Coroutine[Any, Any, None]) -> None:
@@ -550,7 +554,7 @@ class Worker:
 
     async def _bind_item(self, work: Work, placements: list[tuple[PodView, str]]) -> None:
         """Bind every placement of the item; acknowledge when all are bound, else try the item again."""
-        if any(needs_prebind(pod) for pod, _node in placements):
+        if any(_prebinds(pod) for pod, _node in placements):
             uids = {pod.uid for pod, _node in placements}
             self._prebinding |= uids  # marked already by `_start_binding`; kept until the bindings are answered
             try:
@@ -561,19 +565,30 @@ class Worker:
         await self._post_bindings(work, placements)
 
     async def _bind_with_volumes(self, work: Work, placements: list[tuple[PodView, str]]) -> None:
-        """kube-scheduler's PreBind for the claims waiting for their first consumer, then the bindings."""
+        """kube-scheduler's PreBind for the claims waiting for their first consumer and the ResourceClaims, then
+        the bindings."""
         message = await self._prebind(placements)
         if message is not None:
             for pod, node in placements:
                 await self.bindings.unreserve(pod, node)
             self._unschedulable(work, message)
             return
-        if await self._post_bindings(work, placements) == "bound" and self.volumes is not None:
+        answer = await self._post_bindings(work, placements)
+        if answer == "bound" and self.volumes is not None:
             for pod, _node in placements:
                 if pod.storage is not None and pod.storage.once:
                     # bound: the ledger's entry names its claims from now on; the promise only bridges the moments
                     # until every worker's pod index has it
                     await self.volumes.promise(pod, seconds=PROMISE_AFTER_BINDING_SECONDS)
+        if self.devices is not None:
+            for pod, node in placements:
+                if not needs_devices(pod):
+                    continue
+                if answer == "bound":
+                    await self.devices.bound(pod, node, self.nodes)
+                else:
+                    # kube-scheduler's Unreserve: the pod leaves its claims' reservedFor
+                    await self.devices.unreserve(pod, list(pod.devices.claims) if pod.devices else [], [])
 
     async def _post_bindings(self, work: Work, placements: list[tuple[PodView, str]]) -> str:
         """Post the bindings; their verdict (`workers.binding.verdict`)."""
@@ -608,11 +623,13 @@ class Worker:
         """Bind the claims waiting for their first consumer for each placement (`workers.volumes`); the first
         failure's message, or None."""
         for pod, node in placements:
-            if not needs_prebind(pod):
+            if not _prebinds(pod):
                 continue
-            if self.volumes is None:
+            if self.volumes is None or self.devices is None:
                 return f"{PREBIND}this worker has no apiserver client"
             message = await self.volumes.prebind(pod, node, self.nodes)
+            if message is None:
+                message = await self.devices.prebind(pod, node, self.nodes)
             if message is not None:
                 return message
         return None
@@ -686,3 +703,8 @@ class Worker:
         self.tally.count("errors")
         self.notices.failed(work, error)
         self._retry_later(work)
+
+
+def _prebinds(pod: PodView) -> bool:
+    """Whether the pod has volume claims or ResourceClaims to write before its own binding (PreBind)."""
+    return needs_prebind(pod) or needs_devices(pod)

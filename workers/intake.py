@@ -12,6 +12,7 @@ from hoss.framework.errors import UnsupportedPodField
 from hoss.framework.pod import PodView, check_supported, parse_pod
 from hoss.model import compact
 from hoss.model.objects import Json
+from hoss.model.resourceclaims import DEVICES
 from hoss.model.storage import STORAGE
 from hoss.queue import GangMember, WorkItem
 
@@ -67,7 +68,7 @@ def _shape(raw: Json) -> bytes:
     metadata = raw.get("metadata") or {}
     return orjson.dumps(
         [metadata.get("namespace"), metadata.get("labels"), raw.get("spec"), raw.get(compact.NAMESPACES),
-         raw.get(compact.DEFAULT_SPREAD), raw.get(STORAGE)],
+         raw.get(compact.DEFAULT_SPREAD), raw.get(STORAGE), raw.get(DEVICES)],
         option=orjson.OPT_SORT_KEYS)
 
 

@@ -202,6 +202,17 @@ class Cluster:
             raise
         return frozenset().union(*map(extended_resource_names, body["items"]))
 
+    async def resource_claims(self) -> list[Json]:
+        """Every ResourceClaim (none where resource.k8s.io/v1 is not served)."""
+        try:
+            api = client.ResourceV1Api(self.api)
+            body: Any = await self.call(request_json, api.list_resource_claim_for_all_namespaces)
+        except KubeError as error:
+            if error.status == 404:
+                return []
+            raise
+        return list(body["items"])
+
     async def pods(self, namespace: str, *, label_selector: str = "") -> list[Any]:
         result = await self.core.list_namespaced_pod(namespace, label_selector=label_selector)
         return list(result.items)
@@ -248,6 +259,22 @@ def oversold_nodes(nodes: Iterable[Json], pods: Iterable[Json], *, dra: Set[str]
                 result[name] = f"{resource}: {amount} requested > {alloc.get(resource, 0)} allocatable"
                 break
     return result
+
+
+def devices_allocated_twice(claims: Iterable[Json]) -> dict[str, list[str]]:
+    """Devices that the allocations of two or more ResourceClaims hold (admin access aside, which shares a device
+    by design): 'driver/pool/device' -> the claims ('namespace/name'). Computed from the apiserver's claims
+    alone."""
+    holders: dict[str, list[str]] = {}
+    for claim in claims:
+        metadata = claim.get("metadata") or {}
+        allocation = (claim.get("status") or {}).get("allocation") or {}
+        for result in (allocation.get("devices") or {}).get("results") or []:
+            if result.get("adminAccess"):
+                continue
+            device = f"{result.get('driver')}/{result.get('pool')}/{result.get('device')}"
+            holders.setdefault(device, []).append(f"{metadata.get('namespace')}/{metadata.get('name')}")
+    return {device: names for device, names in holders.items() if len(set(names)) > 1}
 
 
 async def wait_until(

@@ -30,15 +30,18 @@ WORKLOAD_RUNTIME_CONFIG = "scheduling.k8s.io/v1alpha2=true"
 
 CONTROLLERS = ("replicaset", "deployment", "job", "disruption", "namespace", "garbagecollector", "serviceaccount",
                "persistentvolume-binder-controller", "ephemeral-volume-controller",
-               "persistentvolumeclaim-protection-controller", "persistentvolume-protection-controller")
+               "persistentvolumeclaim-protection-controller", "persistentvolume-protection-controller",
+               "resourceclaim-controller")
 """The kube-controller-manager controllers the local plane runs: workloads whose evicted pods come back (ReplicaSet,
 Deployment, Job), PodDisruptionBudget status (disruption), namespaces that finish deleting (namespace, and the
 garbage collector for owner references), each namespace's default ServiceAccount, and what kube-scheduler's volume
 plugins rely on: the persistentvolume-binder (binds claims to PVs, Immediate ones by itself and
 WaitForFirstConsumer ones once a scheduler claimed a PV or named a node), the ephemeral-volume controller (the
 claim of a generic ephemeral volume) and the claim and PV protection controllers (their finalizers go once
-unused, so namespaces with claims finish deleting). Nothing else (no node lifecycle: kwok plays the kubelets; no
-attach-detach, no endpoints, no certificates), which keeps its idle CPU small."""
+unused, so namespaces with claims finish deleting); and what DynamicResources relies on: the resourceclaim
+controller (the ResourceClaim of each pod's ResourceClaimTemplate, and a claim's deallocation once no pod reserves
+it). Nothing else (no node lifecycle: kwok plays the kubelets; no attach-detach, no endpoints, no certificates),
+which keeps its idle CPU small."""
 
 
 def etcd_argv(etcd: Path, state: PlaneState) -> list[str]:

@@ -232,15 +232,20 @@ def evaluate(profile: Profile, pod: PodView, nodes: NodeTable) -> Evaluation:
 
 
 VOLUME_BINDING = "VolumeBinding"
+DYNAMIC_RESOURCES = "DynamicResources"
 
 
 def run_prefilters(profile: Profile, pod: PodView) -> str:
     """The message of the first filter whose optional ``prefilter(pod)`` rejects the pod on every node, or ''.
-    A pod with volume claims under a profile without VolumeBinding is rejected so, naming the profile: placing
-    it as if it had no claims would ignore where its volumes can be."""
+    A pod with volume claims under a profile without VolumeBinding (ResourceClaims without DynamicResources) is
+    rejected so, naming the profile: placing it as if it had no claims would ignore where its volumes (devices)
+    can be."""
     if pod.storage is not None and not any(plugin.name == VOLUME_BINDING for plugin in profile.filters):
         return (f"hoss profile {profile.name!r} does not list the {VOLUME_BINDING} filter, which the pod's volume "
                 f"claims need")
+    if pod.devices is not None and not any(plugin.name == DYNAMIC_RESOURCES for plugin in profile.filters):
+        return (f"hoss profile {profile.name!r} does not list the {DYNAMIC_RESOURCES} filter, which the pod's "
+                f"ResourceClaims need")
     for plugin in profile.filters:
         prefilter = getattr(plugin, "prefilter", None)
         if prefilter is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from hoss.errors import PodSpecError, QuantityError
@@ -29,6 +29,8 @@ from hoss.framework.podterms import (
     parse_weighted_terms,
 )
 from hoss.model.compact import DEFAULT_SPREAD, NAMESPACES, claim_names, selector_key
+from hoss.model.objects import Json
+from hoss.model.resourceclaims import DEVICES
 from hoss.model.resources import ResourceVector, pod_requests
 from hoss.model.storage import STORAGE
 
@@ -150,6 +152,46 @@ class StorageNeeds:
 
 
 @dataclass(frozen=True)
+class ClaimUse:
+    """One ResourceClaim the pod uses (`hoss.model.resourceclaims`): allocated already (its `allocation`, whose
+    `selector` decides the nodes) or to be allocated (its `devices`, spec.devices)."""
+
+    entry: str
+    """The pod's spec.resourceClaims entry naming it."""
+    claim: str
+    uid: str
+    version: str
+    """Its resourceVersion as the dispatcher read it: the allocation is written at that version only."""
+    allocation: Json | None = None
+    selector: tuple[SelectorTerm, ...] | None = None
+    """The allocation's nodeSelector terms (ORed; None: any node)."""
+    reserved: bool = False
+    """The pod is in its status.reservedFor already."""
+    devices: Json | None = None
+
+
+@dataclass(frozen=True)
+class DeviceNeeds:
+    """What the pod's ResourceClaims need (`hoss.model.resourceclaims`): a `problem` (no node can take it now, in
+    kube-scheduler's words), or its claims and, when some is to be allocated, the DeviceClasses, ResourceSlices and
+    devices held by other claims that allocating reads."""
+
+    problem: str = ""
+    namespace: str = ""
+    """The pod's namespace, which is its claims'."""
+    claims: tuple[ClaimUse, ...] = ()
+    classes: tuple[tuple[str, Json], ...] = ()
+    slices: tuple[Json, ...] = ()
+    allocated: frozenset[tuple[str, str, str]] = frozenset()
+    parsed: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    """What the DynamicResources plugin parsed of these needs once (`hoss.framework.plugins.devices.prepare`)."""
+
+    @property
+    def to_allocate(self) -> tuple[ClaimUse, ...]:
+        return tuple(claim for claim in self.claims if claim.allocation is None)
+
+
+@dataclass(frozen=True)
 class PodView:
     """What the scheduler needs of one pod."""
 
@@ -196,6 +238,8 @@ class PodView:
     """What the pod's volume claims need (from the dispatcher); None for a pod without claims."""
     claims: tuple[str, ...] = ()
     """The names of the volume claims it uses (its namespace's), as the pod index keeps them."""
+    devices: DeviceNeeds | None = None
+    """What the pod's ResourceClaims need (from the dispatcher); None for a pod without any."""
     resource_version: str = ""
     """metadata.resourceVersion of the pod as read: its binding names it, so the apiserver binds that version only
     (the spec, requests included, the decision and the reservation were made for); "" when unknown."""
@@ -308,6 +352,7 @@ def parse_pod(pod: Mapping[str, Any]) -> PodView:
                                         error=error),
         storage=parse_storage(pod.get(STORAGE)) if pod.get(STORAGE) is not None else None,
         claims=tuple(sorted({name for name, _ephemeral in claim_names(pod)})),
+        devices=parse_devices(pod.get(DEVICES), namespace=namespace) if pod.get(DEVICES) is not None else None,
     )
 
 
@@ -320,9 +365,9 @@ def check_supported(pod: Mapping[str, Any]) -> None:
     """Raise `UnsupportedPodField` naming the first field kube-scheduler's default plugins honour and hoss does not
     yet, so such a pod is refused loudly instead of being placed as if the field were absent.
 
-    Refused: resourceClaims (DynamicResources); a volume claim the dispatcher did not describe (`STORAGE`); a
-    non-empty namespaceSelector the dispatcher did not resolve is refused by `parse_pod`. Call it on a pod
-    `parse_pod` accepted.
+    Refused: resourceClaims the dispatcher did not describe (`DEVICES`); a volume claim the dispatcher did not
+    describe (`STORAGE`); a non-empty namespaceSelector the dispatcher did not resolve is refused by `parse_pod`.
+    Call it on a pod `parse_pod` accepted.
     """
     spec = pod.get("spec") or {}
     if pod.get(STORAGE) is None:
@@ -331,7 +376,8 @@ def check_supported(pod: Mapping[str, Any]) -> None:
                 if isinstance(volume, Mapping) and volume.get(source) is not None:
                     # queued by a dispatcher that does not watch claims: what the claim needs is unknown
                     raise UnsupportedPodField(f"spec.volumes[{position}].{source}")
-    if spec.get("resourceClaims"):
+    if spec.get("resourceClaims") and pod.get(DEVICES) is None:
+        # queued by a dispatcher that does not watch ResourceClaims: what the claims need is unknown
         raise UnsupportedPodField("spec.resourceClaims")
 
 
@@ -393,6 +439,49 @@ def parse_storage(raw: object) -> StorageNeeds:
     once = tuple(payload.string(name, field=f"{STORAGE}.rwop[{i}]", error=error, required=True)
                  for i, name in enumerate(payload.items(context.get("rwop"), field=f"{STORAGE}.rwop", error=error)))
     return StorageNeeds(bound=tuple(bound), delayed=tuple(delayed), once=once)
+
+
+def parse_devices(raw: object, *, namespace: str) -> DeviceNeeds:
+    """The `DEVICES` context of a compact pod (`hoss.model.resourceclaims.device_context`); raises
+    `PodSpecError`. The claims' spec.devices, the classes and the slices stay raw: the allocator
+    (`hoss.model.devices`) parses them and names what it refuses."""
+    error = PodSpecError
+    context = payload.mapping(raw, field=DEVICES, error=error, required=True)
+    problem = payload.string(context.get("problem"), field=f"{DEVICES}.problem", error=error)
+    if problem:
+        return DeviceNeeds(problem=problem)
+    claims = []
+    for i, item in enumerate(payload.items(context.get("claims"), field=f"{DEVICES}.claims", error=error)):
+        field = f"{DEVICES}.claims[{i}]"
+        entry = payload.mapping(item, field=field, error=error, required=True)
+        allocation = payload.mapping(entry.get("allocation"), field=f"{field}.allocation", error=error) \
+            if entry.get("allocation") is not None else None
+        selector = None
+        if allocation is not None and allocation.get("nodeSelector") is not None:
+            terms = payload.mapping(allocation.get("nodeSelector"), field=f"{field}.allocation.nodeSelector",
+                                    error=error).get("nodeSelectorTerms")
+            selector = volume_terms(terms, field=f"{field}.allocation.nodeSelector.nodeSelectorTerms")
+        claims.append(ClaimUse(
+            entry=payload.string(entry.get("entry"), field=f"{field}.entry", error=error),
+            claim=payload.string(entry.get("claim"), field=f"{field}.claim", error=error, required=True),
+            uid=payload.string(entry.get("uid"), field=f"{field}.uid", error=error),
+            version=payload.string(entry.get("rv"), field=f"{field}.rv", error=error),
+            allocation=dict(allocation) if allocation is not None else None, selector=selector,
+            reserved=entry.get("reserved") is True,
+            devices=dict(payload.mapping(entry.get("devices"), field=f"{field}.devices", error=error))
+            if allocation is None else None))
+    classes = payload.mapping(context.get("classes"), field=f"{DEVICES}.classes", error=error)
+    slices = payload.items(context.get("slices"), field=f"{DEVICES}.slices", error=error)
+    allocated = []
+    for i, item in enumerate(payload.items(context.get("allocated"), field=f"{DEVICES}.allocated", error=error)):
+        parts = payload.items(item, field=f"{DEVICES}.allocated[{i}]", error=error)
+        if len(parts) != 3:
+            raise PodSpecError(field=f"{DEVICES}.allocated[{i}]",
+                               reason=f"expected [driver, pool, device], got {item!r}")
+        allocated.append((str(parts[0]), str(parts[1]), str(parts[2])))
+    return DeviceNeeds(namespace=namespace, claims=tuple(claims), classes=tuple(sorted(classes.items())),
+                       slices=tuple(slice_ for slice_ in slices if isinstance(slice_, dict)),
+                       allocated=frozenset(allocated))
 
 
 def volume_terms(raw: object, *, field: str) -> tuple[SelectorTerm, ...] | None:

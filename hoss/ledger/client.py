@@ -237,16 +237,31 @@ class Ledger:
     async def promise_claims(self, *, uid: str, claims: Sequence[str], ttl_seconds: float) -> tuple[str, str] | None:
         """Promise the ReadWriteOncePod `claims` ('<namespace>/<claim>') to pod `uid` for `ttl_seconds`, all or
         none (hoss/ledger/lua/promise_claims.lua): None when promised, else (claim, uid of the pod holding it)."""
-        reply = ready_or_raise(await self._scripts.run(
-            "promise_claims", [uid, ttl_ms(ttl_seconds), len(claims), *claims]))
-        texts = as_texts(reply)
-        if texts[0] == "promised":
-            return None
-        return texts[1], texts[2]
+        return await self._promise(uid=uid, keys=[f"rwop:{claim}" for claim in claims], ttl_seconds=ttl_seconds)
 
     async def unpromise_claims(self, *, uid: str, claims: Sequence[str]) -> int:
         """Drop the promises of `claims` made to `uid` (its binding failed); how many were dropped."""
-        reply = ready_or_raise(await self._scripts.run("unpromise_claims", [uid, len(claims), *claims]))
+        return await self._unpromise(uid=uid, keys=[f"rwop:{claim}" for claim in claims])
+
+    async def promise_devices(self, *, uid: str, devices: Sequence[str], ttl_seconds: float) -> tuple[str, str] | None:
+        """Promise the DRA `devices` ('<driver>/<pool>/<device>') to pod `uid` for `ttl_seconds`, all or none:
+        None when promised, else (device, uid of the pod holding it)."""
+        return await self._promise(uid=uid, keys=[f"device:{device}" for device in devices], ttl_seconds=ttl_seconds)
+
+    async def unpromise_devices(self, *, uid: str, devices: Sequence[str]) -> int:
+        """Drop the promises of `devices` made to `uid` (its binding failed); how many were dropped."""
+        return await self._unpromise(uid=uid, keys=[f"device:{device}" for device in devices])
+
+    async def _promise(self, *, uid: str, keys: Sequence[str], ttl_seconds: float) -> tuple[str, str] | None:
+        reply = ready_or_raise(await self._scripts.run(
+            "promise_claims", [uid, ttl_ms(ttl_seconds), len(keys), *keys]))
+        texts = as_texts(reply)
+        if texts[0] == "promised":
+            return None
+        return texts[1].split(":", 1)[1], texts[2]
+
+    async def _unpromise(self, *, uid: str, keys: Sequence[str]) -> int:
+        reply = ready_or_raise(await self._scripts.run("unpromise_claims", [uid, len(keys), *keys]))
         return int(reply[1])
 
     async def unnominate(self, uid: str) -> bool:

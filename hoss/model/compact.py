@@ -130,6 +130,10 @@ def compact_pod(pod: Mapping[str, Any], *, namespaces: Mapping[str, Mapping[str,
         compact["spec"] = picked
     else:
         compact["spec"] = spec
+    status = pod.get("status")
+    if isinstance(status, dict) and status.get("resourceClaimStatuses"):
+        # the names of the ResourceClaims made from the pod's templates: DynamicResources reads them
+        compact["status"] = {"resourceClaimStatuses": status["resourceClaimStatuses"]}
     if namespaces is not None:
         compact[NAMESPACES] = namespace_context(compact, namespaces)
     if default_spread and isinstance(spec, dict) and not spec.get("topologySpreadConstraints"):

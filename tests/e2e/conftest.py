@@ -11,7 +11,7 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from dev.local.cluster import Cluster, oversold_nodes
+from dev.local.cluster import Cluster, devices_allocated_twice, oversold_nodes
 from dev.local.plane import LocalPlane
 from dev.local.state import Process
 from hoss.ledger.client import Ledger
@@ -98,7 +98,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 async def no_node_oversold(request: pytest.FixtureRequest, cluster: Cluster, namespace: str) -> AsyncIterator[None]:
     """After the test (before its namespace's pods are deleted): the independent oversell check, from the
     apiserver alone -- the requests of the pods on each node against its allocatable (less the extended resources
-    a node without them leaves to DRA devices), every namespace. A test that oversells on purpose is marked
+    a node without them leaves to DRA devices), every namespace -- and no DRA device in two ResourceClaims'
+    allocations. A test that oversells on purpose is marked
     ``oversells``."""
     yield
     if request.node.get_closest_marker("oversells") is not None:
@@ -106,6 +107,7 @@ async def no_node_oversold(request: pytest.FixtureRequest, cluster: Cluster, nam
     pods = await cluster.raw_list("list_pod_for_all_namespaces")
     oversold = oversold_nodes(await cluster.raw_list("list_node"), pods, dra=await cluster.dra_resources())
     assert oversold == {}, "a node is oversold"
+    assert devices_allocated_twice(await cluster.resource_claims()) == {}, "a device is allocated twice"
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,7 @@
 Built-in filters: NodeUnschedulable, TaintToleration, NodeAffinity, NodePorts, NodeResourcesFit, NodePool,
 PodTopologySpread (DoNotSchedule constraints), InterPodAffinity (required terms), VolumeRestrictions
 (ReadWriteOncePod claims), VolumeBinding (volume claims; it also has a ``prefilter(pod)``, which rejects a pod on
-every node at once) and VolumeZone.
+every node at once), VolumeZone and DynamicResources (ResourceClaims, with a ``prefilter(pod)`` too).
 Built-in scores: LeastAllocated (spread), MostAllocated (bin-pack), GpuPacking, CpuOffGpuNodes, NodeAffinity
 (preferred terms), TaintToleration (PreferNoSchedule taints), PodTopologySpread (ScheduleAnyway constraints)
 and InterPodAffinity (preferred terms, the pod's and the placed pods'). Each module of this package documents its plugin
@@ -70,6 +70,7 @@ from hoss.framework.cycle import FilterPlugin, ScorePlugin
 from hoss.framework.errors import ProfileError
 from hoss.framework.plugins.affinity import NodeAffinity
 from hoss.framework.plugins.binpack import MostAllocated
+from hoss.framework.plugins.devices import DynamicResources
 from hoss.framework.plugins.fit import NodeResourcesFit
 from hoss.framework.plugins.gpu import CpuOffGpuNodes, GpuPacking
 from hoss.framework.plugins.interpod import InterPodAffinity
@@ -98,6 +99,7 @@ FILTERS: Mapping[str, FilterFactory] = {
     VolumeRestrictions.name: VolumeRestrictions.from_args,
     VolumeBinding.name: VolumeBinding.from_args,
     VolumeZone.name: VolumeZone.from_args,
+    DynamicResources.name: DynamicResources.from_args,
 }
 """Built-in filter plugin name -> factory."""
 

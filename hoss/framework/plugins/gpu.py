@@ -4,7 +4,9 @@ GpuPacking (score) sends a GPU pod to the feasible node where ``free GPUs - requ
 GPU pods fill up partly used nodes before they break into an empty one. Its 0..100 scale is absolute, not
 min-max: ``100 * (1 - leftover / most)``, where ``most`` is the largest allocatable GPU count among the feasible
 nodes. A node left with 0 free GPUs therefore always scores 100, and the ranking follows the leftover count
-exactly, also across nodes with different GPU counts. A pod that requests no GPU gets 100 everywhere: neutral.
+exactly, also across nodes with different GPU counts. A pod that requests no GPU gets 100 everywhere: neutral. A
+pod whose ResourceClaims are allocated devices (DRA) is packed by the same rule over devices: on each node, the free
+devices of the drivers its allocation there uses, less the devices it takes.
 
 CpuOffGpuNodes (score) keeps pods that request no GPU off GPU nodes (allocatable GPUs > 0): such nodes score 0
 for them, all others 100; GPU pods get 100 everywhere. It is a score rather than a filter on purpose: "only when
@@ -28,7 +30,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from hoss.framework.cycle import MAX_NODE_SCORE, BoolArray, FloatArray
 from hoss.framework.nodes import NodeTable
 from hoss.framework.plugins.allocation import clip_normalize
+from hoss.framework.plugins.devices import allocation_on, free_devices
 from hoss.framework.pod import PodView
+from hoss.model import devices as dra
 
 GPU_RESOURCE = "nvidia.com/gpu"
 
@@ -56,6 +60,8 @@ class GpuPacking:
 
     def score(self, pod: PodView, nodes: NodeTable, feasible: BoolArray) -> FloatArray:
         requested = pod.request.get(self.resource, 0)
+        if requested <= 0 and pod.devices is not None and pod.devices.to_allocate:
+            return _device_packing(pod, nodes, feasible)
         if requested <= 0:
             return np.full(len(nodes), MAX_NODE_SCORE, dtype=np.float64)
         leftover = (nodes.free_column(self.resource) - requested).astype(np.float64)
@@ -69,6 +75,27 @@ class GpuPacking:
 
     def normalize(self, scores: FloatArray, feasible: BoolArray) -> FloatArray:
         return clip_normalize(scores, feasible)
+
+
+def _device_packing(pod: PodView, nodes: NodeTable, feasible: BoolArray) -> FloatArray:
+    """GpuPacking for a pod whose ResourceClaims are allocated devices (DRA): the same rule over devices, the
+    node's free devices of the drivers its allocation there uses, less those it takes."""
+    assert pod.devices is not None
+    leftover = np.zeros(len(nodes), dtype=np.float64)
+    free = np.zeros(len(nodes), dtype=np.float64)
+    for row in np.flatnonzero(feasible):
+        name, labels = nodes.names[row], nodes.labels[row]
+        allocation = allocation_on(pod.devices, name, labels)
+        if allocation is None:
+            continue
+        taken = dra.devices_of(allocation)
+        free[row] = free_devices(pod.devices, name, labels, drivers=frozenset(driver for driver, _p, _d in taken))
+        leftover[row] = free[row] - len(taken)
+    most = float(free[feasible].max()) if feasible.any() else 0.0
+    if most <= 0:
+        return np.full(len(nodes), MAX_NODE_SCORE, dtype=np.float64)
+    score: FloatArray = MAX_NODE_SCORE * (1.0 - np.clip(leftover, 0.0, most) / most)
+    return score
 
 
 class CpuOffGpuNodes:

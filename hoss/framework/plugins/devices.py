@@ -1,0 +1,162 @@
+"""DynamicResources: the nodes a pod's ResourceClaims (resource.k8s.io/v1) allow, as kube-scheduler's plugin of that
+name reads them. Pure; what the claims need comes from the dispatcher in the pod's compact form
+(`hoss.model.resourceclaims`, `PodView.devices`), never from the apiserver.
+
+- PreFilter (`prefilter`): a claim not created yet, missing, being deleted, not the pod's, or asking a DeviceClass
+  that does not exist leaves the pod unschedulable on every node with kube-scheduler's message. The dispatcher
+  sends the pod again when the claim or class changes.
+- Filter, per node: an allocated claim's allocation must allow the node by its node selector (``resourceclaim not
+  available on the node``); the claims to allocate must all find devices there (``cannot allocate all claims``),
+  by the structured allocator (`hoss.model.devices`) over the ResourceSlices, leaving out the devices other
+  claims hold. Only nodes some slice offers devices to are tried.
+- `allocation_on` is a node's allocation (kept per node for the version of the pod the worker holds), which the
+  worker writes into the claims of the chosen node before the pod's binding (`workers.devices`); `free_devices`
+  counts what a node has left, which GpuPacking reads.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from hoss.framework.cycle import BoolArray, FilterResult, TakesNoArgs
+from hoss.framework.nodes import NodeTable
+from hoss.framework.plugins.volumes import terms_match
+from hoss.framework.pod import DeviceNeeds, PodView
+from hoss.model import devices as dra
+from hoss.model.devices.inventory import Slice
+from hoss.model.objects import Json
+
+log = logging.getLogger(__name__)
+
+NOT_AVAILABLE = "resourceclaim not available on the node"
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A pod's claims to allocate, parsed once: the allocator's inputs, or why none can be allocated."""
+
+    needs: tuple[dra.ClaimNeed, ...]
+    inventory: dra.Inventory | None
+    refusal: str = ""
+    local: frozenset[str] = frozenset()
+    """The nodes node-local slices name."""
+    shared: bool = False
+    """Some slice serves nodes by a selector or all nodes (or shares counters): every node must be asked."""
+    refused: tuple[tuple[str | None, str], ...] = ()
+    """Slices hoss cannot read or does not honour, left out: (the node a node-local one names, or None; why)."""
+
+    def may_offer(self, node: str) -> bool:
+        """Whether any slice could offer the node devices (a cheap test before the allocator's)."""
+        return self.shared or node in self.local
+
+
+def prepare(devices: DeviceNeeds) -> Prepared:
+    """The allocator's inputs for `devices`, parsed once per version of the pod the worker holds."""
+    found = devices.parsed.get("prepared")
+    if isinstance(found, Prepared):
+        return found
+    classes: Mapping[str, Json] = {name: {"metadata": {"name": name}, "spec": spec}
+                                   for name, spec in devices.classes}
+    kept: list[Slice] = []
+    refused: list[tuple[str | None, str]] = []
+    for raw in devices.slices:
+        spec = raw.get("spec") if isinstance(raw.get("spec"), dict) else {}
+        try:
+            kept.append(dra.parse_slice({"metadata": {"name": raw.get("name")}, "spec": spec}))
+        except dra.DeviceError as error:
+            # one driver's slice hoss cannot honour must not stop every other device: it is left out, and a node
+            # it serves says why it offers nothing
+            node = spec.get("nodeName") if isinstance(spec, dict) else None
+            refused.append((str(node) if node else None, f"hoss leaves out a ResourceSlice: {error}"))
+    inventory = dra.Inventory(tuple(kept))
+    try:
+        needs = tuple(dra.claim_needs({"metadata": {"namespace": devices.namespace, "name": claim.claim,
+                                                    "uid": claim.uid},
+                                       "spec": {"devices": claim.devices or {}}}, classes)
+                      for claim in devices.to_allocate)
+        prepared = Prepared(needs=needs, inventory=inventory,
+                            local=frozenset(s.node_name for s in inventory.slices if s.node_name),
+                            shared=any(not s.node_name or s.counter_sets for s in inventory.slices),
+                            refused=tuple(refused))
+    except dra.ClaimError as error:
+        prepared = Prepared(needs=(), inventory=None, refusal=error.message)
+    except dra.DeviceError as error:
+        prepared = Prepared(needs=(), inventory=None, refusal=f"hoss cannot allocate this: {error}")
+    devices.parsed["prepared"] = prepared
+    return prepared
+
+
+def allocation_on(devices: DeviceNeeds, node: str, labels: Mapping[str, str]) -> dra.Allocation | None:
+    """The allocation of the claims to allocate on `node` (None: they cannot all be allocated there). Raises
+    `dra.AllocationError` where kube-scheduler aborts the attempt (a CEL expression failing at runtime)."""
+    prepared = prepare(devices)
+    if prepared.inventory is None or not prepared.may_offer(node):
+        return None
+    found: dict[str, dra.Allocation | None] = devices.parsed.setdefault("on", {})
+    if node not in found:
+        found[node] = dra.allocate(prepared.needs, node=node, node_labels=labels, inventory=prepared.inventory,
+                                   allocated=devices.allocated)
+    return found[node]
+
+
+def free_devices(devices: DeviceNeeds, node: str, labels: Mapping[str, str], *, drivers: frozenset[str]) -> int:
+    """How many devices of `drivers` the node's pools offer that no other claim holds."""
+    prepared = prepare(devices)
+    if prepared.inventory is None or not prepared.may_offer(node):
+        return 0
+    return sum(1 for pool in prepared.inventory.pools_for(node=node, labels=labels) if pool.driver in drivers
+               for slice_ in pool.slices for device in slice_.devices
+               if device.id not in devices.allocated
+               and (not slice_.per_device or device.node_matches(node=node, labels=labels)))
+
+
+class DynamicResources(TakesNoArgs):
+    """PreFilter and filter: the pod's ResourceClaims (see the module docstring)."""
+
+    name = "DynamicResources"
+
+    def prefilter(self, pod: PodView) -> str | None:
+        """kube-scheduler's PreFilter rejection of the pod on every node, or None."""
+        if pod.devices is None:
+            return None
+        if pod.devices.problem:
+            return pod.devices.problem
+        if pod.devices.to_allocate and (refusal := prepare(pod.devices).refusal):
+            return refusal
+        return None
+
+    def filter(self, pod: PodView, nodes: NodeTable) -> FilterResult:
+        rows = len(nodes)
+        if pod.devices is None:
+            return FilterResult.from_reasons(rows, {})
+        if (problem := self.prefilter(pod)) is not None:
+            return FilterResult.from_reasons(rows, {problem: np.ones(rows, dtype=np.bool_)})
+        reasons: dict[str, BoolArray] = {}
+        available = np.ones(rows, dtype=np.bool_)
+        for claim in pod.devices.claims:
+            if claim.allocation is not None:
+                available &= terms_match(nodes, claim.selector)
+        if not available.all():
+            reasons[NOT_AVAILABLE] = ~available
+        if pod.devices.to_allocate:
+            prepared = prepare(pod.devices)
+            assert prepared.inventory is not None
+            for row, name in enumerate(nodes.names):
+                if not available[row]:
+                    continue
+                labels = nodes.labels[row]
+                try:
+                    allocation = allocation_on(pod.devices, name, labels)
+                except dra.AllocationError as error:
+                    # kube-scheduler aborts the attempt: no node takes the pod, and it is tried again later
+                    return FilterResult.from_reasons(rows, {error.message: np.ones(rows, dtype=np.bool_)})
+                if allocation is None:
+                    reason = next((why for where, why in prepared.refused if where in (None, name)), None) \
+                        or dra.node_failure_reason(prepared.needs, node=name, node_labels=labels,
+                                                   inventory=prepared.inventory)
+                    reasons.setdefault(reason, np.zeros(rows, dtype=np.bool_))[row] = True
+        return FilterResult.from_reasons(rows, reasons)

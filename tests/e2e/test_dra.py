@@ -1,0 +1,373 @@
+"""Pods with ResourceClaims (Dynamic Resource Allocation, resource.k8s.io/v1) on the real plane: each scenario runs
+under kube-scheduler and under hoss, on nodes of their own with the same devices, and both must agree -- the node
+chosen (by its place in the set), the devices' properties in the claim's allocation, the reason of a pod that
+waits. The devices are published as a DRA driver would, in ResourceSlices the test writes for its kwok nodes; the
+plane's kube-controller-manager runs the resourceclaim controller (the claims of ResourceClaimTemplates). The race
+of two workers for the last devices is hoss's alone. Each test ends with the oversell check (no device allocated
+to two claims among them) and checks which pods are left Pending."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections import Counter
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from dev.local.cluster import Cluster
+from dev.local.plane import LocalPlane
+from dev.local.state import Process
+from hoss.ledger.client import Ledger
+from hoss.model.objects import Json
+from tests.e2e.hoss import hoss_pods, node_set, pinned, scheduled_condition, workers
+from tests.waiting import until
+
+DRIVER = "gpu.example.com"
+SCHEDULERS = (("default-scheduler", "k"), ("hoss", "h"))
+TWO = [("dra-0", ["default"]), ("dra-1", ["binpack"])]
+"""Two workers, each serving one policy: pods of both policies make them race for the same devices."""
+_tags = itertools.count()
+
+
+def gpu(name: str, *, model: str = "a100", memory: str = "40Gi", nvlink: int = 0) -> Json:
+    """One device as a GPU driver publishes it: a model, an NVLink domain and its memory."""
+    return {"name": name, "attributes": {"model": {"string": model}, "nvlink": {"int": nvlink},
+                                         "driverVersion": {"version": "1.2.3"}},
+            "capacity": {"memory": {"value": memory}}}
+
+
+class Devices:
+    """DeviceClasses and ResourceSlices a test makes, deleted after it."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.api: Any = client.ResourceV1Api(cluster.api)
+        self.classes: list[str] = []
+        self.slices: list[str] = []
+
+    async def device_class(self, name: str, *, expression: str = f'device.driver == "{DRIVER}"',
+                           extended: str | None = None) -> str:
+        spec: Json = {"selectors": [{"cel": {"expression": expression}}]}
+        if extended is not None:
+            spec["extendedResourceName"] = extended
+        await self.api.create_device_class({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+                                            "metadata": {"name": name}, "spec": spec})
+        self.classes.append(name)
+        return name
+
+    async def publish(self, node: str, devices: Sequence[Json]) -> None:
+        """The node's devices in one ResourceSlice of its own pool, as a node-local DRA driver writes it."""
+        name = f"{node}-{DRIVER}"
+        await self.api.create_resource_slice({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name},
+            "spec": {"driver": DRIVER, "nodeName": node, "pool": {"name": node, "generation": 1,
+                                                                  "resourceSliceCount": 1},
+                     "devices": list(devices)}})
+        self.slices.append(name)
+
+    async def claim(self, namespace: str, name: str, requests: Sequence[Json],
+                    constraints: Sequence[Json] = ()) -> None:
+        spec: Json = {"devices": {"requests": list(requests)}}
+        if constraints:
+            spec["devices"]["constraints"] = list(constraints)
+        await self.api.create_namespaced_resource_claim(namespace, {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name}, "spec": spec})
+
+    async def template(self, namespace: str, name: str, requests: Sequence[Json]) -> None:
+        await self.api.create_namespaced_resource_claim_template(namespace, {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": name},
+            "spec": {"spec": {"devices": {"requests": list(requests)}}}})
+
+    async def claims(self, namespace: str) -> list[Json]:
+        body = await self.api.list_namespaced_resource_claim(namespace, _preload_content=False)
+        items: list[Json] = (await body.json())["items"]
+        return items
+
+    async def delete(self) -> None:
+        for call, names in ((self.api.delete_resource_slice, self.slices),
+                            (self.api.delete_device_class, self.classes)):
+            for name in names:
+                try:
+                    await call(name)
+                except ApiException as error:
+                    if error.status != 404:
+                        raise
+
+
+def request(name: str, device_class: str, *, count: int = 1, expression: str | None = None) -> Json:
+    exactly: Json = {"deviceClassName": device_class, "allocationMode": "ExactCount", "count": count}
+    if expression is not None:
+        exactly["selectors"] = [{"cel": {"expression": expression}}]
+    return {"name": name, "exactly": exactly}
+
+
+def with_claim(pod: Json, *, claim: str | None = None, template: str | None = None) -> Json:
+    entry: Json = {"name": "gpus"}
+    if claim is not None:
+        entry["resourceClaimName"] = claim
+    if template is not None:
+        entry["resourceClaimTemplateName"] = template
+    pod["spec"]["resourceClaims"] = [entry]
+    pod["spec"]["containers"][0]["resources"]["claims"] = [{"name": "gpus"}]
+    return pod
+
+
+@asynccontextmanager
+async def device_objects(cluster: Cluster) -> AsyncIterator[Devices]:
+    made = Devices(cluster)
+    try:
+        yield made
+    finally:
+        await made.delete()
+
+
+@asynccontextmanager
+async def two_sets(cluster: Cluster, count: int) -> AsyncIterator[dict[str, tuple[str, list[str]]]]:
+    """`count` nodes for kube-scheduler and `count` for hoss: scheduler -> (the set's label value, its nodes)."""
+    tag = f"dra{next(_tags)}"
+    sets: dict[str, tuple[str, list[str]]] = {}
+    async with contextlib.AsyncExitStack() as stack:
+        for scheduler, prefix in SCHEDULERS:
+            names = await stack.enter_async_context(node_set(cluster, count, labels={"dra-set": f"{tag}{prefix}"}))
+            sets[scheduler] = (f"{tag}{prefix}", list(names))
+        yield sets
+
+
+def for_scheduler(pods: list[Json], scheduler: str, set_label: str) -> list[Json]:
+    for pod in pinned(pods, "dra-set", set_label):
+        pod["spec"]["schedulerName"] = scheduler
+    return pods
+
+
+async def wait_bound(cluster: Cluster, namespace: str, pods: Sequence[str], *, timeout: float = 120) -> dict[str, str]:
+    where: dict[str, str] = {}
+
+    async def bound() -> tuple[bool, str]:
+        for pod in pods:
+            raw = await cluster.core.read_namespaced_pod(pod, namespace)
+            where[pod] = str(raw.spec.node_name or "")
+        waiting = {pod: await scheduled_condition(cluster, namespace, pod) for pod, node in where.items() if not node}
+        return all(where.values()), f"{where}; waiting: {waiting}"
+
+    await until(bound, timeout=timeout, what=f"pods {', '.join(pods)} to be bound")
+    return dict(where)
+
+
+async def wait_reason(cluster: Cluster, namespace: str, pod: str, text: str, *, timeout: float = 90) -> str:
+    seen = ["", ""]
+
+    async def waits() -> tuple[bool, str]:
+        seen[:] = await scheduled_condition(cluster, namespace, pod)
+        return text in seen[1], f"{pod}: {seen}"
+
+    await until(waits, timeout=timeout, what=f"{pod} to wait with {text!r}")
+    return seen[1]
+
+
+async def pending(cluster: Cluster, namespace: str) -> list[str]:
+    pods = await cluster.raw_list("list_namespaced_pod", namespace)
+    return sorted(p["metadata"]["name"] for p in pods if not p["spec"].get("nodeName"))
+
+
+def allocated(claims: Sequence[Json]) -> list[tuple[str, str, str]]:
+    """Every device the claims' allocations hold (one entry per allocation result)."""
+    return [(result["driver"], result["pool"], result["device"])
+            for claim in claims for result in
+            ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results", [])]
+
+
+def claim_of(claims: Sequence[Json], pod: str) -> Json:
+    """The claim reserved for `pod`."""
+    [found] = [claim for claim in claims
+               if any(ref.get("name") == pod for ref in (claim.get("status") or {}).get("reservedFor") or [])]
+    return found
+
+
+async def test_claims_and_templates_get_the_devices_kube_scheduler_gives_them_or_wait_with_its_reason(
+    plane: LocalPlane, dispatcher: Process, cluster: Cluster, namespace: str
+) -> None:
+    """Node 0 has one a100, node 1 two h100 (NVLink domain 1), node 2 four h100 (domain 2). A ResourceClaim for one
+    a100 (a CEL selector on the model) takes node 0; a pod's template asking three GPUs of 80Gi or more takes node
+    2, the only one with three; a template asking eight waits with kube-scheduler's reason; a claim that does not
+    exist waits with kube-scheduler's reason until it is made."""
+    async with two_sets(cluster, 3) as sets, device_objects(cluster) as devices, workers(plane, TWO):
+        gpus = await devices.device_class(f"{namespace}-gpu")
+        outcomes: dict[str, Any] = {}
+        reasons: dict[str, list[str]] = {}
+        for scheduler, prefix in SCHEDULERS:
+            tag, nodes = sets[scheduler]
+            await devices.publish(nodes[0], [gpu("gpu-0")])
+            await devices.publish(nodes[1], [gpu(f"gpu-{i}", model="h100", memory="80Gi", nvlink=1) for i in range(2)])
+            await devices.publish(nodes[2], [gpu(f"gpu-{i}", model="h100", memory="80Gi", nvlink=2) for i in range(4)])
+            await devices.claim(namespace, f"{prefix}-a100", [request(
+                "gpu", gpus, expression=f'device.attributes["{DRIVER}"].model == "a100"')])
+            await devices.template(namespace, f"{prefix}-three", [request(
+                "gpu", gpus, count=3,
+                expression=f'device.capacity["{DRIVER}"].memory.compareTo(quantity("80Gi")) >= 0')])
+            await devices.template(namespace, f"{prefix}-eight", [request("gpu", gpus, count=8)])
+            one, three, eight, later = hoss_pods(f"{prefix}dra", 4)
+            with_claim(one, claim=f"{prefix}-a100")
+            with_claim(three, template=f"{prefix}-three")
+            with_claim(eight, template=f"{prefix}-eight")
+            with_claim(later, claim=f"{prefix}-later")
+            names = await cluster.create_pods(for_scheduler([one, three, eight, later], scheduler, tag),
+                                              namespace=namespace)
+            where = await wait_bound(cluster, namespace, names[:2])
+            claims = await devices.claims(namespace)
+            placed = []
+            for name in names[:2]:
+                claim = claim_of(claims, name)
+                results = claim["status"]["allocation"]["devices"]["results"]
+                placed.append((nodes.index(where[name]), sorted(r["device"] for r in results),
+                               {r["pool"] for r in results} == {where[name]}))
+            outcomes[scheduler] = placed
+            reasons[scheduler] = [
+                (await wait_reason(cluster, namespace, names[2], "cannot allocate all claims"))
+                .split(" preemption:")[0].replace(f"{prefix}-", "X-")]
+            if scheduler == "hoss":
+                # kube-scheduler holds a pod whose claim does not exist back before any attempt (PreEnqueue), with
+                # no condition; hoss says the same words in PodScheduled=False, so describe tells why it waits
+                reasons[scheduler].append((await wait_reason(
+                    cluster, namespace, names[3], f'resourceclaim.resource.k8s.io "{prefix}-later" not found'))
+                    .split(" preemption:")[0].replace(f"{prefix}-", "X-"))
+        assert outcomes["hoss"] == outcomes["default-scheduler"], outcomes
+        assert outcomes["hoss"][0] == (0, ["gpu-0"], True) and outcomes["hoss"][1][0] == 2, outcomes
+        assert reasons["default-scheduler"][0].startswith(reasons["hoss"][0]), reasons
+        assert reasons["hoss"][0].startswith("0/") and reasons["hoss"][1].startswith("0/"), reasons
+        assert await pending(cluster, namespace) == ["hdra-0002", "hdra-0003", "kdra-0002", "kdra-0003"]
+
+        for _scheduler, prefix in SCHEDULERS:
+            await devices.claim(namespace, f"{prefix}-later", [request("gpu", gpus)])
+            await wait_bound(cluster, namespace, [f"{prefix}dra-0003"])
+        assert await pending(cluster, namespace) == ["hdra-0002", "kdra-0002"]
+        held = allocated(await devices.claims(namespace))
+        assert len(held) == len(set(held)) == 2 * (1 + 3 + 1), held
+
+
+async def test_match_attribute_keeps_two_requests_on_one_nvlink_domain(
+    plane: LocalPlane, dispatcher: Process, cluster: Cluster, namespace: str
+) -> None:
+    """Node 0 has two GPUs in two NVLink domains, node 1 two in one domain: a claim with two requests constrained
+    to match the nvlink attribute can only be allocated on node 1; without the constraint, on either."""
+    async with two_sets(cluster, 2) as sets, device_objects(cluster) as devices, workers(plane, TWO):
+        gpus = await devices.device_class(f"{namespace}-gpu")
+        outcomes = {}
+        for scheduler, prefix in SCHEDULERS:
+            tag, nodes = sets[scheduler]
+            await devices.publish(nodes[0], [gpu("gpu-0", nvlink=0), gpu("gpu-1", nvlink=1)])
+            await devices.publish(nodes[1], [gpu("gpu-0", nvlink=7), gpu("gpu-1", nvlink=7)])
+            await devices.claim(namespace, f"{prefix}-pair", [request("a", gpus), request("b", gpus)],
+                                constraints=[{"requests": ["a", "b"], "matchAttribute": f"{DRIVER}/nvlink"}])
+            [pod] = hoss_pods(f"{prefix}pair", 1)
+            with_claim(pod, claim=f"{prefix}-pair")
+            names = await cluster.create_pods(for_scheduler([pod], scheduler, tag), namespace=namespace)
+            where = await wait_bound(cluster, namespace, names)
+            claim = claim_of(await devices.claims(namespace), names[0])
+            results = claim["status"]["allocation"]["devices"]["results"]
+            outcomes[scheduler] = (nodes.index(where[names[0]]), sorted((r["request"], r["device"]) for r in results))
+        assert outcomes["hoss"] == outcomes["default-scheduler"] == (1, [("a", "gpu-0"), ("b", "gpu-1")]), outcomes
+        assert await pending(cluster, namespace) == []
+
+
+async def test_two_workers_racing_for_the_last_devices_never_allocate_one_twice(
+    plane: LocalPlane, dispatcher: Process, cluster: Cluster, namespace: str
+) -> None:
+    """Three GPUs on three nodes and eight pods of two policies, served by two workers, each with a template for
+    one GPU: three pods are bound, each device is in one claim's allocation, the other five wait with
+    kube-scheduler's reason."""
+    async with node_set(cluster, 3, labels={"dra-set": f"race{next(_tags)}"}) as nodes, \
+            device_objects(cluster) as devices, workers(plane, TWO):
+        gpus = await devices.device_class(f"{namespace}-gpu")
+        for node in nodes:
+            await devices.publish(node, [gpu("gpu-0")])
+        await devices.template(namespace, "one", [request("gpu", gpus)])
+        pods = hoss_pods("race-a", 4, policy="default") + hoss_pods("race-b", 4, policy="binpack")
+        for pod in pods:
+            with_claim(pod, template="one")
+        names = await cluster.create_pods(pods, namespace=namespace)
+
+        async def three_bound() -> tuple[bool, str]:
+            raw = await cluster.raw_list("list_namespaced_pod", namespace)
+            bound = [p["metadata"]["name"] for p in raw if p["spec"].get("nodeName")]
+            return len(bound) >= 3, str(bound)
+
+        await until(three_bound, timeout=120, what="three pods to be bound")
+        waiting = await pending(cluster, namespace)
+        for name in waiting[:2]:
+            await wait_reason(cluster, namespace, name, "cannot allocate all claims")
+        claims = await devices.claims(namespace)
+        held = allocated(claims)
+        assert len(held) == len(set(held)) == 3, held
+        bound = sorted(set(names) - set(await pending(cluster, namespace)))
+        assert len(bound) == 3, bound
+        assert Counter(pool for _driver, pool, _device in held) == Counter(nodes), held
+
+
+async def test_the_resolver_refuses_another_scheduler_a_device_a_hoss_pod_is_being_given(
+    plane: LocalPlane, dispatcher: Process, cluster: Cluster, namespace: str, ledger: Ledger
+) -> None:
+    """A device promised in the ledger to a hoss pod whose claims are being written (as a worker promises it before
+    writing) is refused to kube-scheduler: its allocation of that device is denied by the resolver, its pod waits
+    and is tried again, and once the promise is gone it gets the device."""
+    async with node_set(cluster, 1, labels={"dra-set": f"foreign{next(_tags)}"}) as [node], \
+            device_objects(cluster) as devices:
+        gpus = await devices.device_class(f"{namespace}-gpu")
+        await devices.publish(node, [gpu("gpu-0")])
+        device = f"{DRIVER}/{node}/gpu-0"
+        assert await ledger.promise_devices(uid="a-hoss-pod", devices=[device], ttl_seconds=600) is None
+        await devices.claim(namespace, "theirs", [request("gpu", gpus)])
+        [pod] = hoss_pods("foreign", 1)
+        pod["spec"]["schedulerName"] = "default-scheduler"
+        pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+        with_claim(pod, claim="theirs")
+        [name] = await cluster.create_pods([pod], namespace=namespace)
+
+        async def refused() -> tuple[bool, str]:
+            events = await cluster.raw_list("list_namespaced_event", namespace,
+                                            field_selector=f"involvedObject.name={name}")
+            messages = [event.get("message") or "" for event in events]
+            return any(f"device {device} is being allocated for pod a-hoss-pod" in m for m in messages), str(messages)
+
+        await until(refused, timeout=60, what="kube-scheduler's allocation to be refused by the resolver")
+        raw = await cluster.core.read_namespaced_pod(name, namespace)
+        assert not raw.spec.node_name
+        assert allocated(await devices.claims(namespace)) == []
+        assert await ledger.unpromise_devices(uid="a-hoss-pod", devices=[device]) == 1
+        await wait_bound(cluster, namespace, [name], timeout=90)
+        assert allocated(await devices.claims(namespace)) == [(DRIVER, node, "gpu-0")]
+
+
+async def test_hoss_and_kube_scheduler_racing_for_the_same_devices_never_allocate_one_twice(
+    plane: LocalPlane, dispatcher: Process, cluster: Cluster, namespace: str
+) -> None:
+    """Four GPUs on two nodes, and eight pods -- four for kube-scheduler, four for hoss (two workers), created
+    together -- each with a template for one GPU: four are bound, each device is in one allocation, and the other
+    four wait."""
+    async with node_set(cluster, 2, labels={"dra-set": f"mixed{next(_tags)}"}) as nodes, \
+            device_objects(cluster) as devices, workers(plane, TWO):
+        gpus = await devices.device_class(f"{namespace}-gpu")
+        for node in nodes:
+            await devices.publish(node, [gpu("gpu-0"), gpu("gpu-1")])
+        await devices.template(namespace, "one", [request("gpu", gpus)])
+        theirs = hoss_pods("mixed-k", 4)
+        for pod in theirs:
+            pod["spec"]["schedulerName"] = "default-scheduler"
+        ours = hoss_pods("mixed-a", 2, policy="default") + hoss_pods("mixed-b", 2, policy="binpack")
+        pods = [pod for pair in zip(theirs, ours, strict=True) for pod in pair]
+        for pod in pods:
+            with_claim(pod, template="one")
+        await cluster.create_pods(pods, namespace=namespace)
+
+        async def four_bound() -> tuple[bool, str]:
+            raw = await cluster.raw_list("list_namespaced_pod", namespace)
+            bound = [p["metadata"]["name"] for p in raw if p["spec"].get("nodeName")]
+            return len(bound) >= 4, str(bound)
+
+        await until(four_bound, timeout=120, what="four pods to be bound")
+        held = allocated(await devices.claims(namespace))
+        assert len(held) == len(set(held)) == 4, held
+        assert len(await pending(cluster, namespace)) == 4

@@ -1,0 +1,188 @@
+"""PreBind of a pod's ResourceClaims: kube-scheduler's DynamicResources PreBind, and its Unreserve.
+
+Once the pod's room is reserved on a node, and before its Binding is posted:
+
+1. The devices the chosen node's allocation takes (`hoss.framework.plugins.devices.allocation_on`) are promised to
+   the pod in the ledger, all or none, in one atomic call (``promise_claims.lua``, keys
+   ``{hoss}:device:<driver>/<pool>/<device>``). Of two workers (or two pods of one batch) that chose one device at
+   the same instant, the second finds it promised: its pod is retried, and by then the dispatcher's watch of
+   ResourceClaims brings the first one's allocation, so the device is no longer offered.
+2. Each claim to allocate gets the finalizer ``resource.kubernetes.io/delete-protection`` (an update of the claim)
+   and then, in one status update, its ``status.allocation`` and the pod in ``status.reservedFor``; a claim
+   allocated already gets only the pod in reservedFor. A claim allocated elsewhere meanwhile, replaced or being
+   deleted fails the PreBind, as in kube-scheduler; a conflicting write (409) is tried again on the claim as it is
+   now.
+
+Any failure answers the message the pod is retried with (``running PreBind plugin "DynamicResources": ...``), gives
+the promises back and takes the pod out of the reservedFor of the claims it was written into (kube-scheduler's
+Unreserve: the resourceclaim controller then deallocates a claim nobody reserves). Once the pod is bound the
+promises are cut short: the claims' allocations are in the apiserver, which the dispatcher's watch reads.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+
+import aiohttp
+
+from hoss.errors import LedgerNotReadyError, LedgerUnavailable
+from hoss.framework.nodes import NodeTable
+from hoss.framework.plugins.devices import allocation_on
+from hoss.framework.pod import ClaimUse, PodView
+from hoss.kube.client import KubeError
+from hoss.kube.rest import KubeREST, segment
+from hoss.ledger.client import Ledger
+from hoss.model import devices as dra
+from hoss.model.objects import Json, section
+
+log = logging.getLogger(__name__)
+
+PREBIND = 'running PreBind plugin "DynamicResources": '
+"""How a PreBind failure's message begins (kube-scheduler's words)."""
+FINALIZER = "resource.kubernetes.io/delete-protection"
+CONFLICT_RETRIES = 5
+
+
+class ClaimWriteFailed(Exception):
+    """A claim could not be allocated or reserved for the pod; the message says why."""
+
+
+def needs_devices(pod: PodView) -> bool:
+    """Whether the pod has ResourceClaims to allocate or to reserve before its own binding."""
+    return pod.devices is not None and any(claim.allocation is None or not claim.reserved
+                                           for claim in pod.devices.claims)
+
+
+def device_keys(allocation: dra.Allocation) -> list[str]:
+    """The ledger's promise keys of the devices an allocation takes ('<driver>/<pool>/<device>')."""
+    return [f"{driver}/{pool}/{device}" for driver, pool, device in sorted(dra.devices_of(allocation))]
+
+
+class DeviceBinder:
+    """Promises the devices of a pod's allocation in the `ledger` (for `promise_seconds`), then writes the claims
+    through `rest`."""
+
+    def __init__(self, rest: KubeREST, ledger: Ledger, *, promise_seconds: float) -> None:
+        self.rest = rest
+        self.ledger = ledger
+        self.promise_seconds = promise_seconds
+
+    async def prebind(self, pod: PodView, node: str, nodes: NodeTable) -> str | None:
+        """None when the pod's claims are allocated and reserved for it on `node`; else the message to retry the
+        pod with (everything this call promised or wrote undone)."""
+        if not needs_devices(pod) or pod.devices is None:
+            return None
+        allocation = None
+        keys: list[str] = []
+        if pod.devices.to_allocate:
+            if node not in nodes:
+                return f"{PREBIND}node {node!r} is no longer known"
+            allocation = allocation_on(pod.devices, node, nodes.labels[nodes.row(node)])
+            if allocation is None:
+                return f"{PREBIND}cannot allocate all claims on node {node!r} any more"
+            keys = device_keys(allocation)
+            message = await self._promise(pod, keys, seconds=self.promise_seconds)
+            if message is not None:
+                return f"{PREBIND}{message}"
+        written: list[ClaimUse] = []
+        try:
+            for index, claim in enumerate(pod.devices.to_allocate):
+                assert allocation is not None
+                await self._write(pod, claim, dra.allocation_status(allocation, index))
+                written.append(claim)
+            for claim in pod.devices.claims:
+                if claim.allocation is not None and not claim.reserved:
+                    await self._write(pod, claim, None)
+                    written.append(claim)
+        except ClaimWriteFailed as error:
+            log.info("pod %s: its ResourceClaims were not written for %s: %s", pod.key, node, error)
+            await self.unreserve(pod, written, keys)
+            return f"{PREBIND}{error}"
+        except (KubeError, aiohttp.ClientError, OSError, TimeoutError) as error:
+            log.warning("pod %s: writing its ResourceClaims for %s failed: %s", pod.key, node, error)
+            await self.unreserve(pod, written, keys)
+            return f"{PREBIND}{error}"
+        return None
+
+    async def _promise(self, pod: PodView, keys: list[str], *, seconds: float) -> str | None:
+        try:
+            taken = await self.ledger.promise_devices(uid=pod.uid, devices=keys, ttl_seconds=seconds)
+        except (LedgerUnavailable, LedgerNotReadyError) as error:
+            return f"cannot promise its devices: {error}"
+        if taken is None:
+            return None
+        log.info("pod %s: device %s is promised to pod %s", pod.key, *taken)
+        return f"device {taken[0]} is in the process of being allocated for another pod"
+
+    async def bound(self, pod: PodView, node: str, nodes: NodeTable) -> None:
+        """The pod is bound: its devices' promises only bridge the moments until the dispatcher sees the
+        allocations (a few seconds)."""
+        if pod.devices is None or not pod.devices.to_allocate or node not in nodes:
+            return
+        allocation = allocation_on(pod.devices, node, nodes.labels[nodes.row(node)])
+        if allocation is not None:
+            await self._promise(pod, device_keys(allocation), seconds=min(self.promise_seconds, 30.0))
+
+    def _path(self, namespace: str, name: str) -> str:
+        return f"/apis/resource.k8s.io/v1/namespaces/{segment(namespace)}/resourceclaims/{segment(name)}"
+
+    async def _write(self, pod: PodView, claim: ClaimUse, allocation: Json | None) -> None:
+        """Allocate `claim` (when `allocation` is given) and reserve it for the pod, as kube-scheduler's
+        bindClaim: the finalizer first, then allocation and reservedFor in one status update; a 409 is tried
+        again on the claim as it is now."""
+        path = self._path(pod.namespace, claim.claim)
+        for attempt in range(CONFLICT_RETRIES):
+            raw = await self.rest.request("GET", path)
+            metadata = section(raw, "metadata")
+            status = section(raw, "status")
+            if claim.uid and metadata.get("uid") != claim.uid:
+                raise ClaimWriteFailed(f"claim {pod.namespace}/{claim.claim} was replaced in the meantime")
+            if metadata.get("deletionTimestamp"):
+                raise ClaimWriteFailed(f"claim {pod.namespace}/{claim.claim} got deleted in the meantime")
+            if allocation is not None and status.get("allocation"):
+                raise ClaimWriteFailed(f"claim {pod.namespace}/{claim.claim} got allocated elsewhere in the meantime")
+            try:
+                if allocation is not None:
+                    finalizers: list[object] = list(metadata.get("finalizers") or [])
+                    if FINALIZER not in finalizers:
+                        metadata["finalizers"] = [*finalizers, FINALIZER]
+                        raw["metadata"] = metadata
+                        raw = await self.rest.request("PUT", path, body=raw)
+                        status = section(raw, "status")
+                    # kube-scheduler 1.36 stamps the allocation (DRADeviceBindingConditions and
+                    # DRAResourceClaimDeviceStatus, both on by default)
+                    status["allocation"] = {**allocation, "allocationTimestamp": datetime.datetime.now(
+                        datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
+                reserved: list[object] = list(status.get("reservedFor") or [])
+                if not any(isinstance(ref, dict) and ref.get("uid") == pod.uid for ref in reserved):
+                    status["reservedFor"] = [*reserved, {"resource": "pods", "name": pod.name, "uid": pod.uid}]
+                raw["status"] = status
+                await self.rest.request("PUT", f"{path}/status", body=raw)
+            except KubeError as error:
+                if error.status == 409 and attempt + 1 < CONFLICT_RETRIES:
+                    continue
+                what = "add allocation and reservation to" if allocation is not None else "add reservation to"
+                raise ClaimWriteFailed(f"{what} claim {pod.namespace}/{claim.claim}: {error}") from error
+            log.info("pod %s: ResourceClaim %s/%s %s", pod.key, pod.namespace, claim.claim,
+                     "allocated and reserved" if allocation is not None else "reserved")
+            return
+
+    async def unreserve(self, pod: PodView, written: list[ClaimUse], keys: list[str]) -> None:
+        """Take the pod out of the reservedFor of the claims `written` and give the promises of `keys` back
+        (kube-scheduler's Unreserve; the resourceclaim controller deallocates a claim nobody reserves)."""
+        for claim in written:
+            patch = {"metadata": {"uid": claim.uid} if claim.uid else {},
+                     "status": {"reservedFor": [{"$patch": "delete", "uid": pod.uid}]}}
+            try:
+                await self.rest.request("PATCH", f"{self._path(pod.namespace, claim.claim)}/status",
+                                        body=patch,
+                                        content_type="application/strategic-merge-patch+json")
+            except (KubeError, aiohttp.ClientError, OSError, TimeoutError) as error:
+                log.warning("pod %s: cannot unreserve ResourceClaim %s/%s: %s", pod.key, pod.namespace, claim.claim,
+                            error)
+        if keys:
+            try:
+                await self.ledger.unpromise_devices(uid=pod.uid, devices=keys)
+            except (LedgerUnavailable, LedgerNotReadyError) as error:
+                log.warning("pod %s: its devices' promises expire by themselves: %s", pod.key, error)
