@@ -186,7 +186,8 @@ async def _storage(rest: KubeREST, namespace: str) -> StorageCatalog:
              "classes": "/apis/storage.k8s.io/v1/storageclasses",
              "drivers": "/apis/storage.k8s.io/v1/csidrivers",
              "capacities": "/apis/storage.k8s.io/v1/csistoragecapacities",
-             "csinodes": "/apis/storage.k8s.io/v1/csinodes"}
+             "csinodes": "/apis/storage.k8s.io/v1/csinodes",
+             "attachments": "/apis/storage.k8s.io/v1/volumeattachments"}
     for kind, path in paths.items():
         listed = await rest.request("GET", path)
         catalog.replace(kind, list(listed.get("items") or []))

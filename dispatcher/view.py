@@ -59,7 +59,8 @@ def storage_touches(kind: str, raw: Json) -> Callable[[PendingPod], bool]:
     name, or a generic ephemeral volume's, is in the form once its context was computed); a PV, the pods whose
     claims wait for their first consumer (it may be a candidate now or no longer) or that name it (bound); a
     class, a CSIDriver or a capacity, the pods whose claims wait or that wait for a problem (a class not found); a
-    CSINode, every pod with volumes (its attach limits may now count theirs). A claim, PV or class also concerns the
+    CSINode, every pod with volumes (its attach limits may now count theirs); a VolumeAttachment, the pods whose
+    form counts attach limits. A claim, PV or class also concerns the
     pods whose form counts attach limits (`ATTACH`: it lists every claim of the limited drivers)."""
     metadata = section(raw, "metadata")
     name = str(metadata.get("name") or "")
@@ -70,6 +71,8 @@ def storage_touches(kind: str, raw: Json) -> Callable[[PendingPod], bool]:
         return lambda pod: WAITING_CLAIMS in pod.compact or ATTACH in pod.compact or f'"{name}"' in pod.compact
     if kind == "csinodes":
         return lambda pod: True
+    if kind == "attachments":
+        return lambda pod: ATTACH in pod.compact
     return lambda pod: WAITING_CLAIMS in pod.compact or ATTACH in pod.compact or '"problem"' in pod.compact
 
 

@@ -69,7 +69,7 @@ def attach_slots(pod: PodView, node: str, nodes: NodeTable) -> list[AttachSlots]
     attach = pod.storage.attach if pod.storage is not None else None
     if attach is None or node not in nodes:
         return []
-    attached = attached_on(pod, node, nodes)
+    attached = attach.counted(node, attached_on(pod, node, nodes))
     return [AttachSlots(driver=driver, limit=attach.limits[driver][node],
                         attached=tuple(sorted(attached.get(driver, ()))),
                         handles=tuple(sorted(handle for own, handle in attach.volumes if own == driver)))

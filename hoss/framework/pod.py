@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from hoss.errors import PodSpecError, QuantityError
@@ -147,6 +147,8 @@ class AttachNeeds:
     """CSI driver -> node -> attach limit (CSINode.spec.drivers[].allocatable.count)."""
     claims: dict[str, tuple[str, str]]
     """Every claim of those drivers, ``namespace/name`` -> (driver, handle): the volumes of the pods on a node."""
+    attachments: dict[str, frozenset[tuple[str, str]]] = field(default_factory=dict)
+    """Node -> (driver, handle) of its VolumeAttachments of those drivers."""
 
     def attached(self, pods: Iterable[PlacedPod]) -> dict[str, set[str]]:
         """The handles of the limited drivers that `pods` (those on one node) use, by driver."""
@@ -166,9 +168,20 @@ class AttachNeeds:
                 new.setdefault(driver, set()).add(handle)
         return new
 
+    def counted(self, node: str, attached: Mapping[str, set[str]]) -> dict[str, set[str]]:
+        """Per driver, what counts as attached on `node`: the pods' volumes (`attached`), and its VolumeAttachments
+        not among them (kept apart by a ``va:`` prefix: kube-scheduler 1.36 does not take a new volume that is only
+        in a VolumeAttachment off the pod's count)."""
+        counted = {driver: set(handles) for driver, handles in attached.items()}
+        for driver, handle in self.attachments.get(node, ()):
+            if handle not in attached.get(driver, ()):
+                counted.setdefault(driver, set()).add(f"va:{handle}")
+        return counted
+
     def exceeds(self, node: str, attached: Mapping[str, set[str]]) -> bool:
         """kube-scheduler's check: some driver's attached volumes plus the pod's new ones exceed its limit."""
-        return any(len(attached.get(driver, ())) + len(handles) > self.limits[driver][node]
+        counted = self.counted(node, attached)
+        return any(len(counted.get(driver, ())) + len(handles) > self.limits[driver][node]
                    for driver, handles in self.new_on(node, attached).items())
 
 
@@ -462,7 +475,14 @@ def _attach(raw: object) -> AttachNeeds:
         limits[str(driver)] = {
             str(node): payload.integer(count, field=f"{where}.limits.{driver}.{node}", error=error)
             for node, count in payload.mapping(nodes, field=f"{where}.limits.{driver}", error=error).items()}
+    attachments = {
+        str(node): frozenset(pair(item, field=f"{where}.attachments.{node}[{i}]")
+                             for i, item in enumerate(payload.items(items, field=f"{where}.attachments.{node}",
+                                                                    error=error)))
+        for node, items in payload.mapping(context.get("attachments"), field=f"{where}.attachments",
+                                           error=error).items()}
     return AttachNeeds(
+        attachments=attachments,
         volumes=tuple(pair(item, field=f"{where}.volumes[{i}]")
                       for i, item in enumerate(payload.items(context.get("volumes"), field=f"{where}.volumes",
                                                              error=error))),

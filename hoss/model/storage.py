@@ -75,13 +75,15 @@ class StorageCatalog:
     """CSIStorageCapacities by (namespace, name)."""
     csinodes: dict[str, Json] = field(default_factory=dict)
     """CSINodes by name (the node's name): their drivers' attach limits (NodeVolumeLimits)."""
+    attachments: dict[str, Json] = field(default_factory=dict)
+    """VolumeAttachments by name: the volumes attached to a node, which NodeVolumeLimits counts too."""
 
-    KINDS = ("claims", "volumes", "classes", "drivers", "capacities", "csinodes")
+    KINDS = ("claims", "volumes", "classes", "drivers", "capacities", "csinodes", "attachments")
 
     def key(self, kind: str, raw: Mapping[str, Any]) -> Any:
         return (_namespace(raw), _name(raw)) if kind in ("claims", "capacities") else _name(raw)
 
-    attach_cache: tuple[dict[str, dict[str, int]], dict[str, list[str]]] | None = field(default=None, repr=False)
+    attach_cache: AttachTables | None = field(default=None, repr=False)
     """Cached `attach_tables` (dropped on any change)."""
 
     def replace(self, kind: str, items: list[Json]) -> None:
@@ -321,14 +323,12 @@ MIGRATED_PLUGINS: Mapping[str, tuple[str, str]] = {
     "awsElasticBlockStore": ("kubernetes.io/aws-ebs", "ebs.csi.aws.com"),
     "gcePersistentDisk": ("kubernetes.io/gce-pd", "pd.csi.storage.gke.io"),
     "azureDisk": ("kubernetes.io/azure-disk", "disk.csi.azure.com"),
-    "azureFile": ("kubernetes.io/azure-file", "file.csi.azure.com"),
     "cinder": ("kubernetes.io/cinder", "cinder.csi.openstack.org"),
-    "vsphereVolume": ("kubernetes.io/vsphere-volume", "csi.vsphere.vmware.com"),
     "portworxVolume": ("kubernetes.io/portworx-volume", "pxd.portworx.com"),
 }
 """In-tree volume source (its field in a pod's volume or a PV's spec) -> (its provisioner name, the CSI driver it
-is migrated to), as kube-scheduler's csi-translation-lib knows them: NodeVolumeLimits counts such volumes against
-the CSI driver's attach limit."""
+is migrated to): the plugins kube-scheduler 1.36's NodeVolumeLimits counts under CSI migration (isCSIMigrationOn)
+against the CSI driver's attach limit."""
 _MIGRATED_PROVISIONERS = {provisioner: source for source, (provisioner, _driver) in MIGRATED_PLUGINS.items()}
 
 
@@ -368,18 +368,38 @@ def claim_volume(claim: Mapping[str, Any], catalog: StorageCatalog) -> tuple[str
     return provisioner, f"pvc:{_namespace(claim)}/{_name(claim)}"
 
 
-def attach_tables(catalog: StorageCatalog) -> tuple[dict[str, dict[str, int]], dict[str, list[str]]]:
-    """The attach limits (`attach_limits`) and every claim of a limited driver as ``namespace/name`` -> [driver,
-    handle] (`claim_volume`), computed once per change of the catalog."""
+@dataclass(frozen=True)
+class AttachTables:
+    """What NodeVolumeLimits reads of the whole catalog (`attach_tables`)."""
+
+    limits: dict[str, dict[str, int]]
+    """CSI driver -> node -> attach limit (`attach_limits`)."""
+    claims: dict[str, list[str]]
+    """Every claim of a limited driver, ``namespace/name`` -> [driver, handle] (`claim_volume`)."""
+    attached: dict[str, list[list[str]]]
+    """Node -> the [driver, handle] of its VolumeAttachments of limited drivers (the attacher, the PV's CSI handle),
+    which kube-scheduler 1.36 counts besides the pods' volumes."""
+
+
+def attach_tables(catalog: StorageCatalog) -> AttachTables:
+    """`AttachTables` of the catalog, computed once per change of it."""
     if catalog.attach_cache is None:
         limits = attach_limits(catalog.csinodes)
         claims: dict[str, list[str]] = {}
+        attached: dict[str, list[list[str]]] = {}
         if limits:
             for (namespace, name), claim in catalog.claims.items():
                 volume = claim_volume(claim, catalog)
                 if volume is not None and volume[0] in limits:
                     claims[f"{namespace}/{name}"] = list(volume)
-        catalog.attach_cache = (limits, claims)
+            for attachment in catalog.attachments.values():
+                spec = section(attachment, "spec")
+                attacher = str(spec.get("attacher") or "")
+                pv = catalog.volumes.get(str(section(spec, "source").get("persistentVolumeName") or ""))
+                handle = section(section(pv, "spec"), "csi").get("volumeHandle") if pv is not None else None
+                if attacher in limits and handle and spec.get("nodeName"):
+                    attached.setdefault(str(spec["nodeName"]), []).append([attacher, str(handle)])
+        catalog.attach_cache = AttachTables(limits=limits, claims=claims, attached=attached)
     return catalog.attach_cache
 
 
@@ -387,9 +407,11 @@ def attach_context(pod: Mapping[str, Any], catalog: StorageCatalog) -> Json | No
     """What NodeVolumeLimits needs of a pod whose claims count against a CSI driver's attach limit on some node
     (None for any other): its own volumes as [driver, handle] pairs, the limits of those drivers per node, and
     every claim of those drivers in the cluster (``namespace/name`` -> [driver, handle]), by which the worker
-    counts the volumes of the pods already on a node from their claims (the pod index names them). Inline CSI
-    volumes are not counted, as kube-scheduler does not count them."""
-    limits, claims = attach_tables(catalog)
+    counts the volumes of the pods already on a node from their claims (the pod index names them), and the
+    VolumeAttachments of those drivers per node. Inline CSI volumes are not counted, as kube-scheduler does not
+    count them."""
+    tables = attach_tables(catalog)
+    limits, claims = tables.limits, tables.claims
     if not limits:
         return None
     namespace = _namespace(pod)
@@ -401,9 +423,14 @@ def attach_context(pod: Mapping[str, Any], catalog: StorageCatalog) -> Json | No
     drivers = sorted({driver for driver, _handle in own})
     if not drivers:
         return None
-    return {"volumes": [list(volume) for volume in sorted(own)],
-            "limits": {driver: limits[driver] for driver in drivers},
-            "claims": {key: value for key, value in claims.items() if value[0] in drivers}}
+    context: Json = {"volumes": [list(volume) for volume in sorted(own)],
+                     "limits": {driver: limits[driver] for driver in drivers},
+                     "claims": {key: value for key, value in claims.items() if value[0] in drivers}}
+    attachments = {node: sorted(pair for pair in pairs if pair[0] in drivers)
+                   for node, pairs in tables.attached.items() if any(pair[0] in drivers for pair in pairs)}
+    if attachments:
+        context["attachments"] = attachments
+    return context
 
 
 def migrated_volume(pod: Mapping[str, Any], catalog: StorageCatalog) -> str:
@@ -411,7 +438,7 @@ def migrated_volume(pod: Mapping[str, Any], catalog: StorageCatalog) -> str:
     driver's attach limit some CSINode sets (an inline source, or a claim whose PV has that source or whose class
     has the in-tree provisioner), with why; '' when none. hoss does not translate in-tree volumes to their CSI
     handles, so such a pod is refused, naming the field, instead of being placed as if its volume were absent."""
-    limits, _claims = attach_tables(catalog)
+    limits = attach_tables(catalog).limits
     if not limits:
         return ""
     metadata = section(dict(pod), "metadata")

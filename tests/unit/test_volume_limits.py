@@ -187,3 +187,22 @@ def test_an_in_tree_disk_used_on_the_node_already_conflicts_unless_both_mount_it
     place(table, pod_using("older", volumes=[theirs]), "b")
     if conflict:
         assert verdict(form, table) == ([], f"0/2 nodes are available: 2 {DISK_CONFLICT}.")
+
+
+def test_volume_attachments_on_the_node_count_besides_the_pods_volumes() -> None:
+    """kube-scheduler 1.36 counts a node's VolumeAttachments too (once, when a pod there uses the volume); a new
+    volume that is only attached, by no pod, still counts as the pod's own."""
+    attachments = [{"metadata": {"name": f"va-{pv}"}, "spec": {"attacher": DRIVER, "nodeName": "a",
+                                                              "source": {"persistentVolumeName": pv}}}
+                   for pv in ("pv0", "pv1")]
+    storage = catalog(csinodes=[csinode("a", (DRIVER, 3))], pvs=[csi_pv(f"pv{i}") for i in range(4)],
+                      claims=[bound_claim(f"c{i}", f"pv{i}") for i in range(4)])
+    storage.replace("attachments", attachments)
+    table = nodes_with("a")
+    place(table, pod_using("old", "c0"), "a")
+    # counted: c0 (pod and attachment, once), pv1's attachment; c2 makes 3
+    assert verdict(form_of(pod_using("new", "c2"), storage), table)[0] == ["a"]
+    assert verdict(form_of(pod_using("new", "c2", "c3"), storage), table)[0] == []
+    # c1 is attached but no pod uses it: counted as attached and as the pod's new volume
+    assert verdict(form_of(pod_using("new", "c1", "c2"), storage), table)[0] == []
+    assert verdict(form_of(pod_using("new", "c1"), storage), table)[0] == ["a"]
