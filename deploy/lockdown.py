@@ -46,17 +46,20 @@ _LEDGER_SCRIPT_COMMANDS = (
 _CONNECTION_COMMANDS = "+ping +hello +client|setname +select +evalsha +evalsha_ro +script|load +multi +exec +discard"
 """Every component's connection set-up and script calls (redis-py also sends CLIENT SETINFO, on Redis >= 7.2)."""
 _LEDGER_KEYS = ("ready", "epoch", "nodes", "node:*", "pod:*", "assumed", "changes", "ipa:*", "nominated", "stats",
-                "verify", "resized", "quotas", "quota:*", "nsused", "resv:*", "grown:*", "rwop:*", "attach:*")
+                "verify", "resized", "quotas", "quota:*", "nsused", "resv:*", "grown:*", "rwop:*", "attach:*",
+                "disk:*")
 """The ledger's keys under {hoss}: (tests/unit/test_redis_acl.py checks that the Lua scripts use no other)."""
 _NODE_ENTRY_PARTS = ("used", "assumed", "admitted", "bound", "ports", "nominated")
 """The parts of a node's keys that its entries change (``{hoss}:node:<name>:<part>``); the rest (alloc, labels, spec)
 describe the node and only the sync writes them."""
 _WORKER_LEDGER_KEYS = (*(f"node:*:{part}" for part in _NODE_ENTRY_PARTS), "pod:*", "assumed", "changes", "ipa:*",
-                       "nominated", "verify", "quota:sum:used", "nsused", "resv:*", "rwop:*", "attach:*")
+                       "nominated", "verify", "quota:sum:used", "nsused", "resv:*", "rwop:*", "attach:*",
+                       "disk:*")
 """What the workers' scripts (reserve, reserve_batch, release, release_owner, nominate, unnominate, promise_claims,
-unpromise_claims, promise_attach, unpromise_attach) may write: the ledger's entries and what follows them, the
-promises of ReadWriteOncePod claims and of nodes' CSI attach slots; never the ready flag, the epoch, the node set,
-the counters, the quotas' definitions or a node's allocatable, labels or description."""
+unpromise_claims, promise_attach, unpromise_attach, promise_disks, unpromise_disks) may write: the ledger's entries
+and what follows them, the promises of ReadWriteOncePod claims, of nodes' CSI attach slots and of in-tree disks;
+never the ready flag, the epoch, the node set, the counters, the quotas' definitions or a node's allocatable, labels
+or description."""
 _RESCHEDULER_LEDGER_KEYS = ("nominated", "node:*:nominated", "changes")
 """What the rescheduler's scripts (hold_moves, unnominate) may write: its holds, their per-node sets and their
 announcements on the change stream."""

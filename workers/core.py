@@ -392,8 +392,7 @@ class Worker:
     async def _promised(self, decided: Sequence[Decided]) -> list[Decided]:
         """The decided pods whose ReadWriteOncePod claims the ledger promised them (`workers.volumes`); a pod whose
         claim is promised to another pod waits, its tentative placement undone, before it reserves any room."""
-        if self.volumes is None or not any(pod.storage is not None and (pod.storage.once or pod.storage.attach)
-                                           for _w, pod, _d in decided):
+        if self.volumes is None or not any(needs_prebind(pod) for _w, pod, _d in decided):
             return list(decided)
         kept: list[Decided] = []
         for entry in decided:
@@ -577,7 +576,7 @@ class Worker:
             return
         if await self._post_bindings(work, placements) == "bound" and self.volumes is not None:
             for pod, node in placements:
-                if pod.storage is not None and (pod.storage.once or pod.storage.attach):
+                if pod.disks or (pod.storage is not None and (pod.storage.once or pod.storage.attach)):
                     # bound: the ledger's entry names its claims from now on; the promise only bridges the moments
                     # until every worker's pod index has it
                     await self.volumes.promise(pod, node=node, nodes=self.nodes,

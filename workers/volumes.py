@@ -21,7 +21,10 @@ A ReadWriteOncePod claim is promised to the pod in the ledger before its room is
 ``promise_claims.lua``: one atomic call, all of the pod's such claims or none, for the length of the reservation
 and the binding): of two workers that decided pods using one such claim at the same instant, the second finds it
 promised and its pod waits (backing off) without reserving; once the pod is bound, its ledger entry names the
-claim and VolumeRestrictions keeps other pods off it, and the promise is cut short. A failure gives it back.
+claim and VolumeRestrictions keeps other pods off it, and the promise is cut short. A failure gives it back. The
+same holds, on the chosen node, for the CSI attach slots its volumes take (``promise_attach.lua``: the handles
+counted there, those promised to other pods and its own, each once, within the driver's limit; NodeVolumeLimits)
+and for its in-tree disks (``promise_disks.lua``: VolumeRestrictions' disk conflicts).
 
 Why two workers never promise one PV twice: the apiserver decides. A PV's claimRef is written only by an update
 at the version the decision read, so of two workers that chose one PV only the first write succeeds; the other
@@ -39,7 +42,7 @@ import aiohttp
 
 from hoss.errors import LedgerNotReadyError, LedgerUnavailable
 from hoss.framework.nodes import NodeTable
-from hoss.framework.plugins.volumes import MAX_VOLUME_COUNT, attached_on, plan, terms_match
+from hoss.framework.plugins.volumes import DISK_CONFLICT, MAX_VOLUME_COUNT, attached_on, plan, terms_match
 from hoss.framework.pod import DelayedClaim, PodView, VolumeOption, volume_terms
 from hoss.kube.client import KubeError
 from hoss.kube.rest import KubeREST, segment
@@ -61,7 +64,8 @@ class PreBindFailed(Exception):
 def needs_prebind(pod: PodView) -> bool:
     """Whether the pod has claims to bind, or ReadWriteOncePod claims or attach slots to promise, before its own
     binding."""
-    return pod.storage is not None and bool(pod.storage.delayed or pod.storage.once or pod.storage.attach)
+    return bool(pod.disks) or (pod.storage is not None
+                               and bool(pod.storage.delayed or pod.storage.once or pod.storage.attach))
 
 
 def attach_slots(pod: PodView, node: str, nodes: NodeTable) -> list[AttachSlots]:
@@ -93,7 +97,7 @@ class VolumeBinder:
 
     async def prebind(self, pod: PodView, node: str, nodes: NodeTable) -> str | None:
         """None when the pod's claims are bound for `node`; else the message to retry the pod with."""
-        if not needs_prebind(pod) or pod.storage is None:
+        if not needs_prebind(pod):
             return None
         if node not in nodes:
             return f"{PREBIND}node {node!r} is no longer known"
@@ -103,7 +107,7 @@ class VolumeBinder:
         message = await self.promise(pod, node=node, nodes=nodes)
         if message is not None:
             return message
-        message = await self._bind_claims(pod, node, nodes, row) if pod.storage.delayed else None
+        message = await self._bind_claims(pod, node, nodes, row) if pod.storage and pod.storage.delayed else None
         if message is not None:
             await self.unpromise(pod, node=node)
         return message
@@ -117,7 +121,7 @@ class VolumeBinder:
         has none), else why not (its RWOP promises are given back when the slots are not)."""
         once = self._once(pod)
         slots = attach_slots(pod, node, nodes)
-        if not once and not slots:
+        if not once and not slots and not pod.disks:
             return None
         if seconds is None:
             seconds = self.promise_seconds + (self.timeout_seconds if pod.storage and pod.storage.delayed else 0)
@@ -127,14 +131,20 @@ class VolumeBinder:
                 log.info("pod %s: claim %s is promised to pod %s", pod.key, *taken)
                 return (f"persistentvolumeclaim {taken[0]!r} with ReadWriteOncePod access mode is being bound for "
                         f"another pod")
+            disk = await self.ledger.promise_disks(
+                uid=pod.uid, node=node, disks=[(d.kind, d.id, d.read_only) for d in pod.disks],
+                ttl_seconds=seconds) if pod.disks else None
             full = await self.ledger.promise_attach(uid=pod.uid, node=node, drivers=slots, ttl_seconds=seconds) \
-                if slots else None
+                if slots and disk is None else None
         except (LedgerUnavailable, LedgerNotReadyError) as error:
             return f"cannot promise its volumes: {error}"
-        if full is None:
+        if disk is None and full is None:
             return None
-        if once:
-            await self.unpromise(pod, node=node)
+        await self.unpromise(pod, node=node)
+        if disk is not None:
+            log.info("pod %s: disk %s on %s is promised to pod %s", pod.key, disk[0], node, disk[1])
+            return f"{DISK_CONFLICT}: disk {disk[0]} on node {node!r} is being bound for another pod"
+        assert full is not None
         log.info("pod %s: %s would count %d volumes of %s on %s, over its limit %d, with the slots promised to "
                  "other pods", pod.key, node, full[1], full[0], node, full[2])
         return (f"{MAX_VOLUME_COUNT}: node {node!r} would have {full[1]} volumes of {full[0]} (limit {full[2]}) with "
@@ -150,14 +160,15 @@ class VolumeBinder:
         await self.give_back_slots(pod, node=node)
 
     async def give_back_slots(self, pod: PodView, *, node: str) -> None:
-        """Give back the attach slots promised to the pod on `node` (it was not reserved or bound there)."""
-        if pod.storage is None or pod.storage.attach is None:
-            return
-        drivers = sorted({driver for driver, _handle in pod.storage.attach.volumes})
+        """Give back the attach slots and disks promised to the pod on `node` (it was not reserved or bound there)."""
         try:
-            await self.ledger.unpromise_attach(uid=pod.uid, node=node, drivers=drivers)
+            if pod.disks:
+                await self.ledger.unpromise_disks(uid=pod.uid, node=node)
+            if pod.storage is not None and pod.storage.attach is not None:
+                drivers = sorted({driver for driver, _handle in pod.storage.attach.volumes})
+                await self.ledger.unpromise_attach(uid=pod.uid, node=node, drivers=drivers)
         except (LedgerUnavailable, LedgerNotReadyError) as error:
-            log.warning("pod %s: its attach slots on %s expire by themselves: %s", pod.key, node, error)
+            log.warning("pod %s: its attach slots and disks on %s expire by themselves: %s", pod.key, node, error)
 
     async def _bind_claims(self, pod: PodView, node: str, nodes: NodeTable, row: int) -> str | None:
         assert pod.storage is not None

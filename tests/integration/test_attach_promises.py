@@ -70,3 +70,23 @@ async def test_a_promise_is_given_back_only_by_its_pod_and_expires_by_itself(led
         return answer is None, str(answer)
 
     await until(expired, timeout=10, what="b's short promise to expire")
+
+
+async def test_a_disk_is_promised_on_a_node_to_one_pod_unless_all_mount_it_read_only(ledger: Ledger) -> None:
+    """promise_disks.lua: VolumeRestrictions' in-tree disks, held while a pod's binding is under way."""
+    await ready(ledger)
+    pd = ("gcePersistentDisk", "data", True)
+    assert await ledger.promise_disks(uid="a", node="node1", disks=[pd], ttl_seconds=30) is None
+    assert await ledger.promise_disks(uid="b", node="node1", disks=[pd], ttl_seconds=30) is None  # both read-only
+    assert await ledger.promise_disks(uid="c", node="node1", disks=[("gcePersistentDisk", "data", False)],
+                                      ttl_seconds=30) == ("gcePersistentDisk/data", "a")
+    assert await ledger.promise_disks(uid="c", node="node2", disks=[("gcePersistentDisk", "data", False)],
+                                      ttl_seconds=30) is None
+    ebs = ("awsElasticBlockStore", "vol-1", True)
+    answers = await asyncio.gather(*(ledger.promise_disks(uid=f"pod-{i}", node="node1", disks=[ebs], ttl_seconds=30)
+                                     for i in range(10)))
+    assert sum(answer is None for answer in answers) == 1, answers
+    assert await ledger.unpromise_disks(uid="a", node="node1") == 1
+    assert await ledger.unpromise_disks(uid="b", node="node1") == 1
+    assert await ledger.promise_disks(uid="c", node="node1", disks=[("gcePersistentDisk", "data", False)],
+                                      ttl_seconds=30) is None
