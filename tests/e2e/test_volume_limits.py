@@ -7,6 +7,7 @@ oversell check and checks which pods are left Pending."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -86,7 +87,7 @@ async def test_pods_beyond_a_node_s_attach_limit_wait_counting_the_volumes_alrea
     mounts one; a pod with a second volume is placed there; then a pod with a third waits with kube-scheduler's
     reason, while a pod mounting the first pod's volume (attached already: counted once) is placed. Once the second
     pod is deleted, the waiting one is placed."""
-    driver = f"{namespace}.csi.test.hoss.io"[:63]
+    driver = f"{namespace.split('-', 1)[0]}.csi.test.hoss.io"
     async with two_sets(cluster, 1) as sets, storage_objects(cluster) as storage, workers(plane, TWO), \
             attach_limits(cluster, driver, {sets[s][1][0]: 2 for s, _prefix in SCHEDULERS}):
         immediate = await storage.storage_class(f"{namespace}-imm", mode="Immediate")
@@ -121,11 +122,14 @@ async def test_two_workers_racing_for_a_node_s_last_attach_slots_never_exceed_it
     plane: LocalPlane, dispatcher: Process, cluster: Cluster, namespace: str
 ) -> None:
     """A node whose CSINode allows three volumes of the driver, one used by a pod placed there by another writer,
-    and eight pods with a volume each, half for each of two workers (policies default and binpack), created at
+    and eight pods with a volume each, half for each of two workers (policies default and binpack), released at
     once: exactly two are bound, and the other six wait with kube-scheduler's reason."""
-    driver = f"{namespace}.race.csi.test.hoss.io"[:63]
+    driver = f"{namespace.split('-', 1)[0]}.race.csi.test.hoss.io"
+    # each worker reads the others' reservations up to a second late (--feed-linger-ms, at its most): both decide on
+    # a pod index that lacks the other's pods, the race the ledger's promise of the slots must settle
     async with node_set(cluster, 1, labels={"vol-set": "attach-race"}) as [node], \
-            storage_objects(cluster) as storage, workers(plane, TWO), attach_limits(cluster, driver, {node: 3}):
+            storage_objects(cluster) as storage, workers(plane, TWO, extra_args=["--feed-linger-ms=1000"]), \
+            attach_limits(cluster, driver, {node: 3}):
         immediate = await storage.storage_class(f"{namespace}-imm", mode="Immediate")
         names = [f"slot-{i}" for i in range(8)]
         await bound_claims(storage, namespace, ["resident", *names], immediate, driver)
@@ -135,8 +139,12 @@ async def test_two_workers_racing_for_a_node_s_last_attach_slots_never_exceed_it
         pods = []
         for i, claim in enumerate(names):
             [pod] = hoss_pods(f"slot{i}", 1, policy="binpack" if i % 2 else None)
+            pod["spec"]["schedulingGates"] = [{"name": "test.hoss.io/together"}]
             pods.append(with_claims(pod, claim))
-        await cluster.create_pods(pinned(pods, "vol-set", "attach-race"), namespace=namespace)
+        created = await cluster.create_pods(pinned(pods, "vol-set", "attach-race"), namespace=namespace)
+        # the gates go at once, so both workers get their pods together
+        await asyncio.gather(*(cluster.core.patch_namespaced_pod(
+            name, namespace, [{"op": "remove", "path": "/spec/schedulingGates"}]) for name in created))
 
         async def settled() -> tuple[bool, str]:
             waiting = await pending(cluster, namespace)
