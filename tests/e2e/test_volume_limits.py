@@ -148,6 +148,7 @@ async def test_two_workers_racing_for_a_node_s_last_attach_slots_never_exceed_it
 
         async def settled() -> tuple[bool, str]:
             waiting = await pending(cluster, namespace)
+            assert len(waiting) >= 6, f"more pods bound than the node's attach limit allows; pending: {waiting}"
             reasons = [(await scheduled_condition(cluster, namespace, name))[1] for name in waiting]
             return (len(waiting) == 6 and all(f"1 {MAX_VOLUME_COUNT}" in r for r in reasons),
                     f"{waiting}: {reasons[:2]}")
