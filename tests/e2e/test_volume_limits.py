@@ -157,3 +157,32 @@ async def test_two_workers_racing_for_a_node_s_last_attach_slots_never_exceed_it
         placed = [p["metadata"]["name"] for p in await cluster.raw_list("list_namespaced_pod", namespace)
                   if p["spec"].get("nodeName") == node]
         assert len(placed) == 3 and "resident-0000" in placed, placed
+
+
+async def test_an_in_tree_disk_is_mounted_once_per_node_unless_every_pod_mounts_it_read_only(
+    plane: LocalPlane, dispatcher: Process, cluster: Cluster, namespace: str
+) -> None:
+    """VolumeRestrictions' disk conflicts on one node per scheduler: a pod mounting a gcePersistentDisk read-write is
+    placed, a second pod mounting it waits with kube-scheduler's reason until the first is deleted; two pods mounting
+    another disk read-only share the node."""
+    async with two_sets(cluster, 1) as sets, workers(plane, TWO):
+        outcomes = {}
+        for scheduler, prefix in SCHEDULERS:
+            tag, [node] = sets[scheduler]
+            writer, second, reader, other_reader = hoss_pods(f"{prefix}disk", 4)
+            for pod, disk, read_only in ((writer, "data", False), (second, "data", False),
+                                         (reader, "shared", True), (other_reader, "shared", True)):
+                pod["spec"]["volumes"] = [{"name": "disk", "gcePersistentDisk": {"pdName": f"{prefix}-{disk}",
+                                                                                 "readOnly": read_only}}]
+            [writer_name] = await cluster.create_pods(for_scheduler([writer], scheduler, tag), namespace=namespace)
+            placed = await wait_bound(cluster, namespace, [writer_name])
+            names = await cluster.create_pods(for_scheduler([second, reader, other_reader], scheduler, tag),
+                                              namespace=namespace)
+            placed |= await wait_bound(cluster, namespace, names[1:])
+            reason = await wait_reason(cluster, namespace, names[0], "1 node(s) had no available disk")
+            await cluster.core.delete_namespaced_pod(writer_name, namespace, grace_period_seconds=0)
+            later = await wait_bound(cluster, namespace, names[:1], timeout=180)
+            outcomes[scheduler] = (sorted(set(placed.values()) | set(later.values())) == [node],
+                                   reason.startswith("0/"))
+        assert outcomes["hoss"] == outcomes["default-scheduler"] == (True, True), outcomes
+        assert await pending(cluster, namespace) == []
