@@ -390,7 +390,9 @@ def pod_meta(pod: Mapping[str, Any], *, request: Mapping[str, int] | None = None
     InterPodAffinity, PodTopologySpread and DefaultPreemption read of the pods already on a node. The scripts read
     the priority too: room held for a preempting pod is kept from pods of lower priority; and ``owner``, the
     controller's uid, by which a replacement pod claims the room the rescheduler held for the pod it replaces; and
-    ``gang``, the gang it belongs to (`hoss.model.gangs.GangKey.ident`), for preemption."""
+    ``gang``, the gang it belongs to (`hoss.model.gangs.GangKey.ident`), for preemption; ``claims``, the claims its
+    volumes use (VolumeRestrictions' ReadWriteOncePod check, NodeVolumeLimits' count), and ``disks``, its in-tree
+    disks (`disk_volumes`, VolumeRestrictions)."""
     metadata = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
     assert isinstance(metadata, dict)
     labels = metadata.get("labels")
