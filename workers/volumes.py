@@ -145,8 +145,8 @@ class VolumeBinder:
             log.info("pod %s: disk %s on %s is promised to pod %s", pod.key, disk[0], node, disk[1])
             return f"{DISK_CONFLICT}: disk {disk[0]} on node {node!r} is being bound for another pod"
         assert full is not None
-        log.info("pod %s: %s would count %d volumes of %s on %s, over its limit %d, with the slots promised to "
-                 "other pods", pod.key, node, full[1], full[0], node, full[2])
+        log.info("pod %s: node %s would count %d volumes of %s, over its limit %d, with the slots promised to "
+                 "other pods", pod.key, node, full[1], full[0], full[2])
         return (f"{MAX_VOLUME_COUNT}: node {node!r} would have {full[1]} volumes of {full[0]} (limit {full[2]}) with "
                 f"those being bound for other pods")
 

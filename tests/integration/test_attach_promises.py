@@ -90,3 +90,17 @@ async def test_a_disk_is_promised_on_a_node_to_one_pod_unless_all_mount_it_read_
     assert await ledger.unpromise_disks(uid="b", node="node1") == 1
     assert await ledger.promise_disks(uid="c", node="node1", disks=[("gcePersistentDisk", "data", False)],
                                       ttl_seconds=30) is None
+
+
+async def test_a_pod_s_own_promise_is_renewed_even_when_the_node_filled_up_since(ledger: Ledger) -> None:
+    """Its own volume's VolumeAttachment, made after the promise, counts on the node: the renewal (cut short once
+    the pod is bound) is not refused for it."""
+    await ready(ledger)
+    assert await ledger.promise_attach(uid="a", node="node1", drivers=slots("v1", attached=("v0",)),
+                                       ttl_seconds=30) is None
+    assert await ledger.promise_attach(uid="a", node="node1", drivers=slots("v1", attached=("v0", "va:v1")),
+                                       ttl_seconds=0.2) is None
+    assert await ledger.promise_disks(uid="a", node="node1", disks=[("awsElasticBlockStore", "v", False)],
+                                      ttl_seconds=30) is None
+    assert await ledger.promise_disks(uid="a", node="node1", disks=[("awsElasticBlockStore", "v", False)],
+                                      ttl_seconds=0.2) is None

@@ -5,7 +5,9 @@
 --   {hoss}:attach:<node>:<driver>   sorted set of '<uid>|<volume handle>', scored by the promise's deadline (ms)
 -- Per driver the worker passes the limit, the handles its pod index counts on the node (the pods there, but this
 -- one) and the pod's own handles. The handles attached, those promised to other pods and the pod's own, each
--- counted once, must not exceed the limit when the pod adds any (kube-scheduler's check, with the promises).
+-- counted once, must not exceed the limit when the pod adds any (kube-scheduler's check, with the promises). A pod
+-- that holds a promise there already has it renewed (its new deadline), never refused: it was granted, and a
+-- VolumeAttachment made for its own volume meanwhile must not take it back.
 -- ARGV: prefix, uid, ttl_ms, node, count, then count drivers (driver, limit, n, n attached handles, m, m handles).
 -- Reply: {'promised'} | {'full', driver, counted, limit} | NOT_READY
 if not is_ready() then
@@ -32,8 +34,11 @@ for _ = 1, next_number() do
     end
   end
   redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+  local renewing = false
   for _, member in ipairs(redis.call('ZRANGE', key, 0, -1)) do
-    if member:sub(1, #mine) ~= mine then
+    if member:sub(1, #mine) == mine then
+      renewing = true
+    else
       local handle = member:match('^[^|]*|(.*)$')
       if handle and not seen[handle] then
         seen[handle] = true
@@ -52,7 +57,7 @@ for _ = 1, next_number() do
       added = added + 1
     end
   end
-  if added > 0 and counted > limit and not full then
+  if added > 0 and counted > limit and not renewing and not full then
     full = {'full', driver, tostring(counted), tostring(limit)}
   end
   table.insert(plans, {key, own})

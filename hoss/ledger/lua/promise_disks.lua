@@ -19,11 +19,17 @@ local now = now_ms()
 local mine = uid .. '|'
 redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
 local held = {}
+local renewing = false
 for _, member in ipairs(redis.call('ZRANGE', key, 0, -1)) do
   local holder, ro, disk = member:match('^([^|]*)|([01])|(.*)$')
-  if holder and holder ~= uid then
+  if holder == uid then
+    renewing = true
+  elseif holder then
     table.insert(held, {holder, ro == '1', disk})
   end
+end
+if renewing then
+  held = {}  -- granted before: renewed, never refused
 end
 local own = {}
 for _ = 1, next_number() do
