@@ -39,24 +39,27 @@ DEFAULT_CONTROL_PLANE_DIR = "/etc/kubernetes/hoss"
 
 _LEDGER_SCRIPT_COMMANDS = (
     "del exists get set hdel hget hgetall hincrby hlen hset incr pexpire sadd scard sismember smembers smove srem time"
-    " xadd xrevrange zadd zrem zrange zrangebyscore zscore"
+    " xadd xrevrange zadd zrem zrange zrangebyscore zremrangebyscore zscore"
 )
 """What the ledger's Lua scripts (hoss/ledger/lua) call; Redis checks a script's commands against its caller's ACL
 (tests/unit/test_redis_acl.py checks that this lists every command the scripts call)."""
 _CONNECTION_COMMANDS = "+ping +hello +client|setname +select +evalsha +evalsha_ro +script|load +multi +exec +discard"
 """Every component's connection set-up and script calls (redis-py also sends CLIENT SETINFO, on Redis >= 7.2)."""
 _LEDGER_KEYS = ("ready", "epoch", "nodes", "node:*", "pod:*", "assumed", "changes", "ipa:*", "nominated", "stats",
-                "verify", "resized", "quotas", "quota:*", "nsused", "resv:*", "grown:*", "rwop:*", "device:*")
+                "verify", "resized", "quotas", "quota:*", "nsused", "resv:*", "grown:*", "rwop:*", "attach:*",
+                "disk:*", "device:*")
 """The ledger's keys under {hoss}: (tests/unit/test_redis_acl.py checks that the Lua scripts use no other)."""
 _NODE_ENTRY_PARTS = ("used", "assumed", "admitted", "bound", "ports", "nominated")
 """The parts of a node's keys that its entries change (``{hoss}:node:<name>:<part>``); the rest (alloc, labels, spec)
 describe the node and only the sync writes them."""
 _WORKER_LEDGER_KEYS = (*(f"node:*:{part}" for part in _NODE_ENTRY_PARTS), "pod:*", "assumed", "changes", "ipa:*",
-                       "nominated", "verify", "quota:sum:used", "nsused", "resv:*", "rwop:*", "device:*")
+                       "nominated", "verify", "quota:sum:used", "nsused", "resv:*", "rwop:*", "attach:*",
+                       "disk:*", "device:*")
 """What the workers' scripts (reserve, reserve_batch, release, release_owner, nominate, unnominate, promise_claims,
-unpromise_claims) may write: the ledger's entries and what follows them, and the promises of ReadWriteOncePod
-claims and of DRA devices; never the ready flag, the epoch, the node set, the counters, the quotas' definitions or a
-node's allocatable, labels or description."""
+unpromise_claims, promise_attach, unpromise_attach, promise_disks, unpromise_disks) may write: the ledger's entries
+and what follows them, the promises of ReadWriteOncePod claims, of DRA devices, of nodes' CSI attach slots and of
+in-tree disks; never the ready flag, the epoch, the node set, the counters, the quotas' definitions or a node's
+allocatable, labels or description."""
 _RESCHEDULER_LEDGER_KEYS = ("nominated", "node:*:nominated", "changes")
 """What the rescheduler's scripts (hold_moves, unnominate) may write: its holds, their per-node sets and their
 announcements on the change stream."""

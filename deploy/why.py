@@ -180,13 +180,16 @@ def _form(raw: Json, namespaces: Mapping[str, Mapping[str, str]], sources: Selec
 
 
 async def _storage(rest: KubeREST, namespace: str) -> StorageCatalog:
-    """The storage objects a pod of `namespace` with claims reads, as the dispatcher's watches keep them."""
+    """The storage objects a pod of `namespace` with claims reads, as the dispatcher's watches keep them (the claims
+    of every namespace: NodeVolumeLimits counts those of the pods on each node)."""
     catalog = StorageCatalog()
-    paths = {"claims": f"/api/v1/namespaces/{namespace}/persistentvolumeclaims",
+    paths = {"claims": "/api/v1/persistentvolumeclaims",
              "volumes": "/api/v1/persistentvolumes",
              "classes": "/apis/storage.k8s.io/v1/storageclasses",
              "drivers": "/apis/storage.k8s.io/v1/csidrivers",
-             "capacities": "/apis/storage.k8s.io/v1/csistoragecapacities"}
+             "capacities": "/apis/storage.k8s.io/v1/csistoragecapacities",
+             "csinodes": "/apis/storage.k8s.io/v1/csinodes",
+             "attachments": "/apis/storage.k8s.io/v1/volumeattachments"}
     for kind, path in paths.items():
         listed = await rest.request("GET", path)
         catalog.replace(kind, list(listed.get("items") or []))

@@ -124,7 +124,9 @@ async def running_dispatcher(settings: DispatcherSettings) -> AsyncIterator[Runn
                            "volumes": core.list_persistent_volume,
                            "classes": storage.list_storage_class,
                            "drivers": storage.list_csi_driver,
-                           "capacities": storage.list_csi_storage_capacity_for_all_namespaces}
+                           "capacities": storage.list_csi_storage_capacity_for_all_namespaces,
+                           "csinodes": storage.list_csi_node,
+                           "attachments": storage.list_volume_attachment}
         for kind, call in storage_sources.items():
             watch = asyncio.create_task(
                 supervise(f"storage-{kind}-watch", functools.partial(

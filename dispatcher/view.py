@@ -50,6 +50,8 @@ SPREAD_SOURCE_KINDS = ("service", "rc", "rs", "ss")
 
 WAITING_CLAIMS = '"delayed":[{'
 """How a compact form with claims waiting for their first consumer reads (`hoss.model.storage.storage_context`)."""
+ATTACH = '"attach":{'
+"""How a compact form that counts CSI attach limits reads (`hoss.model.storage.attach_context`)."""
 
 
 def storage_touches(kind: str, raw: Json) -> Callable[[PendingPod], bool]:
@@ -57,15 +59,22 @@ def storage_touches(kind: str, raw: Json) -> Callable[[PendingPod], bool]:
     forms, which may say yes too often, never no wrongly): a claim, the pods of its namespace that name it (its
     name, or a generic ephemeral volume's, is in the form once its context was computed); a PV, the pods whose
     claims wait for their first consumer (it may be a candidate now or no longer) or that name it (bound); a
-    class, a CSIDriver or a capacity, the pods whose claims wait or that wait for a problem (a class not found)."""
+    class, a CSIDriver or a capacity, the pods whose claims wait or that wait for a problem (a class not found); a
+    CSINode, every pod with volumes (its attach limits may now count theirs); a VolumeAttachment, the pods whose
+    form counts attach limits. A claim, PV or class also concerns the
+    pods whose form counts attach limits (`ATTACH`: it lists every claim of the limited drivers)."""
     metadata = section(raw, "metadata")
     name = str(metadata.get("name") or "")
     if kind == "claims":
         namespace = str(metadata.get("namespace") or "default")
-        return lambda pod: pod.namespace == namespace and name in pod.compact
+        return lambda pod: ATTACH in pod.compact or (pod.namespace == namespace and name in pod.compact)
     if kind == "volumes":
-        return lambda pod: WAITING_CLAIMS in pod.compact or f'"{name}"' in pod.compact
-    return lambda pod: WAITING_CLAIMS in pod.compact or '"problem"' in pod.compact
+        return lambda pod: WAITING_CLAIMS in pod.compact or ATTACH in pod.compact or f'"{name}"' in pod.compact
+    if kind == "csinodes":
+        return lambda pod: True
+    if kind == "attachments":
+        return lambda pod: ATTACH in pod.compact
+    return lambda pod: WAITING_CLAIMS in pod.compact or ATTACH in pod.compact or '"problem"' in pod.compact
 
 
 class ClusterView:
@@ -94,8 +103,8 @@ class ClusterView:
         """Services' and controllers' selectors: the default spread selector of each pod's compact form."""
         self.spread_synced = {kind: asyncio.Event() for kind in SPREAD_SOURCE_KINDS}
         self.storage = StorageCatalog()
-        """Claims, PVs, StorageClasses, CSIDrivers and CSIStorageCapacities: what each pod's claims need, in its
-        compact form (`hoss.model.storage`)."""
+        """Claims, PVs, StorageClasses, CSIDrivers, CSIStorageCapacities and CSINodes: what each pod's volumes
+        need, in its compact form (`hoss.model.storage`)."""
         self.storage_synced = {kind: asyncio.Event() for kind in StorageCatalog.KINDS}
         self.devices = DeviceCatalog()
         """ResourceClaims, ResourceSlices and DeviceClasses: what each pod's ResourceClaims need, in its compact

@@ -103,8 +103,8 @@ def apiserver_requests_in_flight(settings: WorkerSettings) -> int:
 
 
 PROMISE_AFTER_BINDING_SECONDS = 5.0
-"""How long a bound pod's ReadWriteOncePod claims stay promised to it (`workers.volumes`): until the resolver's
-sync has indexed the binding, which every worker's VolumeRestrictions then reads."""
+"""How long a bound pod's ReadWriteOncePod claims and attach slots stay promised to it (`workers.volumes`): until the
+resolver's sync has indexed the binding, which every worker's VolumeRestrictions and NodeVolumeLimits then read."""
 LEDGER_PAUSE_SECONDS = 0.5
 """How long the schedule loop pauses after a batch found the ledger unavailable."""
 BIND_DRAIN_SECONDS = 10.0
@@ -396,12 +396,12 @@ class Worker:
     async def _promised(self, decided: Sequence[Decided]) -> list[Decided]:
         """The decided pods whose ReadWriteOncePod claims the ledger promised them (`workers.volumes`); a pod whose
         claim is promised to another pod waits, its tentative placement undone, before it reserves any room."""
-        if self.volumes is None or not any(pod.storage is not None and pod.storage.once for _w, pod, _d in decided):
+        if self.volumes is None or not any(needs_prebind(pod) for _w, pod, _d in decided):
             return list(decided)
         kept: list[Decided] = []
         for entry in decided:
-            work, pod, _decision = entry
-            refused = await self.volumes.promise(pod)
+            work, pod, decision = entry
+            refused = await self.volumes.promise(pod, node=decision.candidates[0], nodes=self.nodes)
             if refused is None:
                 kept.append(entry)
                 continue
@@ -418,6 +418,12 @@ class Worker:
             owner=self.settings.id, ttl_seconds=self.settings.reservation_ttl_seconds,
         )
         settle_batch(self.nodes, decided, results)
+        if self.volumes is not None:
+            for index, (_work, pod, decision) in enumerate(decided):
+                result = results[index] if isinstance(results, list) else None
+                if not (isinstance(result, Reserved) and result.node == decision.candidates[0]):
+                    # the attach slots promised on the first candidate are not taken there
+                    await self.volumes.give_back_slots(pod, node=decision.candidates[0])
         if isinstance(results, LedgerNotReady):
             for work, _pod, _decision in decided:
                 self._retry_later(work, soon=True)
@@ -575,11 +581,12 @@ class Worker:
             return
         answer = await self._post_bindings(work, placements)
         if answer == "bound" and self.volumes is not None:
-            for pod, _node in placements:
-                if pod.storage is not None and pod.storage.once:
+            for pod, node in placements:
+                if pod.disks or (pod.storage is not None and (pod.storage.once or pod.storage.attach)):
                     # bound: the ledger's entry names its claims from now on; the promise only bridges the moments
                     # until every worker's pod index has it
-                    await self.volumes.promise(pod, seconds=PROMISE_AFTER_BINDING_SECONDS)
+                    await self.volumes.promise(pod, node=node, nodes=self.nodes,
+                                               seconds=PROMISE_AFTER_BINDING_SECONDS)
         if self.devices is not None:
             for pod, node in placements:
                 if not needs_devices(pod):

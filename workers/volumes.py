@@ -21,7 +21,10 @@ A ReadWriteOncePod claim is promised to the pod in the ledger before its room is
 ``promise_claims.lua``: one atomic call, all of the pod's such claims or none, for the length of the reservation
 and the binding): of two workers that decided pods using one such claim at the same instant, the second finds it
 promised and its pod waits (backing off) without reserving; once the pod is bound, its ledger entry names the
-claim and VolumeRestrictions keeps other pods off it, and the promise is cut short. A failure gives it back.
+claim and VolumeRestrictions keeps other pods off it, and the promise is cut short. A failure gives it back. The
+same holds, on the chosen node, for the CSI attach slots its volumes take (``promise_attach.lua``: the handles
+counted there, those promised to other pods and its own, each once, within the driver's limit; NodeVolumeLimits)
+and for its in-tree disks (``promise_disks.lua``: VolumeRestrictions' disk conflicts).
 
 Why two workers never promise one PV twice: the apiserver decides. A PV's claimRef is written only by an update
 at the version the decision read, so of two workers that chose one PV only the first write succeeds; the other
@@ -39,10 +42,11 @@ import aiohttp
 
 from hoss.errors import LedgerNotReadyError, LedgerUnavailable
 from hoss.framework.nodes import NodeTable
-from hoss.framework.plugins.volumes import plan, terms_match
+from hoss.framework.plugins.volumes import DISK_CONFLICT, MAX_VOLUME_COUNT, attached_on, plan, terms_match
 from hoss.framework.pod import DelayedClaim, PodView, VolumeOption, volume_terms
 from hoss.kube.client import KubeError
 from hoss.kube.rest import KubeREST, segment
+from hoss.ledger.arguments import AttachSlots
 from hoss.ledger.client import Ledger
 from hoss.model.objects import Json, section
 from hoss.model.storage import BIND_COMPLETED, BOUND_BY_CONTROLLER, SELECTED_NODE
@@ -58,8 +62,23 @@ class PreBindFailed(Exception):
 
 
 def needs_prebind(pod: PodView) -> bool:
-    """Whether the pod has claims to bind, or ReadWriteOncePod claims to promise, before its own binding."""
-    return pod.storage is not None and bool(pod.storage.delayed or pod.storage.once)
+    """Whether the pod has claims to bind, or ReadWriteOncePod claims or attach slots to promise, before its own
+    binding."""
+    return bool(pod.disks) or (pod.storage is not None
+                               and bool(pod.storage.delayed or pod.storage.once or pod.storage.attach))
+
+
+def attach_slots(pod: PodView, node: str, nodes: NodeTable) -> list[AttachSlots]:
+    """Per CSI driver `node` limits, the slots the pod's volumes take there (`promise_attach.lua`)."""
+    attach = pod.storage.attach if pod.storage is not None else None
+    if attach is None or node not in nodes:
+        return []
+    attached = attach.counted(node, attached_on(pod, node, nodes))
+    return [AttachSlots(driver=driver, limit=attach.limits[driver][node],
+                        attached=tuple(sorted(attached.get(driver, ()))),
+                        handles=tuple(sorted(handle for own, handle in attach.volumes if own == driver)))
+            for driver in sorted({driver for driver, _handle in attach.volumes})
+            if node in attach.limits.get(driver, {})]
 
 
 class VolumeBinder:
@@ -78,47 +97,78 @@ class VolumeBinder:
 
     async def prebind(self, pod: PodView, node: str, nodes: NodeTable) -> str | None:
         """None when the pod's claims are bound for `node`; else the message to retry the pod with."""
-        if not needs_prebind(pod) or pod.storage is None:
+        if not needs_prebind(pod):
             return None
         if node not in nodes:
             return f"{PREBIND}node {node!r} is no longer known"
         row = nodes.row(node)
         # promised before the reservation already (`promise`, for single pods): again here, which keeps a promise
         # to this pod, and covers gang members
-        message = await self.promise(pod)
+        message = await self.promise(pod, node=node, nodes=nodes)
         if message is not None:
             return message
-        message = await self._bind_claims(pod, node, nodes, row)
-        if message is not None and pod.storage.once:
-            await self.unpromise(pod)
+        message = await self._bind_claims(pod, node, nodes, row) if pod.storage and pod.storage.delayed else None
+        if message is not None:
+            await self.unpromise(pod, node=node)
         return message
 
     def _once(self, pod: PodView) -> list[str]:
         return [f"{pod.namespace}/{claim}" for claim in (pod.storage.once if pod.storage is not None else ())]
 
-    async def promise(self, pod: PodView, *, seconds: float | None = None) -> str | None:
-        """Promise the pod's ReadWriteOncePod claims to it in the ledger, before its room is reserved (for the
-        reservation and the claims' binding, or `seconds`); None when promised (or it has none), else why not."""
+    async def promise(self, pod: PodView, *, node: str, nodes: NodeTable, seconds: float | None = None) -> str | None:
+        """Promise the pod its ReadWriteOncePod claims and its volumes' attach slots on `node` in the ledger, before
+        its room is reserved (for the reservation and the claims' binding, or `seconds`); None when promised (or it
+        has none), else why not (its RWOP promises are given back when the slots are not)."""
         once = self._once(pod)
-        if not once:
+        slots = attach_slots(pod, node, nodes)
+        if not once and not slots and not pod.disks:
             return None
         if seconds is None:
             seconds = self.promise_seconds + (self.timeout_seconds if pod.storage and pod.storage.delayed else 0)
         try:
-            taken = await self.ledger.promise_claims(uid=pod.uid, claims=once, ttl_seconds=seconds)
+            taken = await self.ledger.promise_claims(uid=pod.uid, claims=once, ttl_seconds=seconds) if once else None
+            if taken is not None:
+                log.info("pod %s: claim %s is promised to pod %s", pod.key, *taken)
+                return (f"persistentvolumeclaim {taken[0]!r} with ReadWriteOncePod access mode is being bound for "
+                        f"another pod")
+            disk = await self.ledger.promise_disks(
+                uid=pod.uid, node=node, disks=[(d.kind, d.id, d.read_only) for d in pod.disks],
+                ttl_seconds=seconds) if pod.disks else None
+            full = await self.ledger.promise_attach(uid=pod.uid, node=node, drivers=slots, ttl_seconds=seconds) \
+                if slots and disk is None else None
         except (LedgerUnavailable, LedgerNotReadyError) as error:
-            return f"cannot promise its ReadWriteOncePod claims: {error}"
-        if taken is None:
+            return f"cannot promise its volumes: {error}"
+        if disk is None and full is None:
             return None
-        log.info("pod %s: claim %s is promised to pod %s", pod.key, *taken)
-        return f"persistentvolumeclaim {taken[0]!r} with ReadWriteOncePod access mode is being bound for another pod"
+        await self.unpromise(pod, node=node)
+        if disk is not None:
+            log.info("pod %s: disk %s on %s is promised to pod %s", pod.key, disk[0], node, disk[1])
+            return f"{DISK_CONFLICT}: disk {disk[0]} on node {node!r} is being bound for another pod"
+        assert full is not None
+        log.info("pod %s: node %s would count %d volumes of %s, over its limit %d, with the slots promised to "
+                 "other pods", pod.key, node, full[1], full[0], full[2])
+        return (f"{MAX_VOLUME_COUNT}: node {node!r} would have {full[1]} volumes of {full[0]} (limit {full[2]}) with "
+                f"those being bound for other pods")
 
-    async def unpromise(self, pod: PodView) -> None:
+    async def unpromise(self, pod: PodView, *, node: str) -> None:
         """Give the pod's promises back (its binding failed)."""
         try:
-            await self.ledger.unpromise_claims(uid=pod.uid, claims=self._once(pod))
+            if self._once(pod):
+                await self.ledger.unpromise_claims(uid=pod.uid, claims=self._once(pod))
         except (LedgerUnavailable, LedgerNotReadyError) as error:
             log.warning("pod %s: its claims' promises expire by themselves: %s", pod.key, error)
+        await self.give_back_slots(pod, node=node)
+
+    async def give_back_slots(self, pod: PodView, *, node: str) -> None:
+        """Give back the attach slots and disks promised to the pod on `node` (it was not reserved or bound there)."""
+        try:
+            if pod.disks:
+                await self.ledger.unpromise_disks(uid=pod.uid, node=node)
+            if pod.storage is not None and pod.storage.attach is not None:
+                drivers = sorted({driver for driver, _handle in pod.storage.attach.volumes})
+                await self.ledger.unpromise_attach(uid=pod.uid, node=node, drivers=drivers)
+        except (LedgerUnavailable, LedgerNotReadyError) as error:
+            log.warning("pod %s: its attach slots and disks on %s expire by themselves: %s", pod.key, node, error)
 
     async def _bind_claims(self, pod: PodView, node: str, nodes: NodeTable, row: int) -> str | None:
         assert pod.storage is not None

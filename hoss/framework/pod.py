@@ -9,7 +9,7 @@ pod that slipped past validation must not be placed by a guess.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +17,7 @@ from hoss.errors import PodSpecError, QuantityError
 from hoss.framework import payload
 from hoss.framework.errors import UnsupportedPodField
 from hoss.framework.node import TAINT_EFFECTS, Taint
-from hoss.framework.podindex import ANY_HOST_IP, HostPort, PlacedPod
+from hoss.framework.podindex import ANY_HOST_IP, Disk, HostPort, PlacedPod, parse_disks
 from hoss.framework.podterms import (
     LabelSelector,
     PodAffinityTerm,
@@ -28,7 +28,7 @@ from hoss.framework.podterms import (
     parse_terms,
     parse_weighted_terms,
 )
-from hoss.model.compact import DEFAULT_SPREAD, NAMESPACES, claim_names, selector_key
+from hoss.model.compact import DEFAULT_SPREAD, NAMESPACES, claim_names, disk_volumes, selector_key
 from hoss.model.objects import Json
 from hoss.model.resourceclaims import DEVICES
 from hoss.model.resources import ResourceVector, pod_requests
@@ -140,6 +140,54 @@ class DelayedClaim:
 
 
 @dataclass(frozen=True)
+class AttachNeeds:
+    """What NodeVolumeLimits needs (`hoss.model.storage.attach_context`)."""
+
+    volumes: tuple[tuple[str, str], ...]
+    """The pod's own volumes that count against a limit: (CSI driver, volume handle)."""
+    limits: dict[str, dict[str, int]]
+    """CSI driver -> node -> attach limit (CSINode.spec.drivers[].allocatable.count)."""
+    claims: dict[str, tuple[str, str]]
+    """Every claim of those drivers, ``namespace/name`` -> (driver, handle): the volumes of the pods on a node."""
+    attachments: dict[str, frozenset[tuple[str, str]]] = field(default_factory=dict)
+    """Node -> (driver, handle) of its VolumeAttachments of those drivers."""
+
+    def attached(self, pods: Iterable[PlacedPod]) -> dict[str, set[str]]:
+        """The handles of the limited drivers that `pods` (those on one node) use, by driver."""
+        found: dict[str, set[str]] = {}
+        for other in pods:
+            for claim in other.claims:
+                volume = self.claims.get(f"{other.namespace}/{claim}")
+                if volume is not None:
+                    found.setdefault(volume[0], set()).add(volume[1])
+        return found
+
+    def new_on(self, node: str, attached: Mapping[str, set[str]]) -> dict[str, set[str]]:
+        """The pod's volumes not attached yet, by driver, of the drivers `node` limits."""
+        new: dict[str, set[str]] = {}
+        for driver, handle in self.volumes:
+            if node in self.limits.get(driver, {}) and handle not in attached.get(driver, ()):
+                new.setdefault(driver, set()).add(handle)
+        return new
+
+    def counted(self, node: str, attached: Mapping[str, set[str]]) -> dict[str, set[str]]:
+        """Per driver, what counts as attached on `node`: the pods' volumes (`attached`), and its VolumeAttachments
+        not among them (kept apart by a ``va:`` prefix: kube-scheduler 1.36 does not take a new volume that is only
+        in a VolumeAttachment off the pod's count)."""
+        counted = {driver: set(handles) for driver, handles in attached.items()}
+        for driver, handle in self.attachments.get(node, ()):
+            if handle not in attached.get(driver, ()):
+                counted.setdefault(driver, set()).add(f"va:{handle}")
+        return counted
+
+    def exceeds(self, node: str, attached: Mapping[str, set[str]]) -> bool:
+        """kube-scheduler's check: some driver's attached volumes plus the pod's new ones exceed its limit."""
+        counted = self.counted(node, attached)
+        return any(len(counted.get(driver, ())) + len(handles) > self.limits[driver][node]
+                   for driver, handles in self.new_on(node, attached).items())
+
+
+@dataclass(frozen=True)
 class StorageNeeds:
     """What the pod's volume claims need (`hoss.model.storage`): a `problem` (no node can take it now, in
     kube-scheduler's words), or bound claims' PVs and claims waiting for their first consumer."""
@@ -149,6 +197,8 @@ class StorageNeeds:
     delayed: tuple[DelayedClaim, ...] = ()
     once: tuple[str, ...] = ()
     """The claims with the ReadWriteOncePod access mode (VolumeRestrictions: no other pod may use them)."""
+    attach: AttachNeeds | None = None
+    """What NodeVolumeLimits needs; None when no volume of the pod counts against an attach limit."""
 
 
 @dataclass(frozen=True)
@@ -240,6 +290,8 @@ class PodView:
     """The names of the volume claims it uses (its namespace's), as the pod index keeps them."""
     devices: DeviceNeeds | None = None
     """What the pod's ResourceClaims need (from the dispatcher); None for a pod without any."""
+    disks: tuple[Disk, ...] = ()
+    """The in-tree disks it mounts (VolumeRestrictions)."""
     resource_version: str = ""
     """metadata.resourceVersion of the pod as read: its binding names it, so the apiserver binds that version only
     (the spec, requests included, the decision and the reservation were made for); "" when unknown."""
@@ -252,10 +304,13 @@ class PodView:
     @property
     def reads_pod_index(self) -> bool:
         """Whether the pod has terms or constraints that depend on the pods already placed (its decision is then
-        not shared with other pods of its signature once one of them is placed)."""
+        not shared with other pods of its signature once one of them is placed): inter-pod terms, spread
+        constraints, and volumes whose count (NodeVolumeLimits) or in-tree disks (VolumeRestrictions) depend on the
+        pods on the node."""
         return bool(self.affinity_terms or self.anti_affinity_terms or self.spread_constraints
                     or self.preferred_affinity_terms or self.preferred_anti_affinity_terms
-                    or self.default_spread_selector is not None)
+                    or self.default_spread_selector is not None or self.disks
+                    or (self.storage is not None and self.storage.attach is not None))
 
     @property
     def domain_keys(self) -> frozenset[str]:
@@ -277,7 +332,7 @@ class PodView:
 def placed_view(pod: PodView, node: str) -> PlacedPod:
     """How the pod index holds `pod` once it is placed on `node` (a worker's tentative placement)."""
     return PlacedPod(uid=pod.uid, node=node, namespace=pod.namespace, labels=pod.labels, ports=pod.host_ports,
-                     claims=pod.claims,
+                     claims=pod.claims, disks=pod.disks,
                      anti=pod.anti_affinity_terms, affinity=pod.affinity_terms,
                      preferred=pod.preferred_affinity_terms, preferred_anti=pod.preferred_anti_affinity_terms,
                      name=pod.name, priority=pod.priority, request=dict(pod.request))
@@ -353,6 +408,7 @@ def parse_pod(pod: Mapping[str, Any]) -> PodView:
         storage=parse_storage(pod.get(STORAGE)) if pod.get(STORAGE) is not None else None,
         claims=tuple(sorted({name for name, _ephemeral in claim_names(pod)})),
         devices=parse_devices(pod.get(DEVICES), namespace=namespace) if pod.get(DEVICES) is not None else None,
+        disks=parse_disks(disk_volumes(pod)),
     )
 
 
@@ -370,7 +426,10 @@ def check_supported(pod: Mapping[str, Any]) -> None:
     Call it on a pod `parse_pod` accepted.
     """
     spec = pod.get("spec") or {}
-    if pod.get(STORAGE) is None:
+    storage = pod.get(STORAGE)
+    if isinstance(storage, Mapping) and storage.get("unsupported"):
+        raise UnsupportedPodField(str(storage["unsupported"]))
+    if storage is None:
         for position, volume in enumerate(spec.get("volumes") or []):
             for source in ("persistentVolumeClaim", "ephemeral"):
                 if isinstance(volume, Mapping) and volume.get(source) is not None:
@@ -388,6 +447,8 @@ def parse_storage(raw: object) -> StorageNeeds:
     problem = payload.string(context.get("problem"), field=f"{STORAGE}.problem", error=error)
     if problem:
         return StorageNeeds(problem=problem)
+    if context.get("unsupported"):
+        return StorageNeeds()  # refused by `check_supported`
     bound = []
     for i, item in enumerate(payload.items(context.get("bound"), field=f"{STORAGE}.bound", error=error)):
         field = f"{STORAGE}.bound[{i}]"
@@ -438,7 +499,43 @@ def parse_storage(raw: object) -> StorageNeeds:
             volumes=tuple(options), topologies=topologies, capacities=capacities))
     once = tuple(payload.string(name, field=f"{STORAGE}.rwop[{i}]", error=error, required=True)
                  for i, name in enumerate(payload.items(context.get("rwop"), field=f"{STORAGE}.rwop", error=error)))
-    return StorageNeeds(bound=tuple(bound), delayed=tuple(delayed), once=once)
+    attach = _attach(context["attach"]) if context.get("attach") is not None else None
+    return StorageNeeds(bound=tuple(bound), delayed=tuple(delayed), once=once, attach=attach)
+
+
+def _attach(raw: object) -> AttachNeeds:
+    """The ``attach`` part of the storage context (`hoss.model.storage.attach_context`)."""
+    error = PodSpecError
+    where = f"{STORAGE}.attach"
+    context = payload.mapping(raw, field=where, error=error, required=True)
+
+    def pair(value: object, *, field: str) -> tuple[str, str]:
+        items = payload.items(value, field=field, error=error)
+        if len(items) != 2:
+            raise PodSpecError(field=field, reason=f"expected [driver, handle], got {value!r}")
+        return (payload.string(items[0], field=f"{field}[0]", error=error, required=True),
+                payload.string(items[1], field=f"{field}[1]", error=error, required=True))
+
+    limits: dict[str, dict[str, int]] = {}
+    for driver, nodes in payload.mapping(context.get("limits"), field=f"{where}.limits", error=error).items():
+        limits[str(driver)] = {
+            str(node): payload.integer(count, field=f"{where}.limits.{driver}.{node}", error=error)
+            for node, count in payload.mapping(nodes, field=f"{where}.limits.{driver}", error=error).items()}
+    attachments = {
+        str(node): frozenset(pair(item, field=f"{where}.attachments.{node}[{i}]")
+                             for i, item in enumerate(payload.items(items, field=f"{where}.attachments.{node}",
+                                                                    error=error)))
+        for node, items in payload.mapping(context.get("attachments"), field=f"{where}.attachments",
+                                           error=error).items()}
+    return AttachNeeds(
+        attachments=attachments,
+        volumes=tuple(pair(item, field=f"{where}.volumes[{i}]")
+                      for i, item in enumerate(payload.items(context.get("volumes"), field=f"{where}.volumes",
+                                                             error=error))),
+        limits=limits,
+        claims={str(key): pair(value, field=f"{where}.claims.{key}")
+                for key, value in payload.mapping(context.get("claims"), field=f"{where}.claims",
+                                                  error=error).items()})
 
 
 def parse_devices(raw: object, *, namespace: str) -> DeviceNeeds:

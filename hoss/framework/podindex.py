@@ -49,6 +49,42 @@ class HostPort:
 
 
 @dataclass(frozen=True)
+class Disk:
+    """An in-tree disk a pod mounts (`hoss.model.compact.disk_volumes`), as VolumeRestrictions compares them."""
+
+    kind: str
+    """The volume source: gcePersistentDisk, awsElasticBlockStore, rbd or iscsi."""
+    id: str
+    """pdName, volumeID, ``<pool>/<image>`` or iqn."""
+    read_only: bool
+    monitors: frozenset[str] = frozenset()
+    """rbd's Ceph monitors (two rbd disks are one only when they share a monitor)."""
+
+    def conflicts(self, other: Disk) -> bool:
+        """kube-scheduler's isVolumeConflict: the same disk, mounted read-write by either (an EBS volume in any
+        mode; an rbd image only when the monitors overlap)."""
+        if self.kind != other.kind or self.id != other.id:
+            return False
+        if self.kind == "awsElasticBlockStore":
+            return True
+        if self.kind == "rbd" and not self.monitors & other.monitors:
+            return False
+        return not (self.read_only and other.read_only)
+
+
+def parse_disks(raw: object) -> tuple[Disk, ...]:
+    """`Disk`s from their JSON form (`hoss.model.compact.disk_volumes`); lenient: malformed entries are skipped."""
+    disks = []
+    for item in raw if isinstance(raw, list) else []:
+        if isinstance(item, dict) and isinstance(item.get("kind"), str) and isinstance(item.get("id"), str):
+            monitors = item.get("monitors")
+            disks.append(Disk(kind=item["kind"], id=item["id"], read_only=item.get("ro") is True,
+                              monitors=frozenset(str(m) for m in monitors) if isinstance(monitors, list)
+                              else frozenset()))
+    return tuple(disks)
+
+
+@dataclass(frozen=True)
 class PlacedPod:
     """A pod that holds a ledger entry on a node (assumed or bound), as the workers' pod index keeps it."""
 
@@ -77,7 +113,10 @@ class PlacedPod:
     """metadata.deletionTimestamp is set: PodTopologySpread does not count it (kube-scheduler's
     countPodsMatchSelector); it still counts for InterPodAffinity, NodePorts and resources, as there."""
     claims: tuple[str, ...] = ()
-    """The names of the volume claims it uses, in its namespace (VolumeRestrictions' ReadWriteOncePod check)."""
+    """The names of the volume claims it uses, in its namespace (VolumeRestrictions' ReadWriteOncePod check,
+    NodeVolumeLimits' count of the volumes on its node)."""
+    disks: tuple[Disk, ...] = ()
+    """The in-tree disks it mounts (VolumeRestrictions: one such disk is not used twice on a node)."""
     gang: str = ""
     """The gang it belongs to (`hoss.model.gangs.GangKey.ident`, '' for none): preemption evicts a gang whole."""
 
@@ -133,6 +172,7 @@ def parse_placed(uid: str, node: str, meta: str) -> PlacedPod:
         ports=tuple(p for p in parsed if p is not None),
         name=str(value.get("name") or ""),
         claims=tuple(str(c) for c in claims) if isinstance(claims := value.get("claims"), list) else (),
+        disks=parse_disks(value.get("disks")),
         priority=priority if isinstance(priority, int) and not isinstance(priority, bool) else 0,
         request={str(k): v for k, v in request.items() if isinstance(v, int) and not isinstance(v, bool)}
         if isinstance(request, dict) else {},

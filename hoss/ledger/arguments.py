@@ -70,6 +70,17 @@ class BatchPod:
 
 
 @dataclass(frozen=True)
+class AttachSlots:
+    """One CSI driver's attach slots a pod takes on its node (``promise_attach``): the node's `limit`, the handles
+    the worker counts attached there (`attached`, the pods on the node but this one) and the pod's own `handles`."""
+
+    driver: str
+    limit: int
+    attached: tuple[str, ...]
+    handles: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class MoveHold:
     """Room the rescheduler holds before it evicts: for the pending pod (`key` its uid, `owner` ''), or for the
     replacement of a moved pod (`key` 'move/<uid>', `owner` its controller's uid). `freeing`: what the plan's

@@ -36,6 +36,7 @@ from redis.asyncio import Redis
 
 from hoss.ledger.arguments import (
     MOVE_PRIORITY,
+    AttachSlots,
     BatchPod,
     BoundPod,
     ElasticQuota,
@@ -263,6 +264,40 @@ class Ledger:
     async def _unpromise(self, *, uid: str, keys: Sequence[str]) -> int:
         reply = ready_or_raise(await self._scripts.run("unpromise_claims", [uid, len(keys), *keys]))
         return int(reply[1])
+
+    async def promise_attach(self, *, uid: str, node: str, drivers: Sequence[AttachSlots],
+                             ttl_seconds: float) -> tuple[str, int, int] | None:
+        """Promise pod `uid` the attach slots its volumes take on `node`, per CSI driver, for `ttl_seconds`
+        (hoss/ledger/lua/promise_attach.lua): None when promised, else (driver, volumes counted, limit)."""
+        args: list[str | int] = [uid, ttl_ms(ttl_seconds), node, len(drivers)]
+        for slots in drivers:
+            args += [slots.driver, slots.limit, len(slots.attached), *slots.attached, len(slots.handles),
+                     *slots.handles]
+        texts = as_texts(ready_or_raise(await self._scripts.run("promise_attach", args)))
+        if texts[0] == "promised":
+            return None
+        return texts[1], int(texts[2]), int(texts[3])
+
+    async def unpromise_attach(self, *, uid: str, node: str, drivers: Sequence[str]) -> int:
+        """Drop the attach slots promised to `uid` on `node` (its binding failed); how many were dropped."""
+        reply = ready_or_raise(await self._scripts.run("unpromise_attach", [uid, node, len(drivers), *drivers]))
+        return int(reply[1])
+
+    async def promise_disks(self, *, uid: str, node: str, disks: Sequence[tuple[str, str, bool]],
+                            ttl_seconds: float) -> tuple[str, str] | None:
+        """Promise pod `uid` its in-tree `disks` (kind, id, read-only) on `node` for `ttl_seconds`
+        (hoss/ledger/lua/promise_disks.lua): None when promised, else (``kind/id``, uid of the pod holding it)."""
+        args: list[str | int] = [uid, ttl_ms(ttl_seconds), node, len(disks)]
+        for kind, ident, read_only in disks:
+            args += [kind, ident, 1 if read_only else 0]
+        texts = as_texts(ready_or_raise(await self._scripts.run("promise_disks", args)))
+        if texts[0] == "promised":
+            return None
+        return texts[1], texts[2]
+
+    async def unpromise_disks(self, *, uid: str, node: str) -> int:
+        """Drop the disks promised to `uid` on `node` (its binding failed); how many were dropped."""
+        return int(ready_or_raise(await self._scripts.run("unpromise_disks", [uid, node]))[1])
 
     async def unnominate(self, uid: str) -> bool:
         """End the nomination of `uid`; False when it had none."""

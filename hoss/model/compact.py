@@ -59,9 +59,40 @@ def _containers(value: object) -> list[Json]:
     return [_pick(c, _CONTAINER) if isinstance(c, dict) else c for c in value]
 
 
+IN_TREE_VOLUMES = ("gcePersistentDisk", "awsElasticBlockStore", "rbd", "iscsi", "azureDisk", "azureFile", "cinder",
+                   "vsphereVolume", "portworxVolume")
+"""In-tree volume sources the compact form keeps whole: VolumeRestrictions' disk conflicts (the first four) and
+NodeVolumeLimits' CSI migration (`hoss.model.storage.MIGRATED_PLUGINS`) read them."""
+DISK_CONFLICTS = {"gcePersistentDisk": "pdName", "awsElasticBlockStore": "volumeID", "iscsi": "iqn", "rbd": "image"}
+"""The in-tree disks VolumeRestrictions keeps from being used twice on a node, and the field that names the disk."""
+
+
+def disk_volumes(pod: Mapping[str, Any]) -> list[Json]:
+    """The pod's in-tree disks that VolumeRestrictions checks (`DISK_CONFLICTS`), as ``{"kind", "id", "ro"}`` (and
+    ``"monitors"`` for rbd, whose id is ``<pool>/<image>``), from a raw or compact pod."""
+    spec = pod.get("spec")
+    volumes = spec.get("volumes") if isinstance(spec, dict) else None
+    found: list[Json] = []
+    for volume in volumes if isinstance(volumes, list) else []:
+        if not isinstance(volume, dict):
+            continue
+        for kind, key in DISK_CONFLICTS.items():
+            source = volume.get(kind)
+            if not isinstance(source, dict):
+                continue
+            disk: Json = {"kind": kind, "id": str(source.get(key) or ""), "ro": source.get("readOnly") is True}
+            if kind == "rbd":
+                disk["id"] = f"{source.get('pool') or 'rbd'}/{disk['id']}"
+                monitors = source.get("monitors")
+                disk["monitors"] = sorted({str(m) for m in monitors}) if isinstance(monitors, list) else []
+            found.append(disk)
+    return found
+
+
 def _volumes(value: object) -> list[Json]:
-    """The volumes, when any is backed by a claim: each keeps its place (so a message names its index, as the user
-    wrote it) but only its name and, for a claim, the claim's name (an ephemeral one: ``{}``); else none."""
+    """The volumes, when any is backed by a claim or an in-tree source of `IN_TREE_VOLUMES`: each keeps its place (so
+    a message names its index, as the user wrote it) but only its name and, for a claim, the claim's name (an
+    ephemeral one: ``{}``), or the in-tree source whole; else none."""
     if not isinstance(value, list):
         return []
     kept: list[Json] = []
@@ -75,6 +106,10 @@ def _volumes(value: object) -> list[Json]:
             entry["persistentVolumeClaim"] = {"claimName": source.get("claimName", "")}
         elif isinstance(volume.get("ephemeral"), dict):
             entry["ephemeral"] = {}
+        else:
+            for kind in IN_TREE_VOLUMES:
+                if isinstance(volume.get(kind), dict):
+                    entry[kind] = volume[kind]
         kept.append(entry)
     return kept if any(len(entry) > 1 for entry in kept) else []
 
@@ -359,7 +394,9 @@ def pod_meta(pod: Mapping[str, Any], *, request: Mapping[str, int] | None = None
     InterPodAffinity, PodTopologySpread and DefaultPreemption read of the pods already on a node. The scripts read
     the priority too: room held for a preempting pod is kept from pods of lower priority; and ``owner``, the
     controller's uid, by which a replacement pod claims the room the rescheduler held for the pod it replaces; and
-    ``gang``, the gang it belongs to (`hoss.model.gangs.GangKey.ident`), for preemption."""
+    ``gang``, the gang it belongs to (`hoss.model.gangs.GangKey.ident`), for preemption; ``claims``, the claims its
+    volumes use (VolumeRestrictions' ReadWriteOncePod check, NodeVolumeLimits' count), and ``disks``, its in-tree
+    disks (`disk_volumes`, VolumeRestrictions)."""
     metadata = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
     assert isinstance(metadata, dict)
     labels = metadata.get("labels")
@@ -392,6 +429,9 @@ def pod_meta(pod: Mapping[str, Any], *, request: Mapping[str, int] | None = None
     claims = sorted({name for name, _ephemeral in claim_names(pod)})
     if claims:
         meta["claims"] = claims  # VolumeRestrictions: a ReadWriteOncePod claim is used by one pod at most
+    disks = disk_volumes(pod)
+    if disks:
+        meta["disks"] = disks  # VolumeRestrictions: an in-tree disk is used once per node (read-only aside)
     gang = raw_gang_of(pod)
     if gang is not None:
         meta["gang"] = gang.ident  # a running gang is evicted whole or not at all (workers/victims.py)

@@ -1,8 +1,8 @@
 """What a pending pod's volume claims need of a node, as kube-scheduler's VolumeBinding and VolumeZone read them.
 Pure: the dispatcher keeps the storage objects (`StorageCatalog`, from its watches of PersistentVolumeClaims,
-PersistentVolumes, StorageClasses, CSIDrivers and CSIStorageCapacities) and puts `storage_context` of each pod into
-its compact form under `STORAGE`; the worker's VolumeBinding plugin (`hoss.framework.plugins.volumes`) reads only
-that, never the apiserver.
+PersistentVolumes, StorageClasses, CSIDrivers, CSIStorageCapacities and CSINodes) and puts `storage_context` of
+each pod into its compact form under `STORAGE`; the worker's volume plugins (`hoss.framework.plugins.volumes`)
+read only that, never the apiserver.
 
 The context is one of:
 
@@ -10,11 +10,15 @@ The context is one of:
   UnschedulableAndUnresolvable): a claim missing, being deleted or lost, an ephemeral claim not created yet or not
   the pod's, a claim that is neither bound nor waiting for its first consumer ("pod has unbound immediate
   PersistentVolumeClaims"). The claim's change changes the context, so the dispatcher sends the pod again.
-- ``{"bound": [...], "delayed": [...], "rwop": [...]}``: the fully bound claims with their PV's node affinity and
-  zone labels, and the claims of a WaitForFirstConsumer class with the PVs that could take them (class, access modes,
-  capacity, volume mode, selector and pre-binding already checked here: only the node affinity is left to the
-  node), and how their class provisions (provisioner, allowedTopologies, the CSIStorageCapacities that apply);
-  ``rwop`` names the claims with the ReadWriteOncePod access mode (VolumeRestrictions), when there are any.
+- ``{"unsupported": text}``: the pod has an in-tree volume that kube-scheduler counts under CSI migration against
+  an attach limit some CSINode sets; hoss refuses it naming the field (`migrated_volume`).
+- ``{"bound": [...], "delayed": [...], "rwop": [...], "attach": {...}}``: the fully bound claims with their PV's
+  node affinity and zone labels, and the claims of a WaitForFirstConsumer class with the PVs that could take them
+  (class, access modes, capacity, volume mode, selector and pre-binding already checked here: only the node
+  affinity is left to the node), and how their class provisions (provisioner, allowedTopologies, the
+  CSIStorageCapacities that apply); ``rwop`` names the claims with the ReadWriteOncePod access mode
+  (VolumeRestrictions), when there are any; ``attach`` what NodeVolumeLimits needs, when any claim counts against
+  a CSI driver's attach limit (`attach_context`).
 
 Keys of the claims and PVs carry their resourceVersion, so the worker's writes (`workers.volumes`) are made only
 on the versions the decision read: the apiserver refuses a write to a PV or a claim that changed since.
@@ -69,21 +73,30 @@ class StorageCatalog:
     """CSIDrivers by name (those with spec.storageCapacity get their capacities checked)."""
     capacities: dict[tuple[str, str], Json] = field(default_factory=dict)
     """CSIStorageCapacities by (namespace, name)."""
+    csinodes: dict[str, Json] = field(default_factory=dict)
+    """CSINodes by name (the node's name): their drivers' attach limits (NodeVolumeLimits)."""
+    attachments: dict[str, Json] = field(default_factory=dict)
+    """VolumeAttachments by name: the volumes attached to a node, which NodeVolumeLimits counts too."""
 
-    KINDS = ("claims", "volumes", "classes", "drivers", "capacities")
+    KINDS = ("claims", "volumes", "classes", "drivers", "capacities", "csinodes", "attachments")
 
     def key(self, kind: str, raw: Mapping[str, Any]) -> Any:
         return (_namespace(raw), _name(raw)) if kind in ("claims", "capacities") else _name(raw)
 
+    attach_cache: AttachTables | None = field(default=None, repr=False)
+    """Cached `attach_tables` (dropped on any change)."""
+
     def replace(self, kind: str, items: list[Json]) -> None:
         """The watch of `kind` listed `items`."""
         setattr(self, kind, {self.key(kind, raw): raw for raw in items if _name(raw)})
+        self.attach_cache = None
 
     def apply(self, kind: str, event: str, raw: Json) -> None:
         """One watch event of `kind`."""
         if not _name(raw):
             return
         table: dict[Any, Json] = getattr(self, kind)
+        self.attach_cache = None
         if event == "DELETED":
             table.pop(self.key(kind, raw), None)
         else:
@@ -217,10 +230,23 @@ def _capacities(claim: Mapping[str, Any], *, class_name: str, provisioner: str,
 
 
 def storage_context(pod: Mapping[str, Any], catalog: StorageCatalog) -> Json | None:
-    """What the pod's claims need (see the module docstring); None for a pod without claims."""
+    """What the pod's claims need (see the module docstring); None for a pod without claims (nor an in-tree volume
+    hoss refuses, `migrated_volume`)."""
+    refused = migrated_volume(pod, catalog)
+    if refused:
+        return {"unsupported": refused}
     claims = pod_claims(pod)
     if not claims:
         return None
+    context = _claims_context(pod, claims, catalog)
+    if "problem" not in context:
+        attach = attach_context(pod, catalog)
+        if attach is not None:
+            context["attach"] = attach
+    return context
+
+
+def _claims_context(pod: Mapping[str, Any], claims: list[tuple[str, bool]], catalog: StorageCatalog) -> Json:
     metadata = section(dict(pod), "metadata")
     namespace = str(metadata.get("namespace") or "default")
     bound: list[Json] = []
@@ -289,3 +315,156 @@ def storage_context(pod: Mapping[str, Any], catalog: StorageCatalog) -> Json | N
         context["rwop"] = sorted(set(once))
     return context
 
+
+
+# --- NodeVolumeLimits -------------------------------------------------------------------------------------------
+
+MIGRATED_PLUGINS: Mapping[str, tuple[str, str]] = {
+    "awsElasticBlockStore": ("kubernetes.io/aws-ebs", "ebs.csi.aws.com"),
+    "gcePersistentDisk": ("kubernetes.io/gce-pd", "pd.csi.storage.gke.io"),
+    "azureDisk": ("kubernetes.io/azure-disk", "disk.csi.azure.com"),
+    "cinder": ("kubernetes.io/cinder", "cinder.csi.openstack.org"),
+    "portworxVolume": ("kubernetes.io/portworx-volume", "pxd.portworx.com"),
+}
+"""In-tree volume source (its field in a pod's volume or a PV's spec) -> (its provisioner name, the CSI driver it
+is migrated to): the plugins kube-scheduler 1.36's NodeVolumeLimits counts under CSI migration (isCSIMigrationOn)
+against the CSI driver's attach limit."""
+_MIGRATED_PROVISIONERS = {provisioner: source for source, (provisioner, _driver) in MIGRATED_PLUGINS.items()}
+
+
+def attach_limits(csinodes: Mapping[str, Json]) -> dict[str, dict[str, int]]:
+    """CSI driver -> node -> its attach limit, from the CSINodes' spec.drivers[].allocatable.count (kube-scheduler's
+    getVolumeLimits; a driver without a count has no limit)."""
+    limits: dict[str, dict[str, int]] = {}
+    for node, csinode in csinodes.items():
+        drivers = section(csinode, "spec").get("drivers")
+        for driver in drivers if isinstance(drivers, list) else []:
+            if not isinstance(driver, dict):
+                continue
+            count = section(driver, "allocatable").get("count")
+            if isinstance(count, int) and not isinstance(count, bool) and driver.get("name"):
+                limits.setdefault(str(driver["name"]), {})[node] = count
+    return limits
+
+
+def claim_volume(claim: Mapping[str, Any], catalog: StorageCatalog) -> tuple[str, str] | None:
+    """The (CSI driver, volume handle) a claim counts as, as kube-scheduler's getCSIDriverInfo: the bound PV's CSI
+    source; for a claim without a PV (not bound yet, or its PV not found), its class's provisioner with a handle of
+    the claim's own (``pvc:<namespace>/<name>``, never a real one, as kube-scheduler's random prefix); None for a
+    volume that counts against no CSI limit (no class, a class not found, a PV of another kind). In-tree volumes
+    under CSI migration are not resolved here: `migrated_volume` refuses the pod that has them."""
+    spec = section(dict(claim), "spec")
+    pv = catalog.volumes.get(str(spec.get("volumeName") or "")) if spec.get("volumeName") else None
+    if pv is not None:
+        csi = section(section(pv, "spec"), "csi")
+        if csi.get("driver") and csi.get("volumeHandle"):
+            return str(csi["driver"]), str(csi["volumeHandle"])
+        return None
+    class_name = claim_class(claim)
+    storage_class = catalog.classes.get(class_name) if class_name else None
+    provisioner = str(storage_class.get("provisioner") or "") if storage_class is not None else ""
+    if not provisioner or provisioner in _MIGRATED_PROVISIONERS:
+        return None
+    return provisioner, f"pvc:{_namespace(claim)}/{_name(claim)}"
+
+
+@dataclass(frozen=True)
+class AttachTables:
+    """What NodeVolumeLimits reads of the whole catalog (`attach_tables`)."""
+
+    limits: dict[str, dict[str, int]]
+    """CSI driver -> node -> attach limit (`attach_limits`)."""
+    claims: dict[str, list[str]]
+    """Every claim of a limited driver, ``namespace/name`` -> [driver, handle] (`claim_volume`)."""
+    attached: dict[str, list[list[str]]]
+    """Node -> the [driver, handle] of its VolumeAttachments of limited drivers (the attacher, the PV's CSI handle),
+    which kube-scheduler 1.36 counts besides the pods' volumes."""
+
+
+def attach_tables(catalog: StorageCatalog) -> AttachTables:
+    """`AttachTables` of the catalog, computed once per change of it."""
+    if catalog.attach_cache is None:
+        limits = attach_limits(catalog.csinodes)
+        claims: dict[str, list[str]] = {}
+        attached: dict[str, list[list[str]]] = {}
+        if limits:
+            for (namespace, name), claim in catalog.claims.items():
+                volume = claim_volume(claim, catalog)
+                if volume is not None and volume[0] in limits:
+                    claims[f"{namespace}/{name}"] = list(volume)
+            for attachment in catalog.attachments.values():
+                spec = section(attachment, "spec")
+                attacher = str(spec.get("attacher") or "")
+                pv = catalog.volumes.get(str(section(spec, "source").get("persistentVolumeName") or ""))
+                handle = section(section(pv, "spec"), "csi").get("volumeHandle") if pv is not None else None
+                if attacher in limits and handle and spec.get("nodeName"):
+                    attached.setdefault(str(spec["nodeName"]), []).append([attacher, str(handle)])
+        catalog.attach_cache = AttachTables(limits=limits, claims=claims, attached=attached)
+    return catalog.attach_cache
+
+
+def attach_context(pod: Mapping[str, Any], catalog: StorageCatalog) -> Json | None:
+    """What NodeVolumeLimits needs of a pod whose claims count against a CSI driver's attach limit on some node
+    (None for any other): its own volumes as [driver, handle] pairs, the limits of those drivers per node, and
+    every claim of those drivers in the cluster (``namespace/name`` -> [driver, handle]), by which the worker
+    counts the volumes of the pods already on a node from their claims (the pod index names them), and the
+    VolumeAttachments of those drivers per node. Inline CSI volumes are not counted, as kube-scheduler does not
+    count them."""
+    tables = attach_tables(catalog)
+    limits, claims = tables.limits, tables.claims
+    if not limits:
+        return None
+    namespace = _namespace(pod)
+    own: set[tuple[str, str]] = set()
+    for name, _ephemeral in pod_claims(pod):
+        entry = claims.get(f"{namespace}/{name}")
+        if entry is not None:
+            own.add((entry[0], entry[1]))
+    drivers = sorted({driver for driver, _handle in own})
+    if not drivers:
+        return None
+    context: Json = {"volumes": [list(volume) for volume in sorted(own)],
+                     "limits": {driver: limits[driver] for driver in drivers},
+                     "claims": {key: value for key, value in claims.items() if value[0] in drivers}}
+    attachments = {node: sorted(pair for pair in pairs if pair[0] in drivers)
+                   for node, pairs in tables.attached.items() if any(pair[0] in drivers for pair in pairs)}
+    if attachments:
+        context["attachments"] = attachments
+    return context
+
+
+def migrated_volume(pod: Mapping[str, Any], catalog: StorageCatalog) -> str:
+    """The field of the pod's first in-tree volume that kube-scheduler counts under CSI migration against a CSI
+    driver's attach limit some CSINode sets (an inline source, or a claim whose PV has that source or whose class
+    has the in-tree provisioner), with why; '' when none. hoss does not translate in-tree volumes to their CSI
+    handles, so such a pod is refused, naming the field, instead of being placed as if its volume were absent."""
+    limits = attach_tables(catalog).limits
+    if not limits:
+        return ""
+    metadata = section(dict(pod), "metadata")
+    namespace = str(metadata.get("namespace") or "default")
+    pod_name = str(metadata.get("name") or "")
+    volumes = section(dict(pod), "spec").get("volumes")
+    for position, volume in enumerate(volumes if isinstance(volumes, list) else []):
+        if not isinstance(volume, dict):
+            continue
+        source = next((key for key in MIGRATED_PLUGINS if isinstance(volume.get(key), dict)), "")
+        where = f"spec.volumes[{position}].{source}"
+        if not source:
+            claim_name = section(volume, "persistentVolumeClaim").get("claimName") \
+                if isinstance(volume.get("persistentVolumeClaim"), dict) \
+                else f"{pod_name}-{volume.get('name', '')}" if isinstance(volume.get("ephemeral"), dict) else None
+            claim = catalog.claims.get((namespace, str(claim_name))) if claim_name is not None else None
+            if claim is None:
+                continue
+            pv = catalog.volumes.get(str(section(claim, "spec").get("volumeName") or ""))
+            if pv is not None:
+                source = next((key for key in MIGRATED_PLUGINS if isinstance(section(pv, "spec").get(key), dict)), "")
+            else:
+                storage_class = catalog.classes.get(claim_class(claim))
+                source = _MIGRATED_PROVISIONERS.get(str(storage_class.get("provisioner") or "")
+                                                    if storage_class is not None else "", "")
+            where = f"spec.volumes[{position}] (claim {claim_name!r}: in-tree {source})"
+        if source and MIGRATED_PLUGINS[source][1] in limits:
+            return f"{where} counted under CSI migration against the attach limit of {MIGRATED_PLUGINS[source][1]}"
+    return ""

@@ -242,9 +242,10 @@ FIELDS: dict[str, str] = {
 
 WEBHOOK_RESOURCES = {"pods": "1.0", "pods/binding": "1.0", "bindings": "1.0"}
 """Core resources the webhook rules match, and the release that serves them."""
-OPTIONAL_WEBHOOK_RESOURCES = {"pods/resize": "1.33"}
+OPTIONAL_WEBHOOK_RESOURCES = {"pods/resize": "1.33", "resourceclaims/status": "1.34"}
 """Resources a webhook rule matches where they exist: the resize subresource (InPlacePodVerticalScaling, on by
-default from 1.33). Before that release the rule matches nothing and the rest works."""
+default from 1.33) and ResourceClaims' status (resource.k8s.io/v1, GA in 1.34). Before that release the rule
+matches nothing and the rest works."""
 
 
 def release(version: str) -> tuple[int, int]:

@@ -343,8 +343,8 @@ def test_every_built_in_plugin_is_registered_under_its_kind() -> None:
     registry = load_registry()
 
     assert sorted(FILTERS) == ["DynamicResources", "InterPodAffinity", "NodeAffinity", "NodePool", "NodePorts",
-                               "NodeResourcesFit", "NodeUnschedulable", "PodTopologySpread", "TaintToleration",
-                               "VolumeBinding", "VolumeRestrictions", "VolumeZone"]
+                               "NodeResourcesFit", "NodeUnschedulable", "NodeVolumeLimits", "PodTopologySpread",
+                               "TaintToleration", "VolumeBinding", "VolumeRestrictions", "VolumeZone"]
     assert sorted(SCORES) == ["CpuOffGpuNodes", "GpuPacking", "InterPodAffinity", "LeastAllocated", "MostAllocated",
                               "NodeAffinity", "PodTopologySpread", "TaintToleration"]
     assert all(build({}).name == name for name, build in registry.filters.items())

@@ -17,7 +17,8 @@ from tests.kube_objects import GPU_NODE, pod_view, raw_node, table
 
 POLICIES = Path(__file__).resolve().parents[2] / "configs" / "policies.yaml"
 FILTERS = ["NodeUnschedulable", "TaintToleration", "NodeAffinity", "NodePorts", "NodePool", "NodeResourcesFit",
-           "VolumeRestrictions", "VolumeBinding", "VolumeZone", "DynamicResources", "PodTopologySpread",
+           "VolumeRestrictions", "NodeVolumeLimits", "VolumeBinding", "VolumeZone", "DynamicResources",
+           "PodTopologySpread",
            "InterPodAffinity"]
 
 

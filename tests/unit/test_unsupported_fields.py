@@ -49,12 +49,19 @@ def test_a_field_hoss_does_not_honour_is_refused_by_its_path(spec: Json, field: 
     {"emptyDir": {}}, {"configMap": {"name": "c"}}, {"secret": {"secretName": "s"}},
     {"projected": {"sources": [{"serviceAccountToken": {"path": "token"}}]}},
     {"hostPath": {"path": "/data"}}, {"nfs": {"server": "nfs.example", "path": "/export"}},
-    {"downwardAPI": {"items": []}}, {"gcePersistentDisk": {"pdName": "disk"}},
+    {"downwardAPI": {"items": []}},
 ])
 def test_volumes_that_constrain_no_node_are_neither_refused_nor_carried(source: Json) -> None:
     pod = with_spec(volumes=[{"name": "v", **source}])
     assert refused_field(pod) is None
     assert "volumes" not in compact.compact_pod(pod)["spec"]
+
+
+def test_an_in_tree_disk_is_carried_for_volume_restrictions_and_not_refused() -> None:
+    pod = with_spec(volumes=[{"name": "cache", "emptyDir": {}}, {"name": "v", "gcePersistentDisk": {"pdName": "d"}}])
+    assert refused_field(pod) is None
+    assert compact.compact_pod(pod)["spec"]["volumes"] == [{"name": "cache"},
+                                                           {"name": "v", "gcePersistentDisk": {"pdName": "d"}}]
 
 
 def test_a_claim_the_dispatcher_described_is_not_refused() -> None:

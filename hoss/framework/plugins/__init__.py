@@ -1,9 +1,10 @@
 """Scheduler plugins by the name a profile in policies.yaml uses for them: the built-ins, and your own.
 
 Built-in filters: NodeUnschedulable, TaintToleration, NodeAffinity, NodePorts, NodeResourcesFit, NodePool,
-PodTopologySpread (DoNotSchedule constraints), InterPodAffinity (required terms), VolumeRestrictions
-(ReadWriteOncePod claims), VolumeBinding (volume claims; it also has a ``prefilter(pod)``, which rejects a pod on
-every node at once), VolumeZone and DynamicResources (ResourceClaims, with a ``prefilter(pod)`` too).
+PodTopologySpread (DoNotSchedule constraints), InterPodAffinity (required terms), VolumeRestrictions (in-tree
+disks, ReadWriteOncePod claims), NodeVolumeLimits (CSI attach limits), VolumeBinding (volume claims; it also has
+a ``prefilter(pod)``, which rejects a pod on every node at once), VolumeZone and DynamicResources (ResourceClaims,
+with a ``prefilter(pod)`` too).
 Built-in scores: LeastAllocated (spread), MostAllocated (bin-pack), GpuPacking, CpuOffGpuNodes, NodeAffinity
 (preferred terms), TaintToleration (PreferNoSchedule taints), PodTopologySpread (ScheduleAnyway constraints)
 and InterPodAffinity (preferred terms, the pod's and the placed pods'). Each module of this package documents its plugin
@@ -79,7 +80,7 @@ from hoss.framework.plugins.ports import NodePorts
 from hoss.framework.plugins.spread import LeastAllocated
 from hoss.framework.plugins.taints import NodeUnschedulable, TaintToleration
 from hoss.framework.plugins.topology import PodTopologySpread
-from hoss.framework.plugins.volumes import VolumeBinding, VolumeRestrictions, VolumeZone
+from hoss.framework.plugins.volumes import NodeVolumeLimits, VolumeBinding, VolumeRestrictions, VolumeZone
 
 ENTRY_POINT_GROUP = "hoss.plugins"
 BUILT_IN = "built-in"
@@ -97,6 +98,7 @@ FILTERS: Mapping[str, FilterFactory] = {
     InterPodAffinity.name: InterPodAffinity.from_args,
     PodTopologySpread.name: PodTopologySpread.from_args,
     VolumeRestrictions.name: VolumeRestrictions.from_args,
+    NodeVolumeLimits.name: NodeVolumeLimits.from_args,
     VolumeBinding.name: VolumeBinding.from_args,
     VolumeZone.name: VolumeZone.from_args,
     DynamicResources.name: DynamicResources.from_args,

@@ -23,8 +23,18 @@ VolumeRestrictions: a claim with the ReadWriteOncePod access mode that another p
 ledger entry, on any node: the pod index) rejects every node (``node(s) unavailable due to PersistentVolumeClaim
 with ReadWriteOncePod access mode already in-use by another pod``), as kube-scheduler's Filter does, so preemption
 may evict a lower-priority user. Two workers deciding at once are kept apart by the ledger's promise of the claim
-before the binding (`workers.volumes`, ``promise_claims.lua``). In-tree disks used twice on a node (GCE PD, EBS,
-RBD, iSCSI inline volumes) are not checked.
+before the binding (`workers.volumes`, ``promise_claims.lua``). First, as there, an in-tree disk of the pod
+(gcePersistentDisk, awsElasticBlockStore, rbd, iscsi inline volumes) that a pod on the node mounts already rejects
+the node (``node(s) had no available disk``), unless both mount it read-only (GCE PD, iSCSI, rbd; an EBS volume
+conflicts in any mode; rbd images are one when pool and image match and the monitors overlap).
+
+NodeVolumeLimits: on a node whose CSINode gives a CSI driver an attach limit (spec.drivers[].allocatable.count),
+the volumes of that driver the pods on the node use (unique by volume handle) plus the pod's own not among them
+must not exceed it (``node(s) exceed max volume count``), as kube-scheduler's CSILimits counts them: a bound
+claim's CSI PV, a claim without a PV by its class's provisioner (a handle of its own), generic ephemeral volumes
+by their claim; inline CSI volumes are not counted (`hoss.model.storage.attach_context`). Two workers filling a
+node's last slot at once are kept apart by the ledger's promise of the slots (`workers.volumes`,
+``promise_attach.lua``).
 
 VolumeZone: a bound PV's zone and region labels (``topology.kubernetes.io/zone`` ..., values joined by ``__``
 for several) must hold the node's value of that label, on nodes that have any such label (``node(s) had no
@@ -49,6 +59,8 @@ BIND_CONFLICT = "node(s) didn't find available persistent volumes to bind"
 NOT_ENOUGH_SPACE = "node(s) did not have enough free storage"
 PV_NOT_EXIST = "node(s) unavailable due to one or more pvc(s) bound to non-existent pv(s)"
 NO_VOLUME_ZONE = "node(s) had no available volume zone"
+DISK_CONFLICT = "node(s) had no available disk"
+MAX_VOLUME_COUNT = "node(s) exceed max volume count"
 READ_WRITE_ONCE_POD_CONFLICT = ("node(s) unavailable due to PersistentVolumeClaim with ReadWriteOncePod access mode "
                                 "already in-use by another pod")
 
@@ -220,15 +232,62 @@ class VolumeZone(TakesNoArgs):
         return FilterResult.from_reasons(rows, {NO_VOLUME_ZONE: rejected} if rejected.any() else {})
 
 
+def disk_conflicts(pod: PodView, nodes: NodeTable) -> BoolArray:
+    """Nodes where a pod already placed mounts one of the pod's in-tree disks in a conflicting way."""
+    conflicted = np.zeros(len(nodes), dtype=np.bool_)
+    if not pod.disks:
+        return conflicted
+    for other in nodes.pods.values():
+        if other.disks and other.uid != pod.uid and other.node in nodes and any(
+                disk.conflicts(theirs) for disk in pod.disks for theirs in other.disks):
+            conflicted[nodes.row(other.node)] = True
+    return conflicted
+
+
 class VolumeRestrictions(TakesNoArgs):
-    """Filter: a ReadWriteOncePod claim of the pod used by another pod rejects every node (module docstring)."""
+    """Filter: an in-tree disk of the pod mounted on the node already rejects the node; a ReadWriteOncePod claim of
+    the pod used by another pod rejects every node (module docstring)."""
 
     name = "VolumeRestrictions"
 
     def filter(self, pod: PodView, nodes: NodeTable) -> FilterResult:
         rows = len(nodes)
+        reasons: dict[str, BoolArray] = {}
+        conflicted = disk_conflicts(pod, nodes)
+        if conflicted.any():
+            reasons[DISK_CONFLICT] = conflicted
         once = set(pod.storage.once) if pod.storage is not None else set()
         if once and any(other.uid != pod.uid and other.namespace == pod.namespace and once.intersection(other.claims)
                         for other in nodes.pods.values()):
-            return FilterResult.from_reasons(rows, {READ_WRITE_ONCE_POD_CONFLICT: np.ones(rows, dtype=np.bool_)})
-        return FilterResult.from_reasons(rows, {})
+            reasons[READ_WRITE_ONCE_POD_CONFLICT] = ~conflicted  # kube-scheduler checks the disks first
+        return FilterResult.from_reasons(rows, reasons)
+
+
+def attached_on(pod: PodView, node: str, nodes: NodeTable) -> dict[str, set[str]]:
+    """The handles of the attach-limited drivers the pods on `node` (but `pod`) use, by driver."""
+    assert pod.storage is not None and pod.storage.attach is not None
+    return pod.storage.attach.attached(
+        nodes.pods[uid] for uid in nodes.pods_on.get(node, ()) if uid != pod.uid and uid in nodes.pods)
+
+
+def over_limit(pod: PodView, nodes: NodeTable) -> BoolArray:
+    """Nodes where the pod's new volumes would exceed a CSI driver's attach limit (module docstring)."""
+    over = np.zeros(len(nodes), dtype=np.bool_)
+    attach = pod.storage.attach if pod.storage is not None else None
+    if attach is None:
+        return over
+    limited = {node for driver, _handle in attach.volumes for node in attach.limits.get(driver, {})}
+    for node in limited:
+        if node in nodes and attach.exceeds(node, attached_on(pod, node, nodes)):
+            over[nodes.row(node)] = True
+    return over
+
+
+class NodeVolumeLimits(TakesNoArgs):
+    """Filter: a CSI driver's attach limit on the node (module docstring)."""
+
+    name = "NodeVolumeLimits"
+
+    def filter(self, pod: PodView, nodes: NodeTable) -> FilterResult:
+        over = over_limit(pod, nodes)
+        return FilterResult.from_reasons(len(nodes), {MAX_VOLUME_COUNT: over} if over.any() else {})
