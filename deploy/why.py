@@ -46,6 +46,7 @@ from hoss.kube.rest import KubeREST
 from hoss.ledger.client import Ledger
 from hoss.model import compact
 from hoss.model.objects import Json
+from hoss.model.resourceclaims import DEVICES, DeviceCatalog, device_context
 from hoss.model.resources import pod_requests
 from hoss.model.storage import STORAGE, StorageCatalog, storage_context
 from hoss.queue import WorkQueue
@@ -122,7 +123,8 @@ async def why(*, kubeconfig: str, redis_url: str, policies_file: str, target: st
         namespaces = await _namespaces(rest)
         sources = await _sources(rest, namespace, [raw])
         storage = await _storage(rest, namespace) if compact.claim_names(raw) else None
-        form = _form(raw, namespaces, sources, storage)
+        devices = await _devices(rest) if _has_resource_claims(raw) else None
+        form = _form(raw, namespaces, sources, storage, devices)
         gang = await _gang(rest, raw, form, namespaces, sources)
         ledger = Ledger(redis)
         table = NodeTable()
@@ -167,16 +169,36 @@ async def run(*, kubeconfig: str, redis_url: str, policies_file: str, target: st
 
 
 def _form(raw: Json, namespaces: Mapping[str, Mapping[str, str]], sources: SelectorSources,
-          storage: StorageCatalog | None = None) -> Json:
+          storage: StorageCatalog | None = None, devices: DeviceCatalog | None = None) -> Json:
     """The pod as the dispatcher sends it to a worker (`dispatcher.intake`): compact, with the namespaces'
-    context, the default spread selector and what its claims need (`storage`), through the same encoding."""
+    context, the default spread selector, what its claims need (`storage`) and what its ResourceClaims need
+    (`devices`), through the same encoding."""
     spec = raw.get("spec") if isinstance(raw.get("spec"), dict) else {}
     assert isinstance(spec, dict)
     default_spread = None if spec.get("topologySpreadConstraints") else sources.default_selector(raw)
     form = compact.compact_pod(raw, namespaces=namespaces, default_spread=default_spread)
     if storage is not None and (needs := storage_context(form, storage)) is not None:
         form[STORAGE] = needs
+    if devices is not None and (wanted := device_context(form, devices)) is not None:
+        form[DEVICES] = wanted
     return compact.decode(compact.encode(form))
+
+
+def _has_resource_claims(raw: Mapping[str, Any]) -> bool:
+    spec = raw.get("spec")
+    return isinstance(spec, dict) and bool(spec.get("resourceClaims"))
+
+
+async def _devices(rest: KubeREST) -> DeviceCatalog:
+    """The DRA objects a pod with ResourceClaims reads, as the dispatcher's watches keep them."""
+    catalog = DeviceCatalog()
+    paths = {"claims": "/apis/resource.k8s.io/v1/resourceclaims",
+             "slices": "/apis/resource.k8s.io/v1/resourceslices",
+             "classes": "/apis/resource.k8s.io/v1/deviceclasses"}
+    for kind, path in paths.items():
+        listed = await rest.request("GET", path)
+        catalog.replace(kind, list(listed.get("items") or []))
+    return catalog
 
 
 async def _storage(rest: KubeREST, namespace: str) -> StorageCatalog:
@@ -235,7 +257,8 @@ async def _gang(rest: KubeREST, raw: Json, form: Json, namespaces: Mapping[str, 
                        podgroups=podgroups, bound=bound,
                        member_tasks=[task_of((m.get("metadata") or {}).get("annotations") or {}) for m in members])
     storage = await _storage(rest, key.namespace) if any(compact.claim_names(m) for m in members[1:]) else None
-    forms = [form, *(_form(member, namespaces, more_sources, storage) for member in members[1:])]
+    devices = await _devices(rest) if any(_has_resource_claims(m) for m in members[1:]) else None
+    forms = [form, *(_form(member, namespaces, more_sources, storage, devices) for member in members[1:])]
     short = short_of_min_resources(podgroups.get(key), members) if state.ready and not bound else ""
     if short:  # the dispatcher holds such a gang back, naming the field (dispatcher/gangbook.py)
         state = dataclasses.replace(state, refusal=short)

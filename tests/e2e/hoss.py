@@ -10,9 +10,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import ssl
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import aiohttp
 from kubernetes_asyncio import watch
@@ -314,3 +317,21 @@ async def status_access(plane: LocalPlane, namespace: str) -> dict[str, int]:
         await asyncio.to_thread(plane.stop_processes, started)
         await asyncio.to_thread(plane.kubectl, "delete", "clusterrolebinding", binding, "--ignore-not-found")
     return outcomes
+
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+
+
+async def hoss_why(plane: LocalPlane, *args: str) -> str:
+    """What ``python -m dev why <args>`` prints (the operator's ``hoss why`` aimed at the plane)."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "dev", "why", "--dir", str(plane.directory), *args, cwd=REPOSITORY,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await process.communicate()
+    assert process.returncode == 0, err.decode()
+    return out.decode()
+
+
+async def why_json(plane: LocalPlane, *args: str) -> Json:
+    answer: Json = json.loads(await hoss_why(plane, *args, "--json"))
+    return answer

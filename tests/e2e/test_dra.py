@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -23,7 +24,7 @@ from dev.local.plane import LocalPlane
 from dev.local.state import Process
 from hoss.ledger.client import Ledger
 from hoss.model.objects import Json
-from tests.e2e.hoss import hoss_pods, node_set, pinned, scheduled_condition, workers
+from tests.e2e.hoss import hoss_pods, node_set, pinned, scheduled_condition, why_json, workers
 from tests.waiting import until
 
 DRIVER = "gpu.example.com"
@@ -68,6 +69,25 @@ class Devices:
                                                                   "resourceSliceCount": 1},
                      "devices": list(devices)}})
         self.slices.append(name)
+
+    async def publish_partitioned(self, node: str, *, memory: str, parts: dict[str, str]) -> None:
+        """One GPU of `memory` as partitions (name -> the memory each draws on the GPU's counter), in a pool of two
+        slices: the counters and the devices, as a driver of partitionable devices publishes them."""
+        counters = "gpu-0-memory"
+        for kind, extra in (("counters", {"sharedCounters": [{"name": counters,
+                                                               "counters": {"memory": {"value": memory}}}]}),
+                            ("devices", {"devices": [
+                                {"name": name, "attributes": {"profile": {"string": "whole" if size == memory
+                                                                          else "half"}},
+                                 "consumesCounters": [{"counterSet": counters,
+                                                       "counters": {"memory": {"value": size}}}]}
+                                for name, size in parts.items()]})):
+            name = f"{node}-{DRIVER}-{kind}"
+            await self.api.create_resource_slice({
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name},
+                "spec": {"driver": DRIVER, "nodeName": node,
+                         "pool": {"name": node, "generation": 1, "resourceSliceCount": 2}, **extra}})
+            self.slices.append(name)
 
     async def claim(self, namespace: str, name: str, requests: Sequence[Json],
                     constraints: Sequence[Json] = ()) -> None:
@@ -229,6 +249,12 @@ async def test_claims_and_templates_get_the_devices_kube_scheduler_gives_them_or
                 (await wait_reason(cluster, namespace, names[2], "cannot allocate all claims"))
                 .split(" preemption:")[0].replace(f"{prefix}-", "X-")]
             if scheduler == "hoss":
+                # `hoss why` explains it from the workers' own filters, what its claims need read as the
+                # dispatcher reads it
+                answer = await why_json(plane, f"{namespace}/{names[2]}")
+                rejected = {v["node"]: v for v in answer["verdicts"] if v["node"] in nodes}
+                assert all("cannot allocate all claims" in json.dumps(v) for v in rejected.values()), rejected
+            if scheduler == "hoss":
                 # kube-scheduler holds a pod whose claim does not exist back before any attempt (PreEnqueue), with
                 # no condition; hoss says the same words in PodScheduled=False, so describe tells why it waits
                 reasons[scheduler].append((await wait_reason(
@@ -371,3 +397,39 @@ async def test_hoss_and_kube_scheduler_racing_for_the_same_devices_never_allocat
         held = allocated(await devices.claims(namespace))
         assert len(held) == len(set(held)) == 4, held
         assert len(await pending(cluster, namespace)) == 4
+
+
+async def test_partitions_sharing_a_gpu_s_counters_are_never_overdrawn(
+    plane: LocalPlane, dispatcher: Process, cluster: Cluster, namespace: str
+) -> None:
+    """One GPU of 80Gi published as three partitions drawing on its memory counter (the whole GPU, and two halves):
+    a claim for a half takes one, a claim for the whole GPU then waits with kube-scheduler's reason (40Gi are left),
+    and a second half still fits."""
+    async with two_sets(cluster, 1) as sets, device_objects(cluster) as devices, workers(plane, TWO):
+        gpus = await devices.device_class(f"{namespace}-gpu")
+        outcomes = {}
+        for scheduler, prefix in SCHEDULERS:
+            tag, [node] = sets[scheduler]
+            await devices.publish_partitioned(node, memory="80Gi", parts={"whole": "80Gi", "half-a": "40Gi",
+                                                                          "half-b": "40Gi"})
+            half = f'device.attributes["{DRIVER}"].profile == "half"'
+            await devices.claim(namespace, f"{prefix}-half-1", [request("gpu", gpus, expression=half)])
+            await devices.claim(namespace, f"{prefix}-whole", [request(
+                "gpu", gpus, expression=f'device.attributes["{DRIVER}"].profile == "whole"')])
+            await devices.claim(namespace, f"{prefix}-half-2", [request("gpu", gpus, expression=half)])
+            first, whole, second = hoss_pods(f"{prefix}part", 3)
+            with_claim(first, claim=f"{prefix}-half-1")
+            with_claim(whole, claim=f"{prefix}-whole")
+            with_claim(second, claim=f"{prefix}-half-2")
+            [first_name] = await cluster.create_pods(for_scheduler([first], scheduler, tag), namespace=namespace)
+            await wait_bound(cluster, namespace, [first_name])
+            names = await cluster.create_pods(for_scheduler([whole, second], scheduler, tag), namespace=namespace)
+            await wait_bound(cluster, namespace, names[1:])
+            reason = await wait_reason(cluster, namespace, names[0], "cannot allocate all claims")
+            claims = await devices.claims(namespace)
+            outcomes[scheduler] = (sorted(claim_of(claims, name)["status"]["allocation"]["devices"]["results"][0]
+                                          ["device"] for name in (first_name, names[1])),
+                                   reason.split(" preemption:")[0].split(": ", 1)[1])
+        assert outcomes["hoss"][0] == outcomes["default-scheduler"][0] == ["half-a", "half-b"], outcomes
+        assert outcomes["default-scheduler"][1].startswith(outcomes["hoss"][1]), outcomes
+        assert await pending(cluster, namespace) == ["hpart-0001", "kpart-0001"]

@@ -7,9 +7,7 @@ then chooses for the pod created from it. The pods are made with the demo's own 
 
 from __future__ import annotations
 
-import asyncio
 import json
-import sys
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -23,10 +21,9 @@ from dev.local.cluster import Cluster, pod_manifest
 from dev.local.plane import LocalPlane
 from dev.local.state import Process
 from hoss.model.objects import Json
-from tests.e2e.hoss import NODE_CAPACITY, scheduled_condition, wait_all_bound, workers
+from tests.e2e.hoss import NODE_CAPACITY, hoss_why, scheduled_condition, wait_all_bound, why_json, workers
 from tests.waiting import until
 
-REPOSITORY = Path(__file__).resolve().parents[2]
 _stories = iter(range(1000))
 
 
@@ -36,21 +33,6 @@ def default_worker(plane: LocalPlane, dispatcher: Process) -> Iterator[Process]:
     process = plane.start_worker("why-default", policies=["default"])
     yield process
     plane.stop_process(process.name)
-
-
-async def hoss_why(plane: LocalPlane, *args: str) -> str:
-    """What ``python -m dev why <args>`` prints (the operator's ``hoss why`` aimed at the plane)."""
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "dev", "why", "--dir", str(plane.directory), *args, cwd=REPOSITORY,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    out, err = await process.communicate()
-    assert process.returncode == 0, err.decode()
-    return out.decode()
-
-
-async def why_json(plane: LocalPlane, *args: str) -> Json:
-    answer: Json = json.loads(await hoss_why(plane, *args, "--json"))
-    return answer
 
 
 def verdicts_on(answer: Json, nodes: Sequence[str]) -> dict[str, Json]:
