@@ -335,3 +335,39 @@ async def hoss_why(plane: LocalPlane, *args: str) -> str:
 async def why_json(plane: LocalPlane, *args: str) -> Json:
     answer: Json = json.loads(await hoss_why(plane, *args, "--json"))
     return answer
+
+
+async def node_of(cluster: Cluster, namespace: str, pod: str) -> str:
+    raw = await cluster.core.read_namespaced_pod(pod, namespace)
+    return str(raw.spec.node_name or "")
+
+
+async def wait_bound(cluster: Cluster, namespace: str, pods: Sequence[str], *, timeout: float = 120) -> dict[str, str]:
+    """Wait until every pod of `pods` is bound: pod -> node."""
+    where: dict[str, str] = {}
+
+    async def bound() -> tuple[bool, str]:
+        for pod in pods:
+            where[pod] = await node_of(cluster, namespace, pod)
+        waiting = {pod: await scheduled_condition(cluster, namespace, pod) for pod, node in where.items() if not node}
+        return all(where.values()), f"{where}; waiting: {waiting}"
+
+    await until(bound, timeout=timeout, what=f"pods {', '.join(pods)} to be bound")
+    return dict(where)
+
+
+async def wait_reason(cluster: Cluster, namespace: str, pod: str, text: str, *, timeout: float = 90) -> str:
+    """Wait until the pod's PodScheduled=False message holds `text`; the message."""
+    seen = ["", ""]
+
+    async def waits() -> tuple[bool, str]:
+        seen[:] = await scheduled_condition(cluster, namespace, pod)
+        return text in seen[1], f"{pod}: {seen}"
+
+    await until(waits, timeout=timeout, what=f"{pod} to wait with {text!r}")
+    return seen[1]
+
+
+async def pending(cluster: Cluster, namespace: str) -> list[str]:
+    pods = await cluster.raw_list("list_namespaced_pod", namespace)
+    return sorted(p["metadata"]["name"] for p in pods if not p["spec"].get("nodeName"))

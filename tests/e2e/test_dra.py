@@ -24,7 +24,7 @@ from dev.local.plane import LocalPlane
 from dev.local.state import Process
 from hoss.ledger.client import Ledger
 from hoss.model.objects import Json
-from tests.e2e.hoss import hoss_pods, node_set, pinned, scheduled_condition, why_json, workers
+from tests.e2e.hoss import hoss_pods, node_set, pending, pinned, wait_bound, wait_reason, why_json, workers
 from tests.waiting import until
 
 DRIVER = "gpu.example.com"
@@ -161,36 +161,6 @@ def for_scheduler(pods: list[Json], scheduler: str, set_label: str) -> list[Json
     for pod in pinned(pods, "dra-set", set_label):
         pod["spec"]["schedulerName"] = scheduler
     return pods
-
-
-async def wait_bound(cluster: Cluster, namespace: str, pods: Sequence[str], *, timeout: float = 120) -> dict[str, str]:
-    where: dict[str, str] = {}
-
-    async def bound() -> tuple[bool, str]:
-        for pod in pods:
-            raw = await cluster.core.read_namespaced_pod(pod, namespace)
-            where[pod] = str(raw.spec.node_name or "")
-        waiting = {pod: await scheduled_condition(cluster, namespace, pod) for pod, node in where.items() if not node}
-        return all(where.values()), f"{where}; waiting: {waiting}"
-
-    await until(bound, timeout=timeout, what=f"pods {', '.join(pods)} to be bound")
-    return dict(where)
-
-
-async def wait_reason(cluster: Cluster, namespace: str, pod: str, text: str, *, timeout: float = 90) -> str:
-    seen = ["", ""]
-
-    async def waits() -> tuple[bool, str]:
-        seen[:] = await scheduled_condition(cluster, namespace, pod)
-        return text in seen[1], f"{pod}: {seen}"
-
-    await until(waits, timeout=timeout, what=f"{pod} to wait with {text!r}")
-    return seen[1]
-
-
-async def pending(cluster: Cluster, namespace: str) -> list[str]:
-    pods = await cluster.raw_list("list_namespaced_pod", namespace)
-    return sorted(p["metadata"]["name"] for p in pods if not p["spec"].get("nodeName"))
 
 
 def allocated(claims: Sequence[Json]) -> list[tuple[str, str, str]]:

@@ -20,19 +20,25 @@ from dev.local.cluster import Cluster
 from dev.local.plane import LocalPlane
 from dev.local.state import Process
 from hoss.model.objects import Json
-from tests.e2e.hoss import hoss_pods, node_set, pinned, scheduled_condition, workers
-from tests.e2e.test_storage import (
+from tests.e2e.hoss import (
+    hoss_pods,
+    node_of,
+    node_set,
+    pending,
+    pinned,
+    scheduled_condition,
+    wait_bound,
+    wait_reason,
+    workers,
+)
+from tests.e2e.volumes import (
     SCHEDULERS,
     TWO,
     Storage,
     for_scheduler,
-    node_of,
-    pending,
     storage_objects,
     two_sets,
     volume_claim,
-    wait_bound,
-    wait_reason,
     with_claims,
 )
 from tests.waiting import until
