@@ -168,16 +168,35 @@ class DeviceBinder:
                      "allocated and reserved" if allocation is not None else "reserved")
             return
 
+    async def _unreserve_one(self, pod: PodView, claim: ClaimUse) -> None:
+        """Take the pod out of the claim's reservedFor (a status update on the claim as it is now, tried again on a
+        409)."""
+        path = self._path(pod.namespace, claim.claim)
+        for attempt in range(CONFLICT_RETRIES):
+            raw = await self.rest.request("GET", path)
+            if claim.uid and section(raw, "metadata").get("uid") != claim.uid:
+                return
+            status = section(raw, "status")
+            reserved: list[object] = list(status.get("reservedFor") or [])
+            kept = [ref for ref in reserved if not (isinstance(ref, dict) and ref.get("uid") == pod.uid)]
+            if len(kept) == len(reserved):
+                return
+            status["reservedFor"] = kept
+            raw["status"] = status
+            try:
+                await self.rest.request("PUT", f"{path}/status", body=raw)
+            except KubeError as error:
+                if error.status != 409 or attempt + 1 == CONFLICT_RETRIES:
+                    raise
+            else:
+                return
+
     async def unreserve(self, pod: PodView, written: list[ClaimUse], keys: list[str]) -> None:
         """Take the pod out of the reservedFor of the claims `written` and give the promises of `keys` back
         (kube-scheduler's Unreserve; the resourceclaim controller deallocates a claim nobody reserves)."""
         for claim in written:
-            patch = {"metadata": {"uid": claim.uid} if claim.uid else {},
-                     "status": {"reservedFor": [{"$patch": "delete", "uid": pod.uid}]}}
             try:
-                await self.rest.request("PATCH", f"{self._path(pod.namespace, claim.claim)}/status",
-                                        body=patch,
-                                        content_type="application/strategic-merge-patch+json")
+                await self._unreserve_one(pod, claim)
             except (KubeError, aiohttp.ClientError, OSError, TimeoutError) as error:
                 log.warning("pod %s: cannot unreserve ResourceClaim %s/%s: %s", pod.key, pod.namespace, claim.claim,
                             error)

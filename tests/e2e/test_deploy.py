@@ -82,7 +82,16 @@ def test_webhook_of_the_base_fails_closed_on_bindings_and_calls_the_resolver_ser
     entries = named(base, "ValidatingWebhookConfiguration")["hoss-resolver"]["webhooks"]
     lanes = [f"binding-lane-{lane}.resolver.hoss.io" for lane in range(1, BINDING_LANES)]
     assert [e["name"] for e in entries] == ["binding.resolver.hoss.io", *lanes, "pods.resolver.hoss.io",
-                                            "system.resolver.hoss.io", "system-pods.resolver.hoss.io"]
+                                            "system.resolver.hoss.io", "system-pods.resolver.hoss.io",
+                                            "claims.resolver.hoss.io"]
+    # ResourceClaim allocations, whoever writes them, fail closed outside the system namespaces; only a write that
+    # gives a claim its allocation reaches the resolver
+    claims = entries.pop()
+    assert (claims["failurePolicy"], claims["clientConfig"]["service"]["path"]) == ("Fail", "/validate-claim")
+    assert [(r["apiGroups"], r["operations"], r["resources"]) for r in claims["rules"]] == [
+        (["resource.k8s.io"], ["UPDATE"], ["resourceclaims/status"])]
+    assert [c["name"] for c in claims["matchConditions"]] == ["a-new-allocation"]
+    assert claims["namespaceSelector"]["matchExpressions"][0]["operator"] == "NotIn"
     lane_policies = ("Fail",) * BINDING_LANES
     lane_paths = tuple(lane_path(lane) for lane in range(BINDING_LANES))
     for entry, policy, path, operator in zip(entries, (*lane_policies, "Fail", "Ignore", "Ignore"),

@@ -6,6 +6,11 @@ oversell check and no schedulable pod left pending."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from kubernetes_asyncio import client
 
 from dev.local.cluster import Cluster, oversold_nodes
 from dev.local.plane import LocalPlane
@@ -36,21 +41,37 @@ async def check_not_oversold(cluster: Cluster, namespace: str) -> list[Json]:
     return pods
 
 
+@asynccontextmanager
+async def attach_limit(cluster: Cluster, node: str, driver: str, count: int) -> AsyncIterator[None]:
+    """A CSINode for `node` whose `driver` may attach `count` volumes, for the length of the block."""
+    storage: Any = client.StorageV1Api(cluster.api)
+    await storage.create_csi_node({"apiVersion": "storage.k8s.io/v1", "kind": "CSINode", "metadata": {"name": node},
+                                   "spec": {"drivers": [{"name": driver, "nodeID": node,
+                                                         "allocatable": {"count": count}}]}})
+    try:
+        yield
+    finally:
+        await storage.delete_csi_node(node)
+
+
 async def test_fields_hoss_does_not_honour_yet_are_refused_by_name_never_placed(
     plane: LocalPlane, dispatcher: Process, cluster: Cluster, namespace: str
 ) -> None:
-    async with node_set(cluster, 3, labels={"spec-set": "refused"}), workers(plane, FOUR):
-        plain, anti, claim = (pinned(hoss_pods(name, 1), "spec-set", "refused")[0]
-                              for name in ("plain", "anti", "claim"))
+    async with node_set(cluster, 3, labels={"spec-set": "refused"}) as nodes, workers(plane, FOUR), \
+            attach_limit(cluster, nodes[0], "ebs.csi.aws.com", 4):
+        plain, anti, disk = (pinned(hoss_pods(name, 1), "spec-set", "refused")[0]
+                             for name in ("plain", "anti", "disk"))
         anti["spec"]["affinity"] = {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
             {"weight": 10, "podAffinityTerm": {"labelSelector": {"matchLabels": {"app": "x"}},
                                                "namespaceSelector": {"matchLabels": {"team": "x"}},
                                                "topologyKey": "kubernetes.io/hostname"}}]}}
-        claim["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": "gpu-claim"}]
-        await cluster.create_pods([plain, anti, claim], namespace=namespace)
-        # A namespaceSelector with labels, and a PersistentVolumeClaim, were refused here before hoss honoured them
-        # (tests/e2e/test_storage.py has the claims): a resource claim is refused still.
-        expected = {"claim-0000": "hoss does not support spec.resourceClaims yet"}
+        disk["spec"]["volumes"] = [{"name": "data", "awsElasticBlockStore": {"volumeID": "vol-0123"}}]
+        await cluster.create_pods([plain, anti, disk], namespace=namespace)
+        # A namespaceSelector with labels, a PersistentVolumeClaim and a ResourceClaim were refused here before hoss
+        # honoured them (tests/e2e/test_storage.py and test_dra.py have those): an in-tree volume kube-scheduler
+        # counts under CSI migration against a CSI driver's attach limit is refused still.
+        expected = {"disk-0000": "hoss does not support spec.volumes[0].awsElasticBlockStore counted under CSI "
+                                 "migration against the attach limit of ebs.csi.aws.com yet"}
 
         async def refused() -> tuple[bool, str]:
             seen = {pod: await scheduled_condition(cluster, namespace, pod) for pod in expected}
@@ -65,6 +86,7 @@ async def test_fields_hoss_does_not_honour_yet_are_refused_by_name_never_placed(
             await until(evented, timeout=30, what=f"the FailedScheduling event of {pod}")
         pods = await wait_all_bound(cluster, namespace, 2)
         assert sorted(p["metadata"]["name"] for p in pods if p["spec"].get("nodeName")) == ["anti-0000", "plain-0000"]
+
         await check_not_oversold(cluster, namespace)
 
 

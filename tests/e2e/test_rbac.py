@@ -46,6 +46,9 @@ RARE: dict[tuple[str, Grant], str] = {
            ("policy", "poddisruptionbudgets", "list"), ("", "events", "create"),
            ("coordination.k8s.io", "leases", "get"), ("coordination.k8s.io", "leases", "create"),
            ("coordination.k8s.io", "leases", "update"))},
+    ("hoss-worker", ("resource.k8s.io", "resourceclaims/binding", "update")): "the apiserver's authorizer checks it"
+    " on every write of a claim's status.allocation or status.reservedFor (workers/devices.py); a check, never a"
+    " request of its own, so the audit log has no call for it",
 }
 """Grants used on a path this scenario cannot reach, each with the path; they must still be granted."""
 CAPACITY = {"cpu": "8", "memory": "32Gi", "pods": "110"}
@@ -172,6 +175,35 @@ async def reserve_once(cluster: Cluster, namespace: str) -> None:
         await until(failed, timeout=60, what="the Reservation to be placed and then expire")
     finally:
         await custom.delete_cluster_custom_object("scheduling.koordinator.sh", "v1alpha1", "reservations", name)
+
+
+async def devices_once(cluster: Cluster, namespace: str, node: str) -> None:
+    """A pod with a ResourceClaim for one device `node` publishes: the worker allocates and reserves it."""
+    api: Any = client.ResourceV1Api(cluster.api)
+    driver, device_class, pool = "rbac.example.com", f"{namespace}-rbac-gpu", f"{namespace}-rbac"
+    await api.create_device_class({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+                                   "metadata": {"name": device_class}, "spec": {"selectors": [
+                                       {"cel": {"expression": f'device.driver == "{driver}"'}}]}})
+    await api.create_resource_slice({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": pool},
+        "spec": {"driver": driver, "nodeName": node, "pool": {"name": pool, "generation": 1, "resourceSliceCount": 1},
+                 "devices": [{"name": "gpu-0"}]}})
+    try:
+        await api.create_namespaced_resource_claim(namespace, {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "rbac-gpu"},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": device_class}}]}}})
+        (pod,) = hoss_pods("rbac-devices", 1)
+        pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": "rbac-gpu"}]
+        await cluster.create_pods([pod], namespace=namespace)
+
+        async def bound() -> tuple[bool, str]:
+            raw = await cluster.core.read_namespaced_pod("rbac-devices-0000", namespace)
+            return raw.spec.node_name == node, str(raw.spec.node_name)
+
+        await until(bound, timeout=60, what="the pod with a ResourceClaim to be bound")
+    finally:
+        await api.delete_resource_slice(pool)
+        await api.delete_device_class(device_class)
 
 
 async def volumes_once(cluster: Cluster, namespace: str, node: str) -> None:
@@ -319,6 +351,9 @@ async def test_every_verb_granted_to_a_component_is_one_it_uses_and_none_is_refu
             await reserve_once(cluster, namespace)
             # Claims waiting for their first consumer: the worker binds a PV and names a node on a claim.
             await volumes_once(cluster, namespace, nodes[0])
+            # A ResourceClaim: the dispatcher watches claims, slices and classes; the worker reads the claim, adds
+            # its finalizer and writes its allocation and reservedFor.
+            await devices_once(cluster, namespace, nodes[1])
         # --access=kubernetes on the dispatcher, a resolver and a worker: TokenReview and SubjectAccessReview.
         outcomes = await status_access(plane, namespace)
         components = ("dispatcher", "resolver", "worker", "rescheduler")

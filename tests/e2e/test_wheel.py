@@ -99,7 +99,13 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, env=outside_environment())
     install = ("--python", str(venv / "bin" / "python"), "install", str(wheel))
     if not _offline(*install):
+        # `pip wheel` saves hoss's own wheel beside its dependencies', and takes one it finds there as what it asked
+        # for: an older hoss would hide the dependencies a newer one added
+        for stale in WHEEL_CACHE.glob("hoss-*.whl"):
+            stale.unlink()
         _pip("wheel", "--wheel-dir", str(WHEEL_CACHE), str(wheel), what="fetching the dependencies' wheels")
+        for cached in WHEEL_CACHE.glob("hoss-*.whl"):
+            cached.unlink()
         _pip(*install, "--no-index", "--find-links", str(WHEEL_CACHE), what="installing the wheel")
     print(f"wheel built and installed alone in {time.monotonic() - started:.1f} s")
     return Installed(wheel=wheel, venv=venv, workdir=workdir)
