@@ -53,7 +53,9 @@ from dispatcher.view import ClusterView
 from dispatcher.waiting import NO_WORKER_REASON, no_worker_message, waits_for
 from hoss.errors import LedgerUnavailable
 from hoss.kube.client import KubeError
+from hoss.model import compact
 from hoss.model.objects import Json
+from hoss.model.resourceclaims import pod_claims_problem
 from hoss.queue import Fenced, WorkerInfo, WorkItem, WorkQueue
 
 log = logging.getLogger(__name__)
@@ -239,7 +241,7 @@ class Dispatcher(ClusterView):
                 log.info("pod %s changed while queued on worker %s: its new version follows", pod.key, worker)
 
     async def _send(self, pods: Sequence[PendingPod]) -> int:
-        pods = [pod for pod in pods if not self._waits_for_jobs(pod)]
+        pods = [pod for pod in pods if not self._waits_for_jobs(pod) and not self._waits_for_claims(pod)]
         if not pods:
             return 0
         plan = self.gangs.plan(pods, pending=self.pending, dispatched=self.dispatched, podgroups=self.podgroups,
@@ -327,6 +329,19 @@ class Dispatcher(ClusterView):
                 return True
             message += "; the pod waits (re-create the dependency to retry)"
         self._wait(pod, reason=reason, message=message)
+        return True
+
+    def _waits_for_claims(self, pod: PendingPod) -> bool:
+        """True (and the pod told why) when a ResourceClaim of the pod is not there to use yet: not made yet, missing,
+        being deleted or not the pod's. kube-scheduler holds such a pod back before any attempt (DynamicResources'
+        PreEnqueue); so does the dispatcher, and sends it once the claim's change changes its form (a gang's
+        members thus go whole, with their claims)."""
+        if '"resourceClaims"' not in pod.compact:
+            return False
+        problem = pod_claims_problem(compact.decode(pod.compact))
+        if not problem:
+            return False
+        self._wait(pod, reason="Unschedulable", message=problem)
         return True
 
     def _fail(self, pod: PendingPod, reason: str, message: str) -> None:

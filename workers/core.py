@@ -57,6 +57,7 @@ from hoss.ledger.results import (
     Stale,
     UnknownNode,
 )
+from hoss.model.devices import DeviceId
 from hoss.queue import GONE, WorkerInfo, WorkQueue
 from hoss.reload import ConfigFile, Reporter, follow
 from hoss.supervise import Supervisor, first_of
@@ -573,7 +574,7 @@ class Worker:
     async def _bind_with_volumes(self, work: Work, placements: list[tuple[PodView, str]]) -> None:
         """kube-scheduler's PreBind for the claims waiting for their first consumer and the ResourceClaims, then
         the bindings."""
-        message = await self._prebind(placements)
+        message, took = await self._prebind(placements)
         if message is not None:
             for pod, node in placements:
                 await self.bindings.unreserve(pod, node)
@@ -588,11 +589,11 @@ class Worker:
                     await self.volumes.promise(pod, node=node, nodes=self.nodes,
                                                seconds=PROMISE_AFTER_BINDING_SECONDS)
         if self.devices is not None:
-            for pod, node in placements:
+            for pod, _node in placements:
                 if not needs_devices(pod):
                     continue
                 if answer == "bound":
-                    await self.devices.bound(pod, node, self.nodes)
+                    await self.devices.bound(pod, took.get(pod.uid, frozenset()))
                 else:
                     # kube-scheduler's Unreserve: the pod leaves its claims' reservedFor
                     await self.devices.unreserve(pod, list(pod.devices.claims) if pod.devices else [], [])
@@ -626,20 +627,26 @@ class Worker:
                 self._retry_later(work, soon=again == "retry soon")
         return answer
 
-    async def _prebind(self, placements: list[tuple[PodView, str]]) -> str | None:
-        """Bind the claims waiting for their first consumer for each placement (`workers.volumes`); the first
-        failure's message, or None."""
+    async def _prebind(self, placements: list[tuple[PodView, str]],
+                       ) -> tuple[str | None, dict[str, frozenset[DeviceId]]]:
+        """Bind the claims waiting for their first consumer and allocate the ResourceClaims for each placement
+        (`workers.volumes`, `workers.devices`), a gang's members in order, each leaving out the devices the ones
+        before it took: the first failure's message (or None), and the devices each pod took."""
+        taken: frozenset[DeviceId] = frozenset()
+        took: dict[str, frozenset[DeviceId]] = {}
         for pod, node in placements:
             if not _prebinds(pod):
                 continue
             if self.volumes is None or self.devices is None:
-                return f"{PREBIND}this worker has no apiserver client"
+                return f"{PREBIND}this worker has no apiserver client", took
             message = await self.volumes.prebind(pod, node, self.nodes)
             if message is None:
-                message = await self.devices.prebind(pod, node, self.nodes)
+                message, devices = await self.devices.prebind(pod, node, self.nodes, taken=taken)
+                took[pod.uid] = devices
+                taken |= devices
             if message is not None:
-                return message
-        return None
+                return message, took
+        return None, took
 
     async def _keep(self, work: Work, pod: PodView, node: str, name: str) -> None:
         """A Reservation's room is reserved on `node`: write its status and keep the room (`keep_room`)."""

@@ -34,6 +34,7 @@ from hoss.kube.client import KubeError
 from hoss.kube.rest import KubeREST, segment
 from hoss.ledger.client import Ledger
 from hoss.model import devices as dra
+from hoss.model.devices import DeviceId
 from hoss.model.objects import Json, section
 
 log = logging.getLogger(__name__)
@@ -68,23 +69,25 @@ class DeviceBinder:
         self.ledger = ledger
         self.promise_seconds = promise_seconds
 
-    async def prebind(self, pod: PodView, node: str, nodes: NodeTable) -> str | None:
-        """None when the pod's claims are allocated and reserved for it on `node`; else the message to retry the
-        pod with (everything this call promised or wrote undone)."""
+    async def prebind(self, pod: PodView, node: str, nodes: NodeTable, *,
+                      taken: frozenset[DeviceId] = frozenset()) -> tuple[str | None, frozenset[DeviceId]]:
+        """None when the pod's claims are allocated and reserved for it on `node`, leaving out the devices `taken`
+        (by the members of its gang bound before it), and the devices it took; else the message to retry the pod
+        with (everything this call promised or wrote undone)."""
         if not needs_devices(pod) or pod.devices is None:
-            return None
+            return None, frozenset()
         allocation = None
         keys: list[str] = []
         if pod.devices.to_allocate:
             if node not in nodes:
-                return f"{PREBIND}node {node!r} is no longer known"
-            allocation = allocation_on(pod.devices, node, nodes.labels[nodes.row(node)])
+                return f"{PREBIND}node {node!r} is no longer known", frozenset()
+            allocation = allocation_on(pod.devices, node, nodes.labels[nodes.row(node)], taken=taken)
             if allocation is None:
-                return f"{PREBIND}cannot allocate all claims on node {node!r} any more"
+                return f"{PREBIND}cannot allocate all claims on node {node!r} any more", frozenset()
             keys = device_keys(allocation)
             message = await self._promise(pod, keys, seconds=self.promise_seconds)
             if message is not None:
-                return f"{PREBIND}{message}"
+                return f"{PREBIND}{message}", frozenset()
         written: list[ClaimUse] = []
         try:
             for index, claim in enumerate(pod.devices.to_allocate):
@@ -98,12 +101,12 @@ class DeviceBinder:
         except ClaimWriteFailed as error:
             log.info("pod %s: its ResourceClaims were not written for %s: %s", pod.key, node, error)
             await self.unreserve(pod, written, keys)
-            return f"{PREBIND}{error}"
+            return f"{PREBIND}{error}", frozenset()
         except (KubeError, aiohttp.ClientError, OSError, TimeoutError) as error:
             log.warning("pod %s: writing its ResourceClaims for %s failed: %s", pod.key, node, error)
             await self.unreserve(pod, written, keys)
-            return f"{PREBIND}{error}"
-        return None
+            return f"{PREBIND}{error}", frozenset()
+        return None, dra.devices_of(allocation) if allocation is not None else frozenset()
 
     async def _promise(self, pod: PodView, keys: list[str], *, seconds: float) -> str | None:
         try:
@@ -115,14 +118,12 @@ class DeviceBinder:
         log.info("pod %s: device %s is promised to pod %s", pod.key, *taken)
         return f"device {taken[0]} is in the process of being allocated for another pod"
 
-    async def bound(self, pod: PodView, node: str, nodes: NodeTable) -> None:
-        """The pod is bound: its devices' promises only bridge the moments until the dispatcher sees the
-        allocations (a few seconds)."""
-        if pod.devices is None or not pod.devices.to_allocate or node not in nodes:
-            return
-        allocation = allocation_on(pod.devices, node, nodes.labels[nodes.row(node)])
-        if allocation is not None:
-            await self._promise(pod, device_keys(allocation), seconds=min(self.promise_seconds, 30.0))
+    async def bound(self, pod: PodView, devices: frozenset[DeviceId]) -> None:
+        """The pod is bound: the promises of the `devices` it took only bridge the moments until the dispatcher
+        sees the allocations (a few seconds)."""
+        if devices:
+            keys = [f"{driver}/{pool}/{device}" for driver, pool, device in sorted(devices)]
+            await self._promise(pod, keys, seconds=min(self.promise_seconds, 30.0))
 
     def _path(self, namespace: str, name: str) -> str:
         return f"/apis/resource.k8s.io/v1/namespaces/{segment(namespace)}/resourceclaims/{segment(name)}"

@@ -43,8 +43,10 @@ from numpy.typing import NDArray
 from hoss.framework.cycle import BoolArray, Placement, Profile, Unschedulable, choose, evaluate, run_filters
 from hoss.framework.node import NodeView
 from hoss.framework.nodes import NodeTable
+from hoss.framework.plugins.devices import allocation_on
 from hoss.framework.pod import PodView, placed_view
 from hoss.framework.podindex import HostPort, PlacedPod
+from hoss.model.devices import devices_of
 
 DEFAULT_TOPOLOGY_KEY = "topology.hoss.io/leaf"
 
@@ -190,6 +192,15 @@ class ScratchUsage(NodeTable):
         self._scratch_used = np.array(base.used, dtype=np.int64)
         self._scratch_ports: list[tuple[str, HostPort]] = []
 
+    def take_devices(self, member: PodView, name: str) -> None:
+        """Count the DRA devices `member`'s claims are allocated on node `name` as taken in this copy, so a later
+        member's claims are allocated others (the worker's PreBind allocates in the same order)."""
+        if member.devices is None or not member.devices.to_allocate or name not in self.index:
+            return
+        allocation = allocation_on(member.devices, name, self.labels[self.index[name]], taken=self.devices_taken)
+        if allocation is not None:
+            self.devices_taken = self.devices_taken | devices_of(allocation)
+
     def claim_ports(self, name: str, ports: Sequence[HostPort]) -> None:
         """Count `ports` as held on node `name` in this copy (the base's pod index is not touched)."""
         self._scratch_ports.extend((name, port) for port in ports)
@@ -259,6 +270,7 @@ def _assign(profile: Profile, members: Sequence[PodView], nodes: NodeTable, scra
                 node = decision.candidates[0]
                 scratch.add_used(node, member.request)
                 scratch.claim_ports(node, member.host_ports)  # two members never share a host port on a node
+                scratch.take_devices(member, node)  # nor a DRA device
                 assignments[member.uid] = node
                 if indexed:
                     displaced.setdefault(member.uid, nodes.pods.get(member.uid))

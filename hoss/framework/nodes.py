@@ -50,6 +50,10 @@ class NodeTable(PodIndex):
     """All nodes as numpy rows, and the pods on them (`PodIndex`); see the module docstring for the columns and
     invariants."""
 
+    devices_taken: frozenset[tuple[str, str, str]] = frozenset()
+    """DRA devices the worker's current decision has given to other pods already (a gang's earlier members, in a
+    `workers.gang.ScratchUsage`): DynamicResources leaves them out. Empty on the worker's own table."""
+
     def __init__(self) -> None:
         super().__init__()
         self.names: list[str] = []

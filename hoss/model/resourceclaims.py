@@ -192,3 +192,9 @@ def device_context(pod: Mapping[str, Any], catalog: DeviceCatalog) -> Json | Non
         uids = frozenset(str(section(claim, "metadata").get("uid") or "") for claim in to_allocate)
         context["allocated"] = catalog.allocated_devices(besides=uids)
     return context
+
+
+def pod_claims_problem(form: Mapping[str, Any]) -> str:
+    """The problem of a compact pod's `DEVICES` context ('' when it has none): its claims are not there to use."""
+    context = form.get(DEVICES)
+    return str(context.get("problem") or "") if isinstance(context, dict) else ""

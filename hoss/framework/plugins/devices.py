@@ -90,17 +90,21 @@ def prepare(devices: DeviceNeeds) -> Prepared:
     return prepared
 
 
-def allocation_on(devices: DeviceNeeds, node: str, labels: Mapping[str, str]) -> dra.Allocation | None:
-    """The allocation of the claims to allocate on `node` (None: they cannot all be allocated there). Raises
-    `dra.AllocationError` where kube-scheduler aborts the attempt (a CEL expression failing at runtime)."""
+def allocation_on(devices: DeviceNeeds, node: str, labels: Mapping[str, str], *,
+                  taken: frozenset[tuple[str, str, str]] = frozenset()) -> dra.Allocation | None:
+    """The allocation of the claims to allocate on `node` (None: they cannot all be allocated there), leaving out
+    the devices `taken` besides those other claims hold (a gang's earlier members). Raises `dra.AllocationError`
+    where kube-scheduler aborts the attempt (a CEL expression failing at runtime)."""
     prepared = prepare(devices)
     if prepared.inventory is None or not prepared.may_offer(node):
         return None
-    found: dict[str, dra.Allocation | None] = devices.parsed.setdefault("on", {})
-    if node not in found:
-        found[node] = dra.allocate(prepared.needs, node=node, node_labels=labels, inventory=prepared.inventory,
-                                   allocated=devices.allocated)
-    return found[node]
+    found: dict[tuple[str, frozenset[tuple[str, str, str]]], dra.Allocation | None] = devices.parsed.setdefault(
+        "on", {})
+    key = (node, taken)
+    if key not in found:
+        found[key] = dra.allocate(prepared.needs, node=node, node_labels=labels, inventory=prepared.inventory,
+                                  allocated=devices.allocated | taken if taken else devices.allocated)
+    return found[key]
 
 
 def free_devices(devices: DeviceNeeds, node: str, labels: Mapping[str, str], *, drivers: frozenset[str]) -> int:
@@ -150,7 +154,7 @@ class DynamicResources(TakesNoArgs):
                     continue
                 labels = nodes.labels[row]
                 try:
-                    allocation = allocation_on(pod.devices, name, labels)
+                    allocation = allocation_on(pod.devices, name, labels, taken=nodes.devices_taken)
                 except dra.AllocationError as error:
                     # kube-scheduler aborts the attempt: no node takes the pod, and it is tried again later
                     return FilterResult.from_reasons(rows, {error.message: np.ones(rows, dtype=np.bool_)})
