@@ -194,9 +194,10 @@ def _with_context(pod: PendingPod, key: str, compute: Callable[[Json], Json | No
     """`pod` with its compact form's `key` recomputed (the same pod when it did not change or has none)."""
     form = compact.decode(pod.compact)
     needs = compute(form)
-    if needs is None:
+    if needs is not None:
+        form[key] = needs
+    elif form.pop(key, None) is None:
         return pod
-    form[key] = needs
     updated = compact.digest(form)
     if updated == pod.digest:
         return pod

@@ -130,9 +130,16 @@ class PendingBook:
 
     def devices_changed(self, devices: DeviceCatalog) -> bool:
         """ResourceClaims, ResourceSlices or DeviceClasses changed: recompute what the ResourceClaims of the pods
-        with any need; those dispatched are to be resent, the others dispatched now (a claim made or freed, a
-        device published may let them go). True when any changed."""
-        return self._recompute(lambda pod: '"resourceClaims"' in pod.compact, lambda pod: with_devices(pod, devices))
+        with any need, and of those asking an extended resource a DeviceClass serves (or served); those dispatched
+        are to be resent, the others dispatched now (a claim made or freed, a device published may let them go).
+        True when any changed."""
+        quoted = [f'"{name}"' for name in devices.extended_names()]
+
+        def concerned(pod: PendingPod) -> bool:
+            return '"resourceClaims"' in pod.compact or '"extended"' in pod.compact \
+                or any(name in pod.compact for name in quoted)
+
+        return self._recompute(concerned, lambda pod: with_devices(pod, devices))
 
     def _recompute(self, concerned: Callable[[PendingPod], bool],
                    recompute: Callable[[PendingPod], PendingPod]) -> bool:

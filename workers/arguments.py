@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 import orjson
 
 from hoss.framework.cycle import Placement
+from hoss.framework.nodes import NodeTable
 from hoss.framework.pod import PodView
 from hoss.ledger.arguments import BatchPod
 from hoss.ledger.arguments import GangMember as GangPlacementMember
@@ -48,22 +49,30 @@ def decided_meta(work: Work, pod: PodView) -> dict[str, str]:
     return meta
 
 
-def batch_pod(work: Work, pod: PodView, decision: Placement, position: str) -> BatchPod:
+def batch_pod(work: Work, pod: PodView, decision: Placement, position: str, *, nodes: NodeTable) -> BatchPod:
     """The ledger's view of one decided pod, for ``reserve_batch`` (`position`: the change stream the decision
-    saw)."""
+    saw). A pod asking an extended resource a DeviceClass serves keeps only the candidates that count its request
+    as the first does (`NodeTable.request_on`): the ledger holds one request for all of them."""
     name = reservation_name(work.raw)
     # A Reservation that does not serve the pod (Restricted, or allocateOnce false, and too little left) is not
     # named: the pod is placed as any pod, from the node's free room.
     by_node = {h.node: h.uid for h in hints_of(work.raw) if h.serves(pod.request)}
     consume = next((by_node[c] for c in decision.candidates if c in by_node), "")
+    request, candidates = pod.request, decision.candidates
+    if pod.dra_resources and decision.candidates[0] in nodes:
+        request = nodes.request_on(decision.candidates[0], pod)
+        candidates = [c for c in decision.candidates if c in nodes and nodes.request_on(c, pod) == request]
     return BatchPod(uid=pod.uid, pod=reservation_key(name) if name else pod.key, digest=work.item.digest,
-                    candidates=decision.candidates, request=pod.request, **decided_meta(work, pod),
+                    candidates=candidates, request=request, **decided_meta(work, pod),
                     inter_pod_keys=inter_pod_keys(pod), position=position,
                     tentative=bool(pod.host_ports or pod.reads_pod_index), reservation=consume)
 
 
-def gang_members(work: Work, chosen: Sequence[PodView], assignments: Mapping[str, str]) -> list[GangPlacementMember]:
-    """The ledger's view of the gang members `chosen`, each on its node in `assignments`, for ``reserve_gang``."""
+def gang_members(work: Work, chosen: Sequence[PodView], assignments: Mapping[str, str], *,
+                 nodes: NodeTable) -> list[GangPlacementMember]:
+    """The ledger's view of the gang members `chosen`, each on its node in `assignments` with its request as that
+    node counts it (`NodeTable.request_on`), for ``reserve_gang``."""
     raws = {view.uid: raw for view, raw in work.members}
-    return [GangPlacementMember(uid=v.uid, pod=v.key, node=assignments[v.uid], request=v.request,
-                                **ledger_meta(raws[v.uid], v.request)) for v in chosen]
+    return [GangPlacementMember(uid=v.uid, pod=v.key, node=assignments[v.uid],
+                                request=nodes.request_on(assignments[v.uid], v) if assignments[v.uid] in nodes
+                                else v.request, **ledger_meta(raws[v.uid], v.request)) for v in chosen]

@@ -415,7 +415,7 @@ class Worker:
         if not decided:
             return
         results = await self.ledger.reserve_batch(
-            [batch_pod(work, pod, decision, position) for work, pod, decision in decided],
+            [batch_pod(work, pod, decision, position, nodes=self.nodes) for work, pod, decision in decided],
             owner=self.settings.id, ttl_seconds=self.settings.reservation_ttl_seconds,
         )
         settle_batch(self.nodes, decided, results)
@@ -434,7 +434,8 @@ class Worker:
         for (work, pod, _decision), result in zip(decided, results, strict=True):
             match result:
                 case Reserved(node=node, consumed=consumed, change=change):
-                    self._expect(node, pod.request, change)
+                    self._expect(node, self.nodes.request_on(node, pod) if node in self.nodes else pod.request,
+                                 change)
                     self.backlog.forget_conflicts(pod.uid)
                     if name := reservation_name(work.raw):
                         self._start(self._keep(work, pod, node, name))
@@ -515,7 +516,7 @@ class Worker:
             self._unschedulable(work, message)
             return
         chosen = [v for v in views if v.uid in placement.assignments]
-        members = gang_members(work, chosen, placement.assignments)
+        members = gang_members(work, chosen, placement.assignments, nodes=self.nodes)
         result = await self.ledger.reserve_gang(members=members, owner=self.settings.id,
                                                 ttl_seconds=self.settings.reservation_ttl_seconds,
                                                 position=position, inter_pod_keys=[inter_pod_keys(v) for v in chosen])

@@ -125,7 +125,7 @@ def restricted_short(pod: PodView, hints: Sequence[Hint]) -> set[str]:
 
 def hold_in_batch(nodes: NodeTable, pod: PodView, node: str, shared: Shared) -> None:
     """Count the pod's placement on `node` in the table at once, so later pods of the batch see it."""
-    nodes.hold_locally(node, pod.request)
+    nodes.hold_locally(node, nodes.request_on(node, pod))
     inter_pod = pod.reads_pod_index
     if pod.host_ports or inter_pod:
         # ... and its host ports and inter-pod terms (the ledger's stream confirms or the results undo it)
@@ -141,7 +141,7 @@ def settle_batch(nodes: NodeTable, decided: Sequence[Decided], results: list[Bat
     happen as planned."""
     for index, (_work, pod, decision) in enumerate(decided):
         if decision.candidates[0] in nodes:
-            nodes.drop_locally(decision.candidates[0], pod.request)
+            nodes.drop_locally(decision.candidates[0], nodes.request_on(decision.candidates[0], pod))
         tentative = pod.host_ports or pod.reads_pod_index
         placed = nodes.pods.get(pod.uid) if tentative else None
         result = results[index] if isinstance(results, list) else None

@@ -13,9 +13,15 @@ Once the pod's room is reserved on a node, and before its Binding is posted:
    deleted fails the PreBind, as in kube-scheduler; a conflicting write (409) is tried again on the claim as it is
    now.
 
+3. On a node that leaves extended resources to DRA (`hoss.model.dra`), the claim for them is made as kube-scheduler
+   makes it (``<pod>-extended-resources-<random>``, annotated ``resource.kubernetes.io/extended-resource-claim:
+   "true"``, owned by the pod; a claim an earlier attempt made is deleted first), allocated and reserved as above,
+   and the pod's ``status.extendedResourceClaimStatus`` names it and maps each container's resource to its request.
+
 Any failure answers the message the pod is retried with (``running PreBind plugin "DynamicResources": ...``), gives
-the promises back and takes the pod out of the reservedFor of the claims it was written into (kube-scheduler's
-Unreserve: the resourceclaim controller then deallocates a claim nobody reserves). Once the pod is bound the
+the promises back, takes the pod out of the reservedFor of the claims it was written into (kube-scheduler's
+Unreserve: the resourceclaim controller then deallocates a claim nobody reserves) and deletes the claim it made for
+the extended resources. Once the pod is bound the
 promises are cut short: the claims' allocations are in the apiserver, which the dispatcher's watch reads.
 """
 
@@ -28,12 +34,13 @@ import aiohttp
 
 from hoss.errors import LedgerNotReadyError, LedgerUnavailable
 from hoss.framework.nodes import NodeTable
-from hoss.framework.plugins.devices import allocation_on
+from hoss.framework.plugins.devices import allocation_on, extended_claim, extended_mappings, left_on
 from hoss.framework.pod import ClaimUse, PodView
 from hoss.kube.client import KubeError
 from hoss.kube.rest import KubeREST, segment
 from hoss.ledger.client import Ledger
 from hoss.model import devices as dra
+from hoss.model import dra as dra_names
 from hoss.model.devices import DeviceId
 from hoss.model.objects import Json, section
 
@@ -50,9 +57,10 @@ class ClaimWriteFailed(Exception):
 
 
 def needs_devices(pod: PodView) -> bool:
-    """Whether the pod has ResourceClaims to allocate or to reserve before its own binding."""
-    return pod.devices is not None and any(claim.allocation is None or not claim.reserved
-                                           for claim in pod.devices.claims)
+    """Whether the pod has ResourceClaims to allocate or to reserve before its own binding, or extended resources
+    a DeviceClass serves (whether its node leaves them to DRA is PreBind's to see)."""
+    return pod.devices is not None and (bool(pod.devices.extended) or any(
+        claim.allocation is None or not claim.reserved for claim in pod.devices.claims))
 
 
 def device_keys(allocation: dra.Allocation) -> list[str]:
@@ -68,6 +76,8 @@ class DeviceBinder:
         self.rest = rest
         self.ledger = ledger
         self.promise_seconds = promise_seconds
+        self.made: dict[str, ClaimUse] = {}
+        """The claim made for a pod's extended resources (by pod uid) until the pod is bound or given up."""
 
     async def prebind(self, pod: PodView, node: str, nodes: NodeTable, *,
                       taken: frozenset[DeviceId] = frozenset()) -> tuple[str | None, frozenset[DeviceId]]:
@@ -78,10 +88,12 @@ class DeviceBinder:
             return None, frozenset()
         allocation = None
         keys: list[str] = []
-        if pod.devices.to_allocate:
-            if node not in nodes:
-                return f"{PREBIND}node {node!r} is no longer known", frozenset()
-            allocation = allocation_on(pod.devices, node, nodes.labels[nodes.row(node)], taken=taken)
+        if node not in nodes:
+            return f"{PREBIND}node {node!r} is no longer known", frozenset()
+        left = left_on(pod.devices, nodes, nodes.row(node))
+        extended = extended_claim(pod.devices, left)
+        if pod.devices.to_allocate or extended is not None:
+            allocation = allocation_on(pod.devices, node, nodes.labels[nodes.row(node)], taken=taken, left=left)
             if allocation is None:
                 return f"{PREBIND}cannot allocate all claims on node {node!r} any more", frozenset()
             keys = device_keys(allocation)
@@ -98,6 +110,10 @@ class DeviceBinder:
                 if claim.allocation is not None and not claim.reserved:
                     await self._write(pod, claim, None)
                     written.append(claim)
+            if extended is not None:
+                assert allocation is not None
+                status = dra.allocation_status(allocation, len(pod.devices.to_allocate))
+                await self._make_extended(pod, extended, status, mappings=extended_mappings(pod.devices, left))
         except ClaimWriteFailed as error:
             log.info("pod %s: its ResourceClaims were not written for %s: %s", pod.key, node, error)
             await self.unreserve(pod, written, keys)
@@ -121,9 +137,74 @@ class DeviceBinder:
     async def bound(self, pod: PodView, devices: frozenset[DeviceId]) -> None:
         """The pod is bound: the promises of the `devices` it took only bridge the moments until the dispatcher
         sees the allocations (a few seconds)."""
+        self.made.pop(pod.uid, None)
         if devices:
             keys = [f"{driver}/{pool}/{device}" for driver, pool, device in sorted(devices)]
             await self._promise(pod, keys, seconds=min(self.promise_seconds, 30.0))
+
+    async def _make_extended(self, pod: PodView, claim: Json, allocation: Json, *, mappings: list[Json]) -> None:
+        """Make the claim for the pod's extended resources (`claim`: its requests), allocate and reserve it, and
+        name it in the pod's status.extendedResourceClaimStatus; a claim an earlier attempt made goes first."""
+        assert pod.devices is not None
+        if pod.devices.stale is not None:
+            await self._delete(pod, ClaimUse(entry="", claim=pod.devices.stale[0], uid=pod.devices.stale[1],
+                                             version=""))
+        body: Json = {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"generateName": f"{pod.name}-extended-resources-", "namespace": pod.namespace,
+                         "annotations": {dra_names.EXTENDED_CLAIM_ANNOTATION: "true"},
+                         "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": pod.name, "uid": pod.uid,
+                                              "controller": True}]},
+            "spec": claim["spec"]}
+        try:
+            made = await self.rest.request(
+                "POST", f"/apis/resource.k8s.io/v1/namespaces/{segment(pod.namespace)}/resourceclaims", body=body)
+        except KubeError as error:
+            raise ClaimWriteFailed(f"create claim for extended resources {pod.namespace}/{pod.name}: "
+                                   f"{error}") from error
+        metadata = section(made, "metadata")
+        use = ClaimUse(entry="", claim=str(metadata.get("name") or ""), uid=str(metadata.get("uid") or ""),
+                       version=str(metadata.get("resourceVersion") or ""))
+        self.made[pod.uid] = use
+        await self._write(pod, use, allocation)
+        try:
+            await self.rest.patch_pod_status(pod.namespace, pod.name, {"status": {"extendedResourceClaimStatus": {
+                "requestMappings": mappings, "resourceClaimName": use.claim}}})
+        except KubeError as error:
+            raise ClaimWriteFailed(f"update pod {pod.namespace}/{pod.name} ExtendedResourceClaimStatus: "
+                                   f"{error}") from error
+
+    async def _delete(self, pod: PodView, claim: ClaimUse) -> None:
+        """Delete a claim made for the pod's extended resources: its finalizer off first (an update of the claim as
+        it is now, tried again on a 409), then the claim; one gone already is fine."""
+        path = self._path(pod.namespace, claim.claim)
+        for attempt in range(CONFLICT_RETRIES):
+            try:
+                raw = await self.rest.request("GET", path)
+            except KubeError as error:
+                if error.status == 404:
+                    return
+                raise
+            metadata = section(raw, "metadata")
+            if claim.uid and metadata.get("uid") != claim.uid:
+                return
+            finalizers = list(metadata.get("finalizers") or [])
+            if FINALIZER not in finalizers:
+                break
+            metadata["finalizers"] = [f for f in finalizers if f != FINALIZER]
+            raw["metadata"] = metadata
+            try:
+                await self.rest.request("PUT", path, body=raw)
+                break
+            except KubeError as error:
+                if error.status != 409 or attempt + 1 == CONFLICT_RETRIES:
+                    raise
+        try:
+            await self.rest.request("DELETE", path, body={"preconditions": {"uid": claim.uid}} if claim.uid else None)
+        except KubeError as error:
+            if error.status not in (404, 409):
+                raise
+        log.info("pod %s: ResourceClaim %s/%s for its extended resources deleted", pod.key, pod.namespace, claim.claim)
 
     def _path(self, namespace: str, name: str) -> str:
         return f"/apis/resource.k8s.io/v1/namespaces/{segment(namespace)}/resourceclaims/{segment(name)}"
@@ -200,6 +281,13 @@ class DeviceBinder:
                 await self._unreserve_one(pod, claim)
             except (KubeError, aiohttp.ClientError, OSError, TimeoutError) as error:
                 log.warning("pod %s: cannot unreserve ResourceClaim %s/%s: %s", pod.key, pod.namespace, claim.claim,
+                            error)
+        if (made := self.made.pop(pod.uid, None)) is not None:
+            try:
+                await self._delete(pod, made)
+            except (KubeError, aiohttp.ClientError, OSError, TimeoutError) as error:
+                # the claim stays until the pod goes; its next attempt deletes it first (DEVICES' stale)
+                log.warning("pod %s: cannot delete ResourceClaim %s/%s: %s", pod.key, pod.namespace, made.claim,
                             error)
         if keys:
             try:

@@ -43,7 +43,7 @@ from numpy.typing import NDArray
 from hoss.framework.cycle import BoolArray, Placement, Profile, Unschedulable, choose, evaluate, run_filters
 from hoss.framework.node import NodeView
 from hoss.framework.nodes import NodeTable
-from hoss.framework.plugins.devices import allocation_on
+from hoss.framework.plugins.devices import allocation_at
 from hoss.framework.pod import PodView, placed_view
 from hoss.framework.podindex import HostPort, PlacedPod
 from hoss.model.devices import devices_of
@@ -171,9 +171,14 @@ def member_room(profile: Profile, members: Sequence[PodView], nodes: NodeTable) 
             feasible, _ = run_filters(profile.filters, member, nodes)
             passes &= feasible
     room = np.full(len(nodes), np.iinfo(np.int64).max, dtype=np.int64)
+    dra = frozenset().union(*(member.dra_resources for member in members))
     for resource, amount in largest.items():
         if amount > 0:
-            room = np.minimum(room, np.maximum(nodes.free_column(resource), 0) // amount)
+            fits = np.maximum(nodes.free_column(resource), 0) // amount
+            # a node without an extended resource a DeviceClass serves leaves it to DRA: its devices are
+            # DynamicResources' filter's to count
+            room = np.minimum(room, np.where(nodes.alloc_column(resource) > 0, fits, room) if resource in dra
+                              else fits)
     if not any(amount > 0 for amount in largest.values()):
         room[:] = len(members)  # a gang that requests nothing fits anywhere
     return np.where(passes, room, 0)
@@ -195,9 +200,10 @@ class ScratchUsage(NodeTable):
     def take_devices(self, member: PodView, name: str) -> None:
         """Count the DRA devices `member`'s claims are allocated on node `name` as taken in this copy, so a later
         member's claims are allocated others (the worker's PreBind allocates in the same order)."""
-        if member.devices is None or not member.devices.to_allocate or name not in self.index:
+        if member.devices is None or not (member.devices.to_allocate or member.devices.extended) \
+                or name not in self.index:
             return
-        allocation = allocation_on(member.devices, name, self.labels[self.index[name]], taken=self.devices_taken)
+        allocation = allocation_at(member.devices, self, self.index[name], taken=self.devices_taken)
         if allocation is not None:
             self.devices_taken = self.devices_taken | devices_of(allocation)
 
@@ -268,7 +274,7 @@ def _assign(profile: Profile, members: Sequence[PodView], nodes: NodeTable, scra
                 decision = choose(evaluation, scratch, rng=rng, top=1)
             if isinstance(decision, Placement):
                 node = decision.candidates[0]
-                scratch.add_used(node, member.request)
+                scratch.add_used(node, scratch.request_on(node, member))
                 scratch.claim_ports(node, member.host_ports)  # two members never share a host port on a node
                 scratch.take_devices(member, node)  # nor a DRA device
                 assignments[member.uid] = node

@@ -26,7 +26,7 @@ changes only through its methods.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -35,6 +35,9 @@ from hoss.framework.errors import UnknownNodeError
 from hoss.framework.node import NodeView, Taint, parse_node
 from hoss.framework.podindex import HostPort, PodIndex
 from hoss.model.resources import ResourceVector
+
+if TYPE_CHECKING:
+    from hoss.framework.pod import PodView
 
 _MIN_CAPACITY = 64
 _ABSENT = -1
@@ -139,6 +142,15 @@ class NodeTable(PodIndex):
     def free_column(self, resource: str) -> NDArray[np.int64]:
         """Free amount of one resource per row; negative where the node is overcommitted."""
         return self.alloc_column(resource) - self.used_column(resource)
+
+    def request_on(self, name: str, pod: PodView) -> ResourceVector:
+        """The pod's request as node `name` counts it (`PodView.counted_on`: without the extended resources the
+        node leaves to DRA), which the ledger holds there; raises `UnknownNodeError`."""
+        if not pod.dra_resources:
+            return pod.request
+        row = self.row(name)
+        return pod.counted_on({resource: int(self.alloc[row, column]) for resource in pod.dra_resources
+                               if (column := self._resource_index.get(resource)) is not None})
 
     def used_of(self, name: str) -> ResourceVector:
         """One node's usage as a resource vector (resources at 0 left out); raises `UnknownNodeError`."""

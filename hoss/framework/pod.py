@@ -29,6 +29,7 @@ from hoss.framework.podterms import (
     parse_weighted_terms,
 )
 from hoss.model.compact import DEFAULT_SPREAD, NAMESPACES, claim_names, disk_volumes, selector_key
+from hoss.model.dra import without_dra
 from hoss.model.objects import Json
 from hoss.model.resourceclaims import DEVICES
 from hoss.model.resources import ResourceVector, pod_requests
@@ -221,6 +222,19 @@ class ClaimUse:
 
 
 @dataclass(frozen=True)
+class ExtendedResource:
+    """An extended resource the pod asks that a DeviceClass serves (`hoss.model.dra`): on a node without it in
+    allocatable, DRA allocates its `requests` through the claim made for the pod."""
+
+    resource: str
+    device_class: str
+    requests: tuple[Json, ...]
+    """Device requests (``container-<i>-request-<j>``, exactly `device_class`, a count each)."""
+    mappings: tuple[Json, ...]
+    """``{containerName, resourceName, requestName}`` per container that asks it."""
+
+
+@dataclass(frozen=True)
 class DeviceNeeds:
     """What the pod's ResourceClaims need (`hoss.model.resourceclaims`): a `problem` (no node can take it now, in
     kube-scheduler's words), or its claims and, when some is to be allocated, the DeviceClasses, ResourceSlices and
@@ -233,12 +247,21 @@ class DeviceNeeds:
     classes: tuple[tuple[str, Json], ...] = ()
     slices: tuple[Json, ...] = ()
     allocated: frozenset[tuple[str, str, str]] = frozenset()
+    extended: tuple[ExtendedResource, ...] = ()
+    """The extended resources DeviceClasses serve, by name."""
+    stale: tuple[str, str] | None = None
+    """(name, uid) of the claim an earlier attempt made for the extended resources: deleted before a new one."""
     parsed: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
     """What the DynamicResources plugin parsed of these needs once (`hoss.framework.plugins.devices.prepare`)."""
 
     @property
     def to_allocate(self) -> tuple[ClaimUse, ...]:
         return tuple(claim for claim in self.claims if claim.allocation is None)
+
+    def left_to_dra(self, allocatable: Mapping[str, int]) -> frozenset[str]:
+        """The extended resources a node with `allocatable` leaves to DRA: those it has none of (a node whose
+        device plugin serves one counts it as any resource)."""
+        return frozenset(e.resource for e in self.extended if allocatable.get(e.resource, 0) <= 0)
 
 
 @dataclass(frozen=True)
@@ -295,6 +318,17 @@ class PodView:
     resource_version: str = ""
     """metadata.resourceVersion of the pod as read: its binding names it, so the apiserver binds that version only
     (the spec, requests included, the decision and the reservation were made for); "" when unknown."""
+
+    @property
+    def dra_resources(self) -> frozenset[str]:
+        """The extended resources it asks that DeviceClasses serve: a node without them leaves them to DRA."""
+        return frozenset(e.resource for e in self.devices.extended) if self.devices is not None else frozenset()
+
+    def counted_on(self, allocatable: Mapping[str, int]) -> ResourceVector:
+        """Its request as a node with `allocatable` counts it (`hoss.model.dra.without_dra`), which the ledger
+        holds."""
+        dra = self.dra_resources
+        return without_dra(self.request, allocatable=allocatable, dra=dra) if dra else self.request
 
     @property
     def hard_spread(self) -> tuple[SpreadConstraint, ...]:
@@ -576,9 +610,25 @@ def parse_devices(raw: object, *, namespace: str) -> DeviceNeeds:
             raise PodSpecError(field=f"{DEVICES}.allocated[{i}]",
                                reason=f"expected [driver, pool, device], got {item!r}")
         allocated.append((str(parts[0]), str(parts[1]), str(parts[2])))
+    extended = []
+    for i, item in enumerate(payload.items(context.get("extended"), field=f"{DEVICES}.extended", error=error)):
+        field = f"{DEVICES}.extended[{i}]"
+        entry = payload.mapping(item, field=field, error=error, required=True)
+        extended.append(ExtendedResource(
+            resource=payload.string(entry.get("resource"), field=f"{field}.resource", error=error, required=True),
+            device_class=payload.string(entry.get("class"), field=f"{field}.class", error=error, required=True),
+            requests=tuple(dict(payload.mapping(r, field=f"{field}.requests", error=error, required=True))
+                           for r in payload.items(entry.get("requests"), field=f"{field}.requests", error=error)),
+            mappings=tuple(dict(payload.mapping(m, field=f"{field}.mappings", error=error, required=True))
+                           for m in payload.items(entry.get("mappings"), field=f"{field}.mappings", error=error))))
+    stale = None
+    if context.get("stale") is not None:
+        found = payload.mapping(context.get("stale"), field=f"{DEVICES}.stale", error=error, required=True)
+        stale = (payload.string(found.get("claim"), field=f"{DEVICES}.stale.claim", error=error, required=True),
+                 payload.string(found.get("uid"), field=f"{DEVICES}.stale.uid", error=error))
     return DeviceNeeds(namespace=namespace, claims=tuple(claims), classes=tuple(sorted(classes.items())),
                        slices=tuple(slice_ for slice_ in slices if isinstance(slice_, dict)),
-                       allocated=frozenset(allocated))
+                       allocated=frozenset(allocated), extended=tuple(extended), stale=stale)
 
 
 def volume_terms(raw: object, *, field: str) -> tuple[SelectorTerm, ...] | None:

@@ -15,6 +15,10 @@ The context is one of:
   unallocated one with its ``spec.devices``. When any is unallocated the context also carries what allocating it
   reads: the DeviceClasses its requests name (``classes``), the ResourceSlices (``slices``: name, generation-less
   spec) and the devices other claims hold already (``allocated``: [driver, pool, device], admin access aside).
+  A pod asking extended resources that DeviceClasses serve (`hoss.model.dra`) has ``extended``: per resource (by
+  name) its class, device requests and container mappings, for the claim made for it on a node that leaves the
+  resource to DRA; ``stale`` names that claim when an earlier attempt made it already (the worker deletes it first,
+  as kube-scheduler's PostFilter does). Its classes, slices and allocated devices come with it as above.
 
 Keys of the claims carry their resourceVersion, so the worker's allocation (`workers.devices`) is written only on
 the version the decision read: the apiserver refuses a status write to a claim that changed since.
@@ -26,8 +30,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from hoss.errors import SpecError
 from hoss.model.catalog import ObjectCatalog, object_name, object_namespace
+from hoss.model.dra import EXTENDED_CLAIM_ANNOTATION, class_for, extended_requests, extended_resource_names
 from hoss.model.objects import Json, section
+from hoss.model.resources import pod_requests
 
 DEVICES = "devices"
 """Top-level key of a compact pod with what its ResourceClaims need (`device_context`); absent for a pod without."""
@@ -58,6 +65,10 @@ class DeviceCatalog(ObjectCatalog):
                 continue
             held.update(allocation_devices(claim))
         return [list(device) for device in sorted(held)]
+
+    def extended_names(self) -> frozenset[str]:
+        """The extended resource names the DeviceClasses serve (`hoss.model.dra.extended_resource_names`)."""
+        return frozenset[str]().union(*(extended_resource_names(raw) for raw in self.classes.values()))
 
 
 def allocation_devices(claim: Mapping[str, Any]) -> list[tuple[str, str, str]]:
@@ -144,10 +155,37 @@ def _class_names(claim: Mapping[str, Any]) -> set[str]:
     return names
 
 
+def extended_context(pod: Mapping[str, Any], catalog: DeviceCatalog) -> list[Json]:
+    """Per extended resource the pod asks that a DeviceClass serves (by name): the class, the device requests and
+    the container mappings (`hoss.model.dra.extended_requests`); empty when it asks none."""
+    found = []
+    try:
+        asked = pod_requests(pod)
+    except SpecError:
+        return []  # the worker refuses the pod by its parse, naming the field
+    for resource, amount in sorted(asked.items()):
+        if amount <= 0 or "/" not in resource or (name := class_for(resource, catalog.classes)) is None:
+            continue
+        requests, mappings = extended_requests(pod, resource, name)
+        found.append({"resource": resource, "class": name, "requests": requests, "mappings": mappings})
+    return found
+
+
+def extended_claim(namespace: str, pod_uid: str, catalog: DeviceCatalog) -> Json | None:
+    """The claim made for the pod's extended resources by an earlier attempt (annotated, owned by the pod)."""
+    for (claim_namespace, _name), claim in catalog.claims.items():
+        if claim_namespace == namespace and _owned_by(claim, pod_uid) \
+                and section(section(claim, "metadata"), "annotations").get(EXTENDED_CLAIM_ANNOTATION) == "true":
+            return claim
+    return None
+
+
 def device_context(pod: Mapping[str, Any], catalog: DeviceCatalog) -> Json | None:
-    """What the pod's ResourceClaims need (see the module docstring); None for a pod without any."""
+    """What the pod's ResourceClaims and its extended resources DeviceClasses serve need (see the module
+    docstring); None for a pod without either."""
     spec = section(dict(pod), "spec")
-    if not spec.get("resourceClaims"):
+    extended = extended_context(pod, catalog) if catalog.classes else []
+    if not spec.get("resourceClaims") and not extended:
         return None
     named = pod_claim_names(pod)
     if isinstance(named, str):
@@ -184,13 +222,19 @@ def device_context(pod: Mapping[str, Any], catalog: DeviceCatalog) -> Json | Non
             to_allocate.append(claim)
         claims.append(described)
     context: Json = {"claims": claims}
-    if to_allocate:
-        wanted = set().union(*(_class_names(claim) for claim in to_allocate))
+    besides = {str(section(claim, "metadata").get("uid") or "") for claim in to_allocate}
+    if extended:
+        context["extended"] = extended
+        if (stale := extended_claim(namespace, pod_uid, catalog)) is not None:
+            stale_meta = section(stale, "metadata")
+            context["stale"] = {"claim": str(stale_meta.get("name") or ""), "uid": str(stale_meta.get("uid") or "")}
+            besides.add(context["stale"]["uid"])
+    if to_allocate or extended:
+        wanted = set().union(*(_class_names(claim) for claim in to_allocate), (e["class"] for e in extended))
         context["classes"] = {name: section(catalog.classes[name], "spec") for name in sorted(wanted)}
         context["slices"] = [{"name": name, "spec": section(raw, "spec")}
                              for name, raw in sorted(catalog.slices.items())]
-        uids = frozenset(str(section(claim, "metadata").get("uid") or "") for claim in to_allocate)
-        context["allocated"] = catalog.allocated_devices(besides=uids)
+        context["allocated"] = catalog.allocated_devices(besides=frozenset(besides))
     return context
 
 

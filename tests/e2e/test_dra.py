@@ -24,7 +24,17 @@ from dev.local.plane import LocalPlane
 from dev.local.state import Process
 from hoss.ledger.client import Ledger
 from hoss.model.objects import Json
-from tests.e2e.hoss import hoss_pods, node_set, pending, pinned, wait_bound, wait_reason, why_json, workers
+from tests.e2e.hoss import (
+    NODE_CAPACITY,
+    hoss_pods,
+    node_set,
+    pending,
+    pinned,
+    wait_bound,
+    wait_reason,
+    why_json,
+    workers,
+)
 from tests.waiting import until
 
 DRIVER = "gpu.example.com"
@@ -426,3 +436,119 @@ async def test_a_gang_whose_members_each_want_a_device_of_one_node_binds_whole_w
         assert set(where.values()) == {node}
         held = allocated(await devices.claims(namespace))
         assert sorted(held) == [(DRIVER, node, "gpu-0"), (DRIVER, node, "gpu-1")], held
+
+
+def extended_pod(pod: Json, resource: str, count: int) -> Json:
+    """`pod` asking `count` of the extended resource `resource` (limits equal to requests, as extended resources
+    need)."""
+    resources = pod["spec"]["containers"][0]["resources"]
+    resources["requests"][resource] = str(count)
+    resources.setdefault("limits", {})[resource] = str(count)
+    return pod
+
+
+async def raw_pod(cluster: Cluster, namespace: str, name: str) -> Json:
+    """The pod as the apiserver returns it (fields the client's models may not know yet kept)."""
+    body = await cluster.core.read_namespaced_pod(name, namespace, _preload_content=False)
+    found: Json = await body.json()
+    return found
+
+
+def extended_use(claims: Sequence[Json], pod: Json) -> tuple[Json | None, Json | None]:
+    """The pod's status.extendedResourceClaimStatus and the claim it names, with what must match kube-scheduler's:
+    the annotation, the pod as controlling owner, the requests and the devices' pool."""
+    status = (pod.get("status") or {}).get("extendedResourceClaimStatus")
+    if status is None:
+        return None, None
+    [claim] = [c for c in claims if c["metadata"]["name"] == status["resourceClaimName"]]
+    return status["requestMappings"], {
+        "annotations": claim["metadata"].get("annotations"),
+        "owner": [(ref["kind"], ref["name"], ref.get("controller")) for ref in claim["metadata"]["ownerReferences"]],
+        "requests": claim["spec"]["devices"]["requests"],
+        "named": claim["metadata"]["name"].startswith(f"{pod['metadata']['name']}-extended-resources-"),
+        "devices": len(claim["status"]["allocation"]["devices"]["results"]),
+        "reserved": [ref["name"] for ref in claim["status"]["reservedFor"]]}
+
+
+async def test_an_extended_resource_a_device_class_serves_gets_devices_as_kube_scheduler_gives_them(
+    plane: LocalPlane, dispatcher: Process, cluster: Cluster, namespace: str
+) -> None:
+    """A DeviceClass serves the extended resource X (its extendedResourceName). Node 0 publishes one GPU, node 1
+    two; node 2 has X: 1 in allocatable (a device plugin serves it there). A pod asking X: 2 gets both GPUs of node
+    1 through a claim made for it (annotated, owned by the pod, named in its status); a pod pinned to node 2 asking
+    X: 1 is counted as any resource there, no claim; a pod asking X: 3 waits with kube-scheduler's reason; a pod
+    whose earlier claim is left over (made while it was gated) gets a new one, the old one deleted."""
+    resource = f"{namespace}.example.com/gpu"
+    async with two_sets(cluster, 2) as sets, device_objects(cluster) as devices, workers(plane, TWO):
+        await devices.device_class(f"{namespace}-gpu", extended=resource)
+        outcomes: dict[str, Any] = {}
+        reasons: dict[str, str] = {}
+        plugin_nodes = []
+        try:
+            for scheduler, prefix in SCHEDULERS:
+                tag, nodes = sets[scheduler]
+                [plugin] = await cluster.create_nodes(1, prefix=f"{tag}-plugin", capacity={
+                    **NODE_CAPACITY, resource: "1"}, labels={"dra-set": tag})
+                plugin_nodes.append(plugin)
+                await cluster.wait_nodes_ready([plugin])
+                await devices.publish(nodes[0], [gpu("gpu-0")])
+                await devices.publish(nodes[1], [gpu("gpu-0"), gpu("gpu-1")])
+                two, on_plugin, three, leftover = hoss_pods(f"{prefix}ext", 4)
+                extended_pod(two, resource, 2)
+                extended_pod(three, resource, 3)
+                extended_pod(leftover, resource, 1)
+                extended_pod(on_plugin, resource, 1)
+                for_scheduler([two, on_plugin, three, leftover], scheduler, tag)
+                on_plugin["spec"]["nodeSelector"]["kubernetes.io/hostname"] = plugin
+                leftover["spec"]["nodeSelector"]["kubernetes.io/hostname"] = nodes[0]
+                leftover["spec"]["schedulingGates"] = [{"name": "example.com/hold"}]
+                names = await cluster.create_pods([two, on_plugin, three, leftover], namespace=namespace)
+                where = await wait_bound(cluster, namespace, names[:2])
+                message = await wait_reason(cluster, namespace, names[2], "cannot allocate all claims")
+                # the nodes of this test's set only (the plane's other nodes come and go)
+                reasons[scheduler] = ", ".join(sorted(
+                    clause.strip(" .") for clause in message.split(" preemption:")[0].split(": ", 1)[1].split(",")
+                    if clause.strip(" .") and "didn't match" not in clause and "still not schedulable" not in clause))
+                # a claim an earlier attempt left, with requests: kube-scheduler deletes it and tries again
+                uid = (await cluster.core.read_namespaced_pod(names[3], namespace)).metadata.uid
+                await devices.api.create_namespaced_resource_claim(namespace, {
+                    "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                    "metadata": {"name": f"{names[3]}-extended-resources-old", "annotations": {
+                        "resource.kubernetes.io/extended-resource-claim": "true"}, "ownerReferences": [
+                        {"apiVersion": "v1", "kind": "Pod", "name": names[3], "uid": uid, "controller": True}]},
+                    "spec": {"devices": {"requests": [request("container-0-request-2", f"{namespace}-gpu")]}}})
+                await cluster.core.patch_namespaced_pod(names[3], namespace, [
+                    {"op": "remove", "path": "/spec/schedulingGates"}], _content_type="application/json-patch+json")
+                if scheduler == "hoss":
+                    where |= await wait_bound(cluster, namespace, names[3:])
+                else:
+                    # kube-scheduler deletes it in PostFilter, then leaves the pod for its next flush of
+                    # unschedulable pods (up to 5 minutes); hoss deletes it and makes the new claim in one PreBind
+                    await wait_reason(cluster, namespace, names[3], "deletion of ResourceClaim completed")
+                    await cluster.core.delete_namespaced_pod(names[3], namespace, grace_period_seconds=0)
+                claims = await devices.claims(namespace)
+                bound = names[:2] + names[3:] if scheduler == "hoss" else names[:2]
+                raws = [await raw_pod(cluster, namespace, name) for name in bound]
+                outcomes[scheduler] = {
+                    "nodes": [([*nodes, plugin].index(where[name])) for name in bound],
+                    "uses": [extended_use(claims, raw) for raw in raws],
+                    "old claim left": any(c["metadata"]["name"].endswith("-old") for c in claims)}
+        finally:
+            await cluster.delete_nodes(plugin_nodes)
+        normal = json.loads(json.dumps(outcomes["hoss"]).replace('"hext-', '"kext-'))
+        assert {**normal, "nodes": normal["nodes"][:2], "uses": normal["uses"][:2]} == json.loads(
+            json.dumps(outcomes["default-scheduler"])), outcomes
+        assert outcomes["hoss"]["nodes"] == [1, 2, 0], outcomes
+        assert outcomes["hoss"]["uses"][2][1] is not None and outcomes["hoss"]["uses"][2][1]["devices"] == 1
+        mappings, claim = outcomes["hoss"]["uses"][0]
+        index = sorted(["cpu", "memory", resource]).index(resource)
+        assert mappings == [{"containerName": "main", "resourceName": resource,
+                             "requestName": f"container-0-request-{index}"}], mappings
+        assert claim is not None and claim["devices"] == 2 and claim["reserved"] == ["hext-0000"], claim
+        assert outcomes["hoss"]["uses"][1] == (None, None), "a device plugin serves it on node 2: no claim"
+        assert not outcomes["hoss"]["old claim left"], outcomes
+        assert reasons["default-scheduler"] == reasons["hoss"] == \
+            f"1 Insufficient {resource}, 2 cannot allocate all claims", reasons
+        assert await pending(cluster, namespace) == ["hext-0002", "kext-0002"]
+        held = allocated(await devices.claims(namespace))
+        assert len(held) == len(set(held)) == 2 + 2 + 1, held

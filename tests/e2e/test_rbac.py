@@ -46,6 +46,9 @@ RARE: dict[tuple[str, Grant], str] = {
            ("policy", "poddisruptionbudgets", "list"), ("", "events", "create"),
            ("coordination.k8s.io", "leases", "get"), ("coordination.k8s.io", "leases", "create"),
            ("coordination.k8s.io", "leases", "update"))},
+    ("hoss-worker", ("resource.k8s.io", "resourceclaims", "delete")): "the claim made for a pod's extended"
+    " resources deleted when its binding fails or before a new attempt (workers/devices.py); tests/e2e/test_dra.py"
+    " drives it",
     ("hoss-worker", ("resource.k8s.io", "resourceclaims/binding", "update")): "the apiserver's authorizer checks it"
     " on every write of a claim's status.allocation or status.reservedFor (workers/devices.py); a check, never a"
     " request of its own, so the audit log has no call for it",
@@ -178,7 +181,8 @@ async def reserve_once(cluster: Cluster, namespace: str) -> None:
 
 
 async def devices_once(cluster: Cluster, namespace: str, node: str) -> None:
-    """A pod with a ResourceClaim for one device `node` publishes: the worker allocates and reserves it."""
+    """A pod with a ResourceClaim for one device `node` publishes: the worker allocates and reserves it; a pod
+    asking the extended resource the class serves: the worker makes its claim."""
     api: Any = client.ResourceV1Api(cluster.api)
     driver, device_class, pool = "rbac.example.com", f"{namespace}-rbac-gpu", f"{namespace}-rbac"
     await api.create_device_class({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
@@ -187,20 +191,24 @@ async def devices_once(cluster: Cluster, namespace: str, node: str) -> None:
     await api.create_resource_slice({
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": pool},
         "spec": {"driver": driver, "nodeName": node, "pool": {"name": pool, "generation": 1, "resourceSliceCount": 1},
-                 "devices": [{"name": "gpu-0"}]}})
+                 "devices": [{"name": "gpu-0"}, {"name": "gpu-1"}]}})
     try:
         await api.create_namespaced_resource_claim(namespace, {
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "rbac-gpu"},
             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": device_class}}]}}})
-        (pod,) = hoss_pods("rbac-devices", 1)
-        pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": "rbac-gpu"}]
-        await cluster.create_pods([pod], namespace=namespace)
+        claimed, extended = hoss_pods("rbac-devices", 2)
+        claimed["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": "rbac-gpu"}]
+        resources = extended["spec"]["containers"][0]["resources"]
+        resources["requests"][f"deviceclass.resource.kubernetes.io/{device_class}"] = "1"
+        resources["limits"] = {f"deviceclass.resource.kubernetes.io/{device_class}": "1"}
+        await cluster.create_pods([claimed, extended], namespace=namespace)
 
         async def bound() -> tuple[bool, str]:
-            raw = await cluster.core.read_namespaced_pod("rbac-devices-0000", namespace)
-            return raw.spec.node_name == node, str(raw.spec.node_name)
+            names = [(await cluster.core.read_namespaced_pod(f"rbac-devices-{i:04d}", namespace)).spec.node_name
+                     for i in range(2)]
+            return names == [node, node], str(names)
 
-        await until(bound, timeout=60, what="the pod with a ResourceClaim to be bound")
+        await until(bound, timeout=60, what="the pods with a ResourceClaim and a DRA extended resource to be bound")
     finally:
         await api.delete_resource_slice(pool)
         await api.delete_device_class(device_class)

@@ -9,12 +9,14 @@ from collections.abc import Callable
 import numpy as np
 
 from hoss.framework.nodes import NodeTable
-from hoss.framework.plugins.devices import NOT_AVAILABLE, DynamicResources, allocation_on
+from hoss.framework.plugins.devices import NOT_AVAILABLE, DynamicResources, allocation_at, allocation_on
+from hoss.framework.plugins.fit import NodeResourcesFit
 from hoss.framework.plugins.gpu import GpuPacking
 from hoss.framework.pod import parse_pod
 from hoss.model import devices as dra
 from hoss.model.compact import compact_pod
 from hoss.model.objects import Json
+from hoss.model.dra import class_for, extended_requests
 from hoss.model.resourceclaims import DEVICES, DeviceCatalog, device_context
 from tests.kube_objects import GPU_NODE, pod_view, raw_node, table
 
@@ -198,3 +200,108 @@ def test_gpu_packing_over_devices_leaves_as_many_whole_gpu_nodes_as_over_counted
     devices = _place(sizes, by_devices, gpus)
     assert devices == counted
     assert devices == [8, 8, 8, 0], devices
+
+
+EXTENDED = "example.com/gpu"
+
+
+def extended_pod(containers: list[Json], inits: list[Json] | None = None) -> Json:
+    raw: Json = {"metadata": {"name": "p", "namespace": "ns", "uid": "pod-uid"},
+                 "spec": {"schedulerName": "hoss", "containers": containers}}
+    if inits is not None:
+        raw["spec"]["initContainers"] = inits
+    return raw
+
+
+def asks(name: str, amount: int, *, resource: str = EXTENDED, always: bool = False) -> Json:
+    container: Json = {"name": name, "resources": {"requests": {"cpu": "1", resource: str(amount)},
+                                                   "limits": {resource: str(amount)}}}
+    if always:
+        container["restartPolicy"] = "Always"
+    return container
+
+
+def serving(*, created: str = "2026-01-01T00:00:00Z", name: str = "gpu") -> Json:
+    return {"metadata": {"name": name, "creationTimestamp": created},
+            "spec": {"extendedResourceName": EXTENDED,
+                     "selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]}}
+
+
+def requests_of(raw: Json) -> list[tuple[str, str, int]]:
+    requests, _ = extended_requests(raw, EXTENDED, "gpu")
+    return [(r["name"], r["exactly"]["deviceClassName"], r["exactly"]["count"]) for r in requests]
+
+
+def test_an_explicit_extended_resource_name_maps_to_the_oldest_class_that_sets_it() -> None:
+    classes = {"newer": serving(created="2026-02-01T00:00:00Z", name="newer"), "older": serving(name="older"),
+               "tie": serving(name="tie")}
+    assert class_for(EXTENDED, classes) == "older", "the oldest wins; among equals the first by name"
+    assert class_for("deviceclass.resource.kubernetes.io/newer", classes) == "newer"
+    assert class_for("deviceclass.resource.kubernetes.io/absent", classes) is None
+    assert class_for("example.com/fpga", classes) is None
+
+
+def test_each_container_asks_its_own_request_named_as_kube_scheduler_names_it() -> None:
+    # the cases of kube-scheduler's Test_createRequestsAndMappings_requests, for one resource
+    assert requests_of(extended_pod([asks("a", 1)])) == [("container-0-request-1", "gpu", 1)], \
+        "the index is the resource's among the container's sorted requests (cpu comes first)"
+    assert requests_of(extended_pod([asks("a", 1), asks("b", 2)])) == [
+        ("container-0-request-1", "gpu", 1), ("container-1-request-1", "gpu", 2)]
+    # an init container asking more than the regular containers after it: its own request for what they lack
+    assert requests_of(extended_pod([asks("main", 1)], inits=[asks("init", 2)])) == [
+        ("container-0-request-1", "gpu", 1), ("container-1-request-1", "gpu", 1)]
+    # two init containers: only the largest of their own requests is made, and both map to it
+    raw = extended_pod([asks("main", 1)], inits=[asks("i0", 2), asks("i1", 3)])
+    requests, mappings = extended_requests(raw, EXTENDED, "gpu")
+    assert [(r["name"], r["exactly"]["count"]) for r in requests] == [
+        ("container-1-request-1", 2), ("container-2-request-1", 1)]
+    assert [(m["containerName"], m["requestName"]) for m in mappings] == [
+        ("main", "container-2-request-1"), ("i0", "container-2-request-1"), ("i0", "container-1-request-1"),
+        ("i1", "container-2-request-1"), ("i1", "container-1-request-1")]
+    # an init container the long-lived ones after it cover asks nothing of its own (i0: the sidecar after it);
+    # one they cover in part asks the rest (i2: main covers 1 of 2)
+    raw = extended_pod([asks("main", 1)], inits=[asks("i0", 1), asks("side", 1, always=True), asks("i2", 2)])
+    assert requests_of(raw) == [("container-1-request-1", "gpu", 1), ("container-2-request-1", "gpu", 1),
+                                ("container-3-request-1", "gpu", 1)]
+
+
+def extended_catalog(*claims: Json, slices: tuple[Json, ...] = ()) -> DeviceCatalog:
+    made = catalog(*claims, slices=slices)
+    made.replace("classes", [serving()])
+    return made
+
+
+def test_a_pod_asking_a_served_extended_resource_gets_devices_where_no_device_plugin_serves_it() -> None:
+    slices = (node_slice("n0", "a100"), node_slice("n1", "a100", "a100"))
+    context, parsed = view_of(extended_pod([asks("main", 2)]), extended_catalog(slices=slices))
+    assert context is not None and [e["class"] for e in context["extended"]] == ["gpu"]
+    nodes = table(raw_node("n0"), raw_node("n1"), raw_node("plugin", {"cpu": "8", "pods": "110", EXTENDED: "4"}),
+                  raw_node("plugin-full", {"cpu": "8", "pods": "110", EXTENDED: "1"}))
+    fit = NodeResourcesFit().filter(parsed, nodes)  # type: ignore[arg-type]
+    assert fit.mask.tolist() == [True, True, True, False], "fit counts it only where a device plugin serves it"
+    assert set(fit.reasons) == {f"Insufficient {EXTENDED}"}
+    result = DynamicResources().filter(parsed, nodes)  # type: ignore[arg-type]
+    assert result.mask.tolist() == [False, True, True, True], "DRA allocates it where no device plugin serves it"
+    assert set(result.reasons) == {dra.CANNOT_ALLOCATE}
+    assert nodes.request_on("n1", parsed) == {"cpu": 1000, "pods": 1}  # type: ignore[arg-type]
+    assert nodes.request_on("plugin", parsed)[EXTENDED] == 2  # type: ignore[arg-type, index]
+    allocation = allocation_at(parsed.devices, nodes, nodes.row("n1"))  # type: ignore[attr-defined]
+    assert allocation is not None
+    assert [r["request"] for r in dra.allocation_status(allocation, 0)["devices"]["results"]] == [
+        "container-0-request-1", "container-0-request-1"]
+
+
+def test_the_claim_an_earlier_attempt_made_is_named_and_its_devices_are_free_for_the_pod() -> None:
+    earlier = claim("p-extended-resources-abcde", owner="pod-uid", allocation={"devices": {"results": [
+        {"request": "container-0-request-1", "driver": DRIVER, "pool": "n0", "device": "gpu-0"}]}})
+    earlier["metadata"]["annotations"] = {"resource.kubernetes.io/extended-resource-claim": "true"}
+    context, _ = view_of(extended_pod([asks("main", 1)]),
+                         extended_catalog(earlier, slices=(node_slice("n0", "a100"),)))
+    assert context is not None
+    assert context["stale"] == {"claim": "p-extended-resources-abcde", "uid": "p-extended-resources-abcde-uid"}
+    assert context["allocated"] == []
+
+
+def test_a_pod_asking_an_extended_resource_no_class_serves_has_no_device_context() -> None:
+    assert device_context(compact_pod(extended_pod([asks("main", 1, resource="example.com/fpga")])),
+                          extended_catalog()) is None

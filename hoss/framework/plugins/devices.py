@@ -9,6 +9,9 @@ name reads them. Pure; what the claims need comes from the dispatcher in the pod
   available on the node``); the claims to allocate must all find devices there (``cannot allocate all claims``),
   by the structured allocator (`hoss.model.devices`) over the ResourceSlices, leaving out the devices other
   claims hold. Only nodes some slice offers devices to are tried.
+- Extended resources a DeviceClass serves (`PodView.dra_resources`): on a node without them in allocatable, their
+  device requests form one more claim (`extended_claim`, after the pod's own, as kube-scheduler appends its special
+  claim), allocated with the others.
 - `allocation_on` is a node's allocation (kept per node for the version of the pod the worker holds), which the
   worker writes into the claims of the chosen node before the pod's binding (`workers.devices`); `free_devices`
   counts what a node has left, which GpuPacking reads.
@@ -54,11 +57,31 @@ class Prepared:
         return self.shared or node in self.local
 
 
-def prepare(devices: DeviceNeeds) -> Prepared:
-    """The allocator's inputs for `devices`, parsed once per version of the pod the worker holds."""
-    found = devices.parsed.get("prepared")
-    if isinstance(found, Prepared):
-        return found
+EXTENDED_CLAIM = "<extended-resources>"
+"""The name of the claim for a pod's extended resources until it is made (kube-scheduler's, not a valid name)."""
+
+
+def extended_claim(devices: DeviceNeeds, left: frozenset[str]) -> Json | None:
+    """The claim for the extended resources `left` to DRA on a node (None when none is): the requests of each,
+    sorted by name, as kube-scheduler builds it per node."""
+    requests = [request for e in devices.extended if e.resource in left for request in e.requests]
+    if not requests:
+        return None
+    return {"metadata": {"namespace": devices.namespace, "name": EXTENDED_CLAIM},
+            "spec": {"devices": {"requests": sorted(requests, key=lambda r: str(r.get("name")))}}}
+
+
+def extended_mappings(devices: DeviceNeeds, left: frozenset[str]) -> list[Json]:
+    """The pod status's requestMappings for the extended resources `left` to DRA on a node."""
+    return [dict(mapping) for e in devices.extended if e.resource in left for mapping in e.mappings]
+
+
+def prepare(devices: DeviceNeeds, left: frozenset[str] = frozenset()) -> Prepared:
+    """The allocator's inputs for `devices`, with the extended resources `left` to DRA on a node, parsed once per
+    version of the pod the worker holds."""
+    cache: dict[frozenset[str], Prepared] = devices.parsed.setdefault("prepared", {})
+    if left in cache:
+        return cache[left]
     classes: Mapping[str, Json] = {name: {"metadata": {"name": name}, "spec": spec}
                                    for name, spec in devices.classes}
     kept: list[Slice] = []
@@ -73,11 +96,12 @@ def prepare(devices: DeviceNeeds) -> Prepared:
             node = spec.get("nodeName") if isinstance(spec, dict) else None
             refused.append((str(node) if node else None, f"hoss leaves out a ResourceSlice: {error}"))
     inventory = dra.Inventory(tuple(kept))
+    claims = [{"metadata": {"namespace": devices.namespace, "name": claim.claim, "uid": claim.uid},
+               "spec": {"devices": claim.devices or {}}} for claim in devices.to_allocate]
+    if (extended := extended_claim(devices, left)) is not None:
+        claims.append(extended)
     try:
-        needs = tuple(dra.claim_needs({"metadata": {"namespace": devices.namespace, "name": claim.claim,
-                                                    "uid": claim.uid},
-                                       "spec": {"devices": claim.devices or {}}}, classes)
-                      for claim in devices.to_allocate)
+        needs = tuple(dra.claim_needs(claim, classes) for claim in claims)
         prepared = Prepared(needs=needs, inventory=inventory,
                             local=frozenset(s.node_name for s in inventory.slices if s.node_name),
                             shared=any(not s.node_name or s.counter_sets for s in inventory.slices),
@@ -86,25 +110,40 @@ def prepare(devices: DeviceNeeds) -> Prepared:
         prepared = Prepared(needs=(), inventory=None, refusal=error.message)
     except dra.DeviceError as error:
         prepared = Prepared(needs=(), inventory=None, refusal=f"hoss cannot allocate this: {error}")
-    devices.parsed["prepared"] = prepared
+    cache[left] = prepared
     return prepared
 
 
+def left_on(devices: DeviceNeeds, nodes: NodeTable, row: int) -> frozenset[str]:
+    """The extended resources the node at `row` leaves to DRA (`DeviceNeeds.left_to_dra`)."""
+    if not devices.extended:
+        return frozenset()
+    return frozenset(e.resource for e in devices.extended if nodes.alloc_column(e.resource)[row] <= 0)
+
+
 def allocation_on(devices: DeviceNeeds, node: str, labels: Mapping[str, str], *,
-                  taken: frozenset[tuple[str, str, str]] = frozenset()) -> dra.Allocation | None:
-    """The allocation of the claims to allocate on `node` (None: they cannot all be allocated there), leaving out
-    the devices `taken` besides those other claims hold (a gang's earlier members). Raises `dra.AllocationError`
-    where kube-scheduler aborts the attempt (a CEL expression failing at runtime)."""
-    prepared = prepare(devices)
+                  taken: frozenset[tuple[str, str, str]] = frozenset(),
+                  left: frozenset[str] = frozenset()) -> dra.Allocation | None:
+    """The allocation of the claims to allocate on `node` (None: they cannot all be allocated there), with the
+    claim for the extended resources `left` to DRA there last, leaving out the devices `taken` besides those other
+    claims hold (a gang's earlier members). Raises `dra.AllocationError` where kube-scheduler aborts the attempt (a
+    CEL expression failing at runtime)."""
+    prepared = prepare(devices, left)
     if prepared.inventory is None or not prepared.may_offer(node):
         return None
-    found: dict[tuple[str, frozenset[tuple[str, str, str]]], dra.Allocation | None] = devices.parsed.setdefault(
-        "on", {})
-    key = (node, taken)
+    found: dict[tuple[str, frozenset[tuple[str, str, str]], frozenset[str]], dra.Allocation | None] = \
+        devices.parsed.setdefault("on", {})
+    key = (node, taken, left)
     if key not in found:
         found[key] = dra.allocate(prepared.needs, node=node, node_labels=labels, inventory=prepared.inventory,
                                   allocated=devices.allocated | taken if taken else devices.allocated)
     return found[key]
+
+
+def allocation_at(devices: DeviceNeeds, nodes: NodeTable, row: int, *,
+                  taken: frozenset[tuple[str, str, str]] = frozenset()) -> dra.Allocation | None:
+    """`allocation_on` the node at `row` of `nodes`, with the extended resources it leaves to DRA."""
+    return allocation_on(devices, nodes.names[row], nodes.labels[row], taken=taken, left=left_on(devices, nodes, row))
 
 
 def free_devices(devices: DeviceNeeds, node: str, labels: Mapping[str, str], *, drivers: frozenset[str]) -> int:
@@ -146,21 +185,25 @@ class DynamicResources(TakesNoArgs):
                 available &= terms_match(nodes, claim.selector)
         if not available.all():
             reasons[NOT_AVAILABLE] = ~available
-        if pod.devices.to_allocate:
-            prepared = prepare(pod.devices)
-            assert prepared.inventory is not None
-            for row, name in enumerate(nodes.names):
-                if not available[row]:
-                    continue
-                labels = nodes.labels[row]
-                try:
-                    allocation = allocation_on(pod.devices, name, labels, taken=nodes.devices_taken)
-                except dra.AllocationError as error:
-                    # kube-scheduler aborts the attempt: no node takes the pod, and it is tried again later
-                    return FilterResult.from_reasons(rows, {error.message: np.ones(rows, dtype=np.bool_)})
-                if allocation is None:
+        if not pod.devices.to_allocate and not pod.devices.extended:
+            return FilterResult.from_reasons(rows, reasons)
+        for row, name in enumerate(nodes.names):
+            left = left_on(pod.devices, nodes, row)
+            if not available[row] or (not pod.devices.to_allocate and not left):
+                continue
+            labels = nodes.labels[row]
+            try:
+                allocation = allocation_on(pod.devices, name, labels, taken=nodes.devices_taken, left=left)
+            except dra.AllocationError as error:
+                # kube-scheduler aborts the attempt: no node takes the pod, and it is tried again later
+                return FilterResult.from_reasons(rows, {error.message: np.ones(rows, dtype=np.bool_)})
+            if allocation is None:
+                prepared = prepare(pod.devices, left)
+                if prepared.inventory is None:
+                    reason = prepared.refusal
+                else:
                     reason = next((why for where, why in prepared.refused if where in (None, name)), None) \
                         or dra.node_failure_reason(prepared.needs, node=name, node_labels=labels,
                                                    inventory=prepared.inventory)
-                    reasons.setdefault(reason, np.zeros(rows, dtype=np.bool_))[row] = True
+                reasons.setdefault(reason, np.zeros(rows, dtype=np.bool_))[row] = True
         return FilterResult.from_reasons(rows, reasons)

@@ -3,7 +3,9 @@
 Free is allocatable minus the ledger's usage (bound + assumed). Every requested resource counts -- cpu, memory,
 pods, GPUs, hugepages, any extended resource -- and a resource a node does not report has nothing free there, so
 a GPU pod never fits a CPU node. This is the same rule the ledger's reserve script applies, so a node this filter
-passes is one the reservation can take unless another worker got there first.
+passes is one the reservation can take unless another worker got there first. An extended resource a DeviceClass
+serves (`PodView.dra_resources`) is checked only where the node has it in allocatable (a device plugin serves it
+there); a node without it leaves it to DynamicResources, as kube-scheduler's shouldDelegateResourceToDRA.
 
 Its figures (`hoss why`): per short resource, asked against free and allocatable; the nodes whose allocatable is the
 same form one class, and the one with the most free (for the request) comes closest.
@@ -36,10 +38,13 @@ class NodeResourcesFit(TakesNoArgs):
 
     def filter(self, pod: PodView, nodes: NodeTable) -> FilterResult:
         reasons: dict[str, BoolArray] = {}
+        dra = pod.dra_resources
         for resource, amount in pod.request.items():
             if amount <= 0:
                 continue
             short = nodes.free_column(resource) < amount
+            if resource in dra:
+                short &= nodes.alloc_column(resource) > 0
             if short.any():
                 reasons[insufficient_reason(resource)] = short
         return FilterResult.from_reasons(len(nodes), reasons)
@@ -52,7 +57,8 @@ class NodeResourcesFit(TakesNoArgs):
         found = []
         for position in range(len(rows)):
             short = [(resource, amount, int(free[position]), int(alloc[position]))
-                     for resource, amount, free, alloc in columns if free[position] < amount]
+                     for resource, amount, free, alloc in columns if free[position] < amount
+                     and (resource not in pod.dra_resources or alloc[position] > 0)]
             values: dict[str, JsonValue] = {resource: {"asked": amount, "free": free, "allocatable": alloc}
                                             for resource, amount, free, alloc in short}
             found.append(Figures(

@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from hoss.framework.cycle import MAX_NODE_SCORE, BoolArray, FloatArray
 from hoss.framework.nodes import NodeTable
 from hoss.framework.plugins.allocation import clip_normalize
-from hoss.framework.plugins.devices import allocation_on, free_devices
+from hoss.framework.plugins.devices import allocation_at, free_devices
 from hoss.framework.pod import PodView
 from hoss.model import devices as dra
 
@@ -60,7 +60,8 @@ class GpuPacking:
 
     def score(self, pod: PodView, nodes: NodeTable, feasible: BoolArray) -> FloatArray:
         requested = pod.request.get(self.resource, 0)
-        if requested <= 0 and pod.devices is not None and pod.devices.to_allocate:
+        if pod.devices is not None and ((requested <= 0 and pod.devices.to_allocate)
+                                        or self.resource in pod.dra_resources):
             return _device_packing(pod, nodes, feasible)
         if requested <= 0:
             return np.full(len(nodes), MAX_NODE_SCORE, dtype=np.float64)
@@ -85,7 +86,7 @@ def _device_packing(pod: PodView, nodes: NodeTable, feasible: BoolArray) -> Floa
     free = np.zeros(len(nodes), dtype=np.float64)
     for row in np.flatnonzero(feasible):
         name, labels = nodes.names[row], nodes.labels[row]
-        allocation = allocation_on(pod.devices, name, labels)
+        allocation = allocation_at(pod.devices, nodes, int(row))
         if allocation is None:
             continue
         taken = dra.devices_of(allocation)
