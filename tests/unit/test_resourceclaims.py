@@ -15,8 +15,8 @@ from hoss.framework.plugins.gpu import GpuPacking
 from hoss.framework.pod import parse_pod
 from hoss.model import devices as dra
 from hoss.model.compact import compact_pod
-from hoss.model.objects import Json
 from hoss.model.dra import class_for, extended_requests
+from hoss.model.objects import Json
 from hoss.model.resourceclaims import DEVICES, DeviceCatalog, device_context
 from tests.kube_objects import GPU_NODE, pod_view, raw_node, table
 
