@@ -284,7 +284,7 @@ def test_a_pod_asking_a_served_extended_resource_gets_devices_where_no_device_pl
     assert result.mask.tolist() == [False, True, True, True], "DRA allocates it where no device plugin serves it"
     assert set(result.reasons) == {dra.CANNOT_ALLOCATE}
     assert nodes.request_on("n1", parsed) == {"cpu": 1000, "pods": 1}  # type: ignore[arg-type]
-    assert nodes.request_on("plugin", parsed)[EXTENDED] == 2  # type: ignore[arg-type, index]
+    assert nodes.request_on("plugin", parsed)[EXTENDED] == 2  # type: ignore[arg-type]
     allocation = allocation_at(parsed.devices, nodes, nodes.row("n1"))  # type: ignore[attr-defined]
     assert allocation is not None
     assert [r["request"] for r in dra.allocation_status(allocation, 0)["devices"]["results"]] == [
