@@ -552,3 +552,41 @@ async def test_an_extended_resource_a_device_class_serves_gets_devices_as_kube_s
         assert await pending(cluster, namespace) == ["hext-0002", "kext-0002"]
         held = allocated(await devices.claims(namespace))
         assert len(held) == len(set(held)) == 2 + 2 + 1, held
+
+
+async def test_the_gpu_policy_keeps_a_claim_s_devices_on_one_nvlink_domain_where_first_fit_splits_them(
+    plane: LocalPlane, dispatcher: Process, cluster: Cluster, namespace: str
+) -> None:
+    """A node with four GPUs in two NVLink domains (0, 0, 1, 1), the first taken by a one-GPU claim: a claim for
+    two gets gpu-1 and gpu-2 from kube-scheduler and from hoss's default policy (first fit, across the domains),
+    and gpu-2 and gpu-3 under hoss's gpu policy (DynamicResources' alignBy), leaving domain 0's free GPU alone."""
+    arms = (("default-scheduler", None), ("hoss", "default"), ("hoss", "gpu"))
+    async with contextlib.AsyncExitStack() as stack:
+        devices = await stack.enter_async_context(device_objects(cluster))
+        await stack.enter_async_context(workers(plane, [("dra-0", ["default"]), ("dra-1", ["gpu"])]))
+        gpus = await devices.device_class(f"{namespace}-gpu")
+        chosen = {}
+        for index, (scheduler, policy) in enumerate(arms):
+            tag = f"nvl{next(_tags)}"
+            [node] = await stack.enter_async_context(node_set(cluster, 1, labels={"dra-set": tag}))
+            await devices.publish(node, [gpu(f"gpu-{i}", nvlink=domain) for i, domain in enumerate((0, 0, 1, 1))])
+            await devices.claim(namespace, f"one-{index}", [request("gpu", gpus)])
+            await devices.claim(namespace, f"pair-{index}", [request("gpu", gpus, count=2)])
+            one, pair = hoss_pods(f"nvl{index}", 2, policy=policy)
+            with_claim(one, claim=f"one-{index}")
+            with_claim(pair, claim=f"pair-{index}")
+            for_scheduler([one, pair], scheduler, tag)
+            [first] = await cluster.create_pods([one], namespace=namespace)
+            await wait_bound(cluster, namespace, [first])
+            [second] = await cluster.create_pods([pair], namespace=namespace)
+            await wait_bound(cluster, namespace, [second])
+            claims = await devices.claims(namespace)
+            chosen[f"{scheduler}/{policy}"] = [
+                sorted(r["device"] for r in claim_of(claims, name)["status"]["allocation"]["devices"]["results"])
+                for name in (first, second)]
+        assert chosen == {"default-scheduler/None": [["gpu-0"], ["gpu-1", "gpu-2"]],
+                          "hoss/default": [["gpu-0"], ["gpu-1", "gpu-2"]],
+                          "hoss/gpu": [["gpu-0"], ["gpu-2", "gpu-3"]]}, chosen
+        assert await pending(cluster, namespace) == []
+        held = allocated(await devices.claims(namespace))
+        assert len(held) == len(set(held)) == 3 * 3, held

@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+import pytest
+from pydantic import ValidationError
 
 from hoss.framework.nodes import NodeTable
 from hoss.framework.plugins.devices import NOT_AVAILABLE, DynamicResources, allocation_at, allocation_on
@@ -305,3 +307,43 @@ def test_the_claim_an_earlier_attempt_made_is_named_and_its_devices_are_free_for
 def test_a_pod_asking_an_extended_resource_no_class_serves_has_no_device_context() -> None:
     assert device_context(compact_pod(extended_pod([asks("main", 1, resource="example.com/fpga")])),
                           extended_catalog()) is None
+
+
+def linked_slice(node: str, domains: list[int]) -> Json:
+    return {"metadata": {"name": f"{node}-slice"},
+            "spec": {"driver": DRIVER, "nodeName": node, "pool": {"name": node, "generation": 1,
+                                                                   "resourceSliceCount": 1},
+                     "devices": [{"name": f"gpu-{i}", "attributes": {"nvlink": {"int": domain}}}
+                                 for i, domain in enumerate(domains)]}}
+
+
+def test_a_profile_aligning_by_nvlink_gives_a_claim_devices_of_one_domain_where_first_fit_would_split_it() -> None:
+    taken = claim("taken", allocation={"devices": {"results": [
+        {"request": "gpu", "driver": DRIVER, "pool": "n0", "device": "gpu-0"}]}})
+    slices = (linked_slice("n0", [0, 0, 1, 1]),)
+    chosen = {}
+    for align in ((), ("nvlinkDomain", "nvlink")):
+        _, parsed = view_of(pod(by_name("two")), catalog(taken, claim("two", count=2), slices=slices))
+        nodes = table_of("n0")
+        assert DynamicResources(align_by=align).filter(parsed, nodes).mask.tolist() == [True]  # type: ignore[arg-type]
+        allocation = allocation_at(parsed.devices, nodes, 0)  # type: ignore[attr-defined]
+        assert allocation is not None
+        chosen[align] = sorted(r["device"] for r in dra.allocation_status(allocation, 0)["devices"]["results"])
+    assert chosen[()] == ["gpu-1", "gpu-2"], "kube-scheduler's first fit splits the pair over two domains"
+    assert chosen[("nvlinkDomain", "nvlink")] == ["gpu-2", "gpu-3"], "one domain, left whole by the taken device"
+    # no domain with two free: the same devices as first fit, never a refusal
+    _, parsed = view_of(pod(by_name("three")), catalog(taken, claim("three", count=3), slices=slices))
+    nodes = table_of("n0")
+    assert DynamicResources(align_by=("nvlink",)).filter(parsed, nodes).mask.tolist() == [True]  # type: ignore[arg-type]
+    allocation = allocation_at(parsed.devices, nodes, 0)  # type: ignore[attr-defined]
+    assert allocation is not None
+    assert sorted(r["device"] for r in dra.allocation_status(allocation, 0)["devices"]["results"]) == [
+        "gpu-1", "gpu-2", "gpu-3"]
+
+
+def test_align_by_is_refused_unless_a_list_of_names() -> None:
+    assert DynamicResources.from_args({"alignBy": ["nvlink"]}).align_by == ("nvlink",)
+    with pytest.raises(ValidationError, match="alignBy"):
+        DynamicResources.from_args({"alignBy": "nvlink"})
+    with pytest.raises(ValidationError, match="align"):
+        DynamicResources.from_args({"align": ["nvlink"]})

@@ -12,6 +12,10 @@ name reads them. Pure; what the claims need comes from the dispatcher in the pod
 - Extended resources a DeviceClass serves (`PodView.dra_resources`): on a node without them in allocatable, their
   device requests form one more claim (`extended_claim`, after the pod's own, as kube-scheduler appends its special
   claim), allocated with the others.
+- Args: ``alignBy``, attribute names (a bare name under each device's driver, or ``domain/name``): a claim that
+  asks several devices gets devices sharing the first of them that allows it on the node (one NVLink domain, one
+  PCIe root), else kube-scheduler's first fit (`hoss.model.devices.allocate_aligned`). Which devices, never
+  whether: the nodes the filter passes are kube-scheduler's. Empty (kube-scheduler's choice) unless a profile sets it.
 - `allocation_on` is a node's allocation (kept per node for the version of the pod the worker holds), which the
   worker writes into the claims of the chosen node before the pod's binding (`workers.devices`); `free_devices`
   counts what a node has left, which GpuPacking reads.
@@ -22,10 +26,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Annotated, Any, Self
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
-from hoss.framework.cycle import BoolArray, FilterResult, TakesNoArgs
+from hoss.framework.cycle import BoolArray, FilterResult
 from hoss.framework.nodes import NodeTable
 from hoss.framework.plugins.volumes import terms_match
 from hoss.framework.pod import DeviceNeeds, PodView
@@ -131,12 +137,14 @@ def allocation_on(devices: DeviceNeeds, node: str, labels: Mapping[str, str], *,
     prepared = prepare(devices, left)
     if prepared.inventory is None or not prepared.may_offer(node):
         return None
-    found: dict[tuple[str, frozenset[tuple[str, str, str]], frozenset[str]], dra.Allocation | None] = \
-        devices.parsed.setdefault("on", {})
-    key = (node, taken, left)
+    align: tuple[str, ...] = devices.parsed.get("align", ())
+    found: dict[tuple[str, frozenset[tuple[str, str, str]], frozenset[str], tuple[str, ...]],
+                dra.Allocation | None] = devices.parsed.setdefault("on", {})
+    key = (node, taken, left, align)
     if key not in found:
-        found[key] = dra.allocate(prepared.needs, node=node, node_labels=labels, inventory=prepared.inventory,
-                                  allocated=devices.allocated | taken if taken else devices.allocated)
+        found[key] = dra.allocate_aligned(prepared.needs, align=align, node=node, node_labels=labels,
+                                          inventory=prepared.inventory,
+                                          allocated=devices.allocated | taken if taken else devices.allocated)
     return found[key]
 
 
@@ -157,10 +165,26 @@ def free_devices(devices: DeviceNeeds, node: str, labels: Mapping[str, str], *, 
                and (not slice_.per_device or device.node_matches(node=node, labels=labels)))
 
 
-class DynamicResources(TakesNoArgs):
+class DynamicResourcesArgs(BaseModel):
+    """Args of DynamicResources."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    align_by: tuple[Annotated[str, Field(min_length=1)], ...] = Field(default=(), alias="alignBy")
+    """Attributes a claim's devices should share, tried in order (e.g. ``[nvlinkDomain, pcieRoot]``)."""
+
+
+class DynamicResources:
     """PreFilter and filter: the pod's ResourceClaims (see the module docstring)."""
 
     name = "DynamicResources"
+
+    def __init__(self, align_by: tuple[str, ...] = ()) -> None:
+        self.align_by = align_by
+
+    @classmethod
+    def from_args(cls, args: Mapping[str, Any]) -> Self:
+        return cls(DynamicResourcesArgs.model_validate(args).align_by)
 
     def prefilter(self, pod: PodView) -> str | None:
         """kube-scheduler's PreFilter rejection of the pod on every node, or None."""
@@ -187,6 +211,9 @@ class DynamicResources(TakesNoArgs):
             reasons[NOT_AVAILABLE] = ~available
         if not pod.devices.to_allocate and not pod.devices.extended:
             return FilterResult.from_reasons(rows, reasons)
+        # the worker's later steps (the gang's plan, GpuPacking, PreBind) allocate this version of the pod as its
+        # profile's filter did
+        pod.devices.parsed["align"] = self.align_by
         for row, name in enumerate(nodes.names):
             left = left_on(pod.devices, nodes, row)
             if not available[row] or (not pod.devices.to_allocate and not left):

@@ -8,6 +8,8 @@ the dispatcher, the workers and the ledger call it with the objects they watch.
   reason for a claim no node can take).
 - `allocate(needs, node=, node_labels=, inventory=, allocated=, counters_used=)`: the devices on one node, or None
   (`node_failure_reason` says why as kube-scheduler does); `AllocationError` where kube-scheduler aborts.
+  `allocate_aligned(needs, align=, ...)` allocates exactly when `allocate` does, preferring devices that share an
+  attribute (an NVLink domain, a PCIe root) for a claim that asks several.
 - `allocation_status(allocation, i)`, `devices_of(allocation)`, `counters_consumed(allocation)`: what the claim's
   status says and what the ledger holds; `allocated_devices(claim)` and `counters_of(devices, inventory)` the same
   for an allocation found written in a claim.
@@ -21,6 +23,7 @@ from hoss.model.devices.allocator import (
     ClaimAllocation,
     DeviceResult,
     allocate,
+    allocate_aligned,
     node_failure_reason,
 )
 from hoss.model.devices.cel import CelError
@@ -58,6 +61,7 @@ __all__ = [
     "Inventory",
     "NodeSelector",
     "allocate",
+    "allocate_aligned",
     "allocated_devices",
     "allocation_status",
     "claim_needs",

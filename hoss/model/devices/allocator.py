@@ -18,6 +18,7 @@ error, "all" devices from a pool being updated, a constraint that can never hold
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -108,7 +109,7 @@ class _ConstraintState:
     def add(self, request: Request, device: Device) -> bool:
         if not self.constraint.applies_to(request):
             return True
-        value = device.attribute(self.constraint.attribute)
+        value = device.attribute(self.constraint.qualified(device.id[0]))
         if value is None:
             return False
         typed = (type(value).__name__, str(value))
@@ -406,6 +407,36 @@ def allocate(needs: Sequence[ClaimNeed], *, node: str, node_labels: Mapping[str,
         claims.append(ClaimAllocation(claim=claim, results=results, config=_config(search, c),
                                       node_selector=_node_selector(chosen, node)))
     return Allocation(node=node, claims=tuple(claims), counters=counters)
+
+
+def allocate_aligned(needs: Sequence[ClaimNeed], *, align: Sequence[str], node: str, node_labels: Mapping[str, str],
+                     inventory: Inventory, allocated: Set[DeviceId]) -> Allocation | None:
+    """`allocate`, preferring for each claim that asks two devices or more devices that share an attribute: the
+    first of `align` (a bare name is looked up under each device's driver, a ``domain/name`` as it is) for which
+    every such claim can be allocated that way, else none (kube-scheduler's first fit). Which devices, not whether:
+    it allocates exactly when `allocate` does."""
+    for attribute in align:
+        aligned = tuple(_aligned(claim, attribute) for claim in needs)
+        if aligned == tuple(needs):
+            break  # no claim asks two devices
+        found = allocate(aligned, node=node, node_labels=node_labels, inventory=inventory, allocated=allocated)
+        if found is not None:
+            return found
+    return allocate(needs, node=node, node_labels=node_labels, inventory=inventory, allocated=allocated)
+
+
+def _aligned(claim: ClaimNeed, attribute: str) -> ClaimNeed:
+    """The claim with one more constraint: all its devices share `attribute` (unchanged when it asks fewer than two
+    devices or all of some kind, which a constraint could only make fail)."""
+    asked = 0
+    for need in claim.requests:
+        if any(request.all_devices for request in need.alternatives):
+            return claim
+        asked += max(request.count for request in need.alternatives)
+    if asked < 2:
+        return claim
+    return dataclasses.replace(claim, constraints=(*claim.constraints, Constraint(
+        attribute=attribute, requests=frozenset(), per_driver="/" not in attribute)))
 
 
 def node_failure_reason(needs: Sequence[ClaimNeed], *, node: str, node_labels: Mapping[str, str],

@@ -103,6 +103,12 @@ class Constraint:
     attribute: str
     requests: frozenset[str]
     distinct: bool = False
+    per_driver: bool = False
+    """`attribute` is a bare name, looked up under each device's own driver (hoss's alignment, never a claim's)."""
+
+    def qualified(self, driver: str) -> str:
+        """The attribute's full name for a device of `driver`."""
+        return f"{driver}/{self.attribute}" if self.per_driver else self.attribute
 
     def applies_to(self, request: Request) -> bool:
         if not self.requests:
