@@ -8,9 +8,11 @@ Whether a pod may move is decided here, from the pod itself (`movable`):
   a DaemonSet's pod is recreated on the same node, and a bare pod not at all);
 - no ``hoss.io/movable: "false"`` annotation;
 - no gang label or annotation (a gang is never split, so its members never move);
-- no host ports, required pod (anti-)affinity, DoNotSchedule spread constraints, ResourceClaims or volume claims (a
-  claim's PV may allow only some nodes, its devices only where they are): the planner checks room, node selectors,
-  node affinity, taints and pools for every target, not those;
+- no host ports, required pod (anti-)affinity, DoNotSchedule spread constraints or volume claims (a claim's PV may
+  allow only some nodes): the planner checks room, node selectors, node affinity, taints and pools for every
+  target, not those;
+- ResourceClaims only when each is made from a template (`rescheduler.devices`: GPUs that are DRA devices are
+  counted from the DRA objects, and such a pod moves only between nodes whose GPUs are devices);
 - running (bound, not being deleted).
 
 Where a pod may run (`plan.Pod.nodes`) comes from the workers' own filters (NodeUnschedulable, TaintToleration,
@@ -33,11 +35,13 @@ from hoss.framework.feed import NodeFeed
 from hoss.framework.nodes import NodeTable
 from hoss.framework.pod import parse_pod
 from hoss.framework.profiles import parse_profiles
+from hoss.kube.client import KubeError
 from hoss.kube.rest import KubeREST
 from hoss.ledger.client import Ledger
 from hoss.model import compact
 from hoss.model.objects import Json
 from hoss.model.resources import pod_requests
+from rescheduler.devices import DeviceGpus, claims_movable, device_gpus
 from rescheduler.plan import GPU, Node, Pod
 
 MOVABLE_ANNOTATION = "hoss.io/movable"
@@ -105,7 +109,7 @@ def movable(pod: Mapping[str, Any], kinds: Sequence[str]) -> str:
     if compact.claim_names(pod):
         return "volume claims (their volumes' nodes are not checked by the rescheduler)"
     if spec.get("resourceClaims"):
-        return "ResourceClaims (its devices are allocated where it runs; the rescheduler plans by counted GPUs)"
+        return claims_movable(pod)
     return ""
 
 
@@ -139,9 +143,16 @@ async def read_cluster(rest: KubeREST, ledger: Ledger, *, node_selector: Mapping
         bucket = held.setdefault(nomination.node, {})
         for resource, amount in nomination.request.items():
             bucket[resource] = bucket.get(resource, 0) + amount
-    nodes = [Node(name=name, alloc=alloc, used=used, held=held.get(name, {}))
-             for name, (alloc, used) in usage.items() if alloc.get(GPU, 0) > 0]
+    devices = await _device_gpus(rest)
+    nodes = []
+    for name, (counted, counted_used) in usage.items():
+        extra = devices.nodes.get(name, 0)
+        alloc = {**counted, GPU: counted.get(GPU, 0) + extra} if extra else counted
+        used = {**counted_used, GPU: counted_used.get(GPU, 0) + devices.used.get(name, 0)} if extra else counted_used
+        if alloc.get(GPU, 0) > 0:
+            nodes.append(Node(name=name, alloc=alloc, used=used, held=held.get(name, {})))
     gpu_nodes = {n.name for n in nodes}
+    device_nodes = {name for name in gpu_nodes if devices.nodes.get(name)}
     pods_json = await rest.request("GET", "/api/v1/pods",
                                    params={"fieldSelector": "status.phase!=Succeeded,status.phase!=Failed"})
     budgets_json = await rest.request("GET", "/apis/policy/v1/poddisruptionbudgets")
@@ -163,15 +174,20 @@ async def read_cluster(rest: KubeREST, ledger: Ledger, *, node_selector: Mapping
             request = pod_requests(raw)
         except HossError:
             continue
+        if spec.get("resourceClaims") and (claimed := devices.pod_gpus(raw)):
+            request = {**request, GPU: request.get(GPU, 0) + claimed}
         if request.get(GPU, 0) <= 0:
             continue
         node = str(spec.get("nodeName") or "")
         if node and node not in gpu_nodes:
             continue
+        # a pod whose GPUs are devices stays on nodes whose GPUs are devices, and the ledger holds the rest of it
+        on_devices = node in device_nodes if node else devices.served and bool(device_nodes)
+        kind = device_nodes if on_devices else gpu_nodes - device_nodes
         try:
             view = parse_pod(raw)
             mask, _reasons = run_filters(profile.filters, view, table)
-            allowed_nodes = frozenset(row_names[i] for i in np.flatnonzero(mask)) & gpu_nodes
+            allowed_nodes = frozenset(row_names[i] for i in np.flatnonzero(mask)) & kind
         except HossError:
             continue  # malformed: the workers report it; the rescheduler leaves it alone
         gates = [g.get("name") for g in spec.get("schedulingGates") or [] if isinstance(g, dict)]
@@ -181,7 +197,8 @@ async def read_cluster(rest: KubeREST, ledger: Ledger, *, node_selector: Mapping
             continue  # its scheduler would not look for the room held for it
         why = movable(raw, movable_kinds) if node else ""
         pod = Pod(key=pod_key(raw), uid=uid, node=node, request=request, movable=why,
-                  owner=compact.controller_uid(raw), budgets=_budgets_of(raw, budgets), nodes=allowed_nodes)
+                  owner=compact.controller_uid(raw), budgets=_budgets_of(raw, budgets), nodes=allowed_nodes,
+                  held={r: a for r, a in request.items() if r != GPU} if on_devices else None)
         raw_by_uid[uid] = raw
         if node:
             placed.append(pod)
@@ -191,6 +208,20 @@ async def read_cluster(rest: KubeREST, ledger: Ledger, *, node_selector: Mapping
                 gated.add(uid)
     pending.sort(key=lambda p: str((raw_by_uid[p.uid].get("metadata") or {}).get("creationTimestamp", "")))
     return ClusterView(nodes=nodes, placed=placed, pending=pending, allowed=allowed, raw=raw_by_uid, gated=gated)
+
+
+async def _device_gpus(rest: KubeREST) -> DeviceGpus:
+    """The GPUs that are DRA devices (none where resource.k8s.io/v1 is not served)."""
+    lists = []
+    for kind in ("resourceslices", "resourceclaims", "deviceclasses"):
+        try:
+            lists.append((await rest.request("GET", f"/apis/resource.k8s.io/v1/{kind}")).get("items") or [])
+        except KubeError as error:
+            if error.status != 404:
+                raise
+            return DeviceGpus()
+    slices, claims, classes = lists
+    return device_gpus(slices=slices, claims=claims, classes=classes, resource=GPU)
 
 
 def _label(table: NodeTable, name: str, key: str) -> str | None:

@@ -45,7 +45,7 @@ from hoss.model.objects import Json
 from hoss.model.resources import format_quantity, pod_requests
 from rescheduler.cluster import DEFRAGMENT_GATE, ClusterView
 from rescheduler.metrics import REFUSED_BY_EVICTION, REFUSED_BY_LEDGER, REFUSED_BY_RATE_LIMIT, ReschedulerMetrics
-from rescheduler.plan import Plan
+from rescheduler.plan import Plan, Pod
 
 log = logging.getLogger(__name__)
 
@@ -56,18 +56,23 @@ REFUSED_BY_OUTCOME = {"refused": REFUSED_BY_LEDGER, "eviction refused": REFUSED_
 """The outcomes that mean a refusal stopped the plan, and who refused (hoss_rescheduler_refusals_total{by})."""
 
 
+def _held(pod: Pod) -> dict[str, int]:
+    """What the ledger holds for the pod (its GPUs left out where they are DRA devices)."""
+    return dict(pod.held if pod.held is not None else pod.request)
+
+
 def plan_holds(plan: Plan) -> list[MoveHold]:
     """The holds of a plan: each move's target (claimed by the moved pod's controller), and the pending pod's node;
     each counting what the plan's evictions free on its node."""
     freeing: dict[str, dict[str, int]] = {}
     for move in plan.moves:
         bucket = freeing.setdefault(move.source, {})
-        for resource, amount in move.pod.request.items():
+        for resource, amount in _held(move.pod).items():
             bucket[resource] = bucket.get(resource, 0) + amount
-    holds = [MoveHold(key=f"move/{m.pod.uid}", node=m.target, request=dict(m.pod.request), owner=m.pod.owner,
+    holds = [MoveHold(key=f"move/{m.pod.uid}", node=m.target, request=_held(m.pod), owner=m.pod.owner,
                       freeing=freeing.get(m.target, {})) for m in plan.moves]
     if plan.pending is not None:
-        holds.append(MoveHold(key=plan.pending.uid, node=plan.pending_node, request=dict(plan.pending.request),
+        holds.append(MoveHold(key=plan.pending.uid, node=plan.pending_node, request=_held(plan.pending),
                               freeing=freeing.get(plan.pending_node, {})))
     return holds
 

@@ -69,6 +69,9 @@ class Pod:
     """The PodDisruptionBudgets (namespace/name) that select it."""
     nodes: frozenset[str] | None = None
     """The nodes its selector, affinity and tolerations allow (resources aside); None: every node."""
+    held: Vector | None = None
+    """What the ledger holds for it on a target (its GPUs left out where they are DRA devices,
+    `rescheduler.devices`); None: its request."""
 
     @property
     def gpus(self) -> int:

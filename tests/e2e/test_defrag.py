@@ -29,6 +29,7 @@ from dev.local.plane import LocalPlane
 from dev.local.state import Process
 from hoss.model.objects import Json
 from tests.e2e.browser import Page
+from tests.e2e.devices import allocated, device_objects, gpu, request
 from tests.e2e.hoss import hoss_had_its_turn, pods_watched
 from tests.waiting import until
 
@@ -104,8 +105,10 @@ async def oversell_watch(cluster: Cluster) -> AsyncIterator[list[int]]:
     checks: list[int] = []
     found: list[dict[str, str]] = []
 
+    dra = await cluster.dra_resources()  # extended resources DeviceClasses serve: their devices are claims'
+
     def check(nodes: Iterable[Json], pods: Iterable[Json]) -> None:
-        oversold = oversold_nodes(nodes, pods)
+        oversold = oversold_nodes(nodes, pods, dra=dra)
         checks.append(len(oversold))
         if oversold:
             found.append(oversold)
@@ -284,3 +287,70 @@ async def test_periodic_pass_consolidates_c_placed_without_a_gate(
 
         await until(panel_shows_the_plan, timeout=30, what="the dashboard's rescheduler panel to show the plan")
         assert browser.errors == [], browser.errors
+
+
+def claiming(replicas: Json, template: str) -> Json:
+    """The ReplicaSet `replicas` with its GPUs asked through a ResourceClaimTemplate `template` instead (each pod gets
+    a claim of its own, made by the resourceclaim controller, gone with the pod)."""
+    spec = replicas["spec"]["template"]["spec"]
+    for part in ("requests", "limits"):
+        spec["containers"][0]["resources"][part].pop(GPU)
+    spec["containers"][0]["resources"]["claims"] = [{"name": "gpus"}]
+    spec["resourceClaims"] = [{"name": "gpus", "resourceClaimTemplateName": template}]
+    return replicas
+
+
+async def test_periodic_pass_moves_pods_whose_gpus_are_dra_devices(
+    plane: LocalPlane, cluster: Cluster, namespace: str, gpu_worker: None, dispatcher: Process
+) -> None:
+    """The periodic example with GPUs published as DRA devices (8 per node, no GPU in allocatable; the DeviceClass
+    serving nvidia.com/gpu selects them): A (4) and B (3) ask theirs through ResourceClaimTemplates, C (4) asks
+    nvidia.com/gpu, which the class serves. C lands on node2 (1 + 4 GPUs stranded); the rescheduler counts the
+    devices the claims hold and moves A beside C, whose replacement gets a new claim on node2's free devices."""
+    key = f"defrag.hoss.io/set-{next(_sets)}"
+    taint = {"key": key, "value": namespace[:63], "effect": "NoSchedule"}
+    capacity = {resource: amount for resource, amount in NODE.items() if resource != GPU}
+    prefix = f"dradefrag-{namespace}"[:40]
+    nodes: list[str] = []
+    rescheduler: Process | None = None
+    async with device_objects(cluster) as devices:
+        try:
+            await devices.device_class(f"{namespace}-gpu", extended=GPU)
+            await devices.template(namespace, "four", [request("gpu", f"{namespace}-gpu", count=4)])
+            await devices.template(namespace, "three", [request("gpu", f"{namespace}-gpu", count=3)])
+            nodes += await cluster.create_nodes(1, prefix=prefix + "-1", capacity=capacity,
+                                                labels={key: namespace[:63]}, taints=[taint])
+            await cluster.wait_nodes_ready(nodes)
+            await devices.publish(nodes[0], [gpu(f"gpu-{i}") for i in range(8)])
+            apply(plane, namespace, [claiming(replicaset("a", 4, key), "four"),
+                                     claiming(replicaset("b", 3, key), "three")])
+            await until(placed(cluster, namespace, a=nodes[0], b=nodes[0]), timeout=90, what="A and B on node1")
+            nodes += await cluster.create_nodes(1, prefix=prefix + "-2", capacity=capacity,
+                                                labels={key: namespace[:63]}, taints=[taint])
+            await cluster.wait_nodes_ready(nodes[1:])
+            await devices.publish(nodes[1], [gpu(f"gpu-{i}") for i in range(8)])
+            apply(plane, namespace, [replicaset("c", 4, key)])
+            await until(placed(cluster, namespace, a=nodes[0], b=nodes[0], c=nodes[1]), timeout=60,
+                        what="C placed on node2 at once")
+            before = await placement(cluster, namespace)
+            async with oversell_watch(cluster):
+                rescheduler = plane.start_rescheduler(extra_args=[
+                    f"--node-selector={key}={namespace[:63]}", "--interval-seconds=1",
+                    f"--lease-name=dradefrag-{namespace}"[:60], "--lease-namespace=hoss-system"])
+                await until(placed(cluster, namespace, a=nodes[1], b=nodes[0], c=nodes[1]), timeout=120,
+                            what="A moved beside C on node2, B alone on node1")
+                await until(plan_completed(rescheduler.port), timeout=60, what="the plan reported completed")
+            after = await placement(cluster, namespace)
+            assert after["a"][1] != before["a"][1] and after["b"] == before["b"] and after["c"] == before["c"]
+            plans = (await status_of(rescheduler.port))["plans"]
+            assert [(m["from"], m["to"], m["gpus"]) for m in plans[0]["moves"]] == [(nodes[0], nodes[1], 4)], plans
+            held = allocated(await devices.claims(namespace))
+            assert len(held) == len(set(held)) == 4 + 3 + 4, held
+            assert sorted(pool for _driver, pool, _device in held) == sorted([nodes[0]] * 3 + [nodes[1]] * 8)
+        finally:
+            if rescheduler is not None:
+                plane.stop_process(rescheduler.name)
+            for name in ("a", "b", "c"):
+                plane.kubectl("delete", "replicaset", name, "-n", namespace, "--ignore-not-found", "--wait=false")
+            await cluster.delete_pods(namespace)
+            await cluster.delete_nodes(nodes)

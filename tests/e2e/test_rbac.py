@@ -44,6 +44,8 @@ RARE: dict[tuple[str, Grant], str] = {
        "runs one, before this test in a full run" for grant in (
            ("", "pods", "list"), ("", "pods", "patch"), ("", "pods/eviction", "create"),
            ("policy", "poddisruptionbudgets", "list"), ("", "events", "create"),
+           ("resource.k8s.io", "resourceslices", "list"), ("resource.k8s.io", "resourceclaims", "list"),
+           ("resource.k8s.io", "deviceclasses", "list"),
            ("coordination.k8s.io", "leases", "get"), ("coordination.k8s.io", "leases", "create"),
            ("coordination.k8s.io", "leases", "update"))},
     ("hoss-worker", ("resource.k8s.io", "resourceclaims", "delete")): "the claim made for a pod's extended"
