@@ -5,8 +5,18 @@ the report's figures; a story that saw nothing to show says so instead of showin
 from __future__ import annotations
 
 from dev.demo.report import DemoReport
-from dev.demo.stage import DEMO_NAMESPACE, GANGS_NAMESPACE, GPU_NAMESPACE, RACE_NAMESPACE, TENANT_NAMESPACE, TENANT_POOL
+from dev.demo.stage import (
+    DEMO_NAMESPACE,
+    DEVICES_NAMESPACE,
+    GANGS_NAMESPACE,
+    GPU_NAMESPACE,
+    RACE_NAMESPACE,
+    TENANT_NAMESPACE,
+    TENANT_POOL,
+)
+from dev.demo.stories.devices import DeviceStory
 from dev.demo.stories.race import RaceStory
+from dev.local.devices import DRIVER
 from dev.local.plane import LocalPlane
 
 INDENT = " " * 21
@@ -40,6 +50,23 @@ def race_lines(r: RaceStory) -> list[str]:
     return lines
 
 
+def _listed(values: list[int] | list[str]) -> str:
+    """Distinct values in order, in words: ``0``, ``0 and 1``."""
+    distinct = [str(v) for v in dict.fromkeys(values)]
+    return " and ".join(distinct) if len(distinct) < 3 else ", ".join(distinct[:-1]) + f" and {distinct[-1]}"
+
+
+def device_lines(d: DeviceStory) -> list[str]:
+    """The devices story: pods bound, the devices in two claims, then what each pod asked and got."""
+    lines = [f"{d.bound}/{d.pods} pods with ResourceClaims bound on {d.nodes} nodes of {d.gpus_per_node} fake GPUs "
+             f"({DRIVER}); {_plural(d.devices_in_two_claims, 'device', 'devices')} in two claims"]
+    for pod, p in d.placements.items():
+        domains = "NVLink domain" + ("s " if len(set(p.nvlink_domains)) > 1 else " ")
+        lines.append(f"{pod} asked {p.asked}: got {', '.join(p.devices)} on {p.node} ({_listed(p.models)}, "
+                     f"{domains}{_listed(p.nvlink_domains)})")
+    return lines
+
+
 def story_lines(report: DemoReport) -> list[tuple[str, str]]:
     """One line per story with its figure (a story may add lines under its own, with an empty label)."""
     waiting = "none wait" if report.pods_pending == 0 else f"{report.pods_pending} wait"
@@ -68,6 +95,9 @@ def story_lines(report: DemoReport) -> list[tuple[str, str]]:
     if (r := report.race) is not None:
         first, *more = race_lines(r)
         lines += [("foreign scheduler", first), *(("", line) for line in more)]
+    if (d := report.devices) is not None:
+        first, *more = device_lines(d)
+        lines += [("devices (DRA)", first), *(("", line) for line in more)]
     lines.append(("oversold nodes", f"{report.oversold_nodes} (every bound pod against its node's allocatable, "
                                     "from the apiserver)"))
     return lines
@@ -100,4 +130,6 @@ def print_report(report: DemoReport, plane: LocalPlane) -> None:
     print(f"kubectl get pods -n {TENANT_NAMESPACE} -o wide           # all on hoss.io/pool={TENANT_POOL} nodes")
     print(f"kubectl get events -n {RACE_NAMESPACE} --field-selector reason=FailedScheduling   # denied bindings")
     print(f"kubectl describe pod -n {DEMO_NAMESPACE} | grep -A3 PodScheduled")
+    print("kubectl get resourceslices                          # the fake DRA driver's GPUs, one slice per node")
+    print(f"kubectl get resourceclaims -n {DEVICES_NAMESPACE}     # the devices story's claims and their state")
     print("Tear it down with: make down   (or .venv/bin/python -m dev local down)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from dev.demo.stories.devices import DeviceStory
 from dev.demo.stories.gangs import GangStory
 from dev.demo.stories.gpu import GpuStory
 from dev.demo.stories.pools import PoolStory
@@ -40,5 +41,6 @@ class DemoReport:
     gpu: GpuStory | None = None
     pools: PoolStory | None = None
     race: RaceStory | None = None
+    devices: DeviceStory | None = None
     demo_seconds: float = 0.0
     """From the first node created to the end of the last story."""

@@ -1,4 +1,4 @@
-"""The demo from start to end: the plane and the hoss processes up, the stage set, the five stories told in order,
+"""The demo from start to end: the plane and the hoss processes up, the stage set, the six stories told in order,
 the whole plane checked for oversold nodes, and the report printed (or written as one line of JSON)."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from dev.demo.observe import dispatcher_status, dispatcher_url, webhook_denials
 from dev.demo.printing import print_report
 from dev.demo.report import DemoReport
 from dev.demo.stage import NAMESPACES, STORY_NODES, TENANT_POOL, create_demo_nodes, create_story_nodes, worker_layout
+from dev.demo.stories.devices import device_story
 from dev.demo.stories.gangs import gang_story
 from dev.demo.stories.gpu import gpu_story
 from dev.demo.stories.pools import pool_story
@@ -41,7 +42,8 @@ def start_hoss(plane: LocalPlane, workers: int, progress: Callable[[str], None])
 async def run_demo(
     *, plane: LocalPlane, nodes: int, pods: int, workers: int, as_json: bool, progress: Callable[[str], None]
 ) -> int:
-    """Exit code 0 when no node of the plane is oversold after all the stories, 1 otherwise."""
+    """Exit code 0 when no node of the plane is oversold after all the stories and no device is in two claims, 1
+    otherwise."""
     plane.up(progress=progress)
     start_hoss(plane, workers, progress)
     status_url = dispatcher_url(plane)
@@ -66,6 +68,7 @@ async def run_demo(
         gpu = await gpu_story(cluster, progress)
         pools = await pool_story(cluster, progress, pods=min(30, max(5, pods // 10)))
         race = await race_story(cluster, plane, progress)
+        devices = await device_story(cluster, progress)
         demo_seconds = time.monotonic() - began
 
         everything = await cluster.raw_list("list_pod_for_all_namespaces")
@@ -92,10 +95,11 @@ async def run_demo(
         gpu=gpu,
         pools=pools,
         race=race,
+        devices=devices,
         demo_seconds=round(demo_seconds, 1),
     )
     if as_json:
         print(json.dumps(asdict(report)))
     else:
         print_report(report, plane)
-    return 0 if report.oversold_nodes == 0 else 1
+    return 0 if report.oversold_nodes == 0 and devices.devices_in_two_claims == 0 else 1

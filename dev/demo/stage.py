@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 
 from dev.local.cluster import Cluster, pod_manifest
+from dev.local.devices import GPUS_LABEL, MODEL_LABEL
 from hoss.model.objects import Json
 
 DEMO_NAMESPACE = "hoss-demo"
@@ -13,7 +14,8 @@ GANGS_NAMESPACE = "hoss-demo-gangs"
 GPU_NAMESPACE = "hoss-demo-gpu"
 TENANT_NAMESPACE = "hoss-demo-tenant"
 RACE_NAMESPACE = "hoss-demo-race"
-NAMESPACES = (DEMO_NAMESPACE, GANGS_NAMESPACE, GPU_NAMESPACE, TENANT_NAMESPACE, RACE_NAMESPACE)
+DEVICES_NAMESPACE = "hoss-demo-devices"
+NAMESPACES = (DEMO_NAMESPACE, GANGS_NAMESPACE, GPU_NAMESPACE, TENANT_NAMESPACE, RACE_NAMESPACE, DEVICES_NAMESPACE)
 SCHEDULER_NAME = "hoss"
 GPU = "nvidia.com/gpu"
 POLICY_LABEL = "hoss.io/policy"
@@ -28,7 +30,11 @@ RACE_NODES = 4
 RACE_NODE_CPU = 4
 """The foreign-scheduler story's nodes are few and small, so both schedulers aim at the same room at once."""
 GPU_NODE = {"cpu": "64", "memory": "512Gi", "pods": "110", GPU: "8"}
-STORY_NODES = GANG_NODES + 2 * GPU_STORY_NODES + RACE_NODES
+DRA_GPUS = 8
+DRA_MODELS = ("h100", "a100")
+"""The devices story's nodes: one per model, each publishing ``DRA_GPUS`` fake GPUs through the plane's fake DRA
+driver (dev/local/devices.py), none in its allocatable."""
+STORY_NODES = GANG_NODES + 2 * GPU_STORY_NODES + RACE_NODES + len(DRA_MODELS)
 
 
 def worker_layout(count: int) -> list[tuple[str, list[str]]]:
@@ -100,16 +106,23 @@ async def create_demo_nodes(cluster: Cluster, count: int) -> list[str]:
 
 
 async def create_story_nodes(cluster: Cluster) -> dict[str, list[str]]:
-    """Each story's nodes, tainted and labelled with its name."""
-    async def story_nodes(story: str, count: int, capacity: dict[str, str]) -> list[str]:
+    """Each story's nodes, tainted and labelled with its name; the devices story's also ask the plane's fake DRA
+    driver for GPUs."""
+    async def story_nodes(story: str, count: int, capacity: dict[str, str], *, prefix: str = "",
+                          labels: dict[str, str] | None = None) -> list[str]:
         taint = {"key": STORY_KEY, "value": story, "effect": "NoSchedule"}
-        return await cluster.create_nodes(count, prefix=f"demo-{story}", capacity=capacity,
-                                          labels={STORY_KEY: story}, taints=[taint])
+        return await cluster.create_nodes(count, prefix=prefix or f"demo-{story}", capacity=capacity,
+                                          labels={STORY_KEY: story, **(labels or {})}, taints=[taint])
 
+    devices: list[str] = []
+    for model in DRA_MODELS:
+        devices += await story_nodes("devices", 1, {"cpu": "64", "memory": "512Gi", "pods": "110"},
+                                     prefix=f"demo-dra-{model}", labels={GPUS_LABEL: str(DRA_GPUS), MODEL_LABEL: model})
     return {
         "gangs": await story_nodes("gangs", GANG_NODES, {"cpu": "8", "memory": "32Gi", "pods": "110"}),
         "gpu-pack": await story_nodes("gpu-pack", GPU_STORY_NODES, GPU_NODE),
         "gpu-spread": await story_nodes("gpu-spread", GPU_STORY_NODES, GPU_NODE),
         "race": await story_nodes("race", RACE_NODES,
                                   {"cpu": str(RACE_NODE_CPU), "memory": "64Gi", "pods": "110"}),
+        "devices": devices,
     }

@@ -18,7 +18,7 @@ import aiohttp
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from hoss.kube.client import KubeError, request_json
+from hoss.kube.client import KubeError, ListCall, request_json
 from hoss.model.dra import extended_resource_names, without_dra
 from hoss.model.objects import Json
 from hoss.model.resources import node_allocatable, pod_requests
@@ -194,24 +194,13 @@ class Cluster:
     async def dra_resources(self) -> frozenset[str]:
         """The extended resources the cluster's DeviceClasses map to DRA devices (none where resource.k8s.io/v1
         is not served)."""
-        try:
-            body: Any = await self.call(request_json, client.ResourceV1Api(self.api).list_device_class)
-        except KubeError as error:
-            if error.status == 404:
-                return frozenset()
-            raise
-        return frozenset().union(*map(extended_resource_names, body["items"]))
+        body = await self.call(dra_list, client.ResourceV1Api(self.api).list_device_class)
+        return frozenset().union(*map(extended_resource_names, [] if body is None else body["items"]))
 
     async def resource_claims(self) -> list[Json]:
         """Every ResourceClaim (none where resource.k8s.io/v1 is not served)."""
-        try:
-            api = client.ResourceV1Api(self.api)
-            body: Any = await self.call(request_json, api.list_resource_claim_for_all_namespaces)
-        except KubeError as error:
-            if error.status == 404:
-                return []
-            raise
-        return list(body["items"])
+        body = await self.call(dra_list, client.ResourceV1Api(self.api).list_resource_claim_for_all_namespaces)
+        return [] if body is None else list(body["items"])
 
     async def pods(self, namespace: str, *, label_selector: str = "") -> list[Any]:
         result = await self.core.list_namespaced_pod(namespace, label_selector=label_selector)
@@ -234,6 +223,17 @@ class Cluster:
         except ApiException as error:
             if error.status != 404:
                 raise
+
+
+async def dra_list(call: ListCall, *args: Any, **kwargs: Any) -> Json | None:
+    """`request_json` of a resource.k8s.io/v1 list call; None where the apiserver does not serve that API (its 404:
+    Kubernetes before 1.34, or the API turned off)."""
+    try:
+        return await request_json(call, *args, **kwargs)
+    except KubeError as error:
+        if error.status == 404:
+            return None
+        raise
 
 
 def oversold_nodes(nodes: Iterable[Json], pods: Iterable[Json], *, dra: Set[str] = frozenset()) -> dict[str, str]:

@@ -1,6 +1,6 @@
 """How the local plane runs each component: the command lines of etcd, kube-apiserver, kube-controller-manager, kwok,
-kube-scheduler (and its configuration) and the hoss services. Pure: files and ports in, argv out; `LocalPlane`
-starts them.
+the fake DRA driver, kube-scheduler (and its configuration) and the hoss services. Pure: files and ports in, argv
+out; `LocalPlane` starts them.
 
 Everything listens on loopback. etcd does not fsync (its data is on tmpfs when there is one, and a plane is thrown
 away after use). The apiserver authorizes with RBAC, authenticates clients by the plane's CA and calls webhooks
@@ -129,6 +129,17 @@ def kwok_argv(kwok: Path, files: PlaneFiles, *, port: int, stages: Path) -> list
         f"--server-address=127.0.0.1:{port}",
         "--node-lease-duration-seconds=0",
     ]
+
+
+DRA_DRIVER_MODULE = "dev.local.dradriver"
+"""What ``python -m`` runs as the plane's fake DRA driver; the plane also recognises its process by this word."""
+DRA_DRIVER_PROCESS = "fake-dra-driver"
+
+
+def dra_driver_argv(files: PlaneFiles) -> list[str]:
+    """The fake DRA driver (dev/local/dradriver.py) with kwok's identity: kwok plays the kubelets, the driver their
+    DRA plugin."""
+    return [sys.executable, "-m", DRA_DRIVER_MODULE, f"--kubeconfig={files.kubeconfig('kwok')}"]
 
 
 def scheduler_process_name(scheduler_name: str) -> str:

@@ -1,12 +1,13 @@
 """The local control plane: real etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok and redis-server
-on loopback, and the hoss processes started on it.
+on loopback, a fake DRA driver publishing GPUs for labelled kwok nodes, and the hoss processes started on it.
 
 `LocalPlane` is what its users call: ``up`` starts every part in order, ``down`` stops every recorded process and
 removes etcd's data, and the ``start_*`` / ``stop_*`` / ``restart_*`` methods start, stop and restart single parts
 (tests stop the resolver, restart the apiserver, run a second kube-scheduler). The parts live beside it: the state
 directory and state.json (dev/local/state.py), certificates and kubeconfigs (credentials.py), each component's
-command line (components.py), process supervision (processes.py), health probes (health.py), redis-server
-(redis_server.py) and the webhook configurations (webhooks.py).
+command line (components.py), the fake DRA driver (dradriver.py, its devices in devices.py), process supervision
+(processes.py), health probes (health.py), redis-server (redis_server.py) and the webhook configurations
+(webhooks.py).
 
 Everything a plane needs lives in one state directory: certificates, one kubeconfig per identity, logs, pid
 records and ``state.json`` (ports and processes). etcd keeps its data on tmpfs (/dev/shm) when there is one.
@@ -165,6 +166,8 @@ class LocalPlane:
             progress("starting kwok (fake kubelets)")
             self._spawn(state, "kwok", components.kwok_argv(paths["kwok"], self.files, port=free_port(),
                                                             stages=KWOK_STAGES))
+            progress("starting the fake DRA driver (GPUs for nodes labelled dra.hoss.dev/gpus; dev/local/devices.py)")
+            self._start_dra_driver(state)
             if scheduler:
                 progress("starting kube-scheduler (default-scheduler)")
                 self.start_scheduler(state, scheduler_name="default-scheduler")
@@ -220,6 +223,12 @@ class LocalPlane:
         port = free_port()
         self._spawn(state, "kube-controller-manager",
                     components.controller_manager_argv(controller_manager, self.files, port=port), port=port)
+
+    def _start_dra_driver(self, state: PlaneState) -> None:
+        # `dev` is not installed with hoss: the driver finds it in this checkout.
+        path = os.pathsep.join(filter(None, (str(REPOSITORY), os.environ.get("PYTHONPATH"))))
+        self._spawn(state, components.DRA_DRIVER_PROCESS, components.dra_driver_argv(self.files),
+                    binary=components.DRA_DRIVER_MODULE, env={"PYTHONPATH": path})
 
     def _start_redis(self, state: PlaneState, redis: str) -> None:
         acl = redis_server.write_acl(self.files.redis_acl_file, state.redis_passwords, redis_server=redis)

@@ -1,9 +1,10 @@
 """`python -m dev demo` tells each of its stories on a plane of its own, and each story's figure says what the story
 claims: gangs start all or nothing, GPU packing leaves whole nodes where spreading strands GPUs, a tenant's pods stay
-in their pool, and a racing kube-scheduler has bindings denied and oversells nothing. The report's figures are
-checked against what the apiserver and the resolver saw, read after the demo from the plane it leaves running: the
-denials it reports are the apiserver's and the resolver's, its example is one the resolver recorded, and a worker
-that placed few pods is told why."""
+in their pool, a racing kube-scheduler has bindings denied and oversells nothing, and pods with ResourceClaims get
+the fake DRA driver's GPUs as their claims ask, no device in two claims. The report's figures are checked against
+what the apiserver and the resolver saw, read after the demo from the plane it leaves running: the denials it reports
+are the apiserver's and the resolver's, its example is one the resolver recorded, and a worker that placed few pods
+is told why."""
 
 from __future__ import annotations
 
@@ -156,3 +157,26 @@ def test_the_denials_reported_are_those_the_apiserver_and_the_resolver_saw(demo:
     if race["denials"]:
         assert any(f"binding of {r['pod']} to {r['node']} was denied: {r['message']}" in race["denial_example"]
                    for r in mine), (race["denial_example"], mine)
+
+
+@pytest.mark.timeout(900)
+def test_pods_with_resource_claims_get_the_fake_drivers_gpus_as_asked_and_no_device_twice(report: Any) -> None:
+    devices = report["devices"]
+    assert devices["bound"] == devices["pods"] == len(devices["placements"]) == 4, devices
+    assert devices["devices_in_two_claims"] == 0, devices
+    placed = devices["placements"]
+    for pod, gpus in {"dra-pair": 2, "dra-single": 1, "dra-nvlink": 2, "dra-a100": 1}.items():
+        assert len(placed[pod]["devices"]) == gpus, placed
+    # Each pod's devices are its own (pool: the node, as the fake driver publishes it).
+    held = [(p["node"], device) for p in placed.values() for device in p["devices"]]
+    assert len(held) == len(set(held)), placed
+    # The pinned pods took three GPUs of the h100 node's first NVLink domain: the constraint keeps dra-nvlink's two
+    # in the second, where an allocation without it would span both.
+    h100 = placed["dra-pair"]["node"]
+    for pod in ("dra-pair", "dra-single", "dra-nvlink"):
+        assert placed[pod]["node"] == h100 and set(placed[pod]["models"]) == {"h100"}, placed
+    first = [domain for pod in ("dra-pair", "dra-single") for domain in placed[pod]["nvlink_domains"]]
+    assert first == [0, 0, 0], placed
+    assert placed["dra-nvlink"]["nvlink_domains"] == [1, 1], placed
+    # The CEL selector's model, on the one node that has it.
+    assert placed["dra-a100"]["models"] == ["a100"] and placed["dra-a100"]["node"] != h100, placed

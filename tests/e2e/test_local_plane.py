@@ -77,7 +77,8 @@ def test_up_twice_keeps_the_same_processes_and_down_leaves_nothing_running(tmp_p
         assert [p.pid for p in again.processes] == [p.pid for p in first_state.processes]
     finally:
         stopped = second.down()
-    assert set(stopped) == {"etcd", "kube-apiserver", "kube-controller-manager", "kwok", "redis-server"}
+    assert set(stopped) == {"etcd", "kube-apiserver", "kube-controller-manager", "kwok", "fake-dra-driver",
+                            "redis-server"}
     for process in first_state.processes:
         assert not Path(f"/proc/{process.pid}").exists() or b"Z" in _state_of(process.pid)
     assert second.status() == {}

@@ -5,8 +5,9 @@ and the denials are counted from the apiserver's own metric."""
 from __future__ import annotations
 
 from dev.demo.observe import webhook_rejections
-from dev.demo.printing import race_lines, story_lines, worker_lines
+from dev.demo.printing import device_lines, race_lines, story_lines, worker_lines
 from dev.demo.report import DemoReport
+from dev.demo.stories.devices import DeviceStory, Placement
 from dev.demo.stories.race import RaceStory, denial_example, story_denials
 from dev.demo.stories.throughput import WorkerView, worker_notes
 
@@ -112,6 +113,24 @@ def test_the_report_lines_put_the_example_under_the_foreign_scheduler_line() -> 
 
     assert labels == ["throughput", "foreign scheduler", "", "oversold nodes"]
     assert "none wait" in story_lines(report)[0][1]
+
+
+def test_the_devices_story_says_what_each_pod_asked_and_got_and_counts_devices_in_two_claims() -> None:
+    story = DeviceStory(nodes=2, gpus_per_node=8, pods=2, bound=2, devices_in_two_claims=0, placements={
+        "dra-nvlink": Placement(asked="2 GPUs of one NVLink domain (matchAttribute)", node="n1",
+                                devices=["gpu-4", "gpu-5"], nvlink_domains=[1, 1], models=["h100", "h100"]),
+        "dra-pair": Placement(asked="2 GPUs", node="n1", devices=["gpu-3", "gpu-4"], nvlink_domains=[0, 1],
+                              models=["h100", "h100"]),
+    })
+    first, nvlink, pair = device_lines(story)
+
+    assert first == ("2/2 pods with ResourceClaims bound on 2 nodes of 8 fake GPUs (gpu.dra.hoss.dev); 0 devices in "
+                     "two claims")
+    assert nvlink == ("dra-nvlink asked 2 GPUs of one NVLink domain (matchAttribute): got gpu-4, gpu-5 on n1 (h100, "
+                      "NVLink domain 1)")
+    assert pair.endswith("got gpu-3, gpu-4 on n1 (h100, NVLink domains 0 and 1)")
+    assert "1 device in two claims" in device_lines(DeviceStory(nodes=2, gpus_per_node=8, pods=0, bound=0,
+                                                                devices_in_two_claims=1))[0]
 
 
 def test_webhook_denials_are_the_apiserver_s_rejections_by_validating_webhooks_that_answered() -> None:
