@@ -72,7 +72,7 @@ async def run_demo(
         demo_seconds = time.monotonic() - began
 
         everything = await cluster.raw_list("list_pod_for_all_namespaces")
-        oversold = oversold_nodes(await cluster.raw_list("list_node"), everything)
+        oversold = oversold_nodes(await cluster.raw_list("list_node"), everything, dra=await cluster.dra_resources())
         denials = await webhook_denials(plane) - denials_before
     report = DemoReport(
         pods_total=pods,

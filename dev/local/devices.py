@@ -119,11 +119,16 @@ def resource_slice(node: str, *, devices: list[Json], generation: int) -> Json:
     }
 
 
+EXTENDED_RESOURCE = "dra.hoss.dev/gpu"
+"""The extended resource the DeviceClass serves: a pod asking it gets fake GPUs through a claim made for it."""
+
+
 def device_class() -> Json:
-    """The DeviceClass of the fake GPUs: every device of the driver."""
+    """The DeviceClass of the fake GPUs: every device of the driver, also served as `EXTENDED_RESOURCE`."""
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "DeviceClass",
         "metadata": {"name": DEVICE_CLASS},
-        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
+        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}],
+                 "extendedResourceName": EXTENDED_RESOURCE},
     }

@@ -162,10 +162,10 @@ def test_the_denials_reported_are_those_the_apiserver_and_the_resolver_saw(demo:
 @pytest.mark.timeout(900)
 def test_pods_with_resource_claims_get_the_fake_drivers_gpus_as_asked_and_no_device_twice(report: Any) -> None:
     devices = report["devices"]
-    assert devices["bound"] == devices["pods"] == len(devices["placements"]) == 4, devices
+    assert devices["bound"] == devices["pods"] == len(devices["placements"]) == 5, devices
     assert devices["devices_in_two_claims"] == 0, devices
     placed = devices["placements"]
-    for pod, gpus in {"dra-pair": 2, "dra-single": 1, "dra-nvlink": 2, "dra-a100": 1}.items():
+    for pod, gpus in {"dra-pair": 2, "dra-single": 1, "dra-nvlink": 2, "dra-a100": 1, "dra-extended": 2}.items():
         assert len(placed[pod]["devices"]) == gpus, placed
     # Each pod's devices are its own (pool: the node, as the fake driver publishes it).
     held = [(p["node"], device) for p in placed.values() for device in p["devices"]]
@@ -180,3 +180,6 @@ def test_pods_with_resource_claims_get_the_fake_drivers_gpus_as_asked_and_no_dev
     assert placed["dra-nvlink"]["nvlink_domains"] == [1, 1], placed
     # The CEL selector's model, on the one node that has it.
     assert placed["dra-a100"]["models"] == ["a100"] and placed["dra-a100"]["node"] != h100, placed
+    # The extended resource the class serves: its claim made by hoss, packed onto the fuller node (GpuPacking over
+    # devices), both GPUs in one NVLink domain (the gpu policy's alignBy; first fit would take gpu-3 and gpu-6).
+    assert placed["dra-extended"]["node"] == h100 and placed["dra-extended"]["nvlink_domains"] == [1, 1], placed

@@ -7,7 +7,9 @@ policy, ``dra-pair`` (2 GPUs) and ``dra-single`` (1 GPU), pinned to the h100 nod
 NVLink domain. Then ``dra-nvlink`` asks for 2 GPUs of one NVLink domain (``matchAttribute``), pinned there too: the
 first domain has one GPU left, so both come from the second, where an allocation without the constraint would take
 gpu-3 and gpu-4 across the two; and ``dra-a100`` asks for 1 GPU whose CEL selector wants model a100, which only the
-other node has. Each pod's node and devices are read from its claim's ``status.allocation``, their attributes from
+other node has. Last, ``dra-extended`` asks ``dra.hoss.dev/gpu: 2``, an extended resource the DeviceClass serves:
+hoss makes its claim (as kube-scheduler does), and the gpu policy packs it onto the h100 node, both GPUs in its
+second NVLink domain. Each pod's node and devices are read from its claim's ``status.allocation``, their attributes from
 the slices, and no device may be in two claims (`devices_allocated_twice`, from the apiserver's claims alone).
 """
 
@@ -22,7 +24,7 @@ from kubernetes_asyncio import client
 from dev.demo.observe import bound, list_pods, wait_bound
 from dev.demo.stage import DEVICES_NAMESPACE, DRA_GPUS, DRA_MODELS, STORY_KEY, STORY_TIMEOUT_SECONDS, story_pod
 from dev.local.cluster import Cluster, devices_allocated_twice, wait_until
-from dev.local.devices import DEVICE_CLASS, DRIVER, MODEL_LABEL, NVLINK_DOMAIN
+from dev.local.devices import DEVICE_CLASS, DRIVER, EXTENDED_RESOURCE, MODEL_LABEL, NVLINK_DOMAIN
 from hoss.kube.client import KubeError, request_json
 from hoss.model.objects import Json, section
 
@@ -47,10 +49,14 @@ class Ask:
     pinned: bool = False
     """Pinned (node selector) to the node of model ``PINNED_MODEL``, so that the first pods' devices leave its NVLink
     domains uneven."""
+    extended: bool = False
+    """Asks ``EXTENDED_RESOURCE`` (which the class serves) instead of a claim of its own."""
 
     @property
     def words(self) -> str:
         """What the claim asks, e.g. ``2 GPUs of one NVLink domain``."""
+        if self.extended:
+            return f"{EXTENDED_RESOURCE}: {self.gpus} (an extended resource the DeviceClass serves)"
         asked = f"{self.gpus} GPU{'' if self.gpus == 1 else 's'}"
         if self.one_nvlink_domain:
             asked += " of one NVLink domain (matchAttribute)"
@@ -64,6 +70,8 @@ FIRST = (Ask("dra-pair", 2, pinned=True), Ask("dra-single", 1, pinned=True))
 THEN = (Ask("dra-nvlink", 2, one_nvlink_domain=True, pinned=True),
         Ask(f"dra-{SELECTED_MODEL}", 1, selector=MODEL_SELECTOR))
 """Then: two GPUs of one domain where the first has one left, and one GPU by its model."""
+LAST = (Ask("dra-extended", 2, extended=True),)
+"""Last: two GPUs asked as an extended resource; the gpu policy packs them onto the fuller node, in one domain."""
 
 
 @dataclass
@@ -105,15 +113,20 @@ def template(ask: Ask) -> Json:
 
 def device_pod(ask: Ask, *, pinned_node: str) -> Json:
     """A gpu-policy pod of the story whose claim comes from its template."""
-    pod = story_pod(ask.pod, STORY, policy="gpu", requests={"cpu": "1", "memory": "4Gi"})
-    pod["spec"]["resourceClaims"] = [{"name": CLAIM, "resourceClaimTemplateName": ask.pod}]
-    pod["spec"]["containers"][0]["resources"]["claims"] = [{"name": CLAIM}]
+    if ask.extended:
+        pod = story_pod(ask.pod, STORY, policy="gpu", requests={"cpu": "1", "memory": "4Gi",
+                                                                 EXTENDED_RESOURCE: str(ask.gpus)})
+        pod["spec"]["containers"][0]["resources"]["limits"] = {EXTENDED_RESOURCE: str(ask.gpus)}
+    else:
+        pod = story_pod(ask.pod, STORY, policy="gpu", requests={"cpu": "1", "memory": "4Gi"})
+        pod["spec"]["resourceClaims"] = [{"name": CLAIM, "resourceClaimTemplateName": ask.pod}]
+        pod["spec"]["containers"][0]["resources"]["claims"] = [{"name": CLAIM}]
     if ask.pinned:
         pod["spec"]["nodeSelector"]["kubernetes.io/hostname"] = pinned_node
     return pod
 
 
-ASKS = {ask.pod: ask for ask in (*FIRST, *THEN)}
+ASKS = {ask.pod: ask for ask in (*FIRST, *THEN, *LAST)}
 
 
 def placements(pods: Sequence[Json], claims: Sequence[Json], slices: Sequence[Json]) -> dict[str, Placement]:
@@ -128,7 +141,9 @@ def placements(pods: Sequence[Json], claims: Sequence[Json], slices: Sequence[Js
     for pod in sorted(bound(pods), key=lambda p: order.index(p["metadata"]["name"]) if p["metadata"]["name"] in ASKS
                       else len(order)):
         statuses = section(pod, "status").get("resourceClaimStatuses") or []
-        claim = by_name.get(next((s.get("resourceClaimName") for s in statuses if s.get("name") == CLAIM), None))
+        made = section(section(pod, "status"), "extendedResourceClaimStatus").get("resourceClaimName")
+        claim = by_name.get(made or next((s.get("resourceClaimName") for s in statuses if s.get("name") == CLAIM),
+                                         None))
         allocation = section(section(claim or {}, "status"), "allocation")
         results = section(allocation, "devices").get("results") or []
         held = [attributes.get((r.get("driver"), r.get("pool"), r.get("device"))) or {} for r in results]
@@ -171,7 +186,8 @@ async def device_story(cluster: Cluster, progress: Callable[[str], None]) -> Dev
     slices = await _slices(cluster, list(nodes.values()))
     api = client.ResourceV1Api(cluster.api)
     for ask in ASKS.values():
-        await _create(cluster, api.create_namespaced_resource_claim_template, DEVICES_NAMESPACE, template(ask))
+        if not ask.extended:
+            await _create(cluster, api.create_namespaced_resource_claim_template, DEVICES_NAMESPACE, template(ask))
     selector = f"app=hoss-demo-{STORY}"
     progress(f"devices: {len(nodes)} nodes publish {DRA_GPUS} fake GPUs each ({DRIVER}); {FIRST[0].pod} and "
              f"{FIRST[1].pod} take 3 GPUs of {pinned}'s first NVLink domain")
@@ -180,7 +196,11 @@ async def device_story(cluster: Cluster, progress: Callable[[str], None]) -> Dev
     progress(f"devices: {THEN[0].pod} asks 2 GPUs of one NVLink domain (matchAttribute), {THEN[1].pod} 1 GPU of "
              f"model {SELECTED_MODEL} (CEL selector)")
     await cluster.create_pods([device_pod(ask, pinned_node=pinned) for ask in THEN], namespace=DEVICES_NAMESPACE)
-    asked = len(FIRST) + len(THEN)
+    await wait_bound(cluster, DEVICES_NAMESPACE, selector, len(FIRST) + len(THEN), what="the device pods to be bound")
+    progress(f"devices: {LAST[0].pod} asks {EXTENDED_RESOURCE}: {LAST[0].gpus}, which the DeviceClass serves: hoss "
+             f"makes its claim")
+    await cluster.create_pods([device_pod(ask, pinned_node=pinned) for ask in LAST], namespace=DEVICES_NAMESPACE)
+    asked = len(ASKS)
     await wait_bound(cluster, DEVICES_NAMESPACE, selector, asked, what="the device pods to be bound")
     pods = await list_pods(cluster, DEVICES_NAMESPACE, selector)
     claims = await cluster.resource_claims()

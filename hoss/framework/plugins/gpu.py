@@ -60,7 +60,7 @@ class GpuPacking:
 
     def score(self, pod: PodView, nodes: NodeTable, feasible: BoolArray) -> FloatArray:
         requested = pod.request.get(self.resource, 0)
-        if pod.devices is not None and ((requested <= 0 and pod.devices.to_allocate)
+        if pod.devices is not None and ((requested <= 0 and (pod.devices.to_allocate or pod.devices.extended))
                                         or self.resource in pod.dra_resources):
             return _device_packing(pod, nodes, feasible)
         if requested <= 0:
