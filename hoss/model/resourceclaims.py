@@ -14,7 +14,9 @@ The context is one of:
   its allocation (its node selector decides the nodes; the worker only adds the pod to ``reservedFor``), an
   unallocated one with its ``spec.devices``. When any is unallocated the context also carries what allocating it
   reads: the DeviceClasses its requests name (``classes``), the ResourceSlices (``slices``: name, generation-less
-  spec) and the devices other claims hold already (``allocated``: [driver, pool, device], admin access aside).
+  spec; only the slices of the drivers the classes name when each names its driver in a selector
+  ``device.driver == "..."``, as most do, so a pod does not carry every driver's devices) and the devices other
+  claims hold already (``allocated``: [driver, pool, device], admin access aside).
   A pod asking extended resources that DeviceClasses serve (`hoss.model.dra`) has ``extended``: per resource (by
   name) its class, device requests and container mappings, for the claim made for it on a node that leaves the
   resource to DRA; ``stale`` names that claim when an earlier attempt made it already (the worker deletes it first,
@@ -26,6 +28,7 @@ the version the decision read: the apiserver refuses a status write to a claim t
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -155,6 +158,27 @@ def _class_names(claim: Mapping[str, Any]) -> set[str]:
     return names
 
 
+_DRIVER_SELECTOR = re.compile(r"""\s*device\.driver\s*==\s*(?:"([^"\\]+)"|'([^'\\]+)')\s*""")
+"""A class selector that names its driver alone, as most DeviceClasses do: ``device.driver == "gpu.example.com"``."""
+
+
+def _drivers(classes: Mapping[str, Json]) -> frozenset[str] | None:
+    """The drivers whose devices the classes can select, when each class names its driver in a selector of its own
+    (a device must pass every selector of its class); None when some class does not (every slice may matter)."""
+    found: set[str] = set()
+    for raw in classes.values():
+        named = None
+        for selector in section(raw, "spec").get("selectors") or []:
+            expression = section(selector, "cel").get("expression") if isinstance(selector, dict) else None
+            if isinstance(expression, str) and (match := _DRIVER_SELECTOR.fullmatch(expression)):
+                named = match.group(1) or match.group(2)
+                break
+        if named is None:
+            return None
+        found.add(named)
+    return frozenset(found)
+
+
 def extended_context(pod: Mapping[str, Any], catalog: DeviceCatalog) -> list[Json]:
     """Per extended resource the pod asks that a DeviceClass serves (by name): the class, the device requests and
     the container mappings (`hoss.model.dra.extended_requests`); empty when it asks none."""
@@ -232,8 +256,10 @@ def device_context(pod: Mapping[str, Any], catalog: DeviceCatalog) -> Json | Non
     if to_allocate or extended:
         wanted = set().union(*(_class_names(claim) for claim in to_allocate), (e["class"] for e in extended))
         context["classes"] = {name: section(catalog.classes[name], "spec") for name in sorted(wanted)}
+        drivers = _drivers({name: catalog.classes[name] for name in wanted})
         context["slices"] = [{"name": name, "spec": section(raw, "spec")}
-                             for name, raw in sorted(catalog.slices.items())]
+                             for name, raw in sorted(catalog.slices.items())
+                             if drivers is None or section(raw, "spec").get("driver") in drivers]
         context["allocated"] = catalog.allocated_devices(besides=frozenset(besides))
     return context
 

@@ -347,3 +347,17 @@ def test_align_by_is_refused_unless_a_list_of_names() -> None:
         DynamicResources.from_args({"alignBy": "nvlink"})
     with pytest.raises(ValidationError, match="align"):
         DynamicResources.from_args({"align": ["nvlink"]})
+
+
+def test_a_pod_carries_only_the_slices_of_the_drivers_its_classes_name() -> None:
+    nic_slice = node_slice("n1", "nic")
+    nic_slice["metadata"]["name"] = "n1-nics"
+    nic_slice["spec"]["driver"] = "nic.example.com"
+    devices = catalog(claim("c"), slices=(node_slice("n1", "a100"), nic_slice))
+    context = device_context(compact_pod(pod(by_name("c"))), devices)
+    assert context is not None and [item["name"] for item in context["slices"]] == ["n1-slice"]
+    # a class whose selectors do not name its driver may select any device: every slice comes
+    devices.replace("classes", [{"metadata": {"name": "gpu"}, "spec": {"selectors": [
+        {"cel": {"expression": 'device.attributes["gpu.example.com"].model == "a100"'}}]}}])
+    context = device_context(compact_pod(pod(by_name("c"))), devices)
+    assert context is not None and [item["name"] for item in context["slices"]] == ["n1-nics", "n1-slice"]
