@@ -8,15 +8,23 @@ STAMP := $(VENV)/.stamp-install
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 
-.PHONY: test demo deps venv binaries image image-test lint unit integration e2e chaos fuzz bench-large settings-doc down clean clean-all
+.PHONY: test demo deps venv binaries image image-test bench-test lint unit integration e2e chaos fuzz bench-large settings-doc down clean clean-all
 
 # The long chaos scenarios (marker `chaos`) are left out here; `make chaos` runs every scenario. The container
-# image's tests (marker `image`) run in `make image-test`.
+# image's tests (marker `image`) run in `make image-test`, the benchmark's own runs (marker `bench`) in
+# `make bench-test`.
 # Two pytest-xdist workers, a test module each at a time (--dist loadfile): each worker starts its own local plane,
-# and e2e tests spend most of their time waiting on the apiserver, so two share the machine's cores well.
+# and e2e tests spend most of their time waiting on the apiserver, so two share the machine's cores well. The long
+# e2e modules are handed out first and the many short unit and integration modules last, so that the two workers
+# finish together rather than one waiting on the other's last long module.
 TEST_WORKERS ?= 2
 test: deps binaries lint
-	$(BIN)/pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile -m "not chaos and not image" tests/unit tests/integration tests/e2e $(PYTEST_ARGS)
+	$(BIN)/pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile -m "not chaos and not image and not bench" tests/e2e tests/integration tests/unit $(PYTEST_ARGS)
+
+# `hoss bench --quick` and a small `--large` run end to end, every figure reported (tests/e2e/test_bench.py; about
+# seven minutes, hence apart from `make test`).
+bench-test: deps binaries
+	$(BIN)/pytest -p no:cacheprovider -m bench tests/e2e/test_bench.py $(PYTEST_ARGS)
 
 # hoss and kube-scheduler end to end at 5,000 and 20,000 kwok nodes, each alone (about an hour; run it on an otherwise
 # idle machine): bench/results/large.json and docs/benchmarks-large.md.

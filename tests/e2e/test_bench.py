@@ -18,6 +18,7 @@ SYSTEMS = {"kube-scheduler", "apiserver-ceiling", "apiserver-ceiling+webhook", *
 PROCESS_GROUPS = {"kube-apiserver", "etcd", "kwok", "kube-scheduler", "dispatcher", "workers", "resolver",
                   "redis-server", "bench"}
 TARGETS = 12
+pytestmark = pytest.mark.bench  # minutes of benchmark runs: `make bench-test`, not `make test`
 
 
 def _finite(value: Any) -> bool:
