@@ -38,7 +38,8 @@ DEFAULT_REDIS_HOST = "hoss-redis.hoss-system.svc"
 DEFAULT_CONTROL_PLANE_DIR = "/etc/kubernetes/hoss"
 
 _LEDGER_SCRIPT_COMMANDS = (
-    "del exists get set hdel hget hgetall hincrby hlen hset incr pexpire sadd scard sismember smembers smove srem time"
+    "del exists get set hdel hget hgetall hincrby hlen hset incr pexpire pttl sadd scard sismember smembers smove srem"
+    " time"
     " xadd xrevrange zadd zrem zrange zrangebyscore zremrangebyscore zscore"
 )
 """What the ledger's Lua scripts (hoss/ledger/lua) call; Redis checks a script's commands against its caller's ACL
@@ -47,18 +48,18 @@ _CONNECTION_COMMANDS = "+ping +hello +client|setname +select +evalsha +evalsha_r
 """Every component's connection set-up and script calls (redis-py also sends CLIENT SETINFO, on Redis >= 7.2)."""
 _LEDGER_KEYS = ("ready", "epoch", "nodes", "node:*", "pod:*", "assumed", "changes", "ipa:*", "nominated", "stats",
                 "verify", "resized", "quotas", "quota:*", "nsused", "resv:*", "grown:*", "rwop:*", "attach:*",
-                "disk:*", "device:*")
+                "disk:*", "device:*", "counters:*")
 """The ledger's keys under {hoss}: (tests/unit/test_redis_acl.py checks that the Lua scripts use no other)."""
 _NODE_ENTRY_PARTS = ("used", "assumed", "admitted", "bound", "ports", "nominated")
 """The parts of a node's keys that its entries change (``{hoss}:node:<name>:<part>``); the rest (alloc, labels, spec)
 describe the node and only the sync writes them."""
 _WORKER_LEDGER_KEYS = (*(f"node:*:{part}" for part in _NODE_ENTRY_PARTS), "pod:*", "assumed", "changes", "ipa:*",
                        "nominated", "verify", "quota:sum:used", "nsused", "resv:*", "rwop:*", "attach:*",
-                       "disk:*", "device:*")
+                       "disk:*", "device:*", "counters:*")
 """What the workers' scripts (reserve, reserve_batch, release, release_owner, nominate, unnominate, promise_claims,
-unpromise_claims, promise_attach, unpromise_attach, promise_disks, unpromise_disks) may write: the ledger's entries
-and what follows them, the promises of ReadWriteOncePod claims, of DRA devices, of nodes' CSI attach slots and of
-in-tree disks; never the ready flag, the epoch, the node set, the counters, the quotas' definitions or a node's
+unpromise_claims, promise_attach, unpromise_attach, promise_disks, unpromise_disks, promise_counters,
+unpromise_counters) may write: the ledger's entries and what follows them, the promises of ReadWriteOncePod claims,
+of DRA devices and their shared counters, of nodes' CSI attach slots and of in-tree disks; never the ready flag, the epoch, the node set, the counters, the quotas' definitions or a node's
 allocatable, labels or description."""
 _RESCHEDULER_LEDGER_KEYS = ("nominated", "node:*:nominated", "changes")
 """What the rescheduler's scripts (hold_moves, unnominate) may write: its holds, their per-node sets and their

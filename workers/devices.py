@@ -29,12 +29,13 @@ from __future__ import annotations
 
 import datetime
 import logging
+from collections.abc import Mapping
 
 import aiohttp
 
 from hoss.errors import LedgerNotReadyError, LedgerUnavailable
 from hoss.framework.nodes import NodeTable
-from hoss.framework.plugins.devices import allocation_on, extended_claim, extended_mappings, left_on
+from hoss.framework.plugins.devices import allocation_on, extended_claim, extended_mappings, left_on, prepare
 from hoss.framework.pod import ClaimUse, PodView
 from hoss.kube.client import KubeError
 from hoss.kube.rest import KubeREST, segment
@@ -42,6 +43,7 @@ from hoss.ledger.client import Ledger
 from hoss.model import devices as dra
 from hoss.model import dra as dra_names
 from hoss.model.devices import DeviceId
+from hoss.model.devices.counters import counter_draws
 from hoss.model.objects import Json, section
 
 log = logging.getLogger(__name__)
@@ -78,6 +80,8 @@ class DeviceBinder:
         self.promise_seconds = promise_seconds
         self.made: dict[str, ClaimUse] = {}
         """The claim made for a pod's extended resources (by pod uid) until the pod is bound or given up."""
+        self.counters: dict[str, list[str]] = {}
+        """The counter sets a pod's promise draws on (by pod uid) until the pod is bound or given up."""
 
     async def prebind(self, pod: PodView, node: str, nodes: NodeTable, *,
                       taken: frozenset[DeviceId] = frozenset()) -> tuple[str | None, frozenset[DeviceId]]:
@@ -98,6 +102,11 @@ class DeviceBinder:
                 return f"{PREBIND}cannot allocate all claims on node {node!r} any more", frozenset()
             keys = device_keys(allocation)
             message = await self._promise(pod, keys, seconds=self.promise_seconds)
+            if message is None:
+                message = await self._promise_counters(pod, allocation, node=node, labels=nodes.labels[nodes.row(node)],
+                                                       taken=taken)
+                if message is not None:
+                    await self.unreserve(pod, [], keys)
             if message is not None:
                 return f"{PREBIND}{message}", frozenset()
         written: list[ClaimUse] = []
@@ -124,6 +133,26 @@ class DeviceBinder:
             return f"{PREBIND}{error}", frozenset()
         return None, dra.devices_of(allocation) if allocation is not None else frozenset()
 
+    async def _promise_counters(self, pod: PodView, allocation: dra.Allocation, *, node: str,
+                                labels: Mapping[str, str], taken: frozenset[DeviceId]) -> str | None:
+        """Take what the allocation draws on shared counters in the ledger (`hoss.model.devices.counters`); the
+        message to retry the pod with when another pod's promise would overdraw a counter with it."""
+        assert pod.devices is not None
+        inventory = prepare(pod.devices).inventory
+        if not allocation.counters or inventory is None:
+            return None
+        draws = counter_draws(allocation, allocated=pod.devices.allocated | taken, inventory=inventory, node=node,
+                              labels=labels)
+        try:
+            found = await self.ledger.promise_counters(uid=pod.uid, draws=draws, ttl_seconds=self.promise_seconds)
+        except (LedgerUnavailable, LedgerNotReadyError) as error:
+            return f"cannot promise its devices' shared counters: {error}"
+        if found is None:
+            self.counters[pod.uid] = [draw.key for draw in draws]
+            return None
+        log.info("pod %s: counter %s of %s would be overdrawn with pod %s", pod.key, found[1], found[0], found[2])
+        return f"counter set {found[0]} is in the process of being allocated for another pod"
+
     async def _promise(self, pod: PodView, keys: list[str], *, seconds: float) -> str | None:
         try:
             taken = await self.ledger.promise_devices(uid=pod.uid, devices=keys, ttl_seconds=seconds)
@@ -138,6 +167,7 @@ class DeviceBinder:
         """The pod is bound: the promises of the `devices` it took only bridge the moments until the dispatcher
         sees the allocations (a few seconds)."""
         self.made.pop(pod.uid, None)
+        self.counters.pop(pod.uid, None)  # the promise lasts its time: the dispatcher has the allocation by then
         if devices:
             keys = [f"{driver}/{pool}/{device}" for driver, pool, device in sorted(devices)]
             await self._promise(pod, keys, seconds=min(self.promise_seconds, 30.0))
@@ -289,8 +319,11 @@ class DeviceBinder:
                 # the claim stays until the pod goes; its next attempt deletes it first (DEVICES' stale)
                 log.warning("pod %s: cannot delete ResourceClaim %s/%s: %s", pod.key, pod.namespace, made.claim,
                             error)
-        if keys:
-            try:
+        sets = self.counters.pop(pod.uid, [])
+        try:
+            if keys:
                 await self.ledger.unpromise_devices(uid=pod.uid, devices=keys)
-            except (LedgerUnavailable, LedgerNotReadyError) as error:
-                log.warning("pod %s: its devices' promises expire by themselves: %s", pod.key, error)
+            if sets:
+                await self.ledger.unpromise_counters(uid=pod.uid, keys=sets)
+        except (LedgerUnavailable, LedgerNotReadyError) as error:
+            log.warning("pod %s: its devices' promises expire by themselves: %s", pod.key, error)

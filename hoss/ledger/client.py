@@ -105,6 +105,7 @@ from hoss.ledger.results import (
     VerifyBatch,
 )
 from hoss.ledger.scripts import ScriptRunner
+from hoss.model.devices.counters import CounterDraw
 from hoss.model.resources import ResourceVector
 
 logger = logging.getLogger(__name__)
@@ -252,6 +253,29 @@ class Ledger:
     async def unpromise_devices(self, *, uid: str, devices: Sequence[str]) -> int:
         """Drop the promises of `devices` made to `uid` (its binding failed); how many were dropped."""
         return await self._unpromise(uid=uid, keys=[f"device:{device}" for device in devices])
+
+    async def promise_counters(self, *, uid: str, draws: Sequence[CounterDraw],
+                               ttl_seconds: float) -> tuple[str, str, str] | None:
+        """Take what a pod's DRA devices draw on shared counters for `ttl_seconds`, all or none
+        (hoss/ledger/lua/promise_counters.lua): None when taken, else (counter set, counter, uid of a pod whose
+        promise it would overdraw with)."""
+        args: list[str | int] = [uid, ttl_ms(ttl_seconds), len(draws)]
+        for draw in draws:
+            args += [draw.key, len(draw.counters)]
+            for counter in draw.counters:
+                args += list(counter)
+            args += [len(draw.seen_devices), *draw.seen_devices, len(draw.mine_devices)]
+            for device, amounts in draw.mine_devices:
+                args += [device, amounts]
+        texts = as_texts(ready_or_raise(await self._scripts.run("promise_counters", args)))
+        if texts[0] == "promised":
+            return None
+        return texts[1].split(":counters:", 1)[1], texts[2], texts[3]
+
+    async def unpromise_counters(self, *, uid: str, keys: Sequence[str]) -> int:
+        """Drop what `promise_counters` took for `uid` on the counter sets `keys` ('<driver>/<pool>/<set>')."""
+        reply = ready_or_raise(await self._scripts.run("unpromise_counters", [uid, len(keys), *keys]))
+        return int(reply[1])
 
     async def _promise(self, *, uid: str, keys: Sequence[str], ttl_seconds: float) -> tuple[str, str] | None:
         reply = ready_or_raise(await self._scripts.run(

@@ -469,3 +469,52 @@ async def test_the_gpu_policy_keeps_a_claim_s_devices_on_one_nvlink_domain_where
         assert await pending(cluster, namespace) == []
         held = allocated(await devices.claims(namespace))
         assert len(held) == len(set(held)) == 3 * 3, held
+
+
+async def test_two_workers_racing_for_partitions_of_one_gpu_never_overdraw_its_counters(
+    plane: LocalPlane, dispatcher: Process, cluster: Cluster, namespace: str
+) -> None:
+    """Three nodes, each with one 80Gi GPU published as partitions drawing on its memory counter (the whole GPU and
+    two halves, three devices), and six pods created at once on two workers: three asking the whole GPU (policy
+    default), three a half (policy binpack). Different devices, so only the counters keep a whole and a half off one
+    GPU when two workers decide at the same instant (the ledger's counter promise): no GPU's memory is overdrawn,
+    and a pod left waiting has no GPU it would fit."""
+    sizes = {"whole": 80, "half-a": 40, "half-b": 40}
+    tag = f"parts{next(_tags)}"
+    async with node_set(cluster, 3, labels={"dra-set": tag}) as nodes, \
+            device_objects(cluster) as devices, workers(plane, TWO):
+        gpus = await devices.device_class(f"{namespace}-gpu")
+        for node in nodes:
+            await devices.publish_partitioned(node, memory="80Gi", parts={
+                name: f"{size}Gi" for name, size in sizes.items()})
+        profile = f'device.attributes["{DRIVER}"].profile'
+        await devices.template(namespace, "whole", [request("gpu", gpus, expression=f'{profile} == "whole"')])
+        await devices.template(namespace, "half", [request("gpu", gpus, expression=f'{profile} == "half"')])
+        wholes, halves = hoss_pods("whole", 3, policy="default"), hoss_pods("half", 3, policy="binpack")
+        for pod in wholes:
+            with_claim(pod, template="whole")
+        for pod in halves:
+            with_claim(pod, template="half")
+        pods = [pod for pair in zip(wholes, halves, strict=True) for pod in pair]
+        await cluster.create_pods(pinned(pods, "dra-set", tag), namespace=namespace)
+
+        def drawn(claims: Sequence[Json]) -> dict[str, int]:
+            used = dict.fromkeys(nodes, 0)
+            for _driver, pool, device in allocated(claims):
+                used[pool] += sizes[device]
+            return used
+
+        async def settled() -> tuple[bool, str]:
+            waiting = await pending(cluster, namespace)
+            used = drawn(await devices.claims(namespace))
+            fits_somewhere = [name for name in waiting
+                              if any(80 - used[node] >= (80 if name.startswith("whole") else 40) for node in nodes)]
+            return not fits_somewhere, f"waiting {waiting}, GPU memory drawn {used}"
+
+        await until(settled, timeout=180, what="every pod bound or left with no GPU it fits")
+        used = drawn(await devices.claims(namespace))
+        assert all(amount <= 80 for amount in used.values()), used
+        held = allocated(await devices.claims(namespace))
+        assert len(held) == len(set(held)), held
+        for name in (await pending(cluster, namespace))[:1]:
+            await wait_reason(cluster, namespace, name, "cannot allocate all claims")
