@@ -59,8 +59,9 @@ _WORKER_LEDGER_KEYS = (*(f"node:*:{part}" for part in _NODE_ENTRY_PARTS), "pod:*
 """What the workers' scripts (reserve, reserve_batch, release, release_owner, nominate, unnominate, promise_claims,
 unpromise_claims, promise_attach, unpromise_attach, promise_disks, unpromise_disks, promise_counters,
 unpromise_counters) may write: the ledger's entries and what follows them, the promises of ReadWriteOncePod claims,
-of DRA devices and their shared counters, of nodes' CSI attach slots and of in-tree disks; never the ready flag, the epoch, the node set, the counters, the quotas' definitions or a node's
-allocatable, labels or description."""
+of DRA devices and their shared counters, of nodes' CSI attach slots and of in-tree disks; never the ready flag,
+the epoch, the node set, the stats counters, the quotas' definitions or a node's allocatable, labels or
+description."""
 _RESCHEDULER_LEDGER_KEYS = ("nominated", "node:*:nominated", "changes")
 """What the rescheduler's scripts (hold_moves, unnominate) may write: its holds, their per-node sets and their
 announcements on the change stream."""

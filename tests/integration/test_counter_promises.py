@@ -63,7 +63,7 @@ async def test_two_pods_deciding_from_one_view_never_overdraw_a_counter_set(ledg
     answers = await asyncio.gather(ledger.promise_counters(uid="whole-pod", draws=draws("whole"), ttl_seconds=30),
                                    ledger.promise_counters(uid="half-pod", draws=draws("half-a"), ttl_seconds=30))
     assert sum(answer is None for answer in answers) == 1, answers
-    loser = [answer for answer in answers if answer is not None][0]
+    loser = next(answer for answer in answers if answer is not None)
     assert loser[:2] == (f"{DRIVER}/n1/gpu-0", "memory")
 
 
