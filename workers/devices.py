@@ -6,7 +6,9 @@ Once the pod's room is reserved on a node, and before its Binding is posted:
    the pod in the ledger, all or none, in one atomic call (``promise_claims.lua``, keys
    ``{hoss}:device:<driver>/<pool>/<device>``). Of two workers (or two pods of one batch) that chose one device at
    the same instant, the second finds it promised: its pod is retried, and by then the dispatcher's watch of
-   ResourceClaims brings the first one's allocation, so the device is no longer offered.
+   ResourceClaims brings the first one's allocation, so the device is no longer offered. Devices that draw on
+   shared counters are promised by what they draw too (``promise_counters.lua``, `hoss.model.devices.counters`),
+   so two workers never overdraw a counter set between them.
 2. Each claim to allocate gets the finalizer ``resource.kubernetes.io/delete-protection`` (an update of the claim)
    and then, in one status update, its ``status.allocation`` and the pod in ``status.reservedFor``; a claim
    allocated already gets only the pod in reservedFor. A claim allocated elsewhere meanwhile, replaced or being
