@@ -8,10 +8,10 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
 
 from dev.local.cluster import Cluster
 from hoss.model.objects import Json
+from tests.e2e.hoss import delete_each
 
 DRIVER = "gpu.example.com"
 
@@ -90,14 +90,8 @@ class Devices:
         return items
 
     async def delete(self) -> None:
-        for call, names in ((self.api.delete_resource_slice, self.slices),
-                            (self.api.delete_device_class, self.classes)):
-            for name in names:
-                try:
-                    await call(name)
-                except ApiException as error:
-                    if error.status != 404:
-                        raise
+        await delete_each(((self.api.delete_resource_slice, self.slices),
+                           (self.api.delete_device_class, self.classes)))
 
 
 def request(name: str, device_class: str, *, count: int = 1, expression: str | None = None) -> Json:

@@ -371,3 +371,14 @@ async def wait_reason(cluster: Cluster, namespace: str, pod: str, text: str, *, 
 async def pending(cluster: Cluster, namespace: str) -> list[str]:
     pods = await cluster.raw_list("list_namespaced_pod", namespace)
     return sorted(p["metadata"]["name"] for p in pods if not p["spec"].get("nodeName"))
+
+
+async def delete_each(made: Sequence[tuple[Callable[[str], Awaitable[object]], Sequence[str]]]) -> None:
+    """Delete what a test made, kind by kind (a delete call and the names it made), a name gone already being fine."""
+    for call, names in made:
+        for name in names:
+            try:
+                await call(name)
+            except ApiException as error:
+                if error.status != 404:
+                    raise

@@ -11,11 +11,11 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
 
 from dev.local.cluster import Cluster
 from hoss.model.objects import Json
 from tests.e2e.hoss import (
+    delete_each,
     node_set,
     pinned,
 )
@@ -126,15 +126,9 @@ class Storage:
         return found
 
     async def delete(self) -> None:
-        for call, names in ((self.core.delete_persistent_volume, self.volumes),
-                            (self.storage.delete_storage_class, self.classes),
-                            (self.storage.delete_csi_driver, self.drivers)):
-            for name in names:
-                try:
-                    await call(name)
-                except ApiException as error:
-                    if error.status != 404:
-                        raise
+        await delete_each(((self.core.delete_persistent_volume, self.volumes),
+                           (self.storage.delete_storage_class, self.classes),
+                           (self.storage.delete_csi_driver, self.drivers)))
 
 
 @asynccontextmanager
