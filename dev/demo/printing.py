@@ -58,7 +58,7 @@ def _listed(values: list[int] | list[str]) -> str:
 
 def device_lines(d: DeviceStory) -> list[str]:
     """The devices story: pods bound, the devices in two claims, then what each pod asked and got."""
-    lines = [f"{d.bound}/{d.pods} pods with ResourceClaims bound on {d.nodes} nodes of {d.gpus_per_node} fake GPUs "
+    lines = [f"{d.bound}/{d.pods} pods asking fake GPUs bound on {d.nodes} nodes of {d.gpus_per_node} fake GPUs "
              f"({DRIVER}); {_plural(d.devices_in_two_claims, 'device', 'devices')} in two claims"]
     for pod, p in d.placements.items():
         domains = "NVLink domain" + ("s " if len(set(p.nvlink_domains)) > 1 else " ")

@@ -124,7 +124,7 @@ def test_the_devices_story_says_what_each_pod_asked_and_got_and_counts_devices_i
     })
     first, nvlink, pair = device_lines(story)
 
-    assert first == ("2/2 pods with ResourceClaims bound on 2 nodes of 8 fake GPUs (gpu.dra.hoss.dev); 0 devices in "
+    assert first == ("2/2 pods asking fake GPUs bound on 2 nodes of 8 fake GPUs (gpu.dra.hoss.dev); 0 devices in "
                      "two claims")
     assert nvlink == ("dra-nvlink asked 2 GPUs of one NVLink domain (matchAttribute): got gpu-4, gpu-5 on n1 (h100, "
                       "NVLink domain 1)")
