@@ -185,8 +185,16 @@ def _form(raw: Json, namespaces: Mapping[str, Mapping[str, str]], sources: Selec
 
 
 def _has_resource_claims(raw: Mapping[str, Any]) -> bool:
+    """Whether the pod has ResourceClaims, or asks an extended resource (one a DeviceClass may serve)."""
     spec = raw.get("spec")
-    return isinstance(spec, dict) and bool(spec.get("resourceClaims"))
+    if not isinstance(spec, dict):
+        return False
+    if spec.get("resourceClaims"):
+        return True
+    try:
+        return any("/" in resource for resource in pod_requests(raw))
+    except HossError:
+        return False
 
 
 async def _devices(rest: KubeREST) -> DeviceCatalog:

@@ -384,6 +384,12 @@ async def test_an_extended_resource_a_device_class_serves_gets_devices_as_kube_s
                 names = await cluster.create_pods([two, on_plugin, three, leftover], namespace=namespace)
                 where = await wait_bound(cluster, namespace, names[:2])
                 message = await wait_reason(cluster, namespace, names[2], "cannot allocate all claims")
+                if scheduler == "hoss":
+                    # `hoss why` reads the DeviceClasses too: the device nodes cannot allocate, the plugin's is short
+                    answer = await why_json(plane, f"{namespace}/{names[2]}")
+                    said = {v["node"]: json.dumps(v) for v in answer["verdicts"] if v["node"] in [*nodes, plugin]}
+                    assert all("cannot allocate all claims" in said[node] for node in nodes), said
+                    assert f"Insufficient {resource}" in said[plugin], said
                 # the nodes of this test's set only (the plane's other nodes come and go)
                 reasons[scheduler] = ", ".join(sorted(
                     clause.strip(" .") for clause in message.split(" preemption:")[0].split(": ", 1)[1].split(",")
