@@ -10,6 +10,11 @@ device at the same instant, the second to reach the ledger loses, and its schedu
 lasts `HOLD_SECONDS`: by then every dispatcher has the allocation from its watch of ResourceClaims, so no hoss worker
 chooses the device again; another scheduler learns it from its own cache.
 
+Devices that draw on shared counters (partitions of one GPU) take what they draw as well (``promise_counters.lua``,
+`hoss.model.devices.counters`), the resolver's informers of ResourceSlices and ResourceClaims being the view: what
+the allocations it has seen draw, plus what other pods' promises draw through devices it has not seen yet, plus
+this allocation, must fit each counter; else the write is refused with 409 naming the counter.
+
 Admin access devices are shared by design and not taken. A ledger that cannot answer refuses (fail closed).
 """
 
@@ -24,6 +29,8 @@ import orjson
 
 from hoss.errors import LedgerNotReadyError, LedgerUnavailable
 from hoss.model import admission
+from hoss.model.devices import DeviceId
+from hoss.model.devices.counters import counter_draws
 from hoss.model.objects import section
 from hoss.model.resourceclaims import allocation_devices
 from resolver.state import WebhookState
@@ -80,6 +87,38 @@ def parse_claim_review(body: bytes) -> ClaimAllocation:
         username=str(user or ""))
 
 
+async def _judge_counters(state: WebhookState, write: ClaimAllocation) -> admission.Verdict:
+    """The allocation's devices are held: what they draw on shared counters is taken too
+    (`hoss.model.devices.counters`, the resolver's informers as the view), or the write is refused and its devices
+    given back."""
+    inventory = state.inventory()
+    devices = [_device_id(name) for name in write.devices]
+    namespace, _, name = write.claim.partition("/")
+    claim_uid = str(section(state.devices.claims.get((namespace, name)) or {}, "metadata").get("uid") or "")
+    seen = [(d[0], d[1], d[2]) for d in state.devices.allocated_devices(besides=frozenset({claim_uid}))]
+    draws = counter_draws(devices, allocated=seen, inventory=inventory)
+    if not draws:
+        return admission.Verdict(allowed=True, reason="devices-held")
+    try:
+        over = await state.ledger.promise_counters(uid=write.holder, draws=draws, ttl_seconds=HOLD_SECONDS)
+        if over is None:
+            return admission.Verdict(allowed=True, reason="devices-held")
+        await state.ledger.unpromise_devices(uid=write.holder, devices=write.devices)
+    except (LedgerUnavailable, LedgerNotReadyError, TimeoutError) as error:
+        return admission.Verdict(allowed=False, reason="ledger-unavailable", code=503,
+                                 message=f"hoss: cannot judge the allocation of ResourceClaim {write.claim}: {error}")
+    counter_set, counter, holder = over
+    return admission.Verdict(
+        allowed=False, reason="counter-overdrawn", code=409,
+        message=f"hoss: counter {counter} of {counter_set} would be overdrawn with what pod {holder} is being "
+                f"given; ResourceClaim {write.claim} cannot have its devices")
+
+
+def _device_id(name: str) -> DeviceId:
+    driver, pool, device = name.rsplit("/", 2)
+    return driver, pool, device
+
+
 async def judge_claim(state: WebhookState, write: ClaimAllocation) -> admission.Verdict:
     """Allow the allocation when its devices are promised to its pod (or free), refuse it when another pod holds
     one, in one atomic ledger call."""
@@ -91,7 +130,7 @@ async def judge_claim(state: WebhookState, write: ClaimAllocation) -> admission.
         return admission.Verdict(allowed=False, reason="ledger-unavailable", code=503,
                                  message=f"hoss: cannot judge the allocation of ResourceClaim {write.claim}: {error}")
     if taken is None:
-        return admission.Verdict(allowed=True, reason="devices-held")
+        return await _judge_counters(state, write)
     device, holder = taken
     return admission.Verdict(
         allowed=False, reason="device-taken", code=409,

@@ -105,6 +105,21 @@ def device_class_handlers(state: WebhookState) -> InformerHandlers:
     return InformerHandlers(on_list=on_list, on_event=on_event)
 
 
+def device_handlers(state: WebhookState, kind: str) -> InformerHandlers:
+    """Keep ``state.devices``' ResourceSlices or ResourceClaims (`kind`: ``slices`` or ``claims``): what allocated
+    devices draw on shared counters, for the judgement of allocations (`resolver.claims`)."""
+
+    async def on_list(items: list[Json]) -> None:
+        state.devices.replace(kind, items)
+        state.slice_changes += kind == "slices"
+
+    async def on_event(event: str, obj: Json) -> None:
+        state.devices.apply(kind, event, obj)
+        state.slice_changes += kind == "slices"
+
+    return InformerHandlers(on_list=on_list, on_event=on_event)
+
+
 async def check_fences(ledgers: Sequence[Ledger], *, interval_seconds: float = FENCE_CHECK_SECONDS) -> None:
     """Check every ``interval_seconds`` that Redis lost no write made through `ledgers` (`Ledger.check_fence`),
     so that a loss is noticed even while no review comes; a Redis that does not answer is tried again."""
@@ -207,6 +222,13 @@ async def running_resolver(settings: ResolverSettings) -> AsyncIterator[list[asy
                                  recheck_seconds=60.0),
                 name="device-classes",
             ),
+            *(asyncio.create_task(
+                run_crd_informer(f"resource{kind}", call, device_handlers(state, kind),
+                                 kind=f"{what} (resource.k8s.io/v1)", recheck_seconds=60.0),
+                name=f"device-{kind}",
+            ) for kind, call, what in (
+                ("slices", client.ResourceV1Api(api).list_resource_slice, "ResourceSlices"),
+                ("claims", client.ResourceV1Api(api).list_resource_claim_for_all_namespaces, "ResourceClaims"))),
             asyncio.create_task(
                 reload_certificates(
                     context, settings.tls_cert_file, settings.tls_key_file, client_ca_file=settings.client_ca_file

@@ -14,8 +14,10 @@ from hoss.kube.leader import LeaderElector
 from hoss.ledger.client import Ledger
 from hoss.ledger.results import QuotaReport
 from hoss.model import admission
+from hoss.model import devices as dra
 from hoss.model.dra import DeviceClasses
 from hoss.model.objects import Json
+from hoss.model.resourceclaims import DeviceCatalog
 from hoss.reload import ConfigFile, reload_counter
 from resolver.metrics import LatencyWindow, WebhookMetrics
 from resolver.mirror import PodIndex
@@ -76,6 +78,25 @@ class WebhookState:
     device_classes: DeviceClasses = field(default_factory=DeviceClasses)
     """The extended resources DeviceClasses map to DRA devices (an informer keeps them while the resolver runs):
     not counted on a node that has none of them (`hoss.model.dra`)."""
+    devices: DeviceCatalog = field(default_factory=DeviceCatalog)
+    """ResourceSlices and ResourceClaims (informers keep them while the resolver runs): what allocated devices draw
+    on shared counters, for the judgement of an allocation's (`resolver.claims`)."""
+    slice_changes: int = 0
+    """Counts the list and events of ResourceSlices: `inventory` parses them again once it moved."""
+    _inventory: tuple[int, dra.Inventory] | None = None
+
+    def inventory(self) -> dra.Inventory:
+        """`devices`' slices, parsed once per change of them (slices hoss cannot read left out)."""
+        version = self.slice_changes
+        if self._inventory is None or self._inventory[0] != version:
+            kept = []
+            for raw in self.devices.slices.values():
+                try:
+                    kept.append(dra.parse_slice(raw))
+                except dra.DeviceError:
+                    continue  # a slice hoss cannot read counts for nothing here; the workers name it
+            self._inventory = (version, dra.Inventory(tuple(kept)))
+        return self._inventory[1]
 
     def __post_init__(self) -> None:
         self.hoss_usernames = frozenset(self.settings.hoss_usernames)

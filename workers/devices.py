@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import datetime
 import logging
-from collections.abc import Mapping
 
 import aiohttp
 
@@ -105,8 +104,7 @@ class DeviceBinder:
             keys = device_keys(allocation)
             message = await self._promise(pod, keys, seconds=self.promise_seconds)
             if message is None:
-                message = await self._promise_counters(pod, allocation, node=node, labels=nodes.labels[nodes.row(node)],
-                                                       taken=taken)
+                message = await self._promise_counters(pod, allocation, taken=taken)
                 if message is not None:
                     await self.unreserve(pod, [], keys)
             if message is not None:
@@ -135,16 +133,16 @@ class DeviceBinder:
             return f"{PREBIND}{error}", frozenset()
         return None, dra.devices_of(allocation) if allocation is not None else frozenset()
 
-    async def _promise_counters(self, pod: PodView, allocation: dra.Allocation, *, node: str,
-                                labels: Mapping[str, str], taken: frozenset[DeviceId]) -> str | None:
+    async def _promise_counters(self, pod: PodView, allocation: dra.Allocation, *,
+                                taken: frozenset[DeviceId]) -> str | None:
         """Take what the allocation draws on shared counters in the ledger (`hoss.model.devices.counters`); the
         message to retry the pod with when another pod's promise would overdraw a counter with it."""
         assert pod.devices is not None
         inventory = prepare(pod.devices).inventory
         if not allocation.counters or inventory is None:
             return None
-        draws = counter_draws(allocation, allocated=pod.devices.allocated | taken, inventory=inventory, node=node,
-                              labels=labels)
+        draws = counter_draws(dra.devices_of(allocation), allocated=pod.devices.allocated | taken,
+                              inventory=inventory)
         try:
             found = await self.ledger.promise_counters(uid=pod.uid, draws=draws, ttl_seconds=self.promise_seconds)
         except (LedgerUnavailable, LedgerNotReadyError) as error:

@@ -20,6 +20,7 @@ from dev.local.cluster import Cluster
 from dev.local.plane import LocalPlane
 from dev.local.state import Process
 from hoss.ledger.client import Ledger
+from hoss.model.devices.counters import CounterDraw
 from hoss.model.objects import Json
 from tests.e2e.devices import DRIVER, allocated, device_objects, gpu, request, with_claim
 from tests.e2e.hoss import (
@@ -524,3 +525,41 @@ async def test_two_workers_racing_for_partitions_of_one_gpu_never_overdraw_its_c
         assert len(held) == len(set(held)), held
         for name in (await pending(cluster, namespace))[:1]:
             await wait_reason(cluster, namespace, name, "cannot allocate all claims")
+
+
+async def test_the_resolver_refuses_another_scheduler_a_partition_that_would_overdraw_a_gpu(
+    plane: LocalPlane, dispatcher: Process, cluster: Cluster, namespace: str, ledger: Ledger
+) -> None:
+    """One 80Gi GPU as partitions (the whole GPU, two halves). A half is promised in the ledger to a hoss pod whose
+    claims are being written, by what it draws on the GPU's memory counter (as a worker promises it): kube-scheduler,
+    which has not seen it, allocates the whole GPU, a different device, and the resolver refuses it (80Gi + 40Gi of
+    80Gi); once the promise is gone, kube-scheduler gets it."""
+    async with node_set(cluster, 1, labels={"dra-set": f"counters{next(_tags)}"}) as [node], \
+            device_objects(cluster) as devices:
+        gpus = await devices.device_class(f"{namespace}-gpu")
+        await devices.publish_partitioned(node, memory="80Gi", parts={"whole": "80Gi", "half-a": "40Gi",
+                                                                      "half-b": "40Gi"})
+        gib = 1 << 30
+        key = f"{DRIVER}/{node}/gpu-0-memory"
+        promise = CounterDraw(key=key, counters=(("memory", 80 * gib * 1000, 0, 40 * gib * 1000),), seen_devices=(),
+                              mine_devices=((f"{DRIVER}/{node}/half-a", f"memory={40 * gib * 1000}"),))
+        assert await ledger.promise_counters(uid="a-hoss-pod", draws=[promise], ttl_seconds=600) is None
+        await devices.claim(namespace, "theirs", [request(
+            "gpu", gpus, expression=f'device.attributes["{DRIVER}"].profile == "whole"')])
+        [pod] = hoss_pods("foreign", 1)
+        pod["spec"]["schedulerName"] = "default-scheduler"
+        pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+        with_claim(pod, claim="theirs")
+        [name] = await cluster.create_pods([pod], namespace=namespace)
+
+        async def refused() -> tuple[bool, str]:
+            events = await cluster.raw_list("list_namespaced_event", namespace,
+                                            field_selector=f"involvedObject.name={name}")
+            messages = [event.get("message") or "" for event in events]
+            return any(f"counter memory of {key} would be overdrawn" in m for m in messages), str(messages)
+
+        await until(refused, timeout=60, what="kube-scheduler's allocation to be refused by the resolver")
+        assert allocated(await devices.claims(namespace)) == []
+        assert await ledger.unpromise_counters(uid="a-hoss-pod", keys=[key]) == 1
+        await wait_bound(cluster, namespace, [name], timeout=120)
+        assert allocated(await devices.claims(namespace)) == [(DRIVER, node, "whole")]

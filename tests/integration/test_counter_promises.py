@@ -40,7 +40,7 @@ def draws(part: str, *, seen: tuple[str, ...] = ()) -> list[CounterDraw]:
     allocation = dra.allocate([dra.claim_needs(claim, {"gpu": GPU_CLASS})], node="n1", node_labels={},
                               inventory=INVENTORY, allocated=allocated)
     assert allocation is not None, part
-    return counter_draws(allocation, allocated=allocated, inventory=INVENTORY, node="n1", labels={})
+    return counter_draws(dra.devices_of(allocation), allocated=allocated, inventory=INVENTORY)
 
 
 async def ready(ledger: Ledger) -> Ledger:

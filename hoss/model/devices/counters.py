@@ -20,9 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 
-from hoss.model.devices.allocator import Allocation
 from hoss.model.devices.inventory import DeviceId, Inventory
-from hoss.model.devices.status import devices_of
 
 SCALE = 1000
 """Ledger amounts are thousandths of the counter's unit."""
@@ -54,28 +52,37 @@ def _name(device: DeviceId) -> str:
     return "/".join(device)
 
 
-def counter_draws(allocation: Allocation, *, allocated: Iterable[DeviceId], inventory: Inventory,
-                  node: str, labels: Mapping[str, str]) -> list[CounterDraw]:
-    """The counter sets `allocation` (on `node`) draws on, with what the devices the decision saw `allocated` draw
-    there; empty when its devices draw on none."""
+def _capacity(inventory: Inventory, driver: str, pool: str, set_name: str) -> Mapping[str, Fraction]:
+    """The counter set's counters as the newest generation of its pool publishes them (empty when it does not)."""
+    newest = max((s.generation for s in inventory.slices if (s.driver, s.pool) == (driver, pool)), default=None)
+    for slice_ in inventory.slices:
+        if (slice_.driver, slice_.pool, slice_.generation) == (driver, pool, newest):
+            for name, counters in slice_.counter_sets:
+                if name == set_name:
+                    return counters
+    return {}
+
+
+def counter_draws(devices: Iterable[DeviceId], *, allocated: Iterable[DeviceId],
+                  inventory: Inventory) -> list[CounterDraw]:
+    """The counter sets `devices` (an allocation's) draw on, with what the devices the decision saw `allocated` draw
+    there; empty when they draw on none."""
     draws: dict[tuple[str, str, str], dict[DeviceId, dict[str, Fraction]]] = {}
-    for device_id in sorted(devices_of(allocation)):
+    for device_id in sorted(set(devices)):
         device = inventory.device(device_id)
         for set_name, amounts in device.consumes if device is not None else ():
             draws.setdefault((device_id[0], device_id[1], set_name), {})[device_id] = dict(amounts)
     if not draws:
         return []
-    pools = {(pool.driver, pool.name): pool for pool in inventory.pools_for(node=node, labels=labels)}
     seen: dict[tuple[str, str, str], dict[DeviceId, dict[str, Fraction]]] = {}
-    for device_id in sorted(set(allocated)):
+    for device_id in sorted(set(allocated) - {d for mine in draws.values() for d in mine}):
         device = inventory.device(device_id)
         for set_name, amounts in device.consumes if device is not None else ():
             if (device_id[0], device_id[1], set_name) in draws:
                 seen.setdefault((device_id[0], device_id[1], set_name), {})[device_id] = dict(amounts)
     found = []
     for (driver, pool_name, set_name), mine in sorted(draws.items()):
-        pool = pools.get((driver, pool_name))
-        capacity = pool.counter_sets.get(set_name, {}) if pool is not None else {}
+        capacity = _capacity(inventory, driver, pool_name, set_name)
         others = seen.get((driver, pool_name, set_name), {})
         names = sorted({name for amounts in mine.values() for name in amounts})
         found.append(CounterDraw(
