@@ -264,7 +264,7 @@ class Dispatcher(ClusterView):
                                  pack_depth=self.settings.pack_depth, backlog=backlog)
 
         singles = plan_work_items(plan.singles, attempts=self.book.attempts)
-        for item in [*map(self._with_hints, singles), *plan.items]:
+        for item in [*map(self._with_hints, singles), *self._gangs_ready(plan.items)]:
             uids = item_uids(item)
             worker = choose(item.policy)
             if ((worker is None or any(count > loads.get(worker.id, 0) for count in loads.values()))
@@ -336,13 +336,27 @@ class Dispatcher(ClusterView):
         being deleted or not the pod's. kube-scheduler holds such a pod back before any attempt (DynamicResources'
         PreEnqueue); so does the dispatcher, and sends it once the claim's change changes its form (a gang's
         members thus go whole, with their claims)."""
-        if '"resourceClaims"' not in pod.compact:
-            return False
-        problem = pod_claims_problem(compact.decode(pod.compact))
+        problem = _claims_problem(pod)
         if not problem:
             return False
         self._wait(pod, reason="Unschedulable", message=problem)
         return True
+
+    def _gangs_ready(self, items: Sequence[WorkItem]) -> list[WorkItem]:
+        """The gang items whose members' ResourceClaims are all there to use; the others are held back whole (a
+        member pending since before this batch may still wait for its claim), each member told why."""
+        ready = []
+        for item in items:
+            members = [self.pending[m.uid] for m in item.members if m.uid in self.pending]
+            waiting = next((member for member in members if _claims_problem(member)), None)
+            if waiting is None:
+                ready.append(item)
+                continue
+            for member in members:
+                if not self._waits_for_claims(member):
+                    self._wait(member, reason="Unschedulable",
+                               message=f"gang {item.key}: waits for the ResourceClaims of member {waiting.key}")
+        return ready
 
     def _fail(self, pod: PendingPod, reason: str, message: str) -> None:
         """Set the pod Failed in the background, once; the pod watch then drops it (a terminal phase)."""
@@ -499,3 +513,10 @@ class Dispatcher(ClusterView):
             log.info("Redis answers again; dispatching resumed")
             self.redis_error = None
         return True
+
+
+def _claims_problem(pod: PendingPod) -> str:
+    """Why a ResourceClaim of the pod is not there to use ('' when none is missing)."""
+    if '"resourceClaims"' not in pod.compact:
+        return ""
+    return pod_claims_problem(compact.decode(pod.compact))

@@ -22,7 +22,7 @@ from dev.local.state import Process
 from hoss.ledger.client import Ledger
 from hoss.model.devices.counters import CounterDraw
 from hoss.model.objects import Json
-from tests.e2e.devices import DRIVER, allocated, device_objects, gpu, request, with_claim
+from tests.e2e.devices import DRIVER, Devices, allocated, device_objects, gpu, request, with_claim
 from tests.e2e.hoss import (
     NODE_CAPACITY,
     hoss_pods,
@@ -316,6 +316,31 @@ async def test_a_gang_whose_members_each_want_a_device_of_one_node_binds_whole_w
         assert set(where.values()) == {node}
         held = allocated(await devices.claims(namespace))
         assert sorted(held) == [(DRIVER, node, "gpu-0"), (DRIVER, node, "gpu-1")], held
+
+        # a gang whose one member's claim is not there yet is held back whole, and goes once the claim is made
+        for name in names:
+            await cluster.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+        await until(lambda: _claims_released(devices, namespace), timeout=60, what="the first gang's devices freed")
+        await devices.claim(namespace, "ready", [request("gpu", gpus)])
+        pair = hoss_pods("pair", 2, labels={"pod-group.scheduling.sigs.k8s.io/name": "pair",
+                                            "pod-group.scheduling.sigs.k8s.io/min-available": "2"})
+        for member, claim in zip(pair, ("ready", "later"), strict=True):
+            with_claim(member, claim=claim)
+            member["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+        names = await cluster.create_pods(pair, namespace=namespace)
+        await wait_reason(cluster, namespace, names[0],
+                          f"waits for the ResourceClaims of member {namespace}/{names[1]}")
+        await wait_reason(cluster, namespace, names[1], 'resourceclaim.resource.k8s.io "later" not found')
+        await devices.claim(namespace, "later", [request("gpu", gpus)])
+        where = await wait_bound(cluster, namespace, names)
+        assert set(where.values()) == {node}
+        held = allocated(await devices.claims(namespace))
+        assert len(held) == len(set(held)) == 2, held
+
+
+async def _claims_released(devices: Devices, namespace: str) -> tuple[bool, str]:
+    held = allocated(await devices.claims(namespace))
+    return not held, str(held)
 
 
 def extended_pod(pod: Json, resource: str, count: int) -> Json:
