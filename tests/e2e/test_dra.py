@@ -194,6 +194,25 @@ async def test_two_workers_racing_for_the_last_devices_never_allocate_one_twice(
         assert Counter(pool for _driver, pool, _device in held) == Counter(nodes), held
 
 
+async def refused_to_kube_scheduler(cluster: Cluster, namespace: str, node: str, text: str) -> str:
+    """A kube-scheduler pod on `node` using the claim "theirs", once an event on it says the resolver refused its
+    allocation with `text`; its name."""
+    [pod] = hoss_pods("foreign", 1)
+    pod["spec"]["schedulerName"] = "default-scheduler"
+    pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+    with_claim(pod, claim="theirs")
+    [name] = await cluster.create_pods([pod], namespace=namespace)
+
+    async def refused() -> tuple[bool, str]:
+        events = await cluster.raw_list("list_namespaced_event", namespace,
+                                        field_selector=f"involvedObject.name={name}")
+        messages = [event.get("message") or "" for event in events]
+        return any(text in message for message in messages), str(messages)
+
+    await until(refused, timeout=60, what="kube-scheduler's allocation to be refused by the resolver")
+    return name
+
+
 async def test_the_resolver_refuses_another_scheduler_a_device_a_hoss_pod_is_being_given(
     plane: LocalPlane, dispatcher: Process, cluster: Cluster, namespace: str, ledger: Ledger
 ) -> None:
@@ -207,19 +226,8 @@ async def test_the_resolver_refuses_another_scheduler_a_device_a_hoss_pod_is_bei
         device = f"{DRIVER}/{node}/gpu-0"
         assert await ledger.promise_devices(uid="a-hoss-pod", devices=[device], ttl_seconds=600) is None
         await devices.claim(namespace, "theirs", [request("gpu", gpus)])
-        [pod] = hoss_pods("foreign", 1)
-        pod["spec"]["schedulerName"] = "default-scheduler"
-        pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
-        with_claim(pod, claim="theirs")
-        [name] = await cluster.create_pods([pod], namespace=namespace)
-
-        async def refused() -> tuple[bool, str]:
-            events = await cluster.raw_list("list_namespaced_event", namespace,
-                                            field_selector=f"involvedObject.name={name}")
-            messages = [event.get("message") or "" for event in events]
-            return any(f"device {device} is being allocated for pod a-hoss-pod" in m for m in messages), str(messages)
-
-        await until(refused, timeout=60, what="kube-scheduler's allocation to be refused by the resolver")
+        name = await refused_to_kube_scheduler(cluster, namespace, node, f"device {device} is being allocated for pod "
+                                               "a-hoss-pod")
         raw = await cluster.core.read_namespaced_pod(name, namespace)
         assert not raw.spec.node_name
         assert allocated(await devices.claims(namespace)) == []
@@ -571,19 +579,7 @@ async def test_the_resolver_refuses_another_scheduler_a_partition_that_would_ove
         assert await ledger.promise_counters(uid="a-hoss-pod", draws=[promise], ttl_seconds=600) is None
         await devices.claim(namespace, "theirs", [request(
             "gpu", gpus, expression=f'device.attributes["{DRIVER}"].profile == "whole"')])
-        [pod] = hoss_pods("foreign", 1)
-        pod["spec"]["schedulerName"] = "default-scheduler"
-        pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
-        with_claim(pod, claim="theirs")
-        [name] = await cluster.create_pods([pod], namespace=namespace)
-
-        async def refused() -> tuple[bool, str]:
-            events = await cluster.raw_list("list_namespaced_event", namespace,
-                                            field_selector=f"involvedObject.name={name}")
-            messages = [event.get("message") or "" for event in events]
-            return any(f"counter memory of {key} would be overdrawn" in m for m in messages), str(messages)
-
-        await until(refused, timeout=60, what="kube-scheduler's allocation to be refused by the resolver")
+        name = await refused_to_kube_scheduler(cluster, namespace, node, f"counter memory of {key} would be overdrawn")
         assert allocated(await devices.claims(namespace)) == []
         assert await ledger.unpromise_counters(uid="a-hoss-pod", keys=[key]) == 1
         await wait_bound(cluster, namespace, [name], timeout=120)
