@@ -185,7 +185,9 @@ async def test_two_workers_racing_for_the_last_devices_never_allocate_one_twice(
         await until(three_bound, timeout=120, what="three pods to be bound")
         waiting = await pending(cluster, namespace)
         for name in waiting[:2]:
-            await wait_reason(cluster, namespace, name, "cannot allocate all claims")
+            # a pod that lost the device in PreBind says so, and backs off (up to a minute) before its next attempt
+            # says kube-scheduler's reason
+            await wait_reason(cluster, namespace, name, "cannot allocate all claims", timeout=300)
         claims = await devices.claims(namespace)
         held = allocated(claims)
         assert len(held) == len(set(held)) == 3, held
