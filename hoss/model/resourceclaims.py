@@ -58,6 +58,32 @@ class DeviceCatalog(ObjectCatalog):
 
     KINDS: ClassVar[tuple[str, ...]] = ("claims", "slices", "classes")
     NAMESPACED: ClassVar[frozenset[str]] = frozenset({"claims"})
+    _extended: dict[str, Json] | None = field(default=None, repr=False, compare=False)
+    """The claims made for pods' extended resources, by owning pod uid; built on first use after the claims change."""
+
+    def replace(self, kind: str, items: list[Json]) -> None:
+        super().replace(kind, items)
+        if kind == "claims":
+            self._extended = None
+
+    def apply(self, kind: str, event: str, raw: Json) -> None:
+        super().apply(kind, event, raw)
+        if kind == "claims":
+            self._extended = None
+
+    def extended_claim(self, pod_uid: str) -> Json | None:
+        """The claim made for the pod's extended resources by an earlier attempt (annotated, the pod its
+        controlling owner)."""
+        if self._extended is None:
+            self._extended = {}
+            for claim in self.claims.values():
+                if section(section(claim, "metadata"), "annotations").get(EXTENDED_CLAIM_ANNOTATION) != "true":
+                    continue
+                owners = section(claim, "metadata").get("ownerReferences")
+                for ref in owners if isinstance(owners, list) else []:
+                    if isinstance(ref, dict) and ref.get("controller") is True and ref.get("uid"):
+                        self._extended[str(ref["uid"])] = claim
+        return self._extended.get(pod_uid)
 
     def allocated_devices(self, *, besides: frozenset[str] = frozenset()) -> list[list[str]]:
         """The devices the claims' allocations hold (admin access aside), except those of the claims whose uid
@@ -195,15 +221,6 @@ def extended_context(pod: Mapping[str, Any], catalog: DeviceCatalog) -> list[Jso
     return found
 
 
-def extended_claim(namespace: str, pod_uid: str, catalog: DeviceCatalog) -> Json | None:
-    """The claim made for the pod's extended resources by an earlier attempt (annotated, owned by the pod)."""
-    for (claim_namespace, _name), claim in catalog.claims.items():
-        if claim_namespace == namespace and _owned_by(claim, pod_uid) \
-                and section(section(claim, "metadata"), "annotations").get(EXTENDED_CLAIM_ANNOTATION) == "true":
-            return claim
-    return None
-
-
 def device_context(pod: Mapping[str, Any], catalog: DeviceCatalog) -> Json | None:
     """What the pod's ResourceClaims and its extended resources DeviceClasses serve need (see the module
     docstring); None for a pod without either."""
@@ -249,7 +266,7 @@ def device_context(pod: Mapping[str, Any], catalog: DeviceCatalog) -> Json | Non
     besides = {str(section(claim, "metadata").get("uid") or "") for claim in to_allocate}
     if extended:
         context["extended"] = extended
-        if (stale := extended_claim(namespace, pod_uid, catalog)) is not None:
+        if (stale := catalog.extended_claim(pod_uid)) is not None and object_namespace(stale) == namespace:
             stale_meta = section(stale, "metadata")
             context["stale"] = {"claim": str(stale_meta.get("name") or ""), "uid": str(stale_meta.get("uid") or "")}
             besides.add(context["stale"]["uid"])

@@ -124,7 +124,8 @@ def left_on(devices: DeviceNeeds, nodes: NodeTable, row: int) -> frozenset[str]:
     """The extended resources the node at `row` leaves to DRA (`DeviceNeeds.left_to_dra`)."""
     if not devices.extended:
         return frozenset()
-    return frozenset(e.resource for e in devices.extended if nodes.alloc_column(e.resource)[row] <= 0)
+    return frozenset(e.resource for e in devices.extended
+                     if (column := nodes.column_of(e.resource)) is None or nodes.alloc[row, column] <= 0)
 
 
 def allocation_on(devices: DeviceNeeds, node: str, labels: Mapping[str, str], *,
